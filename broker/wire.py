@@ -1,0 +1,191 @@
+"""The internal wire between the broker and its peers (frontends, executors, agent).
+
+Every ZeroMQ message is multipart: ``[header, body...]`` from a DEALER peer, and
+``[identity, header, body...]`` on the broker's ROUTER side. The header is a small
+msgpack array (:class:`Header`) that the broker reads to route; the body is either a
+msgpack-encoded Struct named by the header's kind, or, for output, the raw bytes of
+one chunk, which nobody between the executor and the frontend decodes or copies.
+
+Message kinds (``Header.kind``), who sends them, and their body:
+
+========  ==========================  =====================================================
+kind      direction                   body
+========  ==========================  =====================================================
+hello     peer -> broker              :class:`Hello` (role, auth token, pid, slots)
+welcome   broker -> peer              :class:`Welcome`
+error     broker -> peer              :class:`ErrorMsg` (``corr`` names the failed call)
+run       frontend -> broker -> exec  :class:`RunRequest` (``corr`` = call id)
+started   exec -> broker -> frontend  :class:`Started` (``corr`` = call id)
+out       exec -> broker -> frontend  raw chunk bytes; ``stream`` is 1 (stdout) / 2 (stderr)
+ack       frontend -> broker -> exec  none; ``n`` bytes and ``seq`` chunks consumed
+cancel    frontend -> broker -> exec  none (``corr`` = call id)
+exit      exec -> broker -> frontend  :class:`ExitStatus` (``corr`` = call id)
+ping      either way                  none; answered with ``pong`` (liveness)
+pong      either way                  none
+bye       peer -> broker              none; the peer is leaving (executor drains first)
+========  ==========================  =====================================================
+
+Flow control: an executor keeps at most :data:`WINDOW_BYTES` bytes / :data:`WINDOW_CHUNKS`
+chunks of one call's output unacknowledged; the frontend acks what it has consumed, and the
+executor stops reading that command's pipes while the window is full. So a slow frontend
+slows only its own command (which blocks on a full pipe), nothing is dropped, and the
+broker's memory per call is bounded.
+
+Call ids are chosen by the frontend (uuid4 hex) and must be unique among calls in flight;
+the broker refuses a duplicate with an ``error``.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+PROTOCOL_VERSION = 1
+
+HELLO = "hello"
+WELCOME = "welcome"
+ERROR = "error"
+RUN = "run"
+STARTED = "started"
+OUT = "out"
+ACK = "ack"
+CANCEL = "cancel"
+EXIT = "exit"
+PING = "ping"
+PONG = "pong"
+BYE = "bye"
+
+STDOUT = 1
+STDERR = 2
+STREAM_NAMES = {STDOUT: "stdout", STDERR: "stderr"}
+
+ROLE_FRONTEND = "frontend"
+ROLE_EXECUTOR = "executor"
+ROLE_AGENT = "agent"
+ROLES = (ROLE_FRONTEND, ROLE_EXECUTOR, ROLE_AGENT)
+
+WINDOW_BYTES = 8 * 1024 * 1024
+WINDOW_CHUNKS = 4096
+# A frontend acks once it has consumed this much of a call (bytes or chunks).
+ACK_EVERY_BYTES = 1024 * 1024
+ACK_EVERY_CHUNKS = 256
+
+DEFAULT_CAPTURE_LIMIT = 1024 * 1024
+# Largest message the broker accepts from any peer (ZMQ_MAXMSGSIZE).
+MAX_MESSAGE_SIZE = 64 * 1024 * 1024
+
+
+class Header(msgspec.Struct, array_like=True, frozen=True):
+    kind: str
+    corr: str = ""
+    session: str = ""
+    seq: int = 0
+    stream: int = 0
+    n: int = 0
+
+
+class Hello(msgspec.Struct, frozen=True):
+    role: str
+    token: str
+    pid: int = 0
+    name: str = ""
+    # How many commands an executor runs at once.
+    slots: int = 0
+    version: int = PROTOCOL_VERSION
+
+
+class Welcome(msgspec.Struct, frozen=True):
+    peer_id: str
+    version: int = PROTOCOL_VERSION
+    # Seconds between broker pings; a peer that misses several is presumed dead.
+    heartbeat_s: float = 1.0
+
+
+class ErrorMsg(msgspec.Struct, frozen=True):
+    message: str
+
+
+class SandboxSpec(msgspec.Struct, frozen=True):
+    """A sandbox policy on the wire: Codex's ``{"permissions": [...]}`` JSON value."""
+
+    permissions: list = []
+
+
+class RunRequest(msgspec.Struct, frozen=True):
+    argv: list[str]
+    cwd: str
+    sandbox: SandboxSpec
+    env: dict[str, str] = {}
+    timeout_ms: int | None = None
+    capture_limit: int = DEFAULT_CAPTURE_LIMIT
+
+
+class Started(msgspec.Struct, frozen=True):
+    pid: int
+    executor: str = ""
+
+
+class ExitStatus(msgspec.Struct, frozen=True):
+    """How a call ended. Exactly one of exit_code / signal is set unless ``error`` is."""
+
+    exit_code: int | None = None
+    signal: int | None = None
+    timed_out: bool = False
+    aborted: bool = False
+    duration_s: float = 0.0
+    stdout: bytes = b""
+    stderr: bytes = b""
+    stdout_dropped: int = 0
+    stderr_dropped: int = 0
+    # Set when the command never ran or its executor failed; a person can read it.
+    error: str | None = None
+
+
+_header_encoder = msgspec.msgpack.Encoder()
+_header_decoder = msgspec.msgpack.Decoder(Header)
+_encoder = msgspec.msgpack.Encoder()
+_decoders = {
+    HELLO: msgspec.msgpack.Decoder(Hello),
+    WELCOME: msgspec.msgpack.Decoder(Welcome),
+    ERROR: msgspec.msgpack.Decoder(ErrorMsg),
+    RUN: msgspec.msgpack.Decoder(RunRequest),
+    STARTED: msgspec.msgpack.Decoder(Started),
+    EXIT: msgspec.msgpack.Decoder(ExitStatus),
+}
+
+
+class WireError(ValueError):
+    """A frame that does not decode; never fatal for the receiver."""
+
+
+def header(kind: str, corr: str = "", *, session: str = "", seq: int = 0, stream: int = 0, n: int = 0) -> bytes:
+    return _header_encoder.encode(Header(kind, corr, session, seq, stream, n))
+
+
+def encode(body: msgspec.Struct) -> bytes:
+    return _encoder.encode(body)
+
+
+def decode_header(frame) -> Header:
+    try:
+        return _header_decoder.decode(frame)
+    except (msgspec.DecodeError, msgspec.ValidationError) as e:
+        raise WireError(f"bad header: {e}") from None
+
+
+def decode(kind: str, frame):
+    """Decode the body of a message of ``kind``; raises :class:`WireError`."""
+    dec = _decoders.get(kind)
+    if dec is None:
+        raise WireError(f"kind {kind!r} has no body")
+    try:
+        return dec.decode(frame)
+    except (msgspec.DecodeError, msgspec.ValidationError) as e:
+        raise WireError(f"bad {kind} body: {e}") from None
+
+
+def message(kind: str, corr: str = "", body: msgspec.Struct | None = None, **fields) -> list[bytes]:
+    """A ready-to-send ``[header, body?]`` list."""
+    parts = [header(kind, corr, **fields)]
+    if body is not None:
+        parts.append(encode(body))
+    return parts

@@ -1,0 +1,39 @@
+"""landlock_helper: turn a sandbox policy into kernel restrictions around one command.
+
+Public API (stdlib + ctypes only; imports nothing else of sluice)::
+
+    from landlock_helper import SandboxPolicy, spawn, filter_env, SandboxError
+
+    policy = SandboxPolicy.from_mode("workspace-write", writable_roots=["/srv/out"])
+    proc = spawn(["make", "-j2"], cwd="/src", env=filter_env(os.environ),
+                 policy=policy, stdout=w_out, stderr=w_err,
+                 hidden_paths=["/run/user/1000/sluice"])
+    ...                      # watch proc.done_fds (readable => finished)
+    proc.terminate()         # SIGTERM to every process of the command's tree
+    proc.kill()              # SIGKILL: the command's PID namespace is torn down
+    outcome = proc.poll()    # None while running; Outcome(exit_code|signal|error)
+
+On Linux each command gets its own PID and mount namespace (and a user namespace when
+not root), a fresh /proc, an empty read-only tmpfs over every hidden path, read-only
+binds over ``.git``/``.sluice`` in writable roots, then NO_NEW_PRIVS, dropped
+capabilities, Landlock and a seccomp filter. The namespace's init is ours: it reaps,
+forwards SIGTERM to the whole namespace, and when the command exits it exits too, which
+makes the kernel kill everything the command left behind (setsid and double-forked
+escapees included). On macOS the same policy becomes a Seatbelt profile.
+"""
+
+from landlock_helper.env import filter_env
+from landlock_helper.policy import MODES, Permission, PolicyError, SandboxPolicy
+from landlock_helper.spawn import Outcome, SandboxError, SandboxedProcess, spawn
+
+__all__ = [
+    "MODES",
+    "Outcome",
+    "Permission",
+    "PolicyError",
+    "SandboxError",
+    "SandboxPolicy",
+    "SandboxedProcess",
+    "filter_env",
+    "spawn",
+]
