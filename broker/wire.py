@@ -114,7 +114,10 @@ class RunRequest(msgspec.Struct, frozen=True):
     argv: list[str]
     cwd: str
     sandbox: SandboxSpec
+    # The caller's environment; the executor drops secret-looking names from it
+    # (landlock_helper.filter_env) except those in env_passthrough.
     env: dict[str, str] = {}
+    env_passthrough: list[str] = []
     timeout_ms: int | None = None
     capture_limit: int = DEFAULT_CAPTURE_LIMIT
 
