@@ -1,0 +1,179 @@
+"""Raw syscalls through ctypes, and the per-architecture numbers we need.
+
+Only what the sandbox uses. Every wrapper raises :class:`OSError` with the real errno,
+so callers can say exactly what the kernel refused.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import platform
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_syscall = _libc.syscall
+_syscall.restype = ctypes.c_long
+_prctl = _libc.prctl
+_prctl.restype = ctypes.c_int
+_prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+# A separate function object: argtypes are per object, and this one passes a pointer.
+_prctl_ptr = _libc["prctl"]
+_prctl_ptr.restype = ctypes.c_int
+_prctl_ptr.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p, ctypes.c_ulong, ctypes.c_ulong]
+_mount = _libc.mount
+_mount.restype = ctypes.c_int
+_mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
+_unshare = _libc.unshare
+_unshare.restype = ctypes.c_int
+_unshare.argtypes = [ctypes.c_int]
+
+MACHINE = platform.machine()
+
+# Syscall numbers that differ between architectures; the generic ones (Landlock,
+# io_uring, new mount API) are the same everywhere since they were added late.
+_ARCH_TABLES = {
+    "x86_64": {
+        "audit_arch": 0xC000003E,  # AUDIT_ARCH_X86_64
+        "x32_bit": 0x40000000,
+        "ptrace": 101,
+        "process_vm_readv": 310,
+        "process_vm_writev": 311,
+        "socket": 41,
+        "socketpair": 53,
+        "mount": 165,
+        "umount2": 166,
+        "pivot_root": 155,
+        "kexec_load": 246,
+        "kexec_file_load": 320,
+        "init_module": 175,
+        "finit_module": 313,
+        "delete_module": 176,
+        "bpf": 321,
+        "keyctl": 250,
+        "add_key": 248,
+        "request_key": 249,
+        "capset": 126,
+    },
+    "aarch64": {
+        "audit_arch": 0xC00000B7,  # AUDIT_ARCH_AARCH64
+        "x32_bit": None,
+        "ptrace": 117,
+        "process_vm_readv": 270,
+        "process_vm_writev": 271,
+        "socket": 198,
+        "socketpair": 199,
+        "mount": 40,
+        "umount2": 39,
+        "pivot_root": 41,
+        "kexec_load": 104,
+        "kexec_file_load": 294,
+        "init_module": 105,
+        "finit_module": 273,
+        "delete_module": 106,
+        "bpf": 280,
+        "keyctl": 219,
+        "add_key": 217,
+        "request_key": 218,
+        "capset": 91,
+    },
+}
+_GENERIC = {
+    "io_uring_setup": 425,
+    "io_uring_enter": 426,
+    "io_uring_register": 427,
+    "open_tree": 428,
+    "move_mount": 429,
+    "fsopen": 430,
+    "fsconfig": 431,
+    "fsmount": 432,
+    "fspick": 433,
+    "mount_setattr": 442,
+    "landlock_create_ruleset": 444,
+    "landlock_add_rule": 445,
+    "landlock_restrict_self": 446,
+}
+
+ARCH = _ARCH_TABLES.get("aarch64" if MACHINE == "arm64" else MACHINE)
+
+
+def nr(name: str) -> int:
+    """The syscall number of ``name`` on this machine."""
+    if name in _GENERIC:
+        return _GENERIC[name]
+    if ARCH is None:
+        raise OSError(f"unsupported architecture {MACHINE!r}")
+    return ARCH[name]
+
+
+def syscall(number: int, *args) -> int:
+    ret = _syscall(ctypes.c_long(number), *args)
+    if ret < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+    return ret
+
+
+def prctl(option: int, arg2: int = 0, arg3: int = 0, arg4: int = 0, arg5: int = 0) -> int:
+    ret = _prctl(option, arg2, arg3, arg4, arg5)
+    if ret < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+    return ret
+
+
+def prctl_ptr(option: int, arg2: int, pointer) -> int:
+    """prctl whose third argument is a pointer (PR_SET_SECCOMP)."""
+    ret = _prctl_ptr(option, arg2, ctypes.cast(pointer, ctypes.c_void_p), 0, 0)
+    if ret < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+    return ret
+
+
+def mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
+    ret = _mount(
+        source.encode() if source is not None else None,
+        target.encode(),
+        fstype.encode() if fstype is not None else None,
+        flags,
+        data.encode() if data is not None else None,
+    )
+    if ret < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"mount {target}: {os.strerror(err)}")
+
+
+def unshare(flags: int) -> None:
+    if _unshare(flags) < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"unshare: {os.strerror(err)}")
+
+
+# prctl options
+PR_SET_PDEATHSIG = 1
+PR_CAPBSET_DROP = 24
+PR_SET_NO_NEW_PRIVS = 38
+PR_GET_NO_NEW_PRIVS = 39
+PR_CAP_AMBIENT = 47
+PR_CAP_AMBIENT_CLEAR_ALL = 4
+PR_SET_SECCOMP = 22
+SECCOMP_MODE_FILTER = 2
+
+# unshare / clone flags
+CLONE_NEWNS = 0x00020000
+CLONE_NEWIPC = 0x08000000
+CLONE_NEWUSER = 0x10000000
+CLONE_NEWPID = 0x20000000
+
+# mount flags
+MS_RDONLY = 1
+MS_NOSUID = 2
+MS_NODEV = 4
+MS_NOEXEC = 8
+MS_REMOUNT = 32
+MS_NOATIME = 1024
+MS_NODIRATIME = 2048
+MS_BIND = 4096
+MS_REC = 16384
+MS_PRIVATE = 1 << 18
+MS_RELATIME = 1 << 21

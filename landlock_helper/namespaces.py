@@ -1,0 +1,112 @@
+"""Namespaces, mounts and capabilities: the parts of the sandbox that are not Landlock.
+
+Each command gets a fresh PID namespace (so it sees, signals and ptraces only its own
+tree, and the kernel kills the whole tree when the namespace's init exits), a mount
+namespace (a /proc that shows only that tree, an empty read-only tmpfs over each hidden
+path such as the daemon's runtime dir, a private /dev/shm, read-only binds over
+``.git``/``.sluice``), a private SysV IPC namespace, and, when not root, a user
+namespace that maps the caller's uid and gid to themselves (needed to create the others
+without privilege; the command still runs as the caller).
+
+As root, the command keeps uid 0 but loses every capability: the bounding set is
+emptied before exec, so exec cannot grant any back.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+
+from landlock_helper import _libc
+
+
+class _CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _CapData(ctypes.Structure):
+    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
+
+
+_STATVFS_TO_MS = (
+    (os.ST_RDONLY, _libc.MS_RDONLY),
+    (os.ST_NOSUID, _libc.MS_NOSUID),
+    (os.ST_NODEV, _libc.MS_NODEV),
+    (os.ST_NOEXEC, _libc.MS_NOEXEC),
+    (os.ST_NOATIME, _libc.MS_NOATIME),
+    (os.ST_NODIRATIME, _libc.MS_NODIRATIME),
+    (os.ST_RELATIME, _libc.MS_RELATIME),
+)
+
+
+def unshare_flags(as_root: bool) -> int:
+    flags = _libc.CLONE_NEWPID | _libc.CLONE_NEWNS | _libc.CLONE_NEWIPC
+    if not as_root:
+        flags |= _libc.CLONE_NEWUSER
+    return flags
+
+
+def enter(uid: int, gid: int, as_root: bool) -> None:
+    """Unshare the namespaces; the caller's *next child* is the new PID namespace's init."""
+    _libc.unshare(unshare_flags(as_root))
+    if not as_root:
+        _write("/proc/self/setgroups", "deny")
+        _write("/proc/self/uid_map", f"{uid} {uid} 1\n")
+        _write("/proc/self/gid_map", f"{gid} {gid} 1\n")
+
+
+def _write(path: str, text: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
+
+
+def _locked_flags(path: str) -> int:
+    """Mount flags a remount must keep (inside a user namespace the kernel insists)."""
+    f = os.statvfs(path).f_flag
+    return sum(ms for st, ms in _STATVFS_TO_MS if f & st)
+
+
+def setup_mounts(hidden_paths, read_only_paths) -> None:
+    """Run as the new PID namespace's init, before the command is forked."""
+    m = _libc.mount
+    # Nothing we mount here may leak back to the host's mount namespace.
+    m(None, "/", None, _libc.MS_REC | _libc.MS_PRIVATE)
+    m("proc", "/proc", "proc", _libc.MS_NOSUID | _libc.MS_NODEV | _libc.MS_NOEXEC)
+    if os.path.isdir("/dev/shm"):
+        m("tmpfs", "/dev/shm", "tmpfs", _libc.MS_NOSUID | _libc.MS_NODEV, "mode=1777")
+    for path in hidden_paths:
+        if os.path.isdir(path):
+            m("tmpfs", path, "tmpfs",
+              _libc.MS_RDONLY | _libc.MS_NOSUID | _libc.MS_NODEV | _libc.MS_NOEXEC, "size=4k,mode=000")
+        elif os.path.lexists(path):
+            m("/dev/null", path, None, _libc.MS_BIND)
+    for path in read_only_paths:
+        m(path, path, None, _libc.MS_BIND | _libc.MS_REC)
+        m(None, path, None, _libc.MS_REMOUNT | _libc.MS_BIND | _libc.MS_RDONLY | _locked_flags(path))
+
+
+def last_cap() -> int:
+    try:
+        with open("/proc/sys/kernel/cap_last_cap", encoding="ascii") as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        return 40
+
+
+def drop_capabilities(cap_last: int) -> None:
+    """Empty the bounding, ambient, inheritable, permitted and effective sets."""
+    for cap in range(cap_last + 1):
+        try:
+            _libc.prctl(_libc.PR_CAPBSET_DROP, cap)
+        except OSError:
+            pass  # EINVAL: the kernel does not know that cap
+    try:
+        _libc.prctl(_libc.PR_CAP_AMBIENT, _libc.PR_CAP_AMBIENT_CLEAR_ALL)
+    except OSError:
+        pass
+    hdr = _CapHeader(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3
+    data = (_CapData * 2)()
+    _libc.syscall(_libc.nr("capset"), ctypes.byref(hdr), ctypes.byref(data))
