@@ -409,8 +409,9 @@ def _exec_command(prep: _Prepared, err_w: int, stdin, stdout, stderr) -> None:
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
         if prep.restricted:
             stage = "sandbox"
-            if prep.as_root:
-                namespaces.drop_capabilities(prep.cap_last)
+            # As root this is what keeps uid 0 from meaning "everything"; in a user
+            # namespace it keeps the command from using the caps it holds there.
+            namespaces.drop_capabilities(prep.cap_last)
             _libc.prctl(_libc.PR_SET_NO_NEW_PRIVS, 1)
             landlock.apply(prep.landlock_plan)
             seccomp.install(prep.seccomp_prog)
