@@ -1,0 +1,7 @@
+"""``python -m broker``: the same as the ``sluice`` command."""
+
+import sys
+
+from broker.cli import main
+
+sys.exit(main())

@@ -1,0 +1,381 @@
+"""The ``sluice`` command line: run, sandbox, daemon.
+
+Imports are lazy: ``sluice run`` loads only the client (zmq, msgspec, the wire and the
+policy), so its start-up stays small next to the command it runs.
+
+Exit codes of ``sluice run``: the command's own exit code; 124 when it timed out;
+128+N when it was killed by signal N; 130 / 143 / 129 when sluice itself got SIGINT /
+SIGTERM / SIGHUP (the command is cancelled first and its tree is gone); 141 when our
+stdout was closed; 127 when the command was not found, 126 when it could not be
+executed; 125 when sluice or the daemon failed; 2 for bad usage.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+EXIT_USAGE = 2
+EXIT_SLUICE = 125
+# How long ``sluice run`` waits for a cancelled call to end before giving up.
+CANCEL_WAIT_S = 5.0
+# ``sluice daemon status`` when no daemon is running (LSB status convention).
+EXIT_NOT_RUNNING = 3
+
+USAGE_RUN = "sluice run [options] -- CMD ARGS..."
+USAGE_SANDBOX = "sluice sandbox [options] -- CMD ARGS..."
+
+
+class _Exit(Exception):
+    def __init__(self, code: int) -> None:
+        self.code = code
+
+
+def _err(message: str) -> None:
+    """One line on stderr, never a traceback."""
+    try:
+        sys.stderr.write(f"sluice: {message}\n")
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
+
+
+def _fail(message: str, code: int) -> int:
+    _err(f"error: {message}")
+    return code
+
+
+def _parser():
+    import argparse
+
+    class Parser(argparse.ArgumentParser):
+        def error(self, message):  # one line instead of usage + message
+            _err(f"error: {message} (see `{self.prog} --help`)")
+            raise _Exit(EXIT_USAGE)
+
+    def positive_int(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"must be positive, got {value}")
+        return value
+
+    def policy_flags(p) -> None:
+        p.add_argument("--sandbox", metavar="MODE", default="workspace-write",
+                       help="read-only, workspace-write (default) or danger-full-access")
+        p.add_argument("--writable", metavar="PATH", action="append", default=[],
+                       help="an extra writable directory (absolute, existing); repeatable")
+        p.add_argument("--network", action="store_true", help="allow network access")
+        p.add_argument("--cwd", metavar="DIR", default=None, help="working directory (default: the current one)")
+        p.add_argument("--env", metavar="NAME", action="append", default=[],
+                       help="pass this variable through even if it looks secret; repeatable")
+
+    parser = Parser(prog="sluice", description="Run commands sandboxed, streamed and interruptible through the sluice daemon.")
+    sub = parser.add_subparsers(dest="subcommand", metavar="{run,sandbox,daemon}", parser_class=Parser)
+
+    run = sub.add_parser("run", usage=USAGE_RUN, help="run a command through the daemon",
+                         description="Run CMD in the sandbox through the daemon (started if needed), "
+                                     "streaming its output; exits with its exit code.")
+    policy_flags(run)
+    run.add_argument("--timeout-ms", metavar="N", type=positive_int, default=None,
+                     help="kill the command after N milliseconds (exit 124)")
+    run.add_argument("--json", action="store_true", help="print Codex-shaped events, one JSON object per line")
+    run.add_argument("command", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+
+    sandbox = sub.add_parser("sandbox", usage=USAGE_SANDBOX, help="run a command in the sandbox here, without the daemon",
+                             description="Apply the sandbox policy and run CMD directly (no daemon).")
+    policy_flags(sandbox)
+    sandbox.add_argument("command", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+
+    daemon = sub.add_parser("daemon", help="run the daemon in the foreground, or start/stop/status it in the background",
+                            description="Without an action: run the daemon in the foreground. "
+                                        "start: in the background; stop: stop it; status: exit 0 if running, 3 if not.")
+    daemon.add_argument("action", nargs="?", choices=("start", "stop", "status"), default=None)
+    daemon.add_argument("--executors", metavar="N", type=positive_int, default=None,
+                        help="executor processes (default: CPU count)")
+    daemon.add_argument("--log-json", action="store_true", help="log JSON lines (default: JSON when not a terminal)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        parser = _parser()
+        args = parser.parse_args(argv)
+        if args.subcommand == "run":
+            return _run(args)
+        if args.subcommand == "sandbox":
+            return _sandbox(args)
+        if args.subcommand == "daemon":
+            return _daemon(args)
+        parser.print_help(sys.stderr)
+        return EXIT_USAGE
+    except _Exit as e:
+        return e.code
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        return 141
+    except Exception as e:  # a bug, not a user mistake: still one line unless asked for more
+        if os.environ.get("SLUICE_DEBUG"):
+            raise
+        return _fail(f"internal error: {type(e).__name__}: {e} (set SLUICE_DEBUG=1 for a traceback)", EXIT_SLUICE)
+
+
+def _command(args, usage: str) -> list[str]:
+    command = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        _err(f"error: missing command; usage: {usage}")
+        raise _Exit(EXIT_USAGE)
+    return command
+
+
+# -- sluice run -------------------------------------------------------------------------
+
+
+def _run(args) -> int:
+    command = _command(args, USAGE_RUN)
+    from broker import client as C
+
+    try:
+        request = C.make_request(
+            command,
+            cwd=args.cwd,
+            sandbox=args.sandbox,
+            writable=args.writable,
+            network=args.network,
+            env_passthrough=args.env,
+            timeout_ms=args.timeout_ms,
+        )
+    except C.UsageError as e:
+        return _fail(str(e), EXIT_USAGE)
+
+    out = _JsonOutput(request) if args.json else _RawOutput()
+    try:
+        client = C.Client.connect()
+    except C.DaemonError as e:
+        out.error(str(e))
+        return _fail(str(e), EXIT_SLUICE)
+
+    signum = None
+    with client, client.catch_signals():
+        call = client.submit_request(request, call_id=out.call_id, on_output=out.on_output)
+        out.begin(client, call)
+        try:
+            try:
+                result = client.wait(call)
+            except C.Interrupted as e:
+                signum = e.signum
+                client.cancel(call)
+                # Further signals are noted but do not cut the wait short: the tree must die first.
+                result = client.wait(call, CANCEL_WAIT_S, interruptible=False)
+        except TimeoutError:
+            _err(f"the command did not end within {CANCEL_WAIT_S:g} s of being cancelled; exiting anyway")
+            return 128 + signum if signum else EXIT_SLUICE
+        except C.DaemonError as e:
+            out.error(str(e))
+            return _fail(str(e), EXIT_SLUICE)
+
+    out.end(result)
+    if signum is not None:
+        return 128 + signum
+    if out.stdout_closed:
+        return 141
+    if result.error is not None:
+        code = result.returncode
+        if code == C.RC_NOT_FOUND:
+            _err(f"command not found: {command[0]}")
+        else:
+            _err(f"error: {result.error}")
+        return code
+    if result.stdout_dropped or result.stderr_dropped:
+        pass  # streaming mode shows everything; the captured copy is what was capped
+    return result.returncode
+
+
+def _write_all(fd: int, data) -> None:
+    while data:
+        try:
+            n = os.write(fd, data)
+        except BlockingIOError:  # a non-blocking tty or pipe handed to us: wait until writable
+            import select
+
+            select.select([], [fd], [])
+            continue
+        if n == len(data):
+            return
+        data = memoryview(data)[n:]
+
+
+class _RawOutput:
+    """Bytes of the command's stdout/stderr to ours, as they come."""
+
+    call_id = None
+
+    def __init__(self) -> None:
+        self.stdout_closed = False
+        self._client = None
+        self._call = None
+
+    def begin(self, client, call) -> None:
+        self._client = client
+        self._call = call
+
+    def on_output(self, call, stream, chunk) -> None:
+        if stream == 2:
+            try:
+                _write_all(2, chunk)
+            except OSError:
+                pass
+            return
+        if self.stdout_closed:
+            return
+        try:
+            _write_all(1, chunk)
+        except BrokenPipeError:
+            # Like a command writing into a closed pipe: stop it.
+            self.stdout_closed = True
+            if self._client is not None:
+                self._client.cancel(call)
+
+    def error(self, message: str) -> None:
+        pass
+
+    def end(self, result) -> None:
+        pass
+
+
+class _JsonOutput:
+    """Codex-shaped events, one JSON object per line on stdout."""
+
+    def __init__(self, request) -> None:
+        from broker import protocol
+        from broker.client import new_call_id
+
+        self.P = protocol
+        self.request = request
+        self.call_id = new_call_id()
+        self.stdout_closed = False
+        self._names = {1: "stdout", 2: "stderr"}
+
+    def _emit(self, msg) -> None:
+        if self.stdout_closed:
+            return
+        try:
+            _write_all(1, self.P.encode_json(self.P.Event(id=self.call_id, msg=msg)) + b"\n")
+        except BrokenPipeError:
+            self.stdout_closed = True
+
+    def begin(self, client, call) -> None:
+        self._emit(self.P.ExecCommandBeginEvent(call_id=self.call_id, command=list(self.request.argv), cwd=self.request.cwd))
+
+    def on_output(self, call, stream, chunk) -> None:
+        self._emit(self.P.ExecCommandOutputDeltaEvent(call_id=self.call_id, stream=self._names.get(stream, "stdout"), chunk=bytes(chunk)))
+
+    def error(self, message: str) -> None:
+        self._emit(self.P.ErrorEvent(message=message))
+
+    def end(self, result) -> None:
+        if result.error is not None:
+            self.error(result.error)
+        stdout = result.stdout.decode("utf-8", "replace")
+        stderr = result.stderr.decode("utf-8", "replace")
+        aggregated = stdout + stderr
+        self._emit(
+            self.P.ExecCommandEndEvent(
+                call_id=self.call_id,
+                stdout=stdout,
+                stderr=stderr,
+                aggregated_output=aggregated,
+                exit_code=result.returncode,
+                duration=self.P.Duration.from_seconds(result.duration_s),
+                formatted_output=aggregated,
+            )
+        )
+
+
+# -- sluice sandbox ---------------------------------------------------------------------
+
+
+def _sandbox(args) -> int:
+    command = _command(args, USAGE_SANDBOX)
+    from landlock_helper.policy import MODES
+
+    if args.sandbox not in MODES:
+        return _fail(f"unknown sandbox mode {args.sandbox!r}; expected one of {', '.join(MODES)}", EXIT_USAGE)
+    cwd = os.path.abspath(args.cwd) if args.cwd is not None else None
+    if cwd is not None and not os.path.isdir(cwd):
+        what = "is not a directory" if os.path.exists(cwd) else "does not exist"
+        return _fail(f"working directory {cwd} {what}", EXIT_USAGE)
+    for path in args.writable:
+        if not os.path.isabs(path):
+            return _fail(f"writable path must be absolute: {path!r}", EXIT_USAGE)
+        if not os.path.exists(path):
+            return _fail(f"writable path does not exist: {path}", EXIT_USAGE)
+    helper_argv = ["--sandbox", args.sandbox]
+    for path in args.writable:
+        helper_argv += ["--writable", path]
+    if args.network:
+        helper_argv.append("--network")
+    if cwd is not None:
+        helper_argv += ["--cwd", cwd]
+    for name in args.env:
+        helper_argv += ["--env", name]
+    helper_argv += ["--", *command]
+    from landlock_helper.__main__ import main as helper_main
+
+    return helper_main(helper_argv, prog="sluice")
+
+
+# -- sluice daemon ----------------------------------------------------------------------
+
+
+def _daemon(args) -> int:
+    from broker.runtime import RuntimeDir, RuntimeDirError
+
+    runtime = RuntimeDir.default()
+    if args.action is None:
+        from broker.daemon import DaemonAlreadyRunning, serve
+
+        try:
+            return serve(runtime, executors=args.executors, log_json=True if args.log_json else None)
+        except DaemonAlreadyRunning as e:
+            return _fail(str(e) or f"a daemon is already running in {runtime.path}", 1)
+        except RuntimeDirError as e:
+            return _fail(str(e), 1)
+
+    from broker import client as C
+
+    if args.action == "status":
+        status = C.daemon_status(runtime)
+        print(f"sluice: {status.describe()}", flush=True)
+        return 0 if status.running else EXIT_NOT_RUNNING
+
+    if args.action == "stop":
+        try:
+            pid = C.stop_daemon(runtime)
+        except C.DaemonError as e:
+            return _fail(str(e), 1)
+        print(f"sluice: daemon stopped (pid {pid})" if pid else f"sluice: daemon not running (runtime dir {runtime.path})", flush=True)
+        return 0
+
+    # start
+    status = C.daemon_status(runtime)
+    if status.running:
+        print(f"sluice: {status.describe()}", flush=True)
+        return 0
+    extra = []
+    if args.executors is not None:
+        extra += ["--executors", str(args.executors)]
+    if args.log_json:
+        extra.append("--log-json")
+    try:
+        pid = C.start_daemon(runtime, args=extra)
+    except C.DaemonError as e:
+        return _fail(str(e), 1)
+    print(f"sluice: daemon started (pid {pid}, socket {runtime.socket_path})", flush=True)
+    return 0
