@@ -1,0 +1,724 @@
+"""The Codex submission/event protocol as msgspec Structs, and its JSON and msgpack codecs.
+
+A frontend sends :class:`Submission` ``{"id", "op"}``; the agent answers with
+:class:`Event` ``{"id", "msg"}`` whose ``id`` is the submission it belongs to. ``op`` and
+``msg`` are unions tagged by a ``"type"`` field in snake_case, exactly as Codex's serde
+enums (``#[serde(tag = "type", rename_all = "snake_case")]``) spell them::
+
+    {"id":"1","op":{"type":"user_input","items":[{"type":"text","text":"hi"}]}}
+    {"id":"1","msg":{"type":"exec_command_begin","call_id":"c1","command":["ls"],"cwd":"/w"}}
+
+The JSON form matches Codex's byte for byte: keys in field order, compact separators,
+the same string escapes. Optional fields follow serde: an ``Option`` that Codex marks
+``skip_serializing_if = "Option::is_none"`` is left out when unset, any other ``Option``
+is written as ``null``. Structs whose every defaulted field is such a skipped one set
+``omit_defaults``; :class:`ConfigureSession`, which also has fields Codex always writes,
+marks its two skipped fields with ``msgspec.UNSET`` instead. A Struct with a defaulted
+field before a required one is keyword-only, so the field order stays Codex's.
+
+Policies are kebab-case strings (:class:`AskForApproval`, :class:`SandboxPermission`).
+Two Codex enums are serde *externally* tagged, a shape msgspec has no Struct union for:
+
+- a sandbox permission is a bare string, or ``{"disk-write-folder": {"folder": "/p"}}``;
+  :class:`SandboxPolicy` holds them as a :class:`SandboxPermission` or a one-key dict
+  around :class:`DiskWriteFolder`, which msgspec validates natively;
+- a file change is ``"delete"``, ``{"add": {"content"}}`` or
+  ``{"update": {"unified_diff", "move_path"}}``; its variants (:class:`AddFileChange`,
+  :class:`DeleteFileChange`, :class:`UpdateFileChange`) are plain classes that the
+  codec functions below convert, so encode and decode through them, not through
+  ``msgspec.json`` directly.
+
+JSON is for people and other programs: ``sluice run --json``, the stdio bridge and
+rollout files. Between sluice's own processes the same Structs travel as msgpack (maps
+keyed by field name, so both forms carry the same information). Output chunks are
+``bytes``: raw in msgpack, base64 in JSON, as later Codex writes them.
+
+Which Codex: the later ``codex-rs/core/src/protocol.rs`` (the one with
+``ConfigureSession``, the permission-list ``SandboxPolicy`` and ``SessionConfiguredEvent``),
+plus the events later Codex added and its ``codex.rs`` emits: message and reasoning
+deltas, ``token_count``, ``exec_command_output_delta``, the ``exec_command_end`` with
+``duration`` and formatted output, ``turn_diff``, ``plan_update``, ``turn_aborted``,
+``shutdown_complete``, and the ``Compact``/``Shutdown`` ops. One field is sluice's own:
+``Event.seq``, the per-session sequence number, written only when set.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import os
+import re
+import uuid
+from typing import Annotated, Any, ClassVar, Literal
+
+import msgspec
+from msgspec import UNSET, UnsetType
+
+
+class ProtocolError(ValueError):
+    """A message that is not valid protocol; the message says what was wrong."""
+
+
+# -- policies and small enums ---------------------------------------------------------
+
+
+class AskForApproval(enum.StrEnum):
+    """When the user is asked before a command runs."""
+
+    UNTRUSTED = "untrusted"
+    """Ask for everything except known-safe, read-only commands."""
+    ON_FAILURE = "on-failure"
+    """Run everything sandboxed; ask to rerun unsandboxed when a command fails."""
+    ON_REQUEST = "on-request"
+    """Run everything sandboxed; the model asks when it needs more."""
+    NEVER = "never"
+    """Never ask; failures go straight back to the model."""
+
+
+# Names older Codex configs use for the same policies.
+_APPROVAL_ALIASES = {"unless-allow-listed": AskForApproval.UNTRUSTED}
+
+
+def parse_approval_policy(value: str) -> AskForApproval:
+    """The approval policy a person typed, accepting older Codex names."""
+    if value in _APPROVAL_ALIASES:
+        return _APPROVAL_ALIASES[value]
+    try:
+        return AskForApproval(value)
+    except ValueError:
+        # Early Codex declared auto-edit but never implemented it; guessing a
+        # replacement could grant more than the person meant.
+        problem = "is not supported" if value == "auto-edit" else "is unknown"
+        choices = ", ".join(AskForApproval)
+        raise ValueError(f"approval policy {value!r} {problem}; use one of {choices}") from None
+
+
+class ReviewDecision(enum.StrEnum):
+    """A person's answer to an approval request."""
+
+    APPROVED = "approved"
+    APPROVED_FOR_SESSION = "approved_for_session"
+    """Approve this and identical requests (same command and cwd) for the session."""
+    DENIED = "denied"
+    """Do not run it, but let the agent carry on."""
+    ABORT = "abort"
+    """Do not run it, and stop the task until the next input."""
+
+
+class WireApi(enum.StrEnum):
+    """Which OpenAI-style API a model provider speaks."""
+
+    RESPONSES = "responses"
+    CHAT = "chat"
+
+
+class ExecOutputStream(enum.StrEnum):
+    STDOUT = "stdout"
+    STDERR = "stderr"
+
+
+class StepStatus(enum.StrEnum):
+    PENDING = "pending"
+    IN_PROGRESS = "in_progress"
+    COMPLETED = "completed"
+
+
+class TurnAbortReason(enum.StrEnum):
+    INTERRUPTED = "interrupted"
+    REPLACED = "replaced"
+    """A new task took the running one's place."""
+
+
+# -- sandbox policy -------------------------------------------------------------------
+
+
+class SandboxPermission(enum.StrEnum):
+    """The permissions that are bare strings; ``disk-write-folder`` is :class:`DiskWriteFolder`."""
+
+    DISK_FULL_READ_ACCESS = "disk-full-read-access"
+    DISK_WRITE_PLATFORM_USER_TEMP_FOLDER = "disk-write-platform-user-temp-folder"
+    DISK_WRITE_PLATFORM_GLOBAL_TEMP_FOLDER = "disk-write-platform-global-temp-folder"
+    DISK_WRITE_CWD = "disk-write-cwd"
+    DISK_FULL_WRITE_ACCESS = "disk-full-write-access"
+    NETWORK_FULL_ACCESS = "network-full-access"
+
+
+DISK_WRITE_FOLDER = "disk-write-folder"
+
+
+class DiskWriteFolder(msgspec.Struct):
+    """Write access beneath one absolute folder."""
+
+    folder: str
+
+    def __post_init__(self) -> None:
+        if not os.path.isabs(self.folder):
+            raise ValueError(f"disk-write-folder needs an absolute folder, got {self.folder!r}")
+
+
+# One entry of SandboxPolicy.permissions: a unit permission or {"disk-write-folder": ...}.
+Permission = SandboxPermission | dict[Literal["disk-write-folder"], DiskWriteFolder]
+
+SANDBOX_MODES = ("read-only", "workspace-write", "danger-full-access")
+
+_MODE_PERMISSIONS = {
+    "read-only": (SandboxPermission.DISK_FULL_READ_ACCESS,),
+    "workspace-write": (
+        SandboxPermission.DISK_FULL_READ_ACCESS,
+        SandboxPermission.DISK_WRITE_PLATFORM_USER_TEMP_FOLDER,
+        SandboxPermission.DISK_WRITE_PLATFORM_GLOBAL_TEMP_FOLDER,
+        SandboxPermission.DISK_WRITE_CWD,
+    ),
+    "danger-full-access": (
+        SandboxPermission.DISK_FULL_READ_ACCESS,
+        SandboxPermission.DISK_FULL_WRITE_ACCESS,
+        SandboxPermission.NETWORK_FULL_ACCESS,
+    ),
+}
+
+
+class SandboxPolicy(msgspec.Struct):
+    """What a command may do: ``{"permissions": [...]}``, in Codex's spelling."""
+
+    permissions: list[Permission]
+
+    def __post_init__(self) -> None:
+        for permission in self.permissions:
+            if isinstance(permission, dict) and len(permission) != 1:
+                raise ValueError('a folder permission is {"disk-write-folder": {"folder": ...}}')
+
+    def has_full_disk_read_access(self) -> bool:
+        return SandboxPermission.DISK_FULL_READ_ACCESS in self.permissions
+
+    def has_full_disk_write_access(self) -> bool:
+        return SandboxPermission.DISK_FULL_WRITE_ACCESS in self.permissions
+
+    def has_full_network_access(self) -> bool:
+        return SandboxPermission.NETWORK_FULL_ACCESS in self.permissions
+
+    def is_unrestricted(self) -> bool:
+        return (
+            self.has_full_disk_read_access()
+            and self.has_full_disk_write_access()
+            and self.has_full_network_access()
+        )
+
+    @property
+    def writable_folders(self) -> list[str]:
+        """The folders of the ``disk-write-folder`` permissions, in order."""
+        return [p[DISK_WRITE_FOLDER].folder for p in self.permissions if isinstance(p, dict)]
+
+
+def sandbox_policy_from_mode(
+    mode: str, writable_roots: tuple[str, ...] | list[str] = (), network: bool = False
+) -> SandboxPolicy:
+    """The policy for a mode a person typed, plus extra writable roots and network access.
+
+    The permissions come out in the order ``landlock_helper.policy`` builds them, without
+    duplicates, so both write the same JSON.
+    """
+    if mode not in _MODE_PERMISSIONS:
+        choices = ", ".join(SANDBOX_MODES)
+        raise ValueError(f"unknown sandbox mode {mode!r}; expected one of {choices}")
+    permissions: list[Permission] = list(_MODE_PERMISSIONS[mode])
+    for root in writable_roots:
+        if not os.path.isabs(root):
+            raise ValueError(f"writable root must be an absolute path, got {root!r}")
+        permissions.append({DISK_WRITE_FOLDER: DiskWriteFolder(os.path.normpath(root))})
+    if network:
+        permissions.append(SandboxPermission.NETWORK_FULL_ACCESS)
+    unique: list[Permission] = []
+    for permission in permissions:
+        if permission not in unique:
+            unique.append(permission)
+    return SandboxPolicy(unique)
+
+
+# -- file changes (serde externally tagged, converted by the codec hooks) -------------
+
+
+class FileChange:
+    """One file's change in a patch: :class:`AddFileChange`, :class:`DeleteFileChange`
+    or :class:`UpdateFileChange`."""
+
+    __slots__ = ()
+    tag: ClassVar[str]
+
+    def __eq__(self, other: object) -> bool:
+        if type(other) is not type(self):
+            return NotImplemented
+        return all(getattr(self, name) == getattr(other, name) for name in self.__slots__)
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{name}={getattr(self, name)!r}" for name in self.__slots__)
+        return f"{type(self).__name__}({fields})"
+
+    def to_builtins(self) -> str | dict[str, dict[str, Any]]:
+        """Codex's JSON value: the bare tag for a unit variant, else ``{tag: {fields}}``."""
+        if not self.__slots__:
+            return self.tag
+        return {self.tag: {name: getattr(self, name) for name in self.__slots__}}
+
+    @staticmethod
+    def from_builtins(value: Any) -> FileChange:
+        """The variant for Codex's JSON value, as decoded to builtins."""
+        match value:
+            case "delete":
+                return DeleteFileChange()
+            case {"add": {"content": str(content)}} if len(value) == 1:
+                return AddFileChange(content)
+            case {"update": {"unified_diff": str(unified_diff)} as body} if len(value) == 1:
+                move_path = body.get("move_path")
+                if isinstance(move_path, str | None):
+                    return UpdateFileChange(unified_diff, move_path)
+        raise ValueError(
+            'a file change is "delete", {"add": {"content": ...}} '
+            'or {"update": {"unified_diff": ..., "move_path": ...}}'
+        )
+
+
+class AddFileChange(FileChange):
+    __slots__ = ("content",)
+    __match_args__ = ("content",)
+    tag = "add"
+
+    def __init__(self, content: str) -> None:
+        self.content = content
+
+
+class DeleteFileChange(FileChange):
+    __slots__ = ()
+    tag = "delete"
+
+
+class UpdateFileChange(FileChange):
+    __slots__ = ("unified_diff", "move_path")
+    __match_args__ = ("unified_diff", "move_path")
+    tag = "update"
+
+    def __init__(self, unified_diff: str, move_path: str | None = None) -> None:
+        self.unified_diff = unified_diff
+        self.move_path = move_path
+
+
+# -- values inside messages -----------------------------------------------------------
+
+
+class Duration(msgspec.Struct):
+    """A span of time in serde's shape for Rust's ``std::time::Duration``."""
+
+    secs: Annotated[int, msgspec.Meta(ge=0)]
+    nanos: Annotated[int, msgspec.Meta(ge=0, lt=1_000_000_000)]
+
+    @classmethod
+    def from_seconds(cls, seconds: float) -> Duration:
+        """The duration nearest to ``seconds``, to the nanosecond."""
+        if not (math.isfinite(seconds) and seconds >= 0):
+            raise ValueError(f"a duration is a finite number of seconds >= 0, got {seconds!r}")
+        secs, nanos = divmod(round(seconds * 1_000_000_000), 1_000_000_000)
+        return cls(secs, nanos)
+
+    @property
+    def seconds(self) -> float:
+        return self.secs + self.nanos / 1_000_000_000
+
+
+class ModelProviderInfo(msgspec.Struct):
+    """Where the model lives and how to reach it (Codex's provider entry)."""
+
+    name: str
+    base_url: str | None = None
+    """None means the provider's default endpoint."""
+    env_key: str | None = None
+    """Environment variable holding the API key."""
+    env_key_instructions: str | None = None
+    wire_api: WireApi = WireApi.CHAT
+    query_params: dict[str, str] | None = None
+    http_headers: dict[str, str] | None = None
+    env_http_headers: dict[str, str] | None = None
+    """Header name -> environment variable holding its value."""
+    request_max_retries: int | None = None
+    stream_max_retries: int | None = None
+    stream_idle_timeout_ms: int | None = None
+    requires_openai_auth: bool = False
+
+
+class HistoryEntry(msgspec.Struct):
+    """One line of the cross-session message history."""
+
+    session_id: str
+    ts: int
+    text: str
+
+
+class PlanItem(msgspec.Struct):
+    step: str
+    status: StepStatus
+
+
+class CallToolResult(msgspec.Struct, omit_defaults=True):
+    """An MCP tool's result; ``content`` items are MCP content objects, kept as JSON."""
+
+    content: list[dict[str, Any]]
+    is_error: bool | None = msgspec.field(default=None, name="isError")
+
+
+# -- input items ----------------------------------------------------------------------
+
+
+class _InputItem(msgspec.Struct, tag_field="type"):
+    pass
+
+
+class TextInput(_InputItem, tag="text"):
+    text: str
+
+
+class ImageInput(_InputItem, tag="image"):
+    image_url: str
+    """A ``data:`` URI."""
+
+
+class LocalImageInput(_InputItem, tag="local_image"):
+    path: str
+
+
+InputItem = TextInput | ImageInput | LocalImageInput
+
+
+# -- submissions ----------------------------------------------------------------------
+
+
+class _Op(msgspec.Struct, tag_field="type"):
+    pass
+
+
+class ConfigureSession(_Op, tag="configure_session", kw_only=True):
+    """Configure the session; the agent answers with ``session_configured``."""
+
+    provider: ModelProviderInfo
+    model: str
+    instructions: str | None = None
+    approval_policy: AskForApproval
+    sandbox_policy: SandboxPolicy
+    disable_response_storage: bool = False
+    """Send the full context with every request instead of relying on stored responses."""
+    # Codex leaves notify and resume_path out when unset but writes the fields above
+    # even when empty, so these two are UNSET (never written) rather than None.
+    notify: list[str] | UnsetType = UNSET
+    """A program (argv) to run after each completed turn."""
+    cwd: str
+    """Absolute; relative paths from the model and the sandbox resolve against it."""
+    resume_path: str | UnsetType = UNSET
+    """A rollout file to resume from."""
+
+
+class UserInput(_Op, tag="user_input"):
+    items: list[InputItem]
+
+
+class Interrupt(_Op, tag="interrupt"):
+    """Abort the running task; the agent answers with ``turn_aborted``."""
+
+
+class ExecApproval(_Op, tag="exec_approval"):
+    id: str
+    """The id of the submission whose request this answers."""
+    decision: ReviewDecision
+
+
+class PatchApproval(_Op, tag="patch_approval"):
+    id: str
+    decision: ReviewDecision
+
+
+class AddToHistory(_Op, tag="add_to_history"):
+    text: str
+
+
+class GetHistoryEntryRequest(_Op, tag="get_history_entry_request"):
+    offset: int
+    log_id: int
+
+
+class Compact(_Op, tag="compact"):
+    """Summarise the conversation so far to free context."""
+
+
+class Shutdown(_Op, tag="shutdown"):
+    """Stop the session; the agent answers with ``shutdown_complete``."""
+
+
+Op = (
+    ConfigureSession
+    | Interrupt
+    | UserInput
+    | ExecApproval
+    | PatchApproval
+    | AddToHistory
+    | GetHistoryEntryRequest
+    | Compact
+    | Shutdown
+)
+
+
+class Submission(msgspec.Struct):
+    id: str
+    """Chosen by the sender; the events this causes carry it."""
+    op: Op
+
+
+# -- events ---------------------------------------------------------------------------
+
+
+class _EventMsg(msgspec.Struct, tag_field="type"):
+    pass
+
+
+class ErrorEvent(_EventMsg, tag="error"):
+    message: str
+
+
+class TaskStartedEvent(_EventMsg, tag="task_started"):
+    pass
+
+
+class TaskCompleteEvent(_EventMsg, tag="task_complete"):
+    last_agent_message: str | None = None
+
+
+class TokenCountEvent(_EventMsg, tag="token_count", kw_only=True):
+    input_tokens: int
+    cached_input_tokens: int | None = None
+    output_tokens: int
+    reasoning_output_tokens: int | None = None
+    total_tokens: int
+
+
+class AgentMessageEvent(_EventMsg, tag="agent_message"):
+    message: str
+
+
+class AgentMessageDeltaEvent(_EventMsg, tag="agent_message_delta"):
+    delta: str
+
+
+class AgentReasoningEvent(_EventMsg, tag="agent_reasoning"):
+    text: str
+
+
+class AgentReasoningDeltaEvent(_EventMsg, tag="agent_reasoning_delta"):
+    delta: str
+
+
+class AgentReasoningRawContentEvent(_EventMsg, tag="agent_reasoning_raw_content"):
+    text: str
+
+
+class AgentReasoningRawContentDeltaEvent(_EventMsg, tag="agent_reasoning_raw_content_delta"):
+    delta: str
+
+
+class SessionConfiguredEvent(_EventMsg, tag="session_configured"):
+    session_id: uuid.UUID
+    model: str
+    history_log_id: int
+    """Identifies the history file (its inode on Unix)."""
+    history_entry_count: int
+
+
+class McpToolCallBeginEvent(_EventMsg, tag="mcp_tool_call_begin"):
+    call_id: str
+    server: str
+    tool: str
+    arguments: Any = None
+
+
+class McpToolCallEndEvent(_EventMsg, tag="mcp_tool_call_end"):
+    call_id: str
+    success: bool
+    result: CallToolResult | None = None
+
+
+class ExecCommandBeginEvent(_EventMsg, tag="exec_command_begin"):
+    call_id: str
+    command: list[str]
+    cwd: str
+
+
+class ExecCommandOutputDeltaEvent(_EventMsg, tag="exec_command_output_delta"):
+    call_id: str
+    stream: ExecOutputStream
+    chunk: bytes
+    """Raw output, not necessarily UTF-8."""
+
+
+class ExecCommandEndEvent(_EventMsg, tag="exec_command_end", kw_only=True):
+    call_id: str
+    stdout: str
+    stderr: str
+    aggregated_output: str = ""
+    """stdout and stderr interleaved as they came."""
+    exit_code: int
+    duration: Duration
+    formatted_output: str
+    """The output as the model sees it."""
+
+
+class ExecApprovalRequestEvent(_EventMsg, tag="exec_approval_request", omit_defaults=True):
+    call_id: str
+    command: list[str]
+    cwd: str
+    reason: str | None = None
+
+
+class ApplyPatchApprovalRequestEvent(
+    _EventMsg, tag="apply_patch_approval_request", omit_defaults=True
+):
+    call_id: str
+    changes: dict[str, FileChange]
+    reason: str | None = None
+    grant_root: str | None = None
+    """Asks to allow writes beneath this root for the rest of the session."""
+
+
+class BackgroundEventEvent(_EventMsg, tag="background_event"):
+    message: str
+
+
+class PatchApplyBeginEvent(_EventMsg, tag="patch_apply_begin"):
+    call_id: str
+    auto_approved: bool
+    """True when nobody was asked (no ``apply_patch_approval_request``)."""
+    changes: dict[str, FileChange]
+
+
+class PatchApplyEndEvent(_EventMsg, tag="patch_apply_end"):
+    call_id: str
+    stdout: str
+    stderr: str
+    success: bool
+
+
+class TurnDiffEvent(_EventMsg, tag="turn_diff"):
+    unified_diff: str
+
+
+class GetHistoryEntryResponseEvent(_EventMsg, tag="get_history_entry_response", omit_defaults=True):
+    offset: int
+    log_id: int
+    entry: HistoryEntry | None = None
+
+
+class PlanUpdateEvent(_EventMsg, tag="plan_update", kw_only=True):
+    explanation: str | None = None
+    plan: list[PlanItem]
+
+
+class TurnAbortedEvent(_EventMsg, tag="turn_aborted"):
+    reason: TurnAbortReason
+
+
+class ShutdownCompleteEvent(_EventMsg, tag="shutdown_complete"):
+    pass
+
+
+EventMsg = (
+    ErrorEvent
+    | TaskStartedEvent
+    | TaskCompleteEvent
+    | TokenCountEvent
+    | AgentMessageEvent
+    | AgentMessageDeltaEvent
+    | AgentReasoningEvent
+    | AgentReasoningDeltaEvent
+    | AgentReasoningRawContentEvent
+    | AgentReasoningRawContentDeltaEvent
+    | SessionConfiguredEvent
+    | McpToolCallBeginEvent
+    | McpToolCallEndEvent
+    | ExecCommandBeginEvent
+    | ExecCommandOutputDeltaEvent
+    | ExecCommandEndEvent
+    | ExecApprovalRequestEvent
+    | ApplyPatchApprovalRequestEvent
+    | BackgroundEventEvent
+    | PatchApplyBeginEvent
+    | PatchApplyEndEvent
+    | TurnDiffEvent
+    | GetHistoryEntryResponseEvent
+    | PlanUpdateEvent
+    | TurnAbortedEvent
+    | ShutdownCompleteEvent
+)
+
+
+class Event(msgspec.Struct, omit_defaults=True):
+    id: str
+    """The submission this event belongs to."""
+    msg: EventMsg
+    seq: int | None = None
+    """Position in the session's event log; written only when set."""
+
+
+# -- codec ----------------------------------------------------------------------------
+
+
+def _enc_hook(obj: Any) -> Any:
+    if isinstance(obj, FileChange):
+        return obj.to_builtins()
+    raise NotImplementedError(f"cannot encode {type(obj).__name__} as protocol")
+
+
+def _dec_hook(type_: type, obj: Any) -> Any:
+    if type_ is FileChange:
+        return FileChange.from_builtins(obj)
+    raise NotImplementedError(f"cannot decode {type_.__name__} from protocol")
+
+
+_json_encoder = msgspec.json.Encoder(enc_hook=_enc_hook)
+_msgpack_encoder = msgspec.msgpack.Encoder(enc_hook=_enc_hook)
+_submission_json = msgspec.json.Decoder(Submission, dec_hook=_dec_hook)
+_event_json = msgspec.json.Decoder(Event, dec_hook=_dec_hook)
+_submission_msgpack = msgspec.msgpack.Decoder(Submission, dec_hook=_dec_hook)
+_event_msgpack = msgspec.msgpack.Decoder(Event, dec_hook=_dec_hook)
+
+_UNKNOWN_TAG = re.compile(r"Invalid value (?P<value>.*) - at `\$\.(?P<field>op|msg)\.type`")
+_TAG_NOUNS = {"op": "op type", "msg": "event type"}
+
+
+def encode_json(obj: Any) -> bytes:
+    """Compact JSON, keys in field order, as serde_json writes it."""
+    return _json_encoder.encode(obj)
+
+
+def encode_msgpack(obj: Any) -> bytes:
+    return _msgpack_encoder.encode(obj)
+
+
+def decode_submission_json(data: bytes | str) -> Submission:
+    return _decode(_submission_json, data, "submission")
+
+
+def decode_event_json(data: bytes | str) -> Event:
+    return _decode(_event_json, data, "event")
+
+
+def decode_submission_msgpack(data: bytes) -> Submission:
+    return _decode(_submission_msgpack, data, "submission")
+
+
+def decode_event_msgpack(data: bytes) -> Event:
+    return _decode(_event_msgpack, data, "event")
+
+
+def _decode(decoder: Any, data: bytes | str, what: str) -> Any:
+    try:
+        return decoder.decode(data)
+    except msgspec.DecodeError as exc:
+        unknown = _UNKNOWN_TAG.fullmatch(str(exc))
+        if unknown:
+            message = f"unknown {_TAG_NOUNS[unknown['field']]} {unknown['value']}"
+        else:
+            message = f"invalid {what}: {exc}"
+        raise ProtocolError(message) from exc
