@@ -1,0 +1,372 @@
+"""One command in flight: its sandboxed process, its two pipes, its flow-control window.
+
+A call is finished when both pipes have hit EOF *and* every ``done_fd`` of the sandbox
+is readable (the whole process tree is dead). Only then is ``exit`` sent, so a frontend
+never sees ``exit`` before the last chunk, nor before the last setsid escapee is gone.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import time
+from typing import TYPE_CHECKING
+
+import structlog
+
+from broker import wire
+from executor.capture import Capture
+from landlock_helper import PolicyError, SandboxError, SandboxPolicy, filter_env, spawn
+
+if TYPE_CHECKING:
+    from executor.worker import Worker
+
+log = structlog.get_logger("executor.call")
+
+# One os.read takes at most this much: big reads keep per-chunk overhead negligible.
+READ_MAX = 1024 * 1024
+PIPE_SIZE = 1024 * 1024
+F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
+# SIGTERM first on cancel; SIGKILL after this many seconds if the tree still lives.
+CANCEL_GRACE_S = 0.5
+TIMEOUT_EXIT_CODE = 124
+# poll() should answer as soon as done_fds are readable; if it lags, retry this often.
+POLL_RETRY_S = 0.005
+POLL_RETRIES = 400
+# Each capped copy stays well inside one wire message, whatever the caller asked for.
+CAPTURE_MAX = wire.MAX_MESSAGE_SIZE // 4
+
+
+def one_line(text: object) -> str:
+    """Messages travel to a person as one line."""
+    s = " ".join(str(text).split())
+    return s or "unknown error"
+
+
+class _Stream:
+    """The read end of one output pipe and what it has delivered so far."""
+
+    __slots__ = ("fd", "header", "capture", "eof", "watching")
+
+    def __init__(self, fd: int, header: bytes, capture_limit: int) -> None:
+        self.fd = fd
+        # Prebuilt once: every chunk of this stream goes out as [header, chunk].
+        self.header = header
+        self.capture = Capture(capture_limit)
+        self.eof = False
+        self.watching = False
+
+
+class Call:
+    __slots__ = (
+        "worker",
+        "corr",
+        "req",
+        "proc",
+        "streams",
+        "unacked_bytes",
+        "unacked_chunks",
+        "timed_out",
+        "aborted",
+        "error",
+        "started_at",
+        "_loop",
+        "_send",
+        "_done_pending",
+        "_tree_dead",
+        "_draining",
+        "_timers",
+        "_poll_tries",
+        "_finishing",
+        "_finished",
+    )
+
+    def __init__(self, worker: Worker, corr: str, req: wire.RunRequest) -> None:
+        self.worker = worker
+        self.corr = corr
+        self.req = req
+        self.proc = None
+        self.streams: tuple[_Stream, ...] = ()
+        self.unacked_bytes = 0
+        self.unacked_chunks = 0
+        self.timed_out = False
+        self.aborted = False
+        self.error: str | None = None
+        self.started_at = 0.0
+        self._loop = worker.loop
+        self._send = worker.send
+        self._done_pending: set[int] = set()
+        self._tree_dead = False
+        # Set once a killed tree is dead: the pipes then hold a bounded remainder
+        # (at most their capacity), which is read out without waiting for acks so
+        # the exit can be reported even if nobody acks any more.
+        self._draining = False
+        self._timers: list = []
+        self._poll_tries = 0
+        self._finishing = False
+        self._finished = False
+
+    # -- start ---------------------------------------------------------------------
+
+    def start(self) -> bool:
+        """Spawn the command and report ``started``; on failure report ``exit`` with an error."""
+        req = self.req
+        if not req.argv:
+            return self._fail("empty command")
+        try:
+            policy = SandboxPolicy.from_json({"permissions": list(req.sandbox.permissions)})
+        except PolicyError as e:
+            return self._fail(f"bad sandbox policy: {e}")
+        env = filter_env(req.env or os.environ, req.env_passthrough)
+        fds: list[int] = []
+        try:
+            r_out, w_out = os.pipe2(os.O_CLOEXEC)
+            fds += (r_out, w_out)
+            r_err, w_err = os.pipe2(os.O_CLOEXEC)
+            fds += (r_err, w_err)
+        except OSError as e:
+            _close_all(fds)
+            return self._fail(f"cannot create pipes: {e.strerror}")
+        for fd in (r_out, r_err):
+            os.set_blocking(fd, False)
+            try:
+                fcntl.fcntl(fd, F_SETPIPE_SZ, PIPE_SIZE)
+            except OSError:
+                pass  # over the per-user pipe budget: the default size still works
+        self.started_at = time.monotonic()
+        try:
+            self.proc = spawn(
+                req.argv,
+                cwd=req.cwd,
+                env=env,
+                policy=policy,
+                stdout=w_out,
+                stderr=w_err,
+                hidden_paths=self.worker.hidden_paths,
+            )
+        except SandboxError as e:
+            _close_all((r_out, r_err))
+            return self._fail(one_line(e))
+        except Exception as e:  # a spawn failure must never take the worker down
+            log.exception("spawn failed", corr=self.corr)
+            _close_all((r_out, r_err))
+            return self._fail(one_line(f"cannot start command: {e}"))
+        finally:
+            # The child holds its own copies; ours would keep the pipes from EOF.
+            _close_all((w_out, w_err))
+
+        proc = self.proc
+        self._send(wire.message(wire.STARTED, self.corr, wire.Started(pid=proc.pid, executor=self.worker.name)))
+        limit = min(req.capture_limit, CAPTURE_MAX)
+        self.streams = (
+            _Stream(r_out, wire.header(wire.OUT, self.corr, stream=wire.STDOUT), limit),
+            _Stream(r_err, wire.header(wire.OUT, self.corr, stream=wire.STDERR), limit),
+        )
+        loop = self._loop
+        self._done_pending = set(proc.done_fds)
+        for fd in proc.done_fds:
+            loop.add_reader(fd, self._on_done_fd, fd)
+        if req.timeout_ms is not None:
+            self._timers.append(loop.call_later(max(0, req.timeout_ms) / 1000, self._on_timeout))
+        self.update_readers()
+        if not self._done_pending:
+            self._on_tree_dead()
+        return True
+
+    def _fail(self, message: str) -> bool:
+        """The command never ran: an exit with an error and no exit code."""
+        self._finished = True
+        self._send(wire.message(wire.EXIT, self.corr, wire.ExitStatus(error=message)))
+        return False
+
+    # -- output ----------------------------------------------------------------------
+
+    def _on_readable(self, s: _Stream) -> None:
+        room = wire.WINDOW_BYTES - self.unacked_bytes
+        try:
+            # Never read past the window: at most WINDOW_BYTES stay unacknowledged.
+            chunk = os.read(s.fd, READ_MAX if (room >= READ_MAX or self._draining) else room)
+        except BlockingIOError:
+            return
+        except OSError as e:
+            log.warning("pipe read failed", corr=self.corr, error=e.strerror)
+            chunk = b""
+        if not chunk:
+            self._on_eof(s)
+            return
+        self._send([s.header, chunk])
+        s.capture.add(chunk)
+        self.unacked_bytes += len(chunk)
+        self.unacked_chunks += 1
+        if (
+            self.unacked_bytes >= wire.WINDOW_BYTES or self.unacked_chunks >= wire.WINDOW_CHUNKS
+        ) and not self._draining:
+            self.update_readers()
+
+    def _on_eof(self, s: _Stream) -> None:
+        s.eof = True
+        if s.watching:
+            self._loop.remove_reader(s.fd)
+            s.watching = False
+        os.close(s.fd)
+        s.fd = -1
+        self._maybe_finish()
+
+    def update_readers(self) -> None:
+        """Watch the pipes exactly when output may flow: window open and socket not congested."""
+        want = self._draining or (
+            self.unacked_bytes < wire.WINDOW_BYTES
+            and self.unacked_chunks < wire.WINDOW_CHUNKS
+            and not self.worker.congested
+        )
+        loop = self._loop
+        for s in self.streams:
+            w = want and not s.eof
+            if w != s.watching:
+                if w:
+                    loop.add_reader(s.fd, self._on_readable, s)
+                else:
+                    loop.remove_reader(s.fd)
+                s.watching = w
+
+    def ack(self, nbytes: int, nchunks: int) -> None:
+        self.unacked_bytes = max(0, self.unacked_bytes - max(0, nbytes))
+        self.unacked_chunks = max(0, self.unacked_chunks - max(0, nchunks))
+        self.update_readers()
+
+    # -- ending ------------------------------------------------------------------------
+
+    def cancel(self) -> None:
+        """SIGTERM the tree, SIGKILL after a short grace; report aborted with the real status."""
+        if self.aborted:
+            return
+        self.aborted = True
+        if self._tree_dead:
+            self._start_draining()
+            return
+        self._signal(self.proc.terminate)
+        self._timers.append(self._loop.call_later(CANCEL_GRACE_S, self._kill))
+
+    def abort(self, error: str) -> None:
+        """Kill at once (the executor is going away); report aborted with ``error``."""
+        self.aborted = True
+        self.error = error
+        if self._tree_dead:
+            self._start_draining()
+        else:
+            self._kill()
+
+    def _on_timeout(self) -> None:
+        if self._tree_dead:
+            return
+        self.timed_out = True
+        self._kill()
+
+    def _kill(self) -> None:
+        if not self._tree_dead:
+            self._signal(self.proc.kill)
+
+    def _signal(self, how) -> None:
+        try:
+            how()
+        except Exception as e:
+            log.warning("signalling the command failed", corr=self.corr, error=one_line(e))
+
+    def _on_done_fd(self, fd: int) -> None:
+        self._loop.remove_reader(fd)
+        self._done_pending.discard(fd)
+        if not self._done_pending:
+            self._on_tree_dead()
+
+    def _on_tree_dead(self) -> None:
+        self._tree_dead = True
+        for t in self._timers:
+            t.cancel()
+        self._timers.clear()
+        if self.aborted or self.timed_out:
+            self._start_draining()
+        else:
+            self._maybe_finish()
+
+    def _start_draining(self) -> None:
+        self._draining = True
+        self.update_readers()
+        self._maybe_finish()
+
+    def _maybe_finish(self) -> None:
+        if self._finishing or not self._tree_dead:
+            return
+        for s in self.streams:
+            if not s.eof:
+                return
+        self._finishing = True
+        self._finish()
+
+    def _finish(self) -> None:
+        try:
+            outcome = self.proc.poll()
+        except Exception as e:
+            log.warning("poll failed", corr=self.corr, error=one_line(e))
+            outcome = None
+            self._poll_tries = POLL_RETRIES
+        if outcome is None:
+            self._poll_tries += 1
+            if self._poll_tries < POLL_RETRIES:
+                self._loop.call_later(POLL_RETRY_S, self._finish)
+                return
+        self._finished = True
+        duration = time.monotonic() - self.started_at
+        out, err = self.streams
+        if outcome is None:
+            exit_code = signal = None
+            error = self.error or "the command's exit status is unavailable"
+        elif self.timed_out:
+            exit_code, signal = TIMEOUT_EXIT_CODE, None
+            error = self.error or outcome.error
+        else:
+            exit_code, signal = outcome.exit_code, outcome.signal
+            error = self.error or outcome.error
+        status = wire.ExitStatus(
+            exit_code=exit_code,
+            signal=signal,
+            timed_out=self.timed_out,
+            aborted=self.aborted,
+            duration_s=duration,
+            stdout=out.capture.value(),
+            stderr=err.capture.value(),
+            stdout_dropped=out.capture.dropped,
+            stderr_dropped=err.capture.dropped,
+            error=error,
+        )
+        self._send(wire.message(wire.EXIT, self.corr, status))
+        self._release()
+        self.worker.call_finished(self)
+
+    def _release(self) -> None:
+        loop = self._loop
+        for s in self.streams:
+            if s.watching:
+                loop.remove_reader(s.fd)
+                s.watching = False
+            if s.fd >= 0:
+                os.close(s.fd)
+                s.fd = -1
+        for fd in self._done_pending:
+            loop.remove_reader(fd)
+        self._done_pending.clear()
+        for t in self._timers:
+            t.cancel()
+        self._timers.clear()
+        if self.proc is not None:
+            try:
+                self.proc.close()
+            except Exception as e:
+                log.warning("releasing the sandbox failed", corr=self.corr, error=one_line(e))
+
+
+def _close_all(fds) -> None:
+    for fd in fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
