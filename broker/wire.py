@@ -31,6 +31,16 @@ executor stops reading that command's pipes while the window is full. So a slow 
 slows only its own command (which blocks on a full pipe), nothing is dropped, and the
 broker's memory per call is bounded.
 
+The window binds while a command runs. Once a cancelled, timed-out or shut-down
+command's tree is dead, the executor drains what is left in its pipes without waiting
+for acks (at most one pipe's capacity per stream), so its ``exit`` can always be sent.
+
+A run that is refused or cannot start (bad body or policy, missing cwd, no sandbox,
+executor shutting down) gets only an ``exit`` with ``error`` set, never a ``started``.
+A command that was not found gets ``exit_code`` 127 *and* ``error``. ``Started.pid`` is
+the pid of the command's sandbox supervisor, not of the command itself. Any message
+from the broker counts as a sign of life for an executor, not only ``ping``.
+
 Call ids are chosen by the frontend (uuid4 hex) and must be unique among calls in flight;
 the broker refuses a duplicate with an ``error``.
 """
