@@ -32,7 +32,6 @@ import contextlib
 import errno
 import os
 import signal
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -324,9 +323,8 @@ class Client:
         """Connect to the daemon of ``runtime`` (default: the user's), starting one if needed."""
         runtime = runtime or RuntimeDir.default()
         deadline = time.monotonic() + timeout
-        if _daemon_pid(runtime) is not None:
-            # Running, or starting: its pid file appears once it serves.
-            _wait_serving(runtime, deadline)
+        if _daemon_pid(runtime) is not None and _wait_serving(runtime, deadline) is not None:
+            # Running, or was starting (its pid file appears once it serves).
             return cls._handshake(runtime, deadline)
         if not autostart:
             raise DaemonError(f"no daemon is running in {runtime.path}; start one with `sluice daemon start`")
@@ -769,7 +767,7 @@ def daemon_status(runtime: RuntimeDir | None = None) -> DaemonStatus:
     return DaemonStatus(pid is not None, pid, runtime.path, runtime.socket_path)
 
 
-_started: list[subprocess.Popen] = []  # keeps background daemons' Popen objects (and their reaping) alive
+_started: list = []  # keeps background daemons' Popen objects (and their reaping) alive
 
 
 def start_daemon(
@@ -791,6 +789,8 @@ def start_daemon(
         runtime.ensure()
     except RuntimeDirError as e:
         raise DaemonError(str(e)) from None
+    import subprocess
+
     env = dict(os.environ)
     env["SLUICE_RUNTIME_DIR"] = runtime.path
     # Run the same code as this client, installed or not.
@@ -827,17 +827,20 @@ def start_daemon(
     return pid
 
 
-def _wait_serving(runtime: RuntimeDir, deadline: float, proc: subprocess.Popen | None = None) -> int:
-    """Wait until a daemon holds the lock and has written its pid file (it does so after
-    binding the socket and writing a fresh token); returns its pid."""
+def _wait_serving(runtime: RuntimeDir, deadline: float, proc=None) -> int | None:
+    """Wait until a daemon serves in ``runtime`` (its pid file names it); returns its pid.
+
+    Without ``proc``: None if the daemon that was starting went away instead. With
+    ``proc`` (the daemon we just spawned): DaemonError if it died and no other took over.
+    """
     delay = 0.002
     while True:
-        holder = _daemon_pid(runtime)
-        if holder is not None and _read_pid(runtime) == holder:
-            return holder
-        if holder is None and (proc is None or proc.poll() is not None):
+        pid = _serving_pid(runtime)
+        if pid is not None:
+            return pid
+        if _starting_pid(runtime) is None and (proc is None or proc.poll() is not None):
             if proc is None:
-                raise DaemonError(f"the daemon in {runtime.path} exited while starting: {_last_log_line(runtime)}")
+                return None
             raise DaemonError(f"the daemon exited at start (status {proc.returncode}): {_last_log_line(runtime)}")
         if time.monotonic() >= deadline:
             raise DaemonError(f"the daemon did not start in time: {_last_log_line(runtime)}")
@@ -895,80 +898,77 @@ def _reap_started() -> None:
 
 
 def _daemon_pid(runtime: RuntimeDir) -> int | None:
-    """The pid of the daemon holding the runtime dir's lock, or None.
+    """The pid of the daemon serving, or starting, in ``runtime``; None if there is none."""
+    return _serving_pid(runtime) or _starting_pid(runtime)
 
-    Reads /proc/locks (it never takes the lock: a probe would make a starting daemon
-    believe another one is running); falls back to the pid file elsewhere.
-    """
+
+def _serving_pid(runtime: RuntimeDir) -> int | None:
+    # The daemon writes its pid file once bound (after a fresh token) and removes it on exit.
     _reap_started()
-    try:
-        st = os.stat(runtime.lock_path)
-    except OSError:
-        st = None
-    pid = _read_pid(runtime)
-    holders = _flock_holders(st) if st is not None else set()
-    if holders:
-        return pid if pid in holders else min(holders)
-    # No visible lock holder (or no /proc/locks, or a filesystem that reports other
-    # device numbers there): trust a pid file naming a live daemon.
-    if pid is not None and _alive(pid) and _looks_like_daemon(pid):
-        return pid
-    return None
+    return _live_pid_in(runtime.pid_path)
 
 
-def _read_pid(runtime: RuntimeDir) -> int | None:
+def _starting_pid(runtime: RuntimeDir) -> int | None:
+    # The lock holder also writes its pid into the lock file, before anything else.
+    # (Not /proc/locks: reading it waits for an RCU grace period, tens of milliseconds.)
+    return _live_pid_in(runtime.lock_path)
+
+
+def _live_pid_in(path: str) -> int | None:
+    """The pid in ``path`` if that process is alive and is the one that wrote the file.
+
+    A file left by a daemon that was killed may name a pid since reused: a process
+    that started after the file was written cannot have written it.
+    """
     try:
-        return runtime.read_pid()
-    except OSError:  # the runtime dir is not a directory, unreadable, ...
+        with open(path, "rb") as f:
+            written = os.fstat(f.fileno()).st_mtime
+            pid = int(f.read(32).strip() or 0)
+    except (OSError, ValueError):
         return None
-
-
-def _flock_holders(st: os.stat_result) -> set[int] | None:
-    try:
-        with open("/proc/locks", encoding="ascii", errors="replace") as f:
-            lines = f.read().splitlines()
-    except OSError:
+    if pid <= 0:
         return None
-    want = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
-    holders = set()
-    for line in lines:
-        parts = line.split()
-        # "1: FLOCK  ADVISORY  WRITE 1234 00:2a:5678 0 EOF"; blocked waiters have "->".
-        if len(parts) >= 6 and parts[1] == "FLOCK" and parts[5] == want:
-            with contextlib.suppress(ValueError):
-                pid = int(parts[4])
-                if pid > 0 and _alive(pid):
-                    holders.add(pid)
-    return holders
+    started = _start_time(pid)
+    if started is None:
+        return None
+    # Slack for clock granularity: boot time and start ticks are coarse.
+    return pid if started <= written + 2.0 else None
 
 
-def _alive(pid: int) -> bool:
+_boot_time: float | None = None
+
+
+def _start_time(pid: int) -> float | None:
+    """When ``pid`` started (epoch seconds), 0.0 if unknown, None if dead or a zombie."""
+    global _boot_time
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             stat = f.read()
-        return stat[stat.rindex(b")") + 2 : stat.rindex(b")") + 3] not in (b"Z", b"X")
     except FileNotFoundError:
-        return False
-    except OSError:
-        pass
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _looks_like_daemon(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            cmdline = f.read()
-    except FileNotFoundError:
-        return False
-    except OSError:
-        return True
-    return b"daemon" in cmdline and (b"broker" in cmdline or b"sluice" in cmdline)
+        return None
+    except OSError:  # no /proc (macOS): existence is all we can tell
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return None
+        except PermissionError:
+            pass
+        return 0.0
+    fields = stat[stat.rindex(b")") + 2 :].split()  # fields from the 3rd (state) on
+    if fields[0] in (b"Z", b"X"):
+        return None
+    if _boot_time is None:
+        try:
+            with open("/proc/stat", "rb") as f:
+                for line in f:
+                    if line.startswith(b"btime "):
+                        _boot_time = float(line.split()[1])
+                        break
+        except OSError:
+            pass
+        if _boot_time is None:
+            return 0.0
+    return _boot_time + int(fields[19]) / os.sysconf("SC_CLK_TCK")
 
 
 def _last_log_line(runtime: RuntimeDir) -> str:

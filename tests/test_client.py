@@ -335,6 +335,22 @@ def test_daemon_killed_mid_call_fails_the_call(daemon):
 
 
 @pytest.mark.timeout(60)
+def test_hung_daemon_is_noticed_by_heartbeat(daemon):
+    c = daemon.client()
+    call = c.submit(["sleep", "60"])
+    _wait_for(lambda: c.poll(0.05) is not None and call.started, what="start")
+    os.kill(daemon.pid, signal.SIGSTOP)
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(DaemonError, match="stopped answering"):
+            c.wait(call, 30)
+        assert time.monotonic() - t0 < 3 + 5 * c.heartbeat_s
+    finally:
+        os.kill(daemon.pid, signal.SIGCONT)
+    c.close()
+
+
+@pytest.mark.timeout(60)
 def test_daemon_stopped_mid_call_ends_the_call(daemon):
     c = daemon.client()
     call = c.submit(["sleep", "30"])
