@@ -1,0 +1,214 @@
+"""The sluice daemon: one asyncio process that owns the broker socket and the executors.
+
+Start-up order matters. The flock on ``daemon.lock`` is taken before anything else in the
+runtime dir is touched, so a second daemon fails without disturbing the first (its
+socket, token and pid file stay as they are). Only the lock holder removes a stale
+socket, writes a fresh token, binds and finally writes the pid file, which therefore
+means "a daemon is up and serving".
+
+Routing is in :mod:`broker.router`, executor processes in :mod:`broker.supervisor`; this
+module wires them to a ROUTER socket and an event loop and handles start and stop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import os
+import signal
+
+import structlog
+import zmq
+
+from broker import wire
+from broker.logging import configure
+from broker.router import HEARTBEAT_S, Router
+from broker.runtime import RuntimeDir, RuntimeDirError
+from broker.supervisor import ExecutorPool
+from broker.zloop import ZSocket
+
+__all__ = ["DaemonAlreadyRunning", "RuntimeDirError", "serve"]
+
+log = structlog.get_logger(component="daemon")
+
+HWM = 100_000
+SHUTDOWN_GRACE_S = 3.0
+FINAL_LINGER_MS = 250
+# sun_path is 108 bytes including the terminating NUL.
+_MAX_SOCKET_PATH = 107
+
+
+class DaemonAlreadyRunning(RuntimeError):
+    """Another daemon holds the runtime dir's lock."""
+
+    def __init__(self, pid: int | None) -> None:
+        self.pid = pid
+        super().__init__(f"a sluice daemon is already running (pid {pid if pid else 'unknown'})")
+
+
+def serve(runtime: RuntimeDir, *, executors: int | None = None, log_json: bool | None = None) -> int:
+    """Run the daemon in the foreground until SIGTERM/SIGINT; returns the exit code.
+
+    ``executors=None`` spawns one executor per CPU; ``0`` spawns none (executors may
+    still connect on their own). Raises :class:`DaemonAlreadyRunning` or
+    :class:`RuntimeDirError` before serving if the runtime dir is taken or unusable.
+    """
+    if executors is None:
+        executors = os.cpu_count() or 1
+    if executors < 0:
+        raise ValueError("executors must be >= 0")
+    lock_fd = _take_lock(runtime)
+    try:
+        configure(log_json)
+        daemon = _Daemon(runtime, executors)
+        try:
+            daemon.bind()
+            return asyncio.run(daemon.run())
+        finally:
+            daemon.cleanup()
+    finally:
+        os.close(lock_fd)  # releases the flock
+
+
+def _take_lock(runtime: RuntimeDir) -> int:
+    runtime.ensure()
+    if len(runtime.socket_path.encode()) > _MAX_SOCKET_PATH:
+        raise RuntimeDirError(
+            f"runtime dir {runtime.path} is too long for a unix socket path; "
+            "set SLUICE_RUNTIME_DIR to a shorter directory"
+        )
+    try:
+        fd = os.open(runtime.lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError as e:
+        raise RuntimeDirError(f"cannot open {runtime.lock_path}: {e.strerror}") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        pid = runtime.read_pid() or _read_pid_fd(fd)
+        os.close(fd)
+        raise DaemonAlreadyRunning(pid) from None
+    # Also in the lock file: the holder is identifiable before its pid file exists.
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
+
+
+def _read_pid_fd(fd: int) -> int | None:
+    try:
+        return int(os.pread(fd, 32, 0).decode().strip())
+    except (OSError, ValueError):
+        return None
+
+
+class _RouterSocket(ZSocket):
+    """ZSocket whose failed sends still re-check for input.
+
+    A send that raises (EAGAIN, EHOSTUNREACH) has still processed the socket's command
+    queue and may have consumed the FD's edge; without the re-check, messages already
+    waiting would sit until the next unrelated wake-up.
+    """
+
+    def send(self, parts, *, copy: bool = False) -> None:
+        sock = self.sock
+        try:
+            sock.send_multipart(parts, zmq.NOBLOCK, copy=copy)
+        finally:
+            if sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                self._schedule_drain()
+
+    def close(self, linger_ms: int = 0) -> None:
+        """Close, giving already-queued messages (final exits) ``linger_ms`` to go out."""
+        if not self._closed:
+            self.sock.setsockopt(zmq.LINGER, linger_ms)
+            self.loop.remove_reader(self.sock.getsockopt(zmq.FD))
+            self._closed = True
+            self.sock.close()
+
+
+class _Daemon:
+    def __init__(self, runtime: RuntimeDir, executors: int) -> None:
+        self.runtime = runtime
+        self.executors = executors
+        self.ctx: zmq.Context | None = None
+        self.sock: zmq.Socket | None = None
+        self.token = ""
+        self._bound = False
+
+    def bind(self) -> None:
+        rt = self.runtime
+        try:
+            os.unlink(rt.socket_path)  # stale: we hold the lock, so no daemon is using it
+        except FileNotFoundError:
+            pass
+        self.token = rt.new_token()
+        self.ctx = zmq.Context()
+        sock = self.ctx.socket(zmq.ROUTER)
+        sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        sock.setsockopt(zmq.SNDHWM, HWM)
+        sock.setsockopt(zmq.RCVHWM, HWM)
+        sock.setsockopt(zmq.MAXMSGSIZE, wire.MAX_MESSAGE_SIZE)
+        sock.setsockopt(zmq.LINGER, 0)
+        self.sock = sock
+        old_umask = os.umask(0o177)
+        try:
+            sock.bind(rt.endpoint)
+        except zmq.ZMQError as e:
+            raise RuntimeDirError(f"cannot listen on {rt.endpoint}: {e}") from None
+        finally:
+            os.umask(old_umask)
+        self._bound = True
+        os.chmod(rt.socket_path, 0o600)
+        tmp = rt.pid_path + ".new"
+        with open(tmp, "w", encoding="ascii") as f:
+            f.write(f"{os.getpid()}\n")
+        os.replace(tmp, rt.pid_path)
+
+    async def run(self) -> int:
+        loop = asyncio.get_running_loop()
+        stop = asyncio.Event()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, stop.set)
+
+        router = Router(self.token, defer=loop.call_soon)
+        pool = ExecutorPool(self.runtime, self.executors, router.executor_died, loop)
+        router.supervisor = pool
+        zsock = _RouterSocket(self.sock, router.on_message, loop)
+        router.transport = zsock.send
+        heartbeat = loop.create_task(self._heartbeat(router))
+        pool.start()
+        log.info("daemon ready", endpoint=self.runtime.endpoint, pid=os.getpid(), executors=self.executors)
+
+        await stop.wait()
+        log.info("shutting down")
+        router.close()
+        await pool.stop(SHUTDOWN_GRACE_S)
+        router.fail_all()
+        heartbeat.cancel()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(signum)
+        # Bounded: a frontend that does not read cannot hold up the exit.
+        zsock.close(linger_ms=FINAL_LINGER_MS)
+        self.sock = None
+        log.info("daemon stopped")
+        return 0
+
+    @staticmethod
+    async def _heartbeat(router: Router) -> None:
+        while True:
+            await asyncio.sleep(HEARTBEAT_S)
+            router.heartbeat()
+
+    def cleanup(self) -> None:
+        """Remove what marks this daemon as running. Only ever called by the lock holder."""
+        if self.sock is not None:
+            self.sock.close(linger=0)
+            self.sock = None
+        if self.ctx is not None:
+            self.ctx.term()
+            self.ctx = None
+        if self._bound:
+            for path in (self.runtime.socket_path, self.runtime.pid_path):
+                try:
+                    os.unlink(path)
+                except FileNotFoundError:
+                    pass

@@ -1,0 +1,104 @@
+"""structlog set-up shared by the daemon and its helpers.
+
+JSON lines when stderr is not a terminal (a daemon's log is read by programs), a
+readable console format otherwise. Values under secret-looking keys are redacted by a
+processor, so a careless ``log.info(..., token=t)`` cannot leak the auth token.
+
+Also :class:`Throttle`: a peer sending garbage in a tight loop must not be able to fill
+the disk through our log, so per-event rate limiting with a "suppressed N" summary.
+"""
+
+from __future__ import annotations
+
+import logging as _stdlib_logging
+import os
+import sys
+import time
+from typing import Any, TextIO
+
+import structlog
+
+_SECRET_MARKERS = ("token", "secret", "password", "passwd", "api_key", "apikey", "authorization", "cookie")
+_LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40, "critical": 50}
+
+
+def _redact_secrets(_logger: Any, _method: str, event: dict) -> dict:
+    for key in event:
+        lowered = key.lower()
+        if any(marker in lowered for marker in _SECRET_MARKERS):
+            event[key] = "[redacted]"
+    return event
+
+
+def configure(json: bool | None = None, *, level: str | int | None = None, stream: TextIO | None = None) -> None:
+    """Configure structlog for this process.
+
+    ``json=None`` picks JSON lines unless ``stream`` (default stderr) is a TTY. ``level``
+    defaults to ``$SLUICE_LOG_LEVEL`` or ``info``.
+    """
+    stream = stream if stream is not None else sys.stderr
+    if json is None:
+        try:
+            json = not stream.isatty()
+        except (AttributeError, ValueError):
+            json = True
+    if level is None:
+        level = os.environ.get("SLUICE_LOG_LEVEL", "info")
+    if isinstance(level, str):
+        level = _LEVELS.get(level.strip().lower(), _stdlib_logging.INFO)
+
+    processors: list = [
+        structlog.contextvars.merge_contextvars,
+        structlog.processors.add_log_level,
+        structlog.processors.TimeStamper(fmt="iso", utc=True),
+        _redact_secrets,
+    ]
+    if json:
+        processors += [structlog.processors.format_exc_info, structlog.processors.JSONRenderer()]
+    else:
+        processors.append(structlog.dev.ConsoleRenderer(colors=False))
+    structlog.configure(
+        processors=processors,
+        wrapper_class=structlog.make_filtering_bound_logger(level),
+        logger_factory=structlog.WriteLoggerFactory(file=stream),
+        cache_logger_on_first_use=False,
+    )
+
+
+class Throttle:
+    """Rate-limits log events by event name: ``burst`` per ``period`` seconds each.
+
+    Suppressed occurrences are counted and reported with the next event that gets
+    through, or by :meth:`flush` (call it from a periodic timer).
+    """
+
+    def __init__(self, logger: Any, *, burst: int = 5, period: float = 10.0) -> None:
+        self._log = logger
+        self._burst = burst
+        self._period = period
+        # event -> [window start, emitted in window, suppressed in window, level]
+        self._windows: dict[str, list] = {}
+
+    def __call__(self, level: str, event: str, **fields: Any) -> None:
+        now = time.monotonic()
+        window = self._windows.get(event)
+        if window is None or now - window[0] >= self._period:
+            if window is not None and window[2]:
+                fields["suppressed"] = window[2]
+            window = [now, 0, 0, level]
+            self._windows[event] = window
+        if window[1] < self._burst:
+            window[1] += 1
+            getattr(self._log, level)(event, **fields)
+        else:
+            window[2] += 1
+
+    def flush(self) -> None:
+        """Report events suppressed in windows that have ended."""
+        now = time.monotonic()
+        for event, window in list(self._windows.items()):
+            if now - window[0] < self._period:
+                continue
+            if window[2]:
+                getattr(self._log, window[3])(event + " (suppressed repeats)", suppressed=window[2])
+            del self._windows[event]

@@ -1,0 +1,526 @@
+"""Message routing in the daemon: who is connected, which call runs where, the run queue.
+
+The router is pure bookkeeping over one ROUTER socket. It never blocks and never
+decodes what it merely forwards: a ``run`` body is decoded once (to refuse a bad request
+before it occupies an executor), ``out`` bodies never. Everything an executor sends about
+a call goes to the call's frontend as the original frames, and ``ack``/``cancel`` go the
+other way the same way.
+
+Peer loss is discovered in three ways, all ending in the same two paths
+(:meth:`Router.drop_caller` / :meth:`Router.drop_executor`): a send that fails with
+EHOSTUNREACH (ROUTER_MANDATORY), a peer that stops answering pings, and, for executors
+the daemon spawned, the process exiting (reported by the supervisor).
+"""
+
+from __future__ import annotations
+
+import hmac
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Protocol
+
+import structlog
+import zmq
+
+from broker import wire
+from broker.logging import Throttle
+
+log = structlog.get_logger(component="router")
+
+HEARTBEAT_S = 1.0
+# A peer that has not been heard from for this many heartbeats is presumed dead.
+MISSED_HEARTBEATS = 5
+# Idle frontends are pinged this rarely, only to notice ones that vanished.
+IDLE_PING_EVERY = 30
+QUEUE_LIMIT = 100_000
+# Headers are a few dozen bytes; anything bigger is garbage we need not decode.
+MAX_HEADER_SIZE = 4096
+
+# Frames after the routing identity, by kind, for what peers may send the broker.
+FRAME_COUNT = {
+    wire.HELLO: 2,
+    wire.RUN: 2,
+    wire.STARTED: 2,
+    wire.OUT: 2,
+    wire.EXIT: 2,
+    wire.ACK: 1,
+    wire.CANCEL: 1,
+    wire.PING: 1,
+    wire.PONG: 1,
+    wire.BYE: 1,
+}
+CALLER_ROLES = (wire.ROLE_FRONTEND, wire.ROLE_AGENT)
+
+SHUTDOWN_MESSAGE = "the sluice daemon shut down before this command finished"
+
+
+class Supervisor(Protocol):
+    """What the router needs from whoever spawned the executors."""
+
+    def claim(self, peer: Peer) -> bool:
+        """Link an executor's hello to a process we spawned (matched by pid)."""
+
+    def kill(self, peer: Peer) -> bool:
+        """SIGKILL the process behind ``peer``, if we spawned it."""
+
+
+class _NoSupervisor:
+    def claim(self, peer: Peer) -> bool:
+        return False
+
+    def kill(self, peer: Peer) -> bool:
+        return False
+
+
+class Peer:
+    """A DEALER that said a good hello. ``calls`` holds the calls it is party to."""
+
+    __slots__ = ("identity", "role", "name", "pid", "peer_id", "slots", "calls", "seen", "gone", "handlers")
+
+    def __init__(self, identity: bytes, hello: wire.Hello, peer_id: str, tick: int, handlers: dict) -> None:
+        self.identity = identity
+        self.role = hello.role
+        self.name = hello.name or peer_id
+        self.pid = hello.pid
+        self.peer_id = peer_id
+        self.slots = hello.slots if hello.role == wire.ROLE_EXECUTOR else 0
+        self.calls: dict[str, Call] = {}
+        self.seen = tick
+        # Set the moment a send finds it unreachable; it is dropped on the next loop turn.
+        self.gone = False
+        self.handlers = handlers
+
+    @property
+    def free(self) -> int:
+        return self.slots - len(self.calls)
+
+    def __repr__(self) -> str:
+        return f"<Peer {self.role} {self.name} pid={self.pid}>"
+
+
+class Call:
+    """One ``run`` in flight: queued (``frames`` held) or running at ``executor``.
+
+    ``caller`` becomes None when the frontend vanished; the call then lives on only until
+    its executor reports the cancelled command's exit, so the slot stays counted.
+    """
+
+    __slots__ = ("id", "caller", "executor", "frames")
+
+    def __init__(self, call_id: str, caller: Peer, frames: list) -> None:
+        self.id = call_id
+        self.caller: Peer | None = caller
+        self.executor: Peer | None = None
+        self.frames: list | None = frames
+
+
+class Router:
+    """Routes one ROUTER socket's traffic. Call :meth:`on_message` for each message."""
+
+    def __init__(
+        self,
+        token: str,
+        *,
+        defer: Callable[[Callable[[], None]], object],
+        supervisor: Supervisor | None = None,
+        heartbeat_s: float = HEARTBEAT_S,
+    ) -> None:
+        self._token = token.encode()
+        self._defer = defer
+        self.supervisor: Supervisor = supervisor or _NoSupervisor()
+        self.heartbeat_s = heartbeat_s
+        # Set by the daemon once the socket exists: a non-blocking multipart send.
+        self.transport: Callable[[list], None] | None = None
+        self.peers: dict[bytes, Peer] = {}
+        self.executors: dict[bytes, Peer] = {}
+        self.callers: dict[bytes, Peer] = {}
+        self.calls: dict[str, Call] = {}
+        self.queue: OrderedDict[str, Call] = OrderedDict()
+        self.tick = 0
+        self.closing = False
+        self._lost: list[Peer] = []
+        self._next_peer = 0
+        self._throttle = Throttle(log)
+        self._executor_handlers = {
+            wire.STARTED: self._on_call_event,
+            wire.OUT: self._on_call_event,
+            wire.EXIT: self._on_exit,
+            wire.PING: self._on_ping,
+            wire.PONG: self._on_pong,
+            wire.BYE: self._on_bye,
+            wire.HELLO: self._on_second_hello,
+        }
+        self._caller_handlers = {
+            wire.RUN: self._on_run,
+            wire.ACK: self._on_ack,
+            wire.CANCEL: self._on_cancel,
+            wire.PING: self._on_ping,
+            wire.PONG: self._on_pong,
+            wire.BYE: self._on_bye,
+            wire.HELLO: self._on_second_hello,
+        }
+
+    # ----------------------------------------------------------------- inbound
+
+    def on_message(self, frames: list) -> None:
+        """Entry point for every message; a bug or bad input never escapes into the loop."""
+        try:
+            self._handle(frames)
+        except Exception:
+            self._throttle("exception", "internal error while handling a message", exc_info=True)
+
+    def _handle(self, frames: list) -> None:
+        n = len(frames)
+        if n < 2:
+            return self._malformed(frames[0].bytes if n else b"", "message without a header frame")
+        identity = frames[0].bytes
+        peer = self.peers.get(identity)
+        if len(frames[1]) > MAX_HEADER_SIZE:
+            return self._malformed(identity, f"header frame of {len(frames[1])} bytes", peer=peer)
+        try:
+            head = wire.decode_header(frames[1])
+        except wire.WireError as e:
+            return self._malformed(identity, str(e), peer=peer)
+        if peer is None:
+            return self._from_stranger(identity, head, frames)
+        peer.seen = self.tick
+        kind = head.kind
+        if FRAME_COUNT.get(kind) != n - 1:
+            if kind in FRAME_COUNT:
+                why = f"{kind} takes {FRAME_COUNT[kind]} frame(s) after the identity, got {n - 1}"
+            else:
+                why = f"unknown message kind {kind!r}"
+            return self._malformed(identity, why, peer=peer, corr=head.corr)
+        handler = peer.handlers.get(kind)
+        if handler is None:
+            return self._malformed(identity, f"{peer.role} may not send {kind}", peer=peer, corr=head.corr)
+        handler(peer, head, frames)
+
+    def _malformed(self, identity: bytes, why: str, *, peer: Peer | None = None, corr: str = "") -> None:
+        self._throttle("warning", "malformed message dropped", reason=why, peer=peer.name if peer else None)
+        if peer is not None:
+            self._reply_error(peer, corr, f"malformed message: {why}")
+
+    # ------------------------------------------------------------------- hello
+
+    def _from_stranger(self, identity: bytes, head: wire.Header, frames: list) -> None:
+        if head.kind != wire.HELLO:
+            self._throttle("info", "message before hello dropped", kind=head.kind)
+            return self._send_stranger(identity, head.corr, "send hello first")
+        if len(frames) != 3:
+            return self._malformed(identity, "hello without exactly one body frame")
+        try:
+            hello = wire.decode(wire.HELLO, frames[2])
+        except wire.WireError as e:
+            self._throttle("warning", "bad hello", reason=str(e))
+            return self._send_stranger(identity, head.corr, f"bad hello: {e}")
+        if not hmac.compare_digest(hello.token.encode("utf-8", "replace"), self._token):
+            self._throttle("warning", "authentication failed", role=hello.role, pid=hello.pid, name=hello.name)
+            return self._send_stranger(identity, head.corr, "authentication failed")
+        if hello.version != wire.PROTOCOL_VERSION:
+            return self._send_stranger(
+                identity,
+                head.corr,
+                f"protocol version {hello.version} is not supported (this daemon speaks {wire.PROTOCOL_VERSION})",
+            )
+        if hello.role not in wire.ROLES:
+            return self._send_stranger(
+                identity, head.corr, f"unknown role {hello.role!r}; expected one of {', '.join(wire.ROLES)}"
+            )
+        if hello.role == wire.ROLE_EXECUTOR and hello.slots < 1:
+            return self._send_stranger(identity, head.corr, "an executor must offer at least one slot")
+        self._register(identity, hello, head.corr)
+
+    def _register(self, identity: bytes, hello: wire.Hello, corr: str) -> None:
+        self._next_peer += 1
+        peer_id = f"{hello.role}-{self._next_peer}"
+        if hello.role == wire.ROLE_EXECUTOR:
+            peer = Peer(identity, hello, peer_id, self.tick, self._executor_handlers)
+            self.executors[identity] = peer
+        else:
+            peer = Peer(identity, hello, peer_id, self.tick, self._caller_handlers)
+            self.callers[identity] = peer
+        self.peers[identity] = peer
+        spawned = peer.role == wire.ROLE_EXECUTOR and self.supervisor.claim(peer)
+        log.info(
+            "peer joined", role=peer.role, name=peer.name, pid=peer.pid, peer_id=peer_id,
+            slots=peer.slots or None, spawned=spawned or None,
+        )
+        welcome = wire.Welcome(peer_id=peer_id, heartbeat_s=self.heartbeat_s)
+        self._send(peer, [identity, *wire.message(wire.WELCOME, corr, welcome)])
+        if peer.role == wire.ROLE_EXECUTOR:
+            self._dispatch()
+
+    def _on_second_hello(self, peer: Peer, head: wire.Header, frames: list) -> None:
+        self._reply_error(peer, head.corr, "already said hello")
+
+    # ------------------------------------------------------- caller -> executor
+
+    def _on_run(self, peer: Peer, head: wire.Header, frames: list) -> None:
+        call_id = head.corr
+        if self.closing:
+            return self._reply_error(peer, call_id, "the sluice daemon is shutting down")
+        if not call_id:
+            return self._reply_error(peer, call_id, "run needs a call id (header corr)")
+        try:
+            wire.decode(wire.RUN, frames[2])
+        except wire.WireError as e:
+            return self._reply_error(peer, call_id, f"bad run request: {e}")
+        if call_id in self.calls:
+            return self._reply_error(peer, call_id, f"call id {call_id} is already in flight")
+        if len(self.queue) >= QUEUE_LIMIT:
+            self._throttle("warning", "run refused: queue full", queued=len(self.queue))
+            return self._reply_error(peer, call_id, "daemon busy: too many commands queued; try again later")
+        call = Call(call_id, peer, frames[1:])
+        self.calls[call_id] = call
+        peer.calls[call_id] = call
+        executor = None if self.queue else self._best_executor()
+        if executor is None:
+            self.queue[call_id] = call
+        else:
+            self._assign(call, executor)
+
+    def _on_ack(self, peer: Peer, head: wire.Header, frames: list) -> None:
+        call = self.calls.get(head.corr)
+        if call is not None and call.caller is peer and call.executor is not None:
+            executor = call.executor
+            self._send(executor, [executor.identity, *frames[1:]])
+
+    def _on_cancel(self, peer: Peer, head: wire.Header, frames: list) -> None:
+        call = self.calls.get(head.corr)
+        if call is None or call.caller is not peer:
+            return  # already finished: the exit is on its way or delivered
+        executor = call.executor
+        if executor is not None:
+            self._send(executor, [executor.identity, *frames[1:]])
+            return
+        del self.queue[call.id]
+        del self.calls[call.id]
+        del peer.calls[call.id]
+        self._send(peer, [peer.identity, *wire.message(wire.EXIT, call.id, wire.ExitStatus(aborted=True))])
+
+    # ------------------------------------------------------- executor -> caller
+
+    def _on_call_event(self, peer: Peer, head: wire.Header, frames: list) -> None:
+        """``started`` and ``out``: the hot path. Forward the frames as they are."""
+        call = self.calls.get(head.corr)
+        if call is None or call.executor is not peer:
+            return self._stray(peer, head)
+        caller = call.caller
+        if caller is not None:
+            self._send(caller, [caller.identity, *frames[1:]])
+
+    def _on_exit(self, peer: Peer, head: wire.Header, frames: list) -> None:
+        call = self.calls.get(head.corr)
+        if call is None or call.executor is not peer:
+            return self._stray(peer, head)
+        caller = call.caller
+        if caller is not None:
+            self._send(caller, [caller.identity, *frames[1:]])
+            caller.calls.pop(call.id, None)
+        del self.calls[call.id]
+        del peer.calls[call.id]
+        self._dispatch()
+
+    def _stray(self, peer: Peer, head: wire.Header) -> None:
+        # Normal after a frontend vanished or a call was failed early; not worth a warning.
+        self._throttle("debug", "message for an unknown call dropped", kind=head.kind, corr=head.corr, peer=peer.name)
+
+    # ---------------------------------------------------------------- liveness
+
+    def _on_ping(self, peer: Peer, head: wire.Header, frames: list) -> None:
+        self._send(peer, [peer.identity, wire.header(wire.PONG, head.corr)])
+
+    def _on_pong(self, peer: Peer, head: wire.Header, frames: list) -> None:
+        pass  # ``seen`` was updated on receipt
+
+    def _on_bye(self, peer: Peer, head: wire.Header, frames: list) -> None:
+        if peer.role == wire.ROLE_EXECUTOR:
+            self.drop_executor(peer, f"executor {peer.name} left while running this command")
+        else:
+            self.drop_caller(peer, "said bye")
+
+    def heartbeat(self) -> None:
+        """Called every heartbeat: ping, and give up on peers that stopped answering."""
+        self.tick += 1
+        tick = self.tick
+        for executor in list(self.executors.values()):
+            if tick - executor.seen > MISSED_HEARTBEATS:
+                log.warning("executor hung: no reply to pings", name=executor.name, pid=executor.pid)
+                self.drop_executor(
+                    executor,
+                    f"executor {executor.name} stopped responding (no heartbeat for "
+                    f"{MISSED_HEARTBEATS * self.heartbeat_s:g} s) while running this command",
+                )
+                self.supervisor.kill(executor)
+            else:
+                self._send(executor, [executor.identity, wire.header(wire.PING)])
+        idle_sweep = tick % IDLE_PING_EVERY == 0
+        for caller in list(self.callers.values()):
+            if caller.calls:
+                if tick - caller.seen > MISSED_HEARTBEATS:
+                    self.drop_caller(caller, "stopped answering pings")
+                    continue
+            elif not idle_sweep:
+                continue
+            self._send(caller, [caller.identity, wire.header(wire.PING)])
+        self._throttle.flush()
+
+    # ------------------------------------------------------------ peer loss
+
+    def drop_caller(self, peer: Peer, why: str) -> None:
+        """Forget a frontend: queued calls vanish, running ones are cancelled at their executors."""
+        if self.peers.get(peer.identity) is not peer:
+            return
+        del self.peers[peer.identity]
+        del self.callers[peer.identity]
+        peer.gone = True
+        cancelled = 0
+        for call in peer.calls.values():
+            call.caller = None
+            executor = call.executor
+            if executor is None:
+                del self.queue[call.id]
+                del self.calls[call.id]
+            else:
+                cancelled += 1
+                self._send(executor, [executor.identity, wire.header(wire.CANCEL, call.id)])
+        peer.calls.clear()
+        level = "warning" if cancelled else "info"
+        getattr(log, level)("peer left", role=peer.role, name=peer.name, pid=peer.pid, why=why, cancelled=cancelled)
+
+    def drop_executor(self, peer: Peer, error: str) -> None:
+        """Forget an executor; each of its calls ends at once with ``error``."""
+        if self.peers.get(peer.identity) is not peer:
+            return
+        del self.peers[peer.identity]
+        del self.executors[peer.identity]
+        peer.gone = True
+        calls = list(peer.calls.values())
+        peer.calls.clear()
+        for call in calls:
+            del self.calls[call.id]
+            self._fail(call, error)
+        log.info("executor left", name=peer.name, pid=peer.pid, failed_calls=len(calls))
+        self._dispatch()
+
+    def executor_died(self, peer: Peer | None, name: str, reason: str) -> None:
+        """The supervisor saw the process behind ``peer`` exit."""
+        if peer is not None:
+            self.drop_executor(peer, f"executor {name} died ({reason}) while running this command")
+
+    def _fail(self, call: Call, error: str) -> None:
+        caller = call.caller
+        if caller is None:
+            return
+        caller.calls.pop(call.id, None)
+        self._send(caller, [caller.identity, *wire.message(wire.EXIT, call.id, wire.ExitStatus(error=error))])
+
+    def _vanished(self, peer: Peer) -> None:
+        # Dropping a peer sends to others, whose failure may drop more peers; doing it on a
+        # later loop turn keeps that from happening in the middle of someone's iteration.
+        if peer.gone:
+            return
+        peer.gone = True
+        self._lost.append(peer)
+        if len(self._lost) == 1:
+            self._defer(self._drop_lost)
+
+    def _drop_lost(self) -> None:
+        lost, self._lost = self._lost, []
+        for peer in lost:
+            if peer.role == wire.ROLE_EXECUTOR:
+                self.drop_executor(peer, f"executor {peer.name} became unreachable while running this command")
+                self.supervisor.kill(peer)
+            else:
+                self.drop_caller(peer, "unreachable")
+
+    # ----------------------------------------------------------- scheduling
+
+    def _best_executor(self) -> Peer | None:
+        best = None
+        best_free = 0
+        for executor in self.executors.values():
+            free = executor.slots - len(executor.calls)
+            if free > best_free and not executor.gone:
+                best, best_free = executor, free
+        return best
+
+    def _dispatch(self) -> None:
+        queue = self.queue
+        while queue:
+            executor = self._best_executor()
+            if executor is None:
+                return
+            _, call = queue.popitem(last=False)
+            self._assign(call, executor)
+
+    def _assign(self, call: Call, executor: Peer) -> None:
+        frames, call.frames = call.frames, None
+        call.executor = executor
+        executor.calls[call.id] = call
+        if self._send(executor, [executor.identity, *frames]):
+            return
+        del executor.calls[call.id]
+        call.executor = None
+        if executor.gone:
+            # It vanished under us; another executor (or a replacement) can take the call.
+            call.frames = frames
+            self.queue[call.id] = call
+            self.queue.move_to_end(call.id, last=False)
+        else:
+            del self.calls[call.id]
+            self._fail(call, f"executor {executor.name} is not accepting work (its queue is full)")
+
+    # ------------------------------------------------------------- shutdown
+
+    def close(self) -> None:
+        """Refuse new runs and end the queued ones."""
+        self.closing = True
+        queued = list(self.queue.values())
+        self.queue.clear()
+        for call in queued:
+            del self.calls[call.id]
+            self._fail(call, SHUTDOWN_MESSAGE)
+
+    def fail_all(self, error: str = SHUTDOWN_MESSAGE) -> None:
+        """End every call still in flight: the daemon is exiting.
+
+        Calls still running at this point are at executors we did not spawn (or that
+        ignored SIGKILL); they are told to cancel, since nobody will read the output.
+        """
+        for call in list(self.calls.values()):
+            self._fail(call, error)
+            executor = call.executor
+            if executor is not None:
+                executor.calls.pop(call.id, None)
+                self._send(executor, [executor.identity, wire.header(wire.CANCEL, call.id)])
+        self.calls.clear()
+        self.queue.clear()
+
+    # --------------------------------------------------------------- output
+
+    def _send(self, peer: Peer, parts: list) -> bool:
+        """Non-blocking send to a known peer; False (and handled) when it did not go out."""
+        if peer.gone:
+            return False
+        try:
+            self.transport(parts)
+            return True
+        except zmq.Again:
+            self._throttle("warning", "peer not reading: message dropped", peer=peer.name, role=peer.role)
+        except zmq.ZMQError as e:
+            if e.errno == zmq.EHOSTUNREACH:
+                self._vanished(peer)
+            else:
+                self._throttle("warning", "send failed", peer=peer.name, error=str(e))
+        return False
+
+    def _reply_error(self, peer: Peer, corr: str, message: str) -> None:
+        self._send(peer, [peer.identity, *wire.message(wire.ERROR, corr, wire.ErrorMsg(message))])
+
+    def _send_stranger(self, identity: bytes, corr: str, message: str) -> None:
+        try:
+            self.transport([identity, *wire.message(wire.ERROR, corr, wire.ErrorMsg(message))])
+        except zmq.ZMQError:
+            pass  # it left, or does not read: nothing we owe it

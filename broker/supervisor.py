@@ -1,0 +1,214 @@
+"""The executor pool: spawn N ``python -m executor`` processes, notice deaths, replace them.
+
+Deaths are seen through a pidfd per child registered with the event loop, so the daemon
+learns of a crash the moment it happens (no polling, no SIGCHLD races) and signals go
+through the pidfd too, so a recycled pid is never hit. Liveness of a process that is alive
+but stuck is the router's business (heartbeats); it asks us to :meth:`ExecutorPool.kill`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+
+import structlog
+
+import broker
+from broker.runtime import RuntimeDir
+
+log = structlog.get_logger(component="supervisor")
+
+# The worker program; tests may point it elsewhere.
+EXECUTOR_COMMAND = [sys.executable, "-m", "executor"]
+# An executor that dies sooner than this after its start counts as failing at start-up.
+STABLE_AFTER_S = 10.0
+BACKOFF_FIRST_S = 0.1
+BACKOFF_MAX_S = 5.0
+# A spawned executor that has not said hello by then is killed and replaced.
+HELLO_TIMEOUT_S = 20.0
+
+# The checkout this broker was imported from, so ``-m executor`` finds the matching code
+# even when sluice is run from a source tree rather than installed.
+_SOURCE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(broker.__file__)))
+
+
+def describe_status(returncode: int) -> str:
+    if returncode < 0:
+        return f"killed by signal {-returncode}"
+    return f"exited with status {returncode}"
+
+
+class Worker:
+    """One spawned executor process and, once it said hello, its router peer."""
+
+    __slots__ = ("name", "proc", "pidfd", "started_at", "peer", "hello_timer")
+
+    def __init__(self, name: str, proc: subprocess.Popen, pidfd: int) -> None:
+        self.name = name
+        self.proc = proc
+        self.pidfd = pidfd
+        self.started_at = time.monotonic()
+        self.peer = None
+        self.hello_timer: asyncio.TimerHandle | None = None
+
+    def signal(self, signum: int) -> None:
+        try:
+            signal.pidfd_send_signal(self.pidfd, signum)
+        except ProcessLookupError:
+            pass  # already exited; the pidfd callback will reap it
+
+
+class ExecutorPool:
+    """Keeps ``count`` executors running until :meth:`stop`.
+
+    ``on_death(peer, name, reason)`` is called for every exit (``peer`` is None if the
+    process never said hello) so the router can fail the calls it was running.
+    """
+
+    def __init__(
+        self,
+        runtime: RuntimeDir,
+        count: int,
+        on_death: Callable[[object, str, str], None],
+        loop: asyncio.AbstractEventLoop | None = None,
+    ) -> None:
+        self.runtime = runtime
+        self.count = count
+        self.on_death = on_death
+        self.loop = loop or asyncio.get_running_loop()
+        self.workers: dict[str, Worker] = {}
+        self._failures: dict[str, int] = {}
+        self._restarts: dict[str, asyncio.TimerHandle] = {}
+        self._stopping = False
+        self._all_exited = asyncio.Event()
+
+    def start(self) -> None:
+        for k in range(1, self.count + 1):
+            self._spawn(f"exec-{k}")
+
+    def _argv(self, name: str) -> list[str]:
+        rt = self.runtime
+        return [
+            *EXECUTOR_COMMAND,
+            "--connect", rt.endpoint,
+            "--token-file", rt.token_path,
+            "--name", name,
+            "--hide", rt.path,
+            "--die-with-parent",
+        ]
+
+    def _spawn(self, name: str) -> None:
+        self._restarts.pop(name, None)
+        if self._stopping:
+            return
+        env = dict(os.environ)
+        path = env.get("PYTHONPATH")
+        env["PYTHONPATH"] = _SOURCE_ROOT + (os.pathsep + path if path else "")
+        try:
+            # Own process group: a terminal's Ctrl-C reaches the daemon, which stops the
+            # executors in order, instead of hitting every executor at once.
+            proc = subprocess.Popen(self._argv(name), stdin=subprocess.DEVNULL, env=env, process_group=0)
+        except OSError as e:
+            log.error("cannot start executor", name=name, error=str(e))
+            self._schedule_restart(name, quick=True)
+            return
+        try:
+            pidfd = os.pidfd_open(proc.pid)
+        except OSError as e:
+            log.error("cannot watch executor", name=name, pid=proc.pid, error=str(e))
+            proc.kill()
+            proc.wait()
+            self._schedule_restart(name, quick=True)
+            return
+        worker = Worker(name, proc, pidfd)
+        self.workers[name] = worker
+        self.loop.add_reader(pidfd, self._on_exit, name)
+        worker.hello_timer = self.loop.call_later(HELLO_TIMEOUT_S, self._hello_overdue, name)
+        log.info("executor started", name=name, pid=proc.pid)
+
+    def _hello_overdue(self, name: str) -> None:
+        worker = self.workers.get(name)
+        if worker is not None and worker.peer is None:
+            log.warning("executor never said hello; killing it", name=name, pid=worker.proc.pid)
+            worker.signal(signal.SIGKILL)
+
+    def _on_exit(self, name: str) -> None:
+        worker = self.workers.pop(name)
+        self.loop.remove_reader(worker.pidfd)
+        os.close(worker.pidfd)
+        if worker.hello_timer is not None:
+            worker.hello_timer.cancel()
+        returncode = worker.proc.wait()
+        reason = describe_status(returncode)
+        lived = time.monotonic() - worker.started_at
+        if self._stopping:
+            log.info("executor stopped", name=name, pid=worker.proc.pid, status=reason)
+        else:
+            log.warning("executor died", name=name, pid=worker.proc.pid, status=reason, lived_s=round(lived, 3))
+        self.on_death(worker.peer, name, reason)
+        if self._stopping:
+            if not self.workers:
+                self._all_exited.set()
+            return
+        self._schedule_restart(name, quick=lived < STABLE_AFTER_S)
+
+    def _schedule_restart(self, name: str, *, quick: bool) -> None:
+        if self._stopping:
+            return
+        failures = self._failures.get(name, 0) + 1 if quick else 0
+        self._failures[name] = failures
+        delay = 0.0 if failures == 0 else min(BACKOFF_FIRST_S * 2 ** (failures - 1), BACKOFF_MAX_S)
+        if failures > 1:
+            log.warning("executor keeps failing at start-up; backing off", name=name, delay_s=delay)
+        self._restarts[name] = self.loop.call_later(delay, self._spawn, name)
+
+    # -------------------------------------------------------- router hooks
+
+    def claim(self, peer) -> bool:
+        for worker in self.workers.values():
+            if worker.proc.pid == peer.pid and worker.peer is None:
+                worker.peer = peer
+                if worker.hello_timer is not None:
+                    worker.hello_timer.cancel()
+                    worker.hello_timer = None
+                if peer.name != worker.name:
+                    log.warning("executor hello names a different executor", expected=worker.name, got=peer.name)
+                return True
+        return False
+
+    def kill(self, peer) -> bool:
+        for worker in self.workers.values():
+            if worker.peer is peer:
+                worker.signal(signal.SIGKILL)
+                return True
+        return False
+
+    # ------------------------------------------------------------ shutdown
+
+    async def stop(self, grace: float = 3.0) -> None:
+        """SIGTERM every executor (they end their commands and say bye), SIGKILL after ``grace``."""
+        self._stopping = True
+        for handle in self._restarts.values():
+            handle.cancel()
+        self._restarts.clear()
+        if not self.workers:
+            return
+        for worker in list(self.workers.values()):
+            worker.signal(signal.SIGTERM)
+        try:
+            await asyncio.wait_for(self._all_exited.wait(), grace)
+            return
+        except TimeoutError:
+            pass
+        for worker in list(self.workers.values()):
+            log.warning("executor ignored SIGTERM; killing it", name=worker.name, pid=worker.proc.pid)
+            worker.signal(signal.SIGKILL)
+        try:
+            await asyncio.wait_for(self._all_exited.wait(), 2.0)
+        except TimeoutError:
+            log.error("executors still running after SIGKILL", names=sorted(self.workers))
