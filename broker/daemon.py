@@ -100,31 +100,6 @@ def _read_pid_fd(fd: int) -> int | None:
         return None
 
 
-class _RouterSocket(ZSocket):
-    """ZSocket whose failed sends still re-check for input.
-
-    A send that raises (EAGAIN, EHOSTUNREACH) has still processed the socket's command
-    queue and may have consumed the FD's edge; without the re-check, messages already
-    waiting would sit until the next unrelated wake-up.
-    """
-
-    def send(self, parts, *, copy: bool = False) -> None:
-        sock = self.sock
-        try:
-            sock.send_multipart(parts, zmq.NOBLOCK, copy=copy)
-        finally:
-            if sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
-                self._schedule_drain()
-
-    def close(self, linger_ms: int = 0) -> None:
-        """Close, giving already-queued messages (final exits) ``linger_ms`` to go out."""
-        if not self._closed:
-            self.sock.setsockopt(zmq.LINGER, linger_ms)
-            self.loop.remove_reader(self.sock.getsockopt(zmq.FD))
-            self._closed = True
-            self.sock.close()
-
-
 class _Daemon:
     def __init__(self, runtime: RuntimeDir, executors: int) -> None:
         self.runtime = runtime
@@ -172,7 +147,7 @@ class _Daemon:
         router = Router(self.token, defer=loop.call_soon)
         pool = ExecutorPool(self.runtime, self.executors, router.executor_died, loop)
         router.supervisor = pool
-        zsock = _RouterSocket(self.sock, router.on_message, loop)
+        zsock = ZSocket(self.sock, router.on_message, loop)
         router.transport = zsock.send
         heartbeat = loop.create_task(self._heartbeat(router))
         pool.start()

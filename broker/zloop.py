@@ -63,15 +63,20 @@ class ZSocket:
         self._schedule_drain()
 
     def send(self, parts, *, copy: bool = False) -> None:
-        """Non-blocking multipart send; raises zmq.Again / zmq.ZMQError to the caller."""
-        self.sock.send_multipart(parts, zmq.NOBLOCK, copy=copy)
-        self._after_send()
+        """Non-blocking multipart send; raises zmq.Again / zmq.ZMQError to the caller.
 
-    def _after_send(self) -> None:
-        if self.sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
-            self._schedule_drain()
+        Even a send that raises has run the socket's command queue and may have taken
+        the FD's edge, so input is re-checked either way.
+        """
+        sock = self.sock
+        try:
+            sock.send_multipart(parts, zmq.NOBLOCK, copy=copy)
+        finally:
+            if sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                self._schedule_drain()
 
-    def close(self) -> None:
+    def close(self, linger_ms: int = 0) -> None:
+        """Close, giving already-queued messages (final exits, a bye) ``linger_ms`` to go out."""
         if self._closed:
             return
         self._closed = True
@@ -79,4 +84,4 @@ class ZSocket:
             self.loop.remove_reader(self.sock.getsockopt(zmq.FD))
         except (zmq.ZMQError, ValueError, OSError):
             pass
-        self.sock.close(linger=0)
+        self.sock.close(linger=linger_ms)
