@@ -325,6 +325,10 @@ def _sandbox(args) -> int:
         helper_argv += ["--cwd", cwd]
     for name in args.env:
         helper_argv += ["--env", name]
+    from broker.runtime import RuntimeDir
+
+    # A daemon may be running for this user: its socket and token stay out of reach.
+    helper_argv += ["--hide", RuntimeDir.default().path]
     helper_argv += ["--", *command]
     from landlock_helper.__main__ import main as helper_main
 

@@ -97,12 +97,12 @@ class RuntimeDir:
         try:
             with open(self.token_path, encoding="ascii") as f:
                 return f.read().strip()
-        except FileNotFoundError:
+        except OSError:
             return ""
 
     def read_pid(self) -> int | None:
         try:
             with open(self.pid_path, encoding="ascii") as f:
                 return int(f.read().strip())
-        except (FileNotFoundError, ValueError):
+        except (OSError, ValueError):
             return None

@@ -17,7 +17,7 @@ error     broker -> peer              :class:`ErrorMsg` (``corr`` names the fail
 run       frontend -> broker -> exec  :class:`RunRequest` (``corr`` = call id)
 started   exec -> broker -> frontend  :class:`Started` (``corr`` = call id)
 out       exec -> broker -> frontend  raw chunk bytes; ``stream`` is 1 (stdout) / 2 (stderr)
-ack       frontend -> broker -> exec  none; ``n`` bytes and ``seq`` chunks consumed
+ack       frontend -> broker -> exec  none; ``n`` bytes, ``seq`` chunks consumed since the last ack
 cancel    frontend -> broker -> exec  none (``corr`` = call id)
 exit      exec -> broker -> frontend  :class:`ExitStatus` (``corr`` = call id)
 ping      either way                  none; answered with ``pong`` (liveness)
@@ -40,6 +40,10 @@ executor shutting down) gets only an ``exit`` with ``error`` set, never a ``star
 A command that was not found gets ``exit_code`` 127 *and* ``error``. ``Started.pid`` is
 the pid of the command's sandbox supervisor, not of the command itself. Any message
 from the broker counts as a sign of life for an executor, not only ``ping``.
+
+Frame counts are strict: ``hello``, ``run``, ``started``, ``out`` and ``exit`` carry exactly one
+body frame, every other kind none. A frontend must answer ``ping`` with ``pong``; one that
+misses five while it has calls in flight is presumed gone and its calls are cancelled.
 
 Call ids are chosen by the frontend (uuid4 hex) and must be unique among calls in flight;
 the broker refuses a duplicate with an ``error``.

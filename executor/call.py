@@ -16,7 +16,8 @@ import structlog
 
 from broker import wire
 from executor.capture import Capture
-from landlock_helper import PolicyError, SandboxError, SandboxPolicy, filter_env, spawn
+from landlock_helper import PolicyError, SandboxPolicy, filter_env
+from landlock_helper.spawn import SandboxError, spawn
 
 if TYPE_CHECKING:
     from executor.worker import Worker

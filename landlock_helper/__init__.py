@@ -2,7 +2,8 @@
 
 Public API (stdlib + ctypes only; imports nothing else of sluice)::
 
-    from landlock_helper import SandboxPolicy, spawn, filter_env, SandboxError
+    from landlock_helper import SandboxPolicy, filter_env
+    from landlock_helper.spawn import SandboxError, spawn
 
     policy = SandboxPolicy.from_mode("workspace-write", writable_roots=["/srv/out"])
     proc = spawn(["make", "-j2"], cwd="/src", env=filter_env(os.environ),
@@ -20,20 +21,13 @@ capabilities, Landlock and a seccomp filter. The namespace's init is ours: it re
 forwards SIGTERM to the whole namespace, and when the command exits it exits too, which
 makes the kernel kill everything the command left behind (setsid and double-forked
 escapees included). On macOS the same policy becomes a Seatbelt profile.
+
+Importing the package is cheap (policies and environments only); the spawn machinery
+(ctypes, Landlock, seccomp) loads with ``landlock_helper.spawn``, so a frontend that
+only builds a policy does not pay for it at start-up.
 """
 
 from landlock_helper.env import filter_env
 from landlock_helper.policy import MODES, Permission, PolicyError, SandboxPolicy
-from landlock_helper.spawn import Outcome, SandboxError, SandboxedProcess, spawn
 
-__all__ = [
-    "MODES",
-    "Outcome",
-    "Permission",
-    "PolicyError",
-    "SandboxError",
-    "SandboxPolicy",
-    "SandboxedProcess",
-    "filter_env",
-    "spawn",
-]
+__all__ = ["MODES", "Permission", "PolicyError", "SandboxPolicy", "filter_env"]

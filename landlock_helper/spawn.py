@@ -114,8 +114,9 @@ def _prepare(argv, cwd, env, policy: SandboxPolicy, hidden_paths) -> _Prepared:
 class SandboxedProcess:
     """A running sandboxed command; see the module docstring for the process layout."""
 
-    def __init__(self, pid: int, init_pid: int | None, status_fd: int) -> None:
+    def __init__(self, pid: int, init_pid: int | None, status_fd: int, early: bytes = b"") -> None:
         self.pid = pid
+        self._early = early
         self.init_pid = init_pid
         self._status_fd = status_fd
         self._sup_fd = os.pidfd_open(pid)
@@ -169,12 +170,15 @@ class SandboxedProcess:
             outcome = self.poll()
             if outcome is not None:
                 return outcome
-            ready, _, _ = select.select(fds, (), (), timeout)
+            poller = select.poll()
+            for fd in fds:
+                poller.register(fd, select.POLLIN)
+            ready = poller.poll(None if timeout is None else timeout * 1000)
             if not ready and timeout is not None:
                 return self.poll()
 
     def _read_outcome(self) -> Outcome:
-        data = b""
+        data = self._early
         while True:
             try:
                 chunk = os.read(self._status_fd, 4096)
@@ -235,7 +239,9 @@ def _pidfd_signal(fd: int, sig: int) -> None:
 
 
 def _readable(fd: int) -> bool:
-    return bool(select.select((fd,), (), (), 0)[0])
+    poller = select.poll()  # not select(): a busy executor has fds above FD_SETSIZE
+    poller.register(fd, select.POLLIN)
+    return bool(poller.poll(0))
 
 
 def spawn(argv, *, cwd, env, policy: SandboxPolicy, stdout: int, stderr: int, stdin: int | None = None,
@@ -255,26 +261,35 @@ def spawn(argv, *, cwd, env, policy: SandboxPolicy, stdout: int, stderr: int, st
     if pid == 0:
         _child_main(_supervisor, prep, parent, status_w, stdin, stdout, stderr)
     os.close(status_w)
-    # The supervisor's first line is the init's pid (or why it could not make one).
-    line = _read_line(status_r)
-    tag, _, rest = line.partition(" ")
-    if tag != "P":
-        os.waitpid(pid, 0)
+    # The supervisor reports the init's pid (or why it could not make one). The init
+    # writes to the same pipe and may already have finished, so its line can come first.
+    early, init_pid, failure = _read_until_pid(status_r)
+    if init_pid is None:
+        _, status = os.waitpid(pid, 0)
         os.close(status_r)
-        message = rest if tag == "X" else "sandbox supervisor died during set-up"
-        raise SandboxError(message)
+        if failure:
+            raise SandboxError(failure)
+        how = (f"killed by signal {os.WTERMSIG(status)}" if os.WIFSIGNALED(status)
+               else f"exit status {os.waitstatus_to_exitcode(status)}")
+        raise SandboxError(f"sandbox supervisor died during set-up ({how})")
     os.set_blocking(status_r, False)
-    return SandboxedProcess(pid, int(rest), status_r)
+    return SandboxedProcess(pid, init_pid, status_r, early)
 
 
-def _read_line(fd: int) -> str:
+def _read_until_pid(fd: int) -> tuple[bytes, int | None, str | None]:
+    """Read status lines up to the ``P <pid>`` line: (the other lines, pid, failure)."""
     data = b""
-    while not data.endswith(b"\n"):
-        chunk = os.read(fd, 1)
+    while True:
+        *complete, partial = data.split(b"\n")
+        for i, line in enumerate(complete):
+            if line.startswith(b"P "):
+                others = b"".join(other + b"\n" for j, other in enumerate(complete) if j != i)
+                return others + partial, int(line[2:]), None
+        chunk = os.read(fd, 4096)
         if not chunk:
-            break
+            failures = [line[2:] for line in data.decode(errors="replace").splitlines() if line.startswith("X ")]
+            return data, None, failures[-1] if failures else None
         data += chunk
-    return data.decode(errors="replace").strip()
 
 
 # --- children: everything below runs between fork and exec ------------------------

@@ -481,6 +481,18 @@ def test_kill_tears_down_namespace_even_when_sigterm_ignored(workdir):
     assert _alive_with(marker) == []
 
 
+def test_many_quick_commands_all_report_their_status(workdir):
+    """Fast commands finish before their supervisor reports the init's pid; none may be lost."""
+    pol = SandboxPolicy.from_mode("workspace-write")
+    procs = [spawn(["sh", "-c", f"exit {i % 7}"], cwd=str(workdir), env={"PATH": os.environ["PATH"]},
+                   policy=pol, stdout=1, stderr=2) for i in range(150)]
+    codes = []
+    for p in procs:
+        codes.append(p.wait(30).exit_code)
+        p.close()
+    assert codes == [i % 7 for i in range(150)]
+
+
 # --- refusing to run less contained than asked -------------------------------------
 
 
