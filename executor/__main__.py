@@ -10,8 +10,7 @@ import signal
 import socket
 import sys
 
-from executor.log import configure
-from executor.worker import StartupError, Worker
+from executor.errors import StartupError
 
 PR_SET_PDEATHSIG = 1
 DEFAULT_SLOTS = 256
@@ -69,18 +68,38 @@ def die_with_parent() -> None:
         os._exit(1)
 
 
+def start_spawner(hidden: tuple[str, ...]):
+    """The warm-sandbox pool, made first: its zygote is a fork of this process as it is
+    now, before zmq, msgspec and structlog are loaded, and before the token is read."""
+    if not sys.platform.startswith("linux"):
+        return None
+    from landlock_helper.spawn import Spawner
+
+    return Spawner(hidden)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         if args.die_with_parent:
             die_with_parent()
+    except StartupError as e:
+        return fail(str(e))
+    hidden = tuple(os.path.abspath(p) for p in args.hide)
+    spawner = start_spawner(hidden)
+
+    from executor.log import configure
+    from executor.worker import Worker
+
+    try:
         token = read_token(args.token_file)
     except StartupError as e:
+        if spawner is not None:
+            spawner.close()
         return fail(str(e))
     configure()
     name = args.name or f"{socket.gethostname()}:{os.getpid()}"
-    hidden = tuple(os.path.abspath(p) for p in args.hide)
-    worker = Worker(args.connect, token, name=name, slots=args.slots, hidden_paths=hidden)
+    worker = Worker(args.connect, token, name=name, slots=args.slots, hidden_paths=hidden, spawner=spawner)
     try:
         return asyncio.run(worker.run())
     except StartupError as e:

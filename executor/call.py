@@ -17,7 +17,7 @@ import structlog
 from broker import wire
 from executor.capture import Capture
 from landlock_helper import PolicyError, SandboxPolicy, filter_env
-from landlock_helper.spawn import SandboxError, spawn
+from landlock_helper.spawn import SandboxError
 
 if TYPE_CHECKING:
     from executor.worker import Worker
@@ -136,15 +136,7 @@ class Call:
                 pass  # over the per-user pipe budget: the default size still works
         self.started_at = time.monotonic()
         try:
-            self.proc = spawn(
-                req.argv,
-                cwd=req.cwd,
-                env=env,
-                policy=policy,
-                stdout=w_out,
-                stderr=w_err,
-                hidden_paths=self.worker.hidden_paths,
-            )
+            self.proc = self.worker.spawn(req.argv, cwd=req.cwd, env=env, policy=policy, stdout=w_out, stderr=w_err)
         except SandboxError as e:
             _close_all((r_out, r_err))
             return self._fail(one_line(e))

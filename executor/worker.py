@@ -19,6 +19,7 @@ import zmq
 from broker import wire
 from broker.zloop import ZSocket
 from executor.call import Call, one_line
+from executor.errors import StartupError
 
 log = structlog.get_logger("executor")
 
@@ -37,17 +38,18 @@ BACKLOG_RETRY_MIN_S = 0.001
 BACKLOG_RETRY_MAX_S = 0.05
 
 
-class StartupError(Exception):
-    """The worker cannot join the broker; the message is for a person (exit 2)."""
-
-
 class Worker:
-    def __init__(self, endpoint: str, token: str, *, name: str, slots: int, hidden_paths: tuple[str, ...] = ()) -> None:
+    def __init__(self, endpoint: str, token: str, *, name: str, slots: int, hidden_paths: tuple[str, ...] = (),
+                 spawner=None) -> None:
         self.endpoint = endpoint
         self.token = token
         self.name = name
         self.slots = slots
         self.hidden_paths = tuple(hidden_paths)
+        # A landlock_helper.spawn.Spawner keeping warm sandboxes; without one, every
+        # call makes its sandbox from scratch (slower, same containment).
+        self.spawner = spawner
+        self._spawner_fd: int | None = None
         self.calls: dict[str, Call] = {}
         # True while the socket refuses sends: every call stops reading its pipes.
         self.congested = False
@@ -93,6 +95,8 @@ class Worker:
         except zmq.ZMQError as e:
             raise StartupError(f"cannot connect to {self.endpoint}: {e.strerror}") from None
         self.zs = ZSocket(sock, self._on_message, self.loop)
+        if self.spawner is not None:
+            self._refill_spawner()
         for sig in (signal.SIGTERM, signal.SIGINT):
             self.loop.add_signal_handler(sig, self.shutdown)
 
@@ -115,8 +119,40 @@ class Worker:
         log.info("executor ready", name=self.name, peer_id=welcome.peer_id, slots=self.slots)
         return await self._stopped
 
+    def spawn(self, argv, **kw):
+        """Start a sandboxed command (see landlock_helper.spawn.spawn); raises SandboxError."""
+        if self.spawner is not None:
+            try:
+                return self.spawner.spawn(argv, **kw)
+            finally:
+                self._watch_spawner()
+        from landlock_helper.spawn import spawn
+
+        return spawn(argv, hidden_paths=self.hidden_paths, **kw)
+
+    def _refill_spawner(self) -> None:
+        try:
+            self.spawner.refill()
+        except OSError as e:
+            log.warning("sandbox pool refill failed", error=str(e))
+        self._watch_spawner()
+
+    def _watch_spawner(self) -> None:
+        # The zygote's socket changes if it had to be restarted.
+        fd = self.spawner.fileno
+        if fd != self._spawner_fd:
+            if self._spawner_fd is not None:
+                self.loop.remove_reader(self._spawner_fd)
+            self.loop.add_reader(fd, self._refill_spawner)
+            self._spawner_fd = fd
+
     def close(self) -> None:
         """Release the socket; after a clean stop, give queued exits and the bye a moment."""
+        if self.spawner is not None:
+            if self._spawner_fd is not None and self.loop is not None and not self.loop.is_closed():
+                self.loop.remove_reader(self._spawner_fd)
+            self.spawner.close()
+            self.spawner = None
         if self.sock is not None:
             self.sock.close(linger=self.exit_linger_ms)
             self.sock = None

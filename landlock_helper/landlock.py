@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import stat
 from dataclasses import dataclass
 
 from landlock_helper import _libc
@@ -182,32 +183,83 @@ def plan(policy, writable_roots: list[str]) -> LandlockPlan:
     return LandlockPlan(abi, handled_fs, handled_net, scoped, tuple(rules))
 
 
-def apply(p: LandlockPlan) -> None:
-    """Enforce the plan on the calling thread (after PR_SET_NO_NEW_PRIVS)."""
+def create_ruleset(p: LandlockPlan) -> int | None:
+    """A ruleset fd holding the plan's rules (None when the plan restricts nothing)."""
     if not (p.handled_fs or p.handled_net or p.scoped):
-        return
+        return None
     attr = _RulesetAttr(p.handled_fs, p.handled_net, p.scoped)
     size = 8 if p.abi < 4 else 16 if p.abi < 6 else 24
     ruleset_fd = _libc.syscall(_libc.nr("landlock_create_ruleset"), ctypes.byref(attr), ctypes.c_size_t(size),
                                ctypes.c_uint32(0))
     try:
-        add_rule = _libc.nr("landlock_add_rule")
-        beneath = _PathBeneathAttr()
-        for path, rights in p.rules:
-            try:
-                fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
-            except OSError:
-                continue  # a root or device that does not exist grants nothing
-            try:
-                if not os.path.isdir(f"/proc/self/fd/{fd}"):
-                    rights &= FILE_RIGHTS
-                beneath.allowed_access = rights & p.handled_fs
-                beneath.parent_fd = fd
-                if beneath.allowed_access:
-                    _libc.syscall(add_rule, ctypes.c_int(ruleset_fd), ctypes.c_int(RULE_PATH_BENEATH),
-                                  ctypes.byref(beneath), ctypes.c_uint32(0))
-            finally:
-                os.close(fd)
-        _libc.syscall(_libc.nr("landlock_restrict_self"), ctypes.c_int(ruleset_fd), ctypes.c_uint32(0))
-    finally:
+        add_rules(ruleset_fd, p.handled_fs, p.rules)
+    except BaseException:
         os.close(ruleset_fd)
+        raise
+    return ruleset_fd
+
+
+def add_rules(ruleset_fd: int, handled_fs: int, rules) -> None:
+    """Add path-beneath rules; paths that do not exist are skipped (they grant nothing)."""
+    add_rule = _libc.nr("landlock_add_rule")
+    beneath = _PathBeneathAttr()
+    for path, rights in rules:
+        try:
+            fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+        except OSError:
+            continue
+        try:
+            if not stat.S_ISDIR(os.fstat(fd).st_mode):
+                rights &= FILE_RIGHTS
+            beneath.allowed_access = rights & handled_fs
+            beneath.parent_fd = fd
+            if beneath.allowed_access:
+                _libc.syscall(add_rule, ctypes.c_int(ruleset_fd), ctypes.c_int(RULE_PATH_BENEATH),
+                              ctypes.byref(beneath), ctypes.c_uint32(0))
+        finally:
+            os.close(fd)
+
+
+def restrict_self(ruleset_fd: int | None) -> None:
+    """Enforce a ruleset on the calling thread (after PR_SET_NO_NEW_PRIVS)."""
+    if ruleset_fd is not None:
+        _libc.syscall(_libc.nr("landlock_restrict_self"), ctypes.c_int(ruleset_fd), ctypes.c_uint32(0))
+
+
+def apply(p: LandlockPlan) -> None:
+    """Enforce the plan on the calling thread (after PR_SET_NO_NEW_PRIVS)."""
+    fd = create_ruleset(p)
+    if fd is not None:
+        try:
+            restrict_self(fd)
+        finally:
+            os.close(fd)
+
+
+# A warm sandbox prepares a ruleset of the usual shape (read everything, write the
+# roots, no network) before it knows the command; only the roots are added at start.
+
+
+@dataclass(frozen=True)
+class _UsualShape:
+    full_read: bool = True
+    full_write: bool = False
+    network: bool = False
+
+
+def prepare_ruleset() -> tuple[LandlockPlan, int] | None:
+    """A ruleset fd of the usual shape (no network), or None without Landlock."""
+    try:
+        pl = plan(_UsualShape(), [])
+        return pl, create_ruleset(pl)
+    except (LandlockUnavailable, OSError):
+        return None
+
+
+def finish_ruleset(prepared, policy, writable_roots: list[str]) -> int | None:
+    """The ruleset for ``policy``: the prepared one plus the roots, or one made now."""
+    if prepared is not None and policy.full_read and not policy.full_write and not policy.network:
+        pl, fd = prepared
+        add_rules(fd, pl.handled_fs, [(root, pl.handled_fs) for root in writable_roots])
+        return fd
+    return create_ruleset(plan(policy, writable_roots))

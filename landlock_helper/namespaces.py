@@ -84,8 +84,13 @@ def setup_mounts(hidden_paths, read_only_paths) -> None:
         elif os.path.lexists(path):
             m("/dev/null", path, None, _libc.MS_BIND)
     for path in read_only_paths:
-        m(path, path, None, _libc.MS_BIND | _libc.MS_REC)
-        m(None, path, None, _libc.MS_REMOUNT | _libc.MS_BIND | _libc.MS_RDONLY | _locked_flags(path))
+        bind_read_only(path)
+
+
+def bind_read_only(path: str) -> None:
+    """Make ``path`` (and everything beneath) read-only in this mount namespace."""
+    _libc.mount(path, path, None, _libc.MS_BIND | _libc.MS_REC)
+    _libc.mount(None, path, None, _libc.MS_REMOUNT | _libc.MS_BIND | _libc.MS_RDONLY | _locked_flags(path))
 
 
 def last_cap() -> int:
@@ -98,11 +103,21 @@ def last_cap() -> int:
 
 def drop_capabilities(cap_last: int) -> None:
     """Empty the bounding, ambient, inheritable, permitted and effective sets."""
+    drop_bounding_set(cap_last)
+    clear_capabilities()
+
+
+def drop_bounding_set(cap_last: int) -> None:
+    """No exec can grant a capability any more; the ones we hold stay usable until cleared."""
     for cap in range(cap_last + 1):
         try:
             _libc.prctl(_libc.PR_CAPBSET_DROP, cap)
         except OSError:
             pass  # EINVAL: the kernel does not know that cap
+
+
+def clear_capabilities() -> None:
+    """Empty the ambient, inheritable, permitted and effective sets."""
     try:
         _libc.prctl(_libc.PR_CAP_AMBIENT, _libc.PR_CAP_AMBIENT_CLEAR_ALL)
     except OSError:

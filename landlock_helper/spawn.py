@@ -1,41 +1,55 @@
 """Spawn one command inside the sandbox, as a tree that can be killed whole.
 
-Three processes, each forked (never exec'd) from the caller so nothing is re-imported:
+A sandbox is three processes, each forked (never exec'd) so nothing is re-imported:
 
-``supervisor`` (our child)
+``supervisor``
     Unshares the PID, mount and IPC namespaces (and a user namespace when not root),
-    forks the init, reports the init's pid, and waits. It dies with the caller
-    (``PR_SET_PDEATHSIG``), and the init dies with it the same way, so a crashed
-    executor never leaves a sandbox behind.
+    forks the init, reports the init's pid, and waits for it. It dies with its parent
+    (``PR_SET_PDEATHSIG``), and the init dies with the supervisor the same way, so a
+    crashed executor never leaves a sandbox behind.
 ``init`` (pid 1 of the new PID namespace)
-    Sets up the mounts (fresh /proc, hidden paths, read-only ``.git``), forks the
-    command, reaps everything, turns SIGTERM into "SIGTERM to every process in the
-    namespace", and when the command exits reports its wait status and exits. The
-    kernel then SIGKILLs whatever is left in the namespace (background jobs, setsid or
-    double-forked escapees) and the init's pidfd turns readable only after all of them
-    are gone.
+    Mounts a fresh /proc, a private /dev/shm and an empty tmpfs over each hidden path,
+    forks the command process, reaps everything, turns SIGTERM into "SIGTERM to every
+    process in the namespace", and when the command exits reports its wait status and
+    exits. The kernel then SIGKILLs whatever is left in the namespace (background jobs,
+    setsid or double-forked escapees), and the init's pidfd turns readable only after
+    all of them are gone.
 ``command``
-    Drops capabilities (as root), sets NO_NEW_PRIVS, applies Landlock and seccomp, and
-    execs. An exec failure travels back on a close-on-exec pipe.
+    Prepares its Landlock ruleset, then waits for the command's spec. On receipt it
+    binds ``.git``/``.sluice`` read-only, drops capabilities, sets NO_NEW_PRIVS,
+    restricts itself with Landlock and seccomp, and execs.
 
-The caller watches :attr:`SandboxedProcess.done_fds` (pidfds of the supervisor and the
-init): when both are readable the whole tree is dead and :meth:`~SandboxedProcess.poll`
-returns the :class:`Outcome`. Everything that can be computed before fork is (rules,
-the BPF program, paths), so the children only make syscalls.
+All of that up to "waits for the spec" happens before anyone asks for a command, so a
+sandbox can be *warm*: :class:`Spawner` keeps a few warm sandboxes per executor, made
+by a small zygote process forked before the executor loads anything big (forking a
+small process is several times cheaper). Starting a command in a warm sandbox costs one
+message and an exec. :func:`spawn` makes a sandbox on the spot and starts it.
+
+Each sandbox has a control socket (``SOCK_SEQPACKET``): the caller sends the spec and
+the command's stdio fds on it, and reads back tagged lines: ``P <init pid>`` from the
+supervisor, ``E <code> <message>`` if the command could not start, ``S <wait status>``
+from the init, ``X <message>`` if set-up failed. The caller watches
+:attr:`SandboxedProcess.done_fds` (pidfds of the supervisor and the init): when both are
+readable the whole tree is dead and :meth:`~SandboxedProcess.poll` has the outcome.
 """
 
 from __future__ import annotations
 
 import errno
+import marshal
 import os
 import resource
 import select
 import signal
+import socket
 import sys
 from dataclasses import dataclass
 
 from landlock_helper import _libc, landlock, namespaces, seccomp
 from landlock_helper.policy import SandboxPolicy
+
+# Largest spec (argv + env + policy) a caller may send; SEQPACKET needs it in one piece.
+MAX_SPEC = 4 * 1024 * 1024
 
 
 class SandboxError(RuntimeError):
@@ -53,87 +67,84 @@ class Outcome:
 
 _FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 _INIT_WAITED = {signal.SIGCHLD, *_FORWARDED}
-_seccomp_cache: dict[bool, object] = {}
-_cap_last: int | None = None
 
 
 @dataclass(frozen=True)
-class _Prepared:
-    """Everything the children need, computed in the parent."""
+class _Template:
+    """What every sandbox of one caller shares, fixed before any is made."""
 
-    argv: list[str]
-    cwd: str
-    env: dict[str, str]
-    restricted: bool
+    hidden_paths: tuple[str, ...]
     as_root: bool
     uid: int
     gid: int
-    hidden_paths: tuple[str, ...]
-    read_only_paths: tuple[str, ...]
-    landlock_plan: landlock.LandlockPlan | None
-    seccomp_prog: object | None
     cap_last: int
+    seccomp_progs: dict  # network allowed? -> compiled BPF program
+
+    @classmethod
+    def make(cls, hidden_paths) -> _Template:
+        progs = {}
+        if _libc.ARCH is not None:
+            progs = {net: seccomp.compile_program(seccomp.build(net)) for net in (False, True)}
+        return cls(
+            hidden_paths=tuple(os.path.abspath(p) for p in hidden_paths if os.path.lexists(p)),
+            as_root=os.geteuid() == 0, uid=os.geteuid(), gid=os.getegid(),
+            cap_last=namespaces.last_cap(), seccomp_progs=progs,
+        )
 
 
-def _prepare(argv, cwd, env, policy: SandboxPolicy, hidden_paths) -> _Prepared:
-    global _cap_last
+def _check(argv, cwd, policy: SandboxPolicy) -> None:
+    """What the caller can know is wrong before a sandbox is used (cheap, no fork)."""
+    if not sys.platform.startswith("linux"):
+        raise SandboxError(f"no sandbox for platform {sys.platform!r}; refusing to run unsandboxed")
     if not argv:
         raise SandboxError("no command given")
     if not os.path.isabs(cwd):
         raise SandboxError(f"cwd must be an absolute path: {cwd}")
     if not os.path.isdir(cwd):
         raise SandboxError(f"cwd does not exist or is not a directory: {cwd}")
-    restricted = not policy.unrestricted
-    plan = None
-    prog = None
-    read_only: list[str] = []
-    if restricted:
-        roots = policy.writable_roots(cwd, env)
+    if not policy.unrestricted:
         try:
-            plan = landlock.plan(policy, [r for r in roots if os.path.exists(r)])
+            landlock.require_abi()
         except landlock.LandlockUnavailable as e:
             raise SandboxError(str(e)) from None
-        if not policy.full_write:
-            read_only = policy.read_only_subpaths(cwd, env)
-        prog = _seccomp_cache.get(policy.network)
-        if prog is None:
-            prog = _seccomp_cache[policy.network] = seccomp.compile_program(seccomp.build(policy.network))
-    if _cap_last is None:
-        _cap_last = namespaces.last_cap()
+        if _libc.ARCH is None:
+            raise SandboxError(f"no seccomp filter for architecture {_libc.MACHINE!r}; refusing to run")
+
+
+def _encode_spec(argv, cwd, env, policy: SandboxPolicy) -> bytes:
     env = dict(env)
     env["PWD"] = cwd
-    hidden = tuple(os.path.abspath(p) for p in hidden_paths if os.path.lexists(p))
-    return _Prepared(
-        argv=[str(a) for a in argv], cwd=cwd, env=env, restricted=restricted,
-        as_root=os.geteuid() == 0, uid=os.geteuid(), gid=os.getegid(),
-        hidden_paths=hidden, read_only_paths=tuple(read_only),
-        landlock_plan=plan, seccomp_prog=prog, cap_last=_cap_last,
-    )
+    spec = marshal.dumps(([str(a) for a in argv], cwd, env, policy.to_json()))
+    if len(spec) > MAX_SPEC:
+        raise SandboxError(f"command and environment too large ({len(spec)} bytes, at most {MAX_SPEC})")
+    return spec
 
 
 class SandboxedProcess:
     """A running sandboxed command; see the module docstring for the process layout."""
 
-    def __init__(self, pid: int, init_pid: int | None, status_fd: int, early: bytes = b"") -> None:
-        self.pid = pid
-        self._early = early
+    def __init__(self, sup_pid: int, init_pid: int, ctl: socket.socket, early: list[bytes], *,
+                 reap: bool) -> None:
+        self.pid = sup_pid
         self.init_pid = init_pid
-        self._status_fd = status_fd
-        self._sup_fd = os.pidfd_open(pid)
-        self._init_fd: int | None = None
-        if init_pid is not None:
-            try:
-                self._init_fd = os.pidfd_open(init_pid)
-            except ProcessLookupError:
-                pass  # already gone: nothing of the tree is left to wait for
-        self._sup_status: int | None = None
+        self._ctl = ctl
+        self._lines = early
+        self._reap = reap  # the supervisor is our child (not a zygote's): we must wait for it
+        self._sup_fd: int | None = _pidfd(sup_pid)
+        self._init_fd: int | None = _pidfd(init_pid)
+        self._sup_done = False
         self._killed = False
         self._outcome: Outcome | None = None
 
     @property
     def done_fds(self) -> tuple[int, ...]:
-        """Readable once the supervisor and the init (hence the whole tree) are dead."""
-        return tuple(fd for fd in (self._sup_fd, self._init_fd) if fd is not None)
+        """Readable once the whole tree is dead.
+
+        That is the init's pidfd: the kernel kills and waits for every other process
+        of the namespace before it reports the init gone. (The supervisor may take a
+        while longer, tearing down the mount namespace; nobody needs to wait for that.)
+        """
+        return (self._init_fd,) if self._init_fd is not None else ((self._sup_fd,) if self._sup_fd else ())
 
     def terminate(self) -> None:
         """SIGTERM to every process of the command's tree (the init forwards it)."""
@@ -145,90 +156,91 @@ class SandboxedProcess:
         if self._outcome is not None:
             return
         self._killed = True
-        if self._init_fd is not None:
-            _pidfd_signal(self._init_fd, signal.SIGKILL)
-        _pidfd_signal(self._sup_fd, signal.SIGKILL)
+        for fd in (self._init_fd, self._sup_fd):
+            if fd is not None:
+                _pidfd_signal(fd, signal.SIGKILL)
 
     def poll(self) -> Outcome | None:
         """The outcome once the whole tree is dead, else None. Never blocks."""
         if self._outcome is not None:
             return self._outcome
-        if self._sup_status is None:
-            pid, status = os.waitpid(self.pid, os.WNOHANG)
-            if pid == 0:
-                return None
-            self._sup_status = status
-        if self._init_fd is not None and not _readable(self._init_fd):
+        if not all(_readable(fd) for fd in self.done_fds):
             return None
-        self._outcome = self._read_outcome()
+        self._lines += _drain(self._ctl)
+        self._outcome = _outcome(self._lines, self._killed)
         return self._outcome
 
     def wait(self, timeout: float | None = None) -> Outcome | None:
         """Block until :meth:`poll` has an outcome (or ``timeout`` seconds pass)."""
-        fds = self.done_fds
         while True:
             outcome = self.poll()
             if outcome is not None:
                 return outcome
             poller = select.poll()
-            for fd in fds:
+            for fd in self.done_fds:
                 poller.register(fd, select.POLLIN)
-            ready = poller.poll(None if timeout is None else timeout * 1000)
-            if not ready and timeout is not None:
+            if not poller.poll(None if timeout is None else timeout * 1000) and timeout is not None:
                 return self.poll()
 
-    def _read_outcome(self) -> Outcome:
-        data = self._early
-        while True:
-            try:
-                chunk = os.read(self._status_fd, 4096)
-            except BlockingIOError:
-                break
-            if not chunk:
-                break
-            data += chunk
-        exit_code = sig = error = None
-        for line in data.decode(errors="replace").splitlines():
-            tag, _, rest = line.partition(" ")
-            if tag == "S":
-                status = int(rest)
-                if os.WIFSIGNALED(status):
-                    sig = os.WTERMSIG(status)
-                else:
-                    exit_code = os.waitstatus_to_exitcode(status)
-            elif tag == "E":
-                code, _, error = rest.partition(" ")
-                exit_code = int(code)
-            elif tag == "X":
-                error = rest
-        if exit_code is None and sig is None and error is None:
-            # The supervisor died before the init reported: we (or someone) killed it.
-            if self._killed or os.WIFSIGNALED(self._sup_status or 0):
-                sig = signal.SIGKILL
-            else:
-                error = "sandbox supervisor exited without a status"
-        return Outcome(exit_code, sig, error)
-
     def close(self) -> None:
-        for fd in (self._sup_fd, self._init_fd, self._status_fd):
+        for fd in (self._sup_fd, self._init_fd):
             if fd is not None:
-                try:
-                    os.close(fd)
-                except OSError:
-                    pass
-        self._sup_fd = self._init_fd = self._status_fd = None  # type: ignore[assignment]
-        if self._sup_status is None:
-            # Never leave a zombie: the tree is being torn down by pdeathsig anyway.
+                os.close(fd)
+        self._sup_fd = self._init_fd = None
+        if self._ctl is not None:
+            self._ctl.close()
+            self._ctl = None  # type: ignore[assignment]
+        if self._reap and not self._sup_done:
+            # Never leave a zombie. Once the tree is dead the supervisor exits at once;
+            # before that, killing it takes the tree with it (pdeathsig).
+            if self._outcome is None:
+                _kill_quietly(self.pid)
             try:
-                os.kill(self.pid, signal.SIGKILL)
                 os.waitpid(self.pid, 0)
-            except (ProcessLookupError, ChildProcessError):
+            except ChildProcessError:
                 pass
-            self._sup_status = 0
+            self._sup_done = True
 
     def __del__(self) -> None:
-        if getattr(self, "_status_fd", None) is not None:
+        if getattr(self, "_ctl", None) is not None:
             self.close()
+
+
+def _outcome(lines: list[bytes], killed: bool) -> Outcome:
+    exit_code = sig = error = None
+    for raw in lines:
+        tag, _, rest = raw.decode(errors="replace").partition(" ")
+        if tag == "S":
+            status = int(rest)
+            if os.WIFSIGNALED(status):
+                sig = os.WTERMSIG(status)
+            elif exit_code is None:
+                exit_code = os.waitstatus_to_exitcode(status)
+        elif tag == "E":
+            code, _, error = rest.partition(" ")
+            exit_code = int(code)
+        elif tag == "X":
+            error = rest
+    if exit_code is None and sig is None and error is None:
+        # The init never reported: it was killed (by us, or with its supervisor).
+        sig = signal.SIGKILL if killed else None
+        if not killed:
+            error = "the sandbox died without reporting the command's status"
+    return Outcome(exit_code, sig, error)
+
+
+def _pidfd(pid: int) -> int | None:
+    try:
+        return os.pidfd_open(pid)
+    except ProcessLookupError:
+        return None  # already gone: nothing of it is left to wait for
+
+
+def _kill_quietly(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
 
 
 def _pidfd_signal(fd: int, sig: int) -> None:
@@ -244,70 +256,242 @@ def _readable(fd: int) -> bool:
     return bool(poller.poll(0))
 
 
+def _drain(sock: socket.socket) -> list[bytes]:
+    lines = []
+    while True:
+        try:
+            data = sock.recv(65536, socket.MSG_DONTWAIT)
+        except (BlockingIOError, InterruptedError):
+            return lines
+        except OSError:
+            return lines
+        if not data:
+            return lines
+        lines.append(data)
+
+
+class _Warm:
+    """A sandbox whose command process is waiting for its spec."""
+
+    def __init__(self, sup_pid: int, ctl: socket.socket, *, reap: bool) -> None:
+        self.sup_pid = sup_pid
+        self.ctl = ctl
+        self.reap = reap
+        self.init_pid: int | None = None
+        self.early: list[bytes] = []
+
+    def _absorb(self, block: bool) -> bool:
+        """Read what the sandbox has said so far; False once it is known to be dead."""
+        while True:
+            flags = 0 if block and self.init_pid is None else socket.MSG_DONTWAIT
+            try:
+                data = self.ctl.recv(65536, flags)
+            except (BlockingIOError, InterruptedError):
+                return True
+            except OSError:
+                return False
+            if not data:
+                return False  # EOF: every process of the sandbox is gone
+            if data.startswith(b"P "):
+                self.init_pid = int(data[2:])
+            else:
+                self.early.append(data)
+                if data.startswith(b"X "):
+                    return False
+
+    def usable(self) -> bool:
+        """False when the sandbox died or failed while waiting (its zygote was killed, ...)."""
+        return self._absorb(block=False)
+
+    def wait_init_pid(self) -> None:
+        """Block until the supervisor has said who the init is (microseconds when warm)."""
+        alive = True
+        while alive and self.init_pid is None:
+            alive = self._absorb(block=True)
+        if not alive or self.init_pid is None:
+            failures = [m[2:].decode(errors="replace") for m in self.early if m.startswith(b"X ")]
+            self.discard()
+            raise SandboxError(failures[-1] if failures else "the sandbox died while being set up")
+
+    def start(self, spec: bytes, stdin, stdout, stderr) -> SandboxedProcess:
+        self.wait_init_pid()
+        fds = [stdout, stderr] if stdin is None else [stdout, stderr, stdin]
+        try:
+            socket.send_fds(self.ctl, [spec], fds)
+        except OSError as e:
+            self.discard()
+            raise SandboxError(f"cannot hand the command to its sandbox: {e.strerror}") from None
+        return SandboxedProcess(self.sup_pid, self.init_pid, self.ctl, self.early, reap=self.reap)
+
+    def discard(self) -> None:
+        """Tear down an unused sandbox (its command process sees EOF and exits)."""
+        self.ctl.close()
+        if self.reap:
+            _kill_quietly(self.sup_pid)
+            try:
+                os.waitpid(self.sup_pid, 0)
+            except ChildProcessError:
+                pass
+
+
+def _make_warm(template: _Template, *, reap: bool) -> _Warm:
+    """Fork a supervisor (and through it init and command) from this process."""
+    mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    mine.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, MAX_SPEC + 65536)
+    parent = os.getpid()
+    pid = os.fork()
+    if pid == 0:
+        mine.close()
+        _child_main(_supervisor, theirs.fileno(), template, parent, theirs.fileno())
+    theirs.close()
+    return _Warm(pid, mine, reap=reap)
+
+
 def spawn(argv, *, cwd, env, policy: SandboxPolicy, stdout: int, stderr: int, stdin: int | None = None,
           hidden_paths=()) -> SandboxedProcess:
-    """Start ``argv`` under ``policy``; see the module docstring. Raises SandboxError."""
+    """Start ``argv`` under ``policy`` in a sandbox made now; raises SandboxError.
+
+    ``stdout``/``stderr`` (and ``stdin``; None means /dev/null) are fds the command gets
+    as its own; the caller may close its copies once this returns.
+    """
     if sys.platform == "darwin":  # pragma: no cover - exercised on macOS only
         from landlock_helper.darwin import spawn_seatbelt
 
         return spawn_seatbelt(argv, cwd=cwd, env=env, policy=policy, stdout=stdout, stderr=stderr,
                               stdin=stdin, hidden_paths=hidden_paths)
-    if not sys.platform.startswith("linux"):
-        raise SandboxError(f"no sandbox for platform {sys.platform!r}; refusing to run unsandboxed")
-    prep = _prepare(argv, cwd, env, policy, hidden_paths)
-    status_r, status_w = os.pipe2(os.O_CLOEXEC)
-    parent = os.getpid()
-    pid = os.fork()
-    if pid == 0:
-        _child_main(_supervisor, prep, parent, status_w, stdin, stdout, stderr)
-    os.close(status_w)
-    # The supervisor reports the init's pid (or why it could not make one). The init
-    # writes to the same pipe and may already have finished, so its line can come first.
-    early, init_pid, failure = _read_until_pid(status_r)
-    if init_pid is None:
-        _, status = os.waitpid(pid, 0)
-        os.close(status_r)
-        if failure:
-            raise SandboxError(failure)
-        how = (f"killed by signal {os.WTERMSIG(status)}" if os.WIFSIGNALED(status)
-               else f"exit status {os.waitstatus_to_exitcode(status)}")
-        raise SandboxError(f"sandbox supervisor died during set-up ({how})")
-    os.set_blocking(status_r, False)
-    return SandboxedProcess(pid, init_pid, status_r, early)
+    _check(argv, cwd, policy)
+    spec = _encode_spec(argv, cwd, env, policy)
+    return _make_warm(_Template.make(hidden_paths), reap=True).start(spec, stdin, stdout, stderr)
 
 
-def _read_until_pid(fd: int) -> tuple[bytes, int | None, str | None]:
-    """Read status lines up to the ``P <pid>`` line: (the other lines, pid, failure)."""
-    data = b""
-    while True:
-        *complete, partial = data.split(b"\n")
-        for i, line in enumerate(complete):
-            if line.startswith(b"P "):
-                others = b"".join(other + b"\n" for j, other in enumerate(complete) if j != i)
-                return others + partial, int(line[2:]), None
-        chunk = os.read(fd, 4096)
-        if not chunk:
-            failures = [line[2:] for line in data.decode(errors="replace").splitlines() if line.startswith("X ")]
-            return data, None, failures[-1] if failures else None
-        data += chunk
+class Spawner:
+    """Keeps warm sandboxes for one caller (an executor), made by a small zygote process.
+
+    Create it *early*, before the caller imports anything large: the zygote is a fork of
+    the caller as it is then, and every sandbox is a fork of the zygote. The caller calls
+    :meth:`refill` when :attr:`fileno` is readable (or just before it needs sandboxes).
+    """
+
+    def __init__(self, hidden_paths=(), *, pool: int = 4) -> None:
+        if not sys.platform.startswith("linux"):
+            raise SandboxError("the warm-sandbox pool needs Linux")
+        self.pool = pool
+        self.template = _Template.make(hidden_paths)
+        self._ready: list[_Warm] = []
+        self._asked = 0
+        self._sock: socket.socket | None = None
+        self._start_zygote()
+
+    def _start_zygote(self) -> None:
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        parent = os.getpid()
+        pid = os.fork()
+        if pid == 0:
+            mine.close()
+            _child_main(_zygote, None, self.template, parent, theirs)
+        theirs.close()
+        self.zygote_pid = pid
+        self._sock = mine
+        self._sock.setblocking(False)
+        self._asked = 0
+        self._ask(self.pool)
+
+    @property
+    def fileno(self) -> int:
+        return self._sock.fileno()
+
+    def _ask(self, n: int) -> None:
+        for _ in range(n):
+            try:
+                self._sock.send(b"W")
+            except OSError:  # EPIPE: the zygote is gone
+                self._restart_zygote()
+                return
+            self._asked += 1
+
+    def _restart_zygote(self) -> None:
+        """The zygote died (killed by someone?), and its sandboxes with it (they die
+        with their parent): start over, from us as we are now."""
+        for warm in self._ready:
+            warm.discard()
+        self._ready.clear()
+        self._sock.close()
+        self._reap_zygote()
+        self._start_zygote()
+
+    def refill(self, *, block: bool = False) -> None:
+        """Take the sandboxes the zygote has made; ask for more to keep the pool full."""
+        while self._asked:
+            try:
+                msg, fds, _, _ = socket.recv_fds(self._sock, 64, 1, 0 if block else socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                break
+            except ConnectionResetError:
+                msg = b""
+            if not msg:
+                self._restart_zygote()
+                return
+            self._asked -= 1
+            ctl = socket.socket(fileno=fds[0])
+            ctl.setblocking(True)
+            self._ready.append(_Warm(int(msg[2:]), ctl, reap=False))
+            block = False
+        missing = self.pool - len(self._ready) - self._asked
+        if missing > 0:
+            self._ask(missing)
+
+    def spawn(self, argv, *, cwd, env, policy: SandboxPolicy, stdout: int, stderr: int,
+              stdin: int | None = None) -> SandboxedProcess:
+        """Like :func:`spawn`, in a warm sandbox (waiting for one only if none is ready)."""
+        _check(argv, cwd, policy)
+        spec = _encode_spec(argv, cwd, env, policy)
+        self.refill()
+        while True:
+            while not self._ready:
+                if not self._asked:
+                    self._ask(1)
+                self.refill(block=True)
+            warm = self._ready.pop(0)
+            if warm.usable():
+                break
+            warm.discard()
+        proc = warm.start(spec, stdin, stdout, stderr)
+        self.refill()
+        return proc
+
+    def close(self) -> None:
+        for warm in self._ready:
+            warm.discard()
+        self._ready.clear()
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+        _kill_quietly(self.zygote_pid)
+        self._reap_zygote()
+
+    def _reap_zygote(self) -> None:
+        try:
+            os.waitpid(self.zygote_pid, 0)
+        except ChildProcessError:
+            pass
 
 
-# --- children: everything below runs between fork and exec ------------------------
+# --- children: everything below runs in forked children -------------------------
 
 
-def _child_main(fn, *args) -> None:
+def _child_main(fn, report_fd: int | None, *args) -> None:
     """Run ``fn`` in a forked child and never return into the caller's code."""
-    code = 1
     try:
         _reset_signals()
         fn(*args)
     except BaseException as e:  # noqa: BLE001 - the child must report, then die
-        try:
-            os.write(args[2], f"X sandbox set-up failed: {_describe(e)}\n".encode())
-        except Exception:
-            pass
+        if report_fd is not None:
+            try:
+                os.write(report_fd, f"X sandbox set-up failed: {_describe(e)}".encode())
+            except Exception:
+                pass
     finally:
-        os._exit(code)
+        os._exit(1)
 
 
 def _describe(e: BaseException) -> str:
@@ -344,18 +528,59 @@ def _close_fds_except(keep: set[int]) -> None:
     os.closerange(low, 1 << 20)
 
 
-def _supervisor(prep: _Prepared, parent: int, status_w: int, stdin, stdout, stderr) -> None:
+def _zygote(template: _Template, parent: int, sock: socket.socket) -> None:
+    """Make a warm sandbox for every ``W`` received; exit when the caller goes away."""
     _die_with_parent(parent)
-    stdio = {fd for fd in (stdin, stdout, stderr) if fd is not None}
-    _close_fds_except({status_w, *stdio})
-    namespaces.enter(prep.uid, prep.gid, prep.as_root)
+    wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    _close_fds_except({sock.fileno(), wake_r, wake_w})
+    # Reap supervisors as soon as they exit: SIGCHLD wakes the poll through the pipe.
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    signal.set_wakeup_fd(wake_w)
+    sock.setblocking(True)
+    poller = select.poll()
+    poller.register(sock.fileno(), select.POLLIN)
+    poller.register(wake_r, select.POLLIN)
+    while True:
+        _reap_any()
+        for fd, _ in poller.poll():
+            if fd == wake_r:
+                while True:
+                    try:
+                        if not os.read(wake_r, 4096):
+                            break
+                    except BlockingIOError:
+                        break
+                continue
+            try:
+                msg = sock.recv(64)
+            except InterruptedError:
+                continue
+            if not msg:
+                os._exit(0)
+            warm = _make_warm(template, reap=False)
+            socket.send_fds(sock, [f"S {warm.sup_pid}".encode()], [warm.ctl.fileno()])
+            warm.ctl.close()
+
+
+def _reap_any() -> None:
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+def _supervisor(template: _Template, parent: int, ctl: int) -> None:
+    _die_with_parent(parent)
+    _close_fds_except({ctl})
+    namespaces.enter(template.uid, template.gid, template.as_root)
     init = os.fork()
     if init == 0:
-        _child_main(_init, prep, None, status_w, stdin, stdout, stderr)
-    os.write(status_w, f"P {init}\n".encode())
-    for fd in stdio:
-        os.close(fd)
-    os.close(status_w)
+        _child_main(_init, ctl, template, ctl)
+    os.write(ctl, f"P {init}".encode())
+    os.close(ctl)
     while True:
         try:
             os.waitpid(init, 0)
@@ -365,26 +590,15 @@ def _supervisor(prep: _Prepared, parent: int, status_w: int, stdin, stdout, stde
     os._exit(0)
 
 
-def _init(prep: _Prepared, parent: int, status_w: int, stdin, stdout, stderr) -> None:
-    _die_with_parent(parent)
+def _init(template: _Template, ctl: int) -> None:
+    _die_with_parent(None)
     signal.pthread_sigmask(signal.SIG_BLOCK, _INIT_WAITED)
-    namespaces.setup_mounts(prep.hidden_paths, prep.read_only_paths)
-    err_r, err_w = os.pipe2(os.O_CLOEXEC)
+    namespaces.setup_mounts(template.hidden_paths, ())
     child = os.fork()
     if child == 0:
-        _exec_command(prep, err_w, stdin, stdout, stderr)
-    os.close(err_w)
-    for fd in {stdin, stdout, stderr} - {None}:
-        os.close(fd)
-    report = b""
-    while chunk := os.read(err_r, 4096):
-        report += chunk
-    os.close(err_r)
+        _child_main(_command, ctl, template, ctl)
     status = _reap_until(child)
-    if report:
-        os.write(status_w, b"E " + report + b"\n")
-    else:
-        os.write(status_w, f"S {status}\n".encode())
+    os.write(ctl, f"S {status}".encode())
     os._exit(0)
 
 
@@ -408,38 +622,68 @@ def _reap_until(main_child: int) -> int:
                 pass
 
 
-def _exec_command(prep: _Prepared, err_w: int, stdin, stdout, stderr) -> None:
+def _command(template: _Template, ctl: int) -> None:
+    """Get ready, wait for the spec, apply the policy and exec."""
+    os.set_inheritable(ctl, False)  # gone at exec: background jobs must not hold it
+    # The slow part of Landlock, done while warm.
+    prepared = landlock.prepare_ruleset()
     stage = "set-up"
+    sock = socket.socket(fileno=ctl)
     try:
+        # Peek at the spec's size first: a buffer of the largest size would cost more
+        # (zeroing megabytes) than the whole rest of the start.
+        size, _, _, _ = sock.recvmsg_into([bytearray(1)], 0, socket.MSG_PEEK | socket.MSG_TRUNC)
+        buf = bytearray(size)
+        size, ancdata, _, _ = sock.recvmsg_into([buf], socket.CMSG_SPACE(3 * 4))
+    except OSError:
+        os._exit(1)
+    if not size:
+        os._exit(0)  # discarded unused
+    fds: list[int] = []
+    for level, kind, data in ancdata:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds += memoryview(data).cast("i")
+    argv, cwd, env, policy_json = marshal.loads(memoryview(buf)[:size])
+    try:
+        policy = SandboxPolicy.from_json(policy_json)
         signal.pthread_sigmask(signal.SIG_SETMASK, ())
         os.setsid()
-        if stdin is None:
-            stdin = os.open("/dev/null", os.O_RDONLY)
+        stdout, stderr = fds[0], fds[1]
+        stdin = fds[2] if len(fds) > 2 else os.open("/dev/null", os.O_RDONLY)
         for target, fd in ((0, stdin), (1, stdout), (2, stderr)):
             if fd != target:
                 os.dup2(fd, target)
-        _close_fds_except({err_w})
+        ruleset = None
+        restricted = not policy.unrestricted
+        if restricted:
+            stage = "sandbox"
+            roots = [r for r in policy.writable_roots(cwd, env) if os.path.exists(r)]
+            if not policy.full_write:
+                for path in policy.read_only_subpaths(cwd, env):
+                    namespaces.bind_read_only(path)
+            ruleset = landlock.finish_ruleset(prepared, policy, roots)
+        _close_fds_except({ctl, ruleset} - {None})
         stage = "chdir"
-        os.chdir(prep.cwd)
+        os.chdir(cwd)
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-        if prep.restricted:
+        if restricted:
             stage = "sandbox"
             # As root this is what keeps uid 0 from meaning "everything"; in a user
             # namespace it keeps the command from using the caps it holds there.
-            namespaces.drop_capabilities(prep.cap_last)
+            namespaces.drop_capabilities(template.cap_last)
             _libc.prctl(_libc.PR_SET_NO_NEW_PRIVS, 1)
-            landlock.apply(prep.landlock_plan)
-            seccomp.install(prep.seccomp_prog)
+            landlock.restrict_self(ruleset)
+            seccomp.install(template.seccomp_progs[policy.network])
         stage = "exec"
-        os.execvpe(prep.argv[0], prep.argv, prep.env)
+        os.execvpe(argv[0], argv, env)
     except OSError as e:
         if stage == "exec":
             code = 126 if e.errno in (errno.EACCES, errno.ENOEXEC, errno.EISDIR) else 127
             what = "command not found" if e.errno == errno.ENOENT else e.strerror
-            msg = f"{code} {what}: {prep.argv[0]}"
+            msg = f"E {code} {what}: {argv[0]}"
         else:
-            msg = f"126 sandbox {stage} failed: {_describe(e)}"
-        os.write(err_w, msg.encode())
+            msg = f"E 126 sandbox {stage} failed: {_describe(e)}"
+        os.write(ctl, msg.encode())
     except BaseException as e:  # noqa: BLE001
-        os.write(err_w, f"126 sandbox {stage} failed: {_describe(e)}".encode())
+        os.write(ctl, f"E 126 sandbox {stage} failed: {_describe(e)}".encode())
     os._exit(127)

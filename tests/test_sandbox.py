@@ -513,3 +513,61 @@ def test_bad_cwd_and_mode_are_one_line_errors(tmp_path):
     r = subprocess.run([sys.executable, "-m", "landlock_helper", "--sandbox", "bogus", "--", "true"],
                        capture_output=True, text=True, timeout=30)
     assert r.returncode == 2 and "unknown sandbox mode" in r.stderr and "Traceback" not in r.stderr
+
+
+# --- the warm-sandbox pool ---------------------------------------------------------
+
+
+def test_pool_runs_commands_and_survives_its_zygote_dying(workdir):
+    from landlock_helper.spawn import Spawner
+
+    pol = SandboxPolicy.from_mode("workspace-write")
+    env = {"PATH": os.environ["PATH"]}
+    sp = Spawner(pool=2)
+    try:
+        outcomes = []
+        for i in range(6):
+            p = sp.spawn(["sh", "-c", f"exit {i}"], cwd=str(workdir), env=env, policy=pol, stdout=1, stderr=2)
+            outcomes.append(p.wait(30).exit_code)
+            p.close()
+        assert outcomes == list(range(6))
+        os.kill(sp.zygote_pid, signal.SIGKILL)
+        time.sleep(0.2)  # its warm sandboxes die with it (pdeathsig); let that happen
+        # The pool notices, drops them, and gets new ones from a new zygote.
+        for _ in range(4):
+            p = sp.spawn(["true"], cwd=str(workdir), env=env, policy=pol, stdout=1, stderr=2)
+            assert p.wait(30).exit_code == 0
+            p.close()
+    finally:
+        zygote = psutil.Process(sp.zygote_pid)
+        family = [zygote, *zygote.children(recursive=True)]
+        sp.close()
+    gone, alive = psutil.wait_procs(family, timeout=5)
+    assert alive == []
+
+
+def test_pool_sandboxes_are_separate(workdir, outside):
+    """Two commands from one pool share neither a PID namespace nor writable roots."""
+    from landlock_helper.spawn import Spawner
+
+    sp = Spawner(pool=2)
+    try:
+        r1, w1 = os.pipe()
+        p1 = sp.spawn(["sh", "-c", "sleep 2 & ls /proc | grep -c '^[0-9]'; wait"], cwd=outside,
+                      env={"PATH": os.environ["PATH"]}, policy=SandboxPolicy.from_mode("workspace-write"),
+                      stdout=w1, stderr=2)
+        os.close(w1)
+        p2 = sp.spawn(["sh", "-c", f"echo x > {outside}/from-other"], cwd=str(workdir),
+                      env={"PATH": os.environ["PATH"]}, policy=SandboxPolicy.from_mode("workspace-write"),
+                      stdout=1, stderr=2)
+        assert p2.wait(30).exit_code != 0
+        assert not os.path.exists(os.path.join(outside, "from-other"))
+        count = int(os.read(r1, 100).split()[0])
+        assert count <= 5  # init, sh, sleep, ls, grep: nothing of p2
+        p1.kill()
+        p1.wait(30)
+        for p in (p1, p2):
+            p.close()
+        os.close(r1)
+    finally:
+        sp.close()
