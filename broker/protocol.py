@@ -75,8 +75,16 @@ class AskForApproval(enum.StrEnum):
     """Never ask; failures go straight back to the model."""
 
 
-# Names older Codex configs use for the same policies.
-_APPROVAL_ALIASES = {"unless-allow-listed": AskForApproval.UNTRUSTED}
+# Names older Codex configs use for the same policies. Early Codex declared auto-edit
+# ("in addition to the known-safe commands, writes within the writable roots are
+# auto-approved") without implementing it. on-request is what later Codex offers for
+# that: edits and commands confined to the writable roots run without asking, and
+# leaving them (escalation, a patch outside the roots) asks first. on-failure would
+# ask only after the fact, untrusted would ask for every edit.
+_APPROVAL_ALIASES = {
+    "unless-allow-listed": AskForApproval.UNTRUSTED,
+    "auto-edit": AskForApproval.ON_REQUEST,
+}
 
 
 def parse_approval_policy(value: str) -> AskForApproval:
@@ -86,11 +94,8 @@ def parse_approval_policy(value: str) -> AskForApproval:
     try:
         return AskForApproval(value)
     except ValueError:
-        # Early Codex declared auto-edit but never implemented it; guessing a
-        # replacement could grant more than the person meant.
-        problem = "is not supported" if value == "auto-edit" else "is unknown"
         choices = ", ".join(AskForApproval)
-        raise ValueError(f"approval policy {value!r} {problem}; use one of {choices}") from None
+        raise ValueError(f"approval policy {value!r} is unknown; use one of {choices}") from None
 
 
 class ReviewDecision(enum.StrEnum):

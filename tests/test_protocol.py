@@ -573,11 +573,19 @@ def test_parse_approval_policy_accepts_codex_names(policy):
     assert parse_approval_policy(policy) == policy
 
 
-def test_parse_approval_policy_maps_older_name():
-    assert parse_approval_policy("unless-allow-listed") is AskForApproval.UNTRUSTED
+@pytest.mark.parametrize(
+    ("older", "policy"),
+    [
+        ("unless-allow-listed", AskForApproval.UNTRUSTED),
+        # Early Codex's "writes within the writable roots are auto-approved".
+        ("auto-edit", AskForApproval.ON_REQUEST),
+    ],
+)
+def test_parse_approval_policy_maps_older_names(older, policy):
+    assert parse_approval_policy(older) is policy
 
 
-@pytest.mark.parametrize("value", ["auto-edit", "sometimes", "On-Request", ""])
+@pytest.mark.parametrize("value", ["sometimes", "On-Request", "Auto-Edit", ""])
 def test_parse_approval_policy_refuses_with_one_line(value):
     with pytest.raises(ValueError) as info:
         parse_approval_policy(value)
