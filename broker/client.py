@@ -37,6 +37,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
+import msgspec
 import zmq
 
 from broker import wire
@@ -611,20 +612,8 @@ class Client:
             except wire.WireError as e:
                 call.result = Result(call.call_id, call.argv, error=f"unreadable exit status: {e}")
                 return
-            call.result = Result(
-                call.call_id,
-                call.argv,
-                exit_code=st.exit_code,
-                signal=st.signal,
-                timed_out=st.timed_out,
-                aborted=st.aborted,
-                duration_s=st.duration_s,
-                stdout=st.stdout,
-                stderr=st.stderr,
-                stdout_dropped=st.stdout_dropped,
-                stderr_dropped=st.stderr_dropped,
-                error=st.error,
-            )
+            # Result carries ExitStatus's fields under the same names.
+            call.result = Result(call.call_id, call.argv, **msgspec.structs.asdict(st))
         elif kind == wire.STARTED:
             call = self._calls.get(h.corr)
             if call is None or len(frames) < 2:
