@@ -13,7 +13,7 @@ the same string escapes. Optional fields follow serde: an ``Option`` that Codex 
 ``skip_serializing_if = "Option::is_none"`` is left out when unset, any other ``Option``
 is written as ``null``. Structs whose every defaulted field is such a skipped one set
 ``omit_defaults``; :class:`ConfigureSession`, which also has fields Codex always writes,
-marks its two skipped fields with ``msgspec.UNSET`` instead. A Struct with a defaulted
+marks its skipped fields with ``msgspec.UNSET`` instead. A Struct with a defaulted
 field before a required one is keyword-only, so the field order stays Codex's.
 
 Policies are kebab-case strings (:class:`AskForApproval`, :class:`SandboxPermission`).
@@ -38,8 +38,9 @@ Which Codex: the later ``codex-rs/core/src/protocol.rs`` (the one with
 plus the events later Codex added and its ``codex.rs`` emits: message and reasoning
 deltas, ``token_count``, ``exec_command_output_delta``, the ``exec_command_end`` with
 ``duration`` and formatted output, ``turn_diff``, ``plan_update``, ``turn_aborted``,
-``shutdown_complete``, and the ``Compact``/``Shutdown`` ops. One field is sluice's own:
-``Event.seq``, the per-session sequence number, written only when set.
+``shutdown_complete``, and the ``Compact``/``Shutdown`` ops. Two fields are sluice's own,
+written only when set: ``Event.seq``, the per-session sequence number, and
+``ConfigureSession.api_key``, the provider key the frontend resolved.
 """
 
 from __future__ import annotations
@@ -416,6 +417,17 @@ class ConfigureSession(_Op, tag="configure_session", kw_only=True):
     """Absolute; relative paths from the model and the sandbox resolve against it."""
     resume_path: str | UnsetType = UNSET
     """A rollout file to resume from."""
+    api_key: str | UnsetType = UNSET
+    """sluice's own: the provider's API key as the frontend resolved it from its own
+    environment (Codex reads it in-process). Never written when unset, hidden by
+    ``repr``; the agent keeps it out of logs and rollout files."""
+
+    def __repr__(self) -> str:
+        fields = ", ".join(
+            f"{name}={'<hidden>' if name == 'api_key' and value is not UNSET else repr(value)}"
+            for name, value in ((f, getattr(self, f)) for f in self.__struct_fields__)
+        )
+        return f"ConfigureSession({fields})"
 
 
 class UserInput(_Op, tag="user_input"):

@@ -485,6 +485,21 @@ def test_omitted_optional_fields_decode_as_codex_defaults():
     assert change == UpdateFileChange("d", None)
 
 
+def test_configure_session_api_key_is_sluices_own_and_hidden():
+    """The resolved key rides after Codex's fields, only when set, and never in repr."""
+    base = SUBMISSIONS["configure_session"][0]
+    with_key = Submission("0", msgspec.structs.replace(base.op, api_key="sk-secret-123"))
+    assert encode_json(base) == SUBMISSIONS["configure_session"][1].encode()
+    assert encode_json(with_key) == (
+        SUBMISSIONS["configure_session"][1][:-2] + ',"api_key":"sk-secret-123"}}'
+    ).encode()
+    assert decode_submission_json(encode_json(with_key)).op.api_key == "sk-secret-123"
+    assert decode_submission_msgpack(encode_msgpack(with_key)).op.api_key == "sk-secret-123"
+    assert base.op.api_key is msgspec.UNSET
+    assert "sk-secret" not in repr(with_key) and "api_key=<hidden>" in repr(with_key.op)
+    assert "model='o4-mini'" in repr(with_key.op)
+
+
 # -- seq -------------------------------------------------------------------------------
 
 
