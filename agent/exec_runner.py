@@ -1,0 +1,306 @@
+"""How the agent runs a command: the :class:`CommandRunner` interface and its daemon implementation.
+
+The session never spawns anything itself. It calls::
+
+    result = await runner.run(argv, cwd, sandbox_policy, timeout_ms, on_output, call_id=...)
+
+``on_output(stream, chunk)`` gets each chunk of output as it arrives (``stream`` an
+:class:`~broker.protocol.ExecOutputStream`, ``chunk`` bytes), in order; ``run`` returns
+an :class:`ExecResult` once the command has ended. ``await runner.cancel(call_id)``
+kills the command's process tree; its ``run`` then returns with ``aborted`` set.
+Cancelling the task awaiting ``run`` cancels the command as well (and re-raises at once,
+without waiting for the executor to confirm).
+
+:class:`BrokerRunner` sends each command to the daemon over a :class:`~agent.broker_link.BrokerLink`
+(role ``agent``): the broker queues it for a free executor, which runs it in the sandbox
+of ``sandbox_policy`` (a policy that allows everything runs it unsandboxed). Output is
+acknowledged as ``on_output`` returns, so a slow consumer slows only its own command.
+
+Every result carries ``aggregated``: stdout and stderr interleaved as they came, of which
+at most ``aggregate_limit`` bytes are kept, half from the start and half from the end
+(``aggregated_omitted`` counts what was dropped in between). The model is only ever shown
+head and tail of long output, so this copy holds all it can see.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+import msgspec
+import structlog
+import zmq
+
+from agent.broker_link import BrokerLink, LinkError
+from broker import wire
+from broker.client import RC_ABORTED, RC_SIGNAL_BASE, RC_SLUICE_ERROR, RC_TIMED_OUT, error_returncode, new_call_id
+from broker.protocol import ExecOutputStream, SandboxPolicy
+from broker.runtime import RuntimeDir
+
+log = structlog.get_logger("agent.exec_runner")
+
+DEFAULT_AGGREGATE_LIMIT = 1024 * 1024
+
+OutputCallback = Callable[[ExecOutputStream, bytes], None]
+
+_STREAMS = {wire.STDOUT: ExecOutputStream.STDOUT, wire.STDERR: ExecOutputStream.STDERR}
+
+
+class HeadTailBuffer:
+    """Keeps the first and the last ``limit // 2`` bytes of what is written."""
+
+    __slots__ = ("limit", "_head", "_tail", "omitted")
+
+    def __init__(self, limit: int = DEFAULT_AGGREGATE_LIMIT) -> None:
+        self.limit = limit
+        self._head = bytearray()
+        self._tail = bytearray()
+        self.omitted = 0
+
+    def write(self, data: bytes) -> None:
+        half = self.limit // 2
+        room = half - len(self._head)
+        if room > 0:
+            self._head += data[:room]
+            data = data[room:]
+        if not data:
+            return
+        self._tail += data
+        excess = len(self._tail) - (self.limit - half)
+        if excess > 0:
+            del self._tail[:excess]
+            self.omitted += excess
+
+    def getvalue(self) -> bytes:
+        return bytes(self._head + self._tail)
+
+
+@dataclass(slots=True)
+class ExecResult:
+    """How a command ended; ``error`` is set when it never ran (or its executor failed)."""
+
+    exit_code: int | None = None
+    signal: int | None = None
+    timed_out: bool = False
+    aborted: bool = False
+    duration_s: float = 0.0
+    stdout: bytes = b""
+    stderr: bytes = b""
+    stdout_dropped: int = 0
+    stderr_dropped: int = 0
+    """Bytes beyond the capture limit, not in ``stdout`` / ``stderr``."""
+    aggregated: bytes = b""
+    aggregated_omitted: int = 0
+    error: str | None = None
+
+    @property
+    def returncode(self) -> int:
+        """One number, shell style: 124 timed out, 130 aborted, 128+N killed by signal N,
+        the sandbox's code or 125-127 when it never ran, else the exit code."""
+        if self.timed_out:
+            return RC_TIMED_OUT
+        if self.aborted:
+            return RC_ABORTED
+        if self.error is not None:
+            return self.exit_code if self.exit_code is not None else error_returncode(self.error)
+        if self.signal is not None:
+            return RC_SIGNAL_BASE + self.signal
+        if self.exit_code is not None:
+            return self.exit_code
+        return RC_SLUICE_ERROR
+
+
+class CommandRunner(abc.ABC):
+    """Runs commands for a session (see the module docstring)."""
+
+    @abc.abstractmethod
+    async def run(
+        self,
+        argv: Sequence[str],
+        cwd: str,
+        sandbox_policy: SandboxPolicy,
+        timeout_ms: int | None,
+        on_output: OutputCallback | None = None,
+        *,
+        call_id: str | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> ExecResult:
+        """Run ``argv`` in ``cwd`` under ``sandbox_policy`` and return how it ended."""
+
+    @abc.abstractmethod
+    async def cancel(self, call_id: str) -> None:
+        """Kill the command ``call_id`` (and its whole tree) if it is still running."""
+
+    async def aclose(self) -> None:
+        """Release what the runner holds; commands still running are cancelled."""
+
+
+@dataclass(slots=True, eq=False)
+class _Running:
+    call_id: str
+    on_output: OutputCallback | None
+    future: asyncio.Future[ExecResult]
+    aggregated: HeadTailBuffer
+    pid: int | None = None
+    unacked_bytes: int = 0
+    unacked_chunks: int = 0
+
+
+class BrokerRunner(CommandRunner):
+    """Runs commands on the daemon's executors over ``link``."""
+
+    def __init__(
+        self,
+        link: BrokerLink,
+        *,
+        env: Mapping[str, str] | None = None,
+        capture_limit: int = wire.DEFAULT_CAPTURE_LIMIT,
+        aggregate_limit: int = DEFAULT_AGGREGATE_LIMIT,
+        owns_link: bool = False,
+    ) -> None:
+        self.link = link
+        self.env = dict(os.environ if env is None else env)
+        self.capture_limit = capture_limit
+        self.aggregate_limit = aggregate_limit
+        self._owns_link = owns_link
+        self._running: dict[str, _Running] = {}
+        link.on(wire.OUT, self._on_out)
+        link.on(wire.STARTED, self._on_started)
+        link.on(wire.EXIT, self._on_exit)
+        link.on(wire.ERROR, self._on_error)
+        link.on_broken.append(self._on_broken)
+
+    @classmethod
+    async def connect(cls, runtime: RuntimeDir | None = None, *, timeout: float = 10.0, **kwargs) -> BrokerRunner:
+        """A runner with its own link to the daemon of ``runtime`` (closed by :meth:`aclose`)."""
+        link = await BrokerLink.connect(runtime, timeout=timeout)
+        return cls(link, owns_link=True, **kwargs)
+
+    @property
+    def running(self) -> list[str]:
+        return list(self._running)
+
+    def pid_of(self, call_id: str) -> int | None:
+        """The pid of the command's sandbox supervisor, once it started."""
+        running = self._running.get(call_id)
+        return running.pid if running else None
+
+    async def run(
+        self,
+        argv: Sequence[str],
+        cwd: str,
+        sandbox_policy: SandboxPolicy,
+        timeout_ms: int | None,
+        on_output: OutputCallback | None = None,
+        *,
+        call_id: str | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> ExecResult:
+        call_id = call_id or new_call_id()
+        if call_id in self._running:
+            raise ValueError(f"call id {call_id} is already running")
+        if self.link.broken is not None:
+            return ExecResult(error=str(self.link.broken))
+        permissions = msgspec.to_builtins(sandbox_policy)["permissions"]
+        request = wire.RunRequest(
+            argv=list(argv),
+            cwd=cwd,
+            sandbox=wire.SandboxSpec(permissions=permissions),
+            env=dict(self.env if env is None else env),
+            timeout_ms=timeout_ms,
+            capture_limit=self.capture_limit,
+        )
+        future: asyncio.Future[ExecResult] = asyncio.get_running_loop().create_future()
+        running = _Running(call_id, on_output, future, HeadTailBuffer(self.aggregate_limit))
+        self._running[call_id] = running
+        try:
+            await self.link.send_wait([wire.header(wire.RUN, call_id), wire.encode(request)])
+            # Shielded: a cancelled caller must not cancel the future the handlers resolve.
+            return await asyncio.shield(future)
+        except LinkError as err:
+            return ExecResult(error=str(err))
+        except asyncio.CancelledError:
+            self._send_cancel(call_id)
+            raise
+        finally:
+            self._running.pop(call_id, None)
+
+    async def cancel(self, call_id: str) -> None:
+        if call_id in self._running:
+            self._send_cancel(call_id)
+
+    def _send_cancel(self, call_id: str) -> None:
+        if not self.link.send([wire.header(wire.CANCEL, call_id)]):
+            log.warning("could not send cancel", call_id=call_id)
+
+    async def aclose(self) -> None:
+        for call_id in list(self._running):
+            self._send_cancel(call_id)
+        if self._owns_link:
+            await self.link.aclose()
+
+    # -- messages from the broker -----------------------------------------------------
+
+    def _on_out(self, head: wire.Header, frames: list[zmq.Frame]) -> None:
+        running = self._running.get(head.corr)
+        if running is None or len(frames) < 2:
+            return
+        chunk = frames[1].bytes
+        running.unacked_bytes += len(chunk)
+        running.unacked_chunks += 1
+        try:
+            if chunk:
+                running.aggregated.write(chunk)
+                if running.on_output is not None:
+                    running.on_output(_STREAMS.get(head.stream, ExecOutputStream.STDOUT), chunk)
+        finally:
+            if running.unacked_bytes >= wire.ACK_EVERY_BYTES or running.unacked_chunks >= wire.ACK_EVERY_CHUNKS:
+                ack = wire.header(wire.ACK, running.call_id, n=running.unacked_bytes, seq=running.unacked_chunks)
+                if self.link.send([ack]):
+                    running.unacked_bytes = running.unacked_chunks = 0
+
+    def _on_started(self, head: wire.Header, frames: list[zmq.Frame]) -> None:
+        running = self._running.get(head.corr)
+        if running is None or len(frames) < 2:
+            return
+        try:
+            running.pid = wire.decode(wire.STARTED, frames[1].buffer).pid
+        except wire.WireError:
+            pass
+
+    def _on_exit(self, head: wire.Header, frames: list[zmq.Frame]) -> None:
+        running = self._running.get(head.corr)
+        if running is None or running.future.done() or len(frames) < 2:
+            return
+        try:
+            status = wire.decode(wire.EXIT, frames[1].buffer)
+        except wire.WireError as err:
+            self._finish(running, ExecResult(error=f"unreadable exit status: {err}"))
+            return
+        result = ExecResult(**msgspec.structs.asdict(status))
+        self._finish(running, result)
+
+    def _on_error(self, head: wire.Header, frames: list[zmq.Frame]) -> None:
+        running = self._running.get(head.corr)
+        if running is None or running.future.done():
+            return
+        message = "the daemon reported an error"
+        if len(frames) > 1:
+            try:
+                message = wire.decode(wire.ERROR, frames[1].buffer).message
+            except wire.WireError:
+                pass
+        self._finish(running, ExecResult(error=message))
+
+    def _on_broken(self, error: LinkError) -> None:
+        for running in list(self._running.values()):
+            if not running.future.done():
+                self._finish(running, ExecResult(error=str(error)))
+
+    def _finish(self, running: _Running, result: ExecResult) -> None:
+        result.aggregated = running.aggregated.getvalue()
+        result.aggregated_omitted = running.aggregated.omitted
+        running.future.set_result(result)
