@@ -1,0 +1,89 @@
+"""agent.instructions (AGENTS.md, environment) and agent.notify (the turn-complete hook)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+
+import pytest
+
+from agent.instructions import (
+    BASE_INSTRUCTIONS,
+    PROJECT_DOC_SEPARATOR,
+    full_instructions,
+    project_doc,
+    user_instructions,
+)
+from agent.notify import spawn_notifier, turn_complete_payload
+from broker.protocol import AskForApproval, sandbox_policy_from_mode
+
+pytestmark = pytest.mark.timeout(20)
+
+
+def test_project_doc_from_git_root_and_cwd(tmp_path) -> None:
+    repo = tmp_path / "repo"
+    sub = repo / "pkg" / "sub"
+    sub.mkdir(parents=True)
+    (repo / ".git").mkdir()
+    assert project_doc(sub) is None
+    (repo / "AGENTS.md").write_text("root rules")
+    assert project_doc(sub) == "root rules"
+    (sub / "AGENTS.md").write_text("sub rules")
+    assert project_doc(sub) == "root rules\n\nsub rules"
+    assert project_doc(repo) == "root rules"
+    # An intermediate directory's file is not read; an empty file is skipped.
+    (repo / "pkg" / "AGENTS.md").write_text("not me")
+    (sub / "AGENTS.md").write_text("  \n")
+    assert project_doc(sub) == "root rules"
+
+
+def test_project_doc_without_git_is_cwd_only_and_capped(tmp_path) -> None:
+    (tmp_path / "AGENTS.md").write_text("x" * 100)
+    inner = tmp_path / "inner"
+    inner.mkdir()
+    assert project_doc(inner) is None
+    assert project_doc(tmp_path, max_bytes=10) == "x" * 10
+
+
+def test_user_instructions_joins_configured_and_project(tmp_path) -> None:
+    assert user_instructions(None, tmp_path) is None
+    assert user_instructions("be brief", tmp_path) == "be brief"
+    (tmp_path / "AGENTS.md").write_text("use tabs")
+    assert user_instructions(None, tmp_path) == "use tabs"
+    assert user_instructions("be brief", tmp_path) == "be brief" + PROJECT_DOC_SEPARATOR + "use tabs"
+
+
+def test_full_instructions_has_base_user_and_environment(tmp_path) -> None:
+    policy = sandbox_policy_from_mode("workspace-write")
+    text = full_instructions("be brief", str(tmp_path), AskForApproval.ON_REQUEST, policy)
+    assert text.startswith(BASE_INSTRUCTIONS)
+    assert "\n\nbe brief\n\n" in text
+    assert f"- working directory: {tmp_path}" in text and "- approval policy: on-request" in text
+    assert str(tmp_path) in text.split("- sandbox: ")[1] and "- network access: restricted" in text
+    full = full_instructions(None, "/", AskForApproval.NEVER, sandbox_policy_from_mode("danger-full-access"))
+    assert "no sandbox" in full and "network access: enabled" in full
+
+
+def test_notify_payload_is_codex_shaped() -> None:
+    assert turn_complete_payload("3", ["fix it"], None) == (
+        '{"type":"agent-turn-complete","turn-id":"3","input-messages":["fix it"],"last-assistant-message":null}'
+    )
+
+
+def test_notify_spawns_with_the_json_argument(tmp_path) -> None:
+    out = tmp_path / "got.json"
+    script = "import sys, pathlib; pathlib.Path(sys.argv[1]).write_text(sys.argv[2])"
+
+    async def main():
+        payload = turn_complete_payload("7", ["a", "b"], "done")
+        process = await spawn_notifier([sys.executable, "-c", script, str(out)], payload)
+        assert process is not None
+        await asyncio.wait_for(process.wait(), 10)
+        assert await spawn_notifier(["/no/such/notifier"], payload) is None
+        assert await spawn_notifier([], payload) is None
+
+    asyncio.run(main())
+    assert json.loads(out.read_text()) == {
+        "type": "agent-turn-complete", "turn-id": "7", "input-messages": ["a", "b"], "last-assistant-message": "done",
+    }
