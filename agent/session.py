@@ -1,0 +1,503 @@
+"""A Codex session as a library: Submissions in, Events out.
+
+::
+
+    session = Session(emit=events.append, runner=runner)
+    await session.submit(Submission("0", ConfigureSession(...)))   # -> session_configured
+    await session.submit(Submission("1", UserInput([TextInput("list the files")])))
+    # -> task_started, agent_message_delta..., exec_command_begin, ..., task_complete
+
+``emit(event)`` is called synchronously, in order, from the event loop; it must not block
+(put the event on a queue or a socket). ``runner`` is the :class:`~agent.exec_runner.CommandRunner`
+every command goes through. :meth:`Session.submit` handles one submission and returns
+once it is taken in: a task (a user turn, a compaction) runs in the background and its
+events follow; approvals, interrupts and further input can be submitted meanwhile.
+
+What each op does is Codex's ``submission_loop``:
+
+- ``configure_session`` -> ``session_configured{session_id, model, history_log_id,
+  history_entry_count}``. A relative (or missing) cwd is an ``error`` and changes
+  nothing. Configuring again aborts the running task and keeps the history, the commands
+  approved for the session and the roots granted to patches. ``resume_path`` restores the
+  history and session id from a rollout file (one that cannot be read is an ``error``
+  after ``session_configured``, and the session starts afresh).
+- Before the first ``configure_session``, ``user_input``, ``interrupt``, approvals and
+  ``compact`` get the ``error`` "No session initialized, expected 'ConfigureSession' as
+  first Op". ``add_to_history``, ``get_history_entry_request`` and ``shutdown`` work
+  without one, as in Codex.
+- ``user_input`` starts a task, or, while one runs, joins its next model request.
+- ``interrupt`` (and an ``abort`` answer to an approval) cancels the running task at once:
+  its running command is cancelled through the runner (``exec_command_end`` follows),
+  pending approvals and queued input are dropped, then ``error`` "Turn interrupted" and
+  ``turn_aborted{reason: interrupted}``.
+- ``exec_approval`` / ``patch_approval`` answer the request of the task with that
+  submission ``id`` (the request's ``call_id`` is accepted too).
+- ``compact`` runs a compaction task (after the running task, if there is one).
+- ``shutdown`` aborts any task, flushes and closes the rollout, then ``shutdown_complete``;
+  later submissions get an ``error``.
+- ``add_to_history`` appends to ``history.jsonl``; ``get_history_entry_request`` answers
+  ``get_history_entry_response``.
+
+Files live under ``home`` (default ``$SLUICE_HOME``, else ``~/.sluice``): the rollout in
+``sessions/``, the message history in ``history.jsonl``.
+
+The API key comes with ``configure_session`` (``api_key``, resolved by the frontend
+from its own environment); without it, the agent's own environment is tried. It is
+only ever in the model client's ``Authorization`` header: never logged, never in events,
+and scrubbed from the rollout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import msgspec
+import structlog
+
+from agent import history as message_history
+from agent.apply_patch import TurnDiffTracker
+from agent.config import OPENAI_DEFAULT_BASE_URL, ResolvedProvider, sluice_home
+from agent.exec_runner import CommandRunner
+from agent.instructions import BASE_INSTRUCTIONS, full_instructions, user_instructions
+from agent.items import Item, input_texts
+from agent.model_client import DEFAULT_BACKOFF_BASE, ModelClient
+from agent.rollout import RolloutError, RolloutRecorder, sessions_dir
+from broker.protocol import (
+    DISK_WRITE_FOLDER,
+    AddToHistory,
+    AskForApproval,
+    Compact,
+    ConfigureSession,
+    DiskWriteFolder,
+    ErrorEvent,
+    Event,
+    EventMsg,
+    ExecApproval,
+    GetHistoryEntryRequest,
+    GetHistoryEntryResponseEvent,
+    InputItem,
+    Interrupt,
+    PatchApproval,
+    ReviewDecision,
+    SandboxPolicy,
+    SessionConfiguredEvent,
+    ShutdownCompleteEvent,
+    Submission,
+    TurnAbortedEvent,
+    TurnAbortReason,
+    UserInput,
+    sandbox_policy_from_mode,
+)
+
+log = structlog.get_logger("agent.session")
+
+NO_SESSION = "No session initialized, expected 'ConfigureSession' as first Op"
+TURN_INTERRUPTED = "Turn interrupted"
+DEFAULT_EXEC_TIMEOUT_MS = 10_000
+# How long an interrupt waits for the task to unwind (cancel its command, report it)
+# before announcing the abort.
+ABORT_GRACE_S = 2.0
+
+Emit = Callable[[Event], object]
+
+
+@dataclass
+class SessionConfig:
+    """What ``configure_session`` set, resolved."""
+
+    model: str
+    provider: ResolvedProvider
+    approval_policy: AskForApproval
+    sandbox_policy: SandboxPolicy
+    cwd: str
+    instructions: str
+    notify: list[str] | None = None
+    disable_response_storage: bool = False
+    missing_key: str | None = None
+    """Set when the provider needs a key and none came: the error to report."""
+
+
+@dataclass(eq=False)
+class AgentTask:
+    """One task: a user turn (``kind`` "user") or a compaction ("compact")."""
+
+    sub_id: str
+    kind: str
+    inputs: list[InputItem]
+    handle: asyncio.Task[None] | None = None
+    input_messages: list[str] = field(default_factory=list)
+    running_calls: set[str] = field(default_factory=set)
+    diff: TurnDiffTracker | None = None
+
+
+@dataclass(eq=False)
+class _PendingApproval:
+    sub_id: str
+    call_id: str
+    future: asyncio.Future[ReviewDecision]
+
+
+class SessionClosed(Exception):
+    pass
+
+
+class Session:
+    """One conversation; see the module docstring."""
+
+    def __init__(
+        self,
+        emit: Emit,
+        runner: CommandRunner,
+        *,
+        home: Path | None = None,
+        env: Mapping[str, str] | None = None,
+        http_client: httpx.AsyncClient | None = None,
+        backoff_base: float = DEFAULT_BACKOFF_BASE,
+        show_raw_agent_reasoning: bool = False,
+        base_instructions: str = BASE_INSTRUCTIONS,
+        default_timeout_ms: int = DEFAULT_EXEC_TIMEOUT_MS,
+        command_env: Mapping[str, str] | None = None,
+    ) -> None:
+        self._emit = emit
+        self.runner = runner
+        self.env = dict(os.environ if env is None else env)
+        self.home = home if home is not None else sluice_home(self.env)
+        self.http_client = http_client
+        self.backoff_base = backoff_base
+        self.show_raw_agent_reasoning = show_raw_agent_reasoning
+        self.base_instructions = base_instructions
+        self.default_timeout_ms = default_timeout_ms
+        self.command_env = dict(command_env) if command_env is not None else None
+
+        self.session_id = uuid.uuid4()
+        self.config: SessionConfig | None = None
+        self.client: ModelClient | None = None
+        self.rollout: RolloutRecorder | None = None
+        self.history: list[Item] = []
+        self.approved_commands: set[tuple[str, ...]] = set()
+        self.granted_roots: list[str] = []
+        self.closed = False
+
+        self._task: AgentTask | None = None
+        self._queued: list[AgentTask] = []
+        self._pending_input: list[list[InputItem]] = []
+        self._approvals: dict[str, _PendingApproval] = {}
+        self._secrets: list[str] = []
+
+    # -- events -----------------------------------------------------------------------
+
+    def send(self, sub_id: str, msg: EventMsg) -> None:
+        try:
+            self._emit(Event(id=sub_id, msg=msg))
+        except Exception:
+            log.exception("emit failed", event=type(msg).__name__)
+
+    def error(self, sub_id: str, message: str) -> None:
+        self.send(sub_id, ErrorEvent(message))
+
+    # -- state the task loop uses -----------------------------------------------------
+
+    @property
+    def running(self) -> bool:
+        return self._task is not None
+
+    @property
+    def current_task(self) -> AgentTask | None:
+        return self._task
+
+    def record(self, items: list[Item]) -> None:
+        """Add ``items`` to the conversation and the rollout."""
+        self.history.extend(items)
+        if self.rollout is not None:
+            self.rollout.record_items(items)
+
+    def replace_history(self, items: list[Item]) -> None:
+        self.history = list(items)
+        if self.rollout is not None:
+            self.rollout.record_compaction(items)
+
+    @property
+    def has_pending_input(self) -> bool:
+        return bool(self._pending_input)
+
+    def take_pending_input(self) -> list[list[InputItem]]:
+        pending, self._pending_input = self._pending_input, []
+        return pending
+
+    @property
+    def sandbox_policy(self) -> SandboxPolicy:
+        """The session's policy plus the roots granted to patches this session."""
+        assert self.config is not None
+        policy = self.config.sandbox_policy
+        if not self.granted_roots or policy.has_full_disk_write_access():
+            return policy
+        extra = [{DISK_WRITE_FOLDER: DiskWriteFolder(root)} for root in self.granted_roots]
+        permissions = list(policy.permissions) + [p for p in extra if p not in policy.permissions]
+        return SandboxPolicy(permissions)
+
+    @property
+    def unsandboxed_policy(self) -> SandboxPolicy:
+        return sandbox_policy_from_mode("danger-full-access")
+
+    def grant_root(self, root: str) -> None:
+        root = os.path.normpath(root)
+        if root not in self.granted_roots:
+            self.granted_roots.append(root)
+
+    async def request_approval(self, task: AgentTask, call_id: str, msg: EventMsg) -> ReviewDecision:
+        """Send an approval request and wait for the answer. An ``abort`` answer (or an
+        interrupt) cancels the task, so this never returns ``abort``."""
+        future: asyncio.Future[ReviewDecision] = asyncio.get_running_loop().create_future()
+        self._approvals[task.sub_id] = _PendingApproval(task.sub_id, call_id, future)
+        self.send(task.sub_id, msg)
+        try:
+            return await future
+        finally:
+            pending = self._approvals.get(task.sub_id)
+            if pending is not None and pending.future is future:
+                del self._approvals[task.sub_id]
+
+    # -- submissions ------------------------------------------------------------------
+
+    async def submit(self, sub: Submission) -> None:
+        """Handle one submission (see the module docstring)."""
+        op = sub.op
+        if self.closed:
+            self.error(sub.id, "the session is shut down")
+            return
+        if isinstance(op, ConfigureSession):
+            await self._configure(sub.id, op)
+        elif isinstance(op, AddToHistory):
+            await self._add_to_history(op.text)
+        elif isinstance(op, GetHistoryEntryRequest):
+            await self._get_history_entry(sub.id, op)
+        elif isinstance(op, Compact | Interrupt | UserInput | ExecApproval | PatchApproval) and self.config is None:
+            self.error(sub.id, NO_SESSION)
+        elif isinstance(op, UserInput):
+            self._user_input(sub.id, op.items)
+        elif isinstance(op, Interrupt):
+            await self.abort()
+        elif isinstance(op, ExecApproval | PatchApproval):
+            await self._approval(op.id, op.decision)
+        elif isinstance(op, Compact):
+            self._start_or_queue(AgentTask(sub.id, "compact", []))
+        else:  # Shutdown
+            await self._shutdown(sub.id)
+
+    def _user_input(self, sub_id: str, items: list[InputItem]) -> None:
+        task = self._task
+        if task is not None and task.kind == "user":
+            self._pending_input.append(list(items))
+            task.input_messages.extend(input_texts(items))
+            return
+        self._start_or_queue(AgentTask(sub_id, "user", list(items)))
+
+    def _start_or_queue(self, task: AgentTask) -> None:
+        if self._task is not None:
+            self._queued.append(task)
+            return
+        self._start(task)
+
+    def _start(self, task: AgentTask) -> None:
+        from agent.turn import run_compact_task, run_task
+
+        self._task = task
+        runner = run_compact_task if task.kind == "compact" else run_task
+        task.handle = asyncio.get_running_loop().create_task(runner(self, task), name=f"task-{task.sub_id}")
+
+    def task_finished(self, task: AgentTask) -> None:
+        """Called by the task as it ends; starts what was queued behind it."""
+        if self._task is not task:
+            return
+        self._task = None
+        if self._queued and not self.closed:
+            self._start(self._queued.pop(0))
+
+    async def abort(self, reason: TurnAbortReason = TurnAbortReason.INTERRUPTED) -> None:
+        """Cancel the running task (Codex's ``Session::abort``)."""
+        self._pending_input.clear()
+        self._queued.clear()
+        for pending in self._approvals.values():
+            pending.future.cancel()
+        self._approvals.clear()
+        task = self._task
+        if task is None:
+            return
+        self._task = None
+        for call_id in list(task.running_calls):
+            with contextlib.suppress(Exception):
+                await self.runner.cancel(call_id)
+        if task.handle is not None and not task.handle.done():
+            task.handle.cancel()
+            await asyncio.wait([task.handle], timeout=ABORT_GRACE_S)
+        self.error(task.sub_id, TURN_INTERRUPTED)
+        self.send(task.sub_id, TurnAbortedEvent(reason))
+
+    async def _approval(self, sub_id: str, decision: ReviewDecision) -> None:
+        pending = self._approvals.get(sub_id)
+        if pending is None:
+            pending = next((p for p in self._approvals.values() if p.call_id == sub_id), None)
+        if decision == ReviewDecision.ABORT:
+            await self.abort()
+            return
+        if pending is None:
+            log.info("approval for nothing pending ignored", id=sub_id)
+            return
+        if not pending.future.done():
+            pending.future.set_result(ReviewDecision(decision))
+
+    # -- configure --------------------------------------------------------------------
+
+    async def _configure(self, sub_id: str, op: ConfigureSession) -> None:
+        if not os.path.isabs(op.cwd):
+            self.error(sub_id, f"cwd is not absolute: {op.cwd!r}")
+            return
+        cwd = os.path.normpath(op.cwd)
+        if not os.path.isdir(cwd):
+            self.error(sub_id, f"cwd is not a directory: {cwd!r}")
+            return
+        provider, missing_key = self._resolve_provider(op)
+        await self.abort()
+        if self.client is not None:
+            await self.client.aclose()
+            self.client = None
+
+        errors: list[str] = []
+        resume_path = op.resume_path if isinstance(op.resume_path, str) else None
+        restored: list[Item] | None = None
+        if resume_path is not None:
+            try:
+                recorder, saved = await RolloutRecorder.resume(resume_path, secrets=self._secrets)
+            except RolloutError as err:
+                errors.append(f"could not resume the session: {err}")
+            else:
+                if self.rollout is not None:
+                    await self.rollout.shutdown()
+                self.rollout = recorder
+                self.session_id = saved.session_id
+                restored = saved.items
+
+        user = await asyncio.to_thread(user_instructions, op.instructions, cwd)
+        sandbox_policy = op.sandbox_policy
+        self.config = SessionConfig(
+            model=op.model,
+            provider=provider,
+            approval_policy=AskForApproval(op.approval_policy),
+            sandbox_policy=sandbox_policy,
+            cwd=cwd,
+            instructions=full_instructions(user, cwd, op.approval_policy, sandbox_policy, self.base_instructions),
+            notify=list(op.notify) if isinstance(op.notify, list) and op.notify else None,
+            disable_response_storage=op.disable_response_storage,
+            missing_key=missing_key,
+        )
+        if self.rollout is None:
+            try:
+                self.rollout = await RolloutRecorder.create(
+                    self.session_id, instructions=user, root=sessions_dir(home=self.home), secrets=self._secrets
+                )
+            except OSError as err:
+                log.warning("no rollout for this session", error=err.strerror or str(err))
+        if restored is not None:
+            self.history = list(restored)
+
+        self.client = ModelClient(
+            provider,
+            model=op.model,
+            disable_response_storage=op.disable_response_storage,
+            session_id=str(self.session_id),
+            backoff_base=self.backoff_base,
+            http_client=self.http_client,
+        )
+        log.info("session configured", session_id=str(self.session_id), model=op.model, provider=repr(provider),
+                 cwd=cwd, approval_policy=str(op.approval_policy), resumed=restored is not None)
+        log_id, count = await asyncio.to_thread(message_history.history_metadata, self._history_path)
+        self.send(sub_id, SessionConfiguredEvent(self.session_id, op.model, log_id, count))
+        for message in errors:
+            self.error(sub_id, message)
+
+    def _resolve_provider(self, op: ConfigureSession) -> tuple[ResolvedProvider, str | None]:
+        key = op.api_key if isinstance(op.api_key, str) and op.api_key else None
+        env_key = op.provider.env_key
+        if key is None and env_key:
+            key = (self.env.get(env_key) or "").strip() or None
+        missing = None
+        if key is None and env_key:
+            hint = f" ({op.provider.env_key_instructions})" if op.provider.env_key_instructions else ""
+            missing = f"missing API key: set {env_key}{hint}"
+        if key is not None:
+            if key not in self._secrets:
+                self._secrets.append(key)
+            if self.rollout is not None:
+                self.rollout.add_secret(key)
+        info = op.provider
+        if not info.base_url:  # None means the provider's default endpoint
+            info = msgspec.structs.replace(info, base_url=OPENAI_DEFAULT_BASE_URL)
+        return ResolvedProvider.from_info(info, key), missing
+
+    # -- history ----------------------------------------------------------------------
+
+    @property
+    def _history_path(self) -> Path:
+        return self.home / message_history.HISTORY_FILENAME
+
+    async def _add_to_history(self, text: str) -> None:
+        try:
+            await asyncio.to_thread(message_history.append_entry, text, str(self.session_id), self._history_path)
+        except OSError as err:
+            log.warning("could not append to the message history", error=str(err))
+
+    async def _get_history_entry(self, sub_id: str, op: GetHistoryEntryRequest) -> None:
+        entry = await asyncio.to_thread(message_history.lookup, op.log_id, op.offset, self._history_path)
+        self.send(sub_id, GetHistoryEntryResponseEvent(op.offset, op.log_id, entry))
+
+    # -- ending -----------------------------------------------------------------------
+
+    async def _shutdown(self, sub_id: str) -> None:
+        await self.abort()
+        self.closed = True
+        if self.rollout is not None:
+            try:
+                await self.rollout.shutdown()
+            except OSError as err:
+                log.warning("rollout shutdown failed", error=str(err))
+                self.error(sub_id, "Failed to shutdown rollout recorder")
+            self.rollout = None
+        if self.client is not None:
+            await self.client.aclose()
+            self.client = None
+        self.send(sub_id, ShutdownCompleteEvent())
+
+    async def aclose(self) -> None:
+        """Stop without the events of a shutdown: abort, flush, close."""
+        self.closed = True
+        task = self._task
+        self._task = None
+        self._queued.clear()
+        if task is not None and task.handle is not None and not task.handle.done():
+            task.handle.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task.handle
+        if self.rollout is not None:
+            with contextlib.suppress(OSError):
+                await self.rollout.shutdown()
+            self.rollout = None
+        if self.client is not None:
+            await self.client.aclose()
+            self.client = None
+
+    async def wait_idle(self) -> None:
+        """Wait until no task runs and none is queued (for tests and one-shot frontends)."""
+        while self._task is not None:
+            handle = self._task.handle
+            if handle is None:
+                return
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.shield(handle)
+            await asyncio.sleep(0)

@@ -1,0 +1,284 @@
+"""Carrying out what the model asked for: messages shown, commands run, patches applied.
+
+Codex's ``handle_response_item``, ``handle_function_call``,
+``handle_container_exec_with_params`` and ``handle_sandbox_error``, over sluice's
+:class:`~agent.exec_runner.CommandRunner` and :mod:`agent.safety`.
+
+A command (``shell``, ``container.exec``, a ``local_shell_call`` item):
+
+1. ``workdir`` resolves against the session cwd. An argv that invokes apply_patch
+   (``["apply_patch", PATCH]`` or ``bash -lc "apply_patch <<'EOF' ..."``) is a patch (below);
+   one whose patch does not parse or apply is answered ``error: <why>``.
+2. :func:`agent.safety.assess_command_safety` decides: run it in the sandbox, ask
+   (``exec_approval_request``; approved commands run unsandboxed, ``approved_for_session``
+   ones from then on without asking), or refuse (``exec command rejected: <why>``; a
+   denial: ``exec command rejected by user``).
+3. ``exec_command_begin``, an ``exec_command_output_delta`` per chunk, ``exec_command_end``.
+4. A sandboxed run that failed the way sandbox denials fail, under ``untrusted`` or
+   ``on-failure``: a ``background_event``, then ``exec_approval_request`` with the reason
+   "command failed; retry without sandbox?"; approved, it runs again unsandboxed (a new
+   begin / deltas / end with the same call id); denied, the model gets the failure.
+5. The model gets :func:`agent.tools.format_exec_output` of the output.
+
+A patch: :func:`agent.safety.assess_patch_safety` over every path it writes; a request
+(``apply_patch_approval_request``, with ``grant_root`` when the patch leaves the
+writable roots: approving it opens that root for the rest of the session) or a refusal
+(``patch rejected: <why>`` / ``patch rejected by user``); then ``patch_apply_begin``,
+the patch applied by the agent itself (verified first, written atomically),
+``patch_apply_end``, and the turn's diff tracker updated.
+
+Interrupted while a command runs: the command is cancelled through the runner and its
+``exec_command_end`` says so (exit code 130, ``formatted_output`` "aborted") before the
+cancellation goes on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from typing import TYPE_CHECKING
+
+import structlog
+
+from agent.apply_patch import ApplyPatchAction, PatchError, apply_action, maybe_parse_apply_patch_verified
+from agent.exec_runner import ExecResult
+from agent.items import Item, output_texts
+from agent.safety import (
+    RETRY_WITHOUT_SANDBOX_REASON,
+    AskUser,
+    AutoApprove,
+    Reject,
+    assess_command_safety,
+    assess_patch_safety,
+    should_retry_unsandboxed,
+    writable_roots_for,
+)
+from agent.tools import (
+    APPLY_PATCH,
+    CONTAINER_EXEC,
+    PLAN_UPDATED,
+    SHELL,
+    UPDATE_PLAN,
+    ArgumentError,
+    ShellParams,
+    ToolOutput,
+    format_exec_output,
+    model_output_text,
+    parse_apply_patch_arguments,
+    parse_plan_arguments,
+    parse_shell_arguments,
+    shell_params_from_local_call,
+)
+from broker.client import RC_ABORTED, new_call_id
+from broker.protocol import (
+    AgentMessageEvent,
+    AgentReasoningEvent,
+    AgentReasoningRawContentEvent,
+    ApplyPatchApprovalRequestEvent,
+    BackgroundEventEvent,
+    Duration,
+    ExecApprovalRequestEvent,
+    ExecCommandBeginEvent,
+    ExecCommandEndEvent,
+    ExecCommandOutputDeltaEvent,
+    ExecOutputStream,
+    PatchApplyBeginEvent,
+    PatchApplyEndEvent,
+    ReviewDecision,
+)
+
+if TYPE_CHECKING:
+    from agent.session import AgentTask, Session
+
+log = structlog.get_logger("agent.tool_calls")
+
+ABORTED = "aborted"
+REJECTED_BY_USER = "exec command rejected by user"
+PATCH_REJECTED_BY_USER = "patch rejected by user"
+_APPROVED = (ReviewDecision.APPROVED, ReviewDecision.APPROVED_FOR_SESSION)
+
+
+async def handle_response_item(sess: Session, task: AgentTask, item: Item) -> ToolOutput | None:
+    """Show ``item`` to the frontends; carry it out if it is a call. Returns the call's output."""
+    kind = item.get("type")
+    sub_id = task.sub_id
+    if kind == "message":
+        for text in output_texts(item):
+            sess.send(sub_id, AgentMessageEvent(text))
+        return None
+    if kind == "reasoning":
+        for part in item.get("summary") or []:
+            sess.send(sub_id, AgentReasoningEvent(part.get("text", "")))
+        if sess.show_raw_agent_reasoning:
+            for part in item.get("content") or []:
+                sess.send(sub_id, AgentReasoningRawContentEvent(part.get("text", "")))
+        return None
+    if kind == "function_call":
+        return await handle_function_call(sess, task, item.get("name", ""), item.get("arguments", ""), item["call_id"])
+    if kind == "local_shell_call":
+        call_id = item.get("call_id") or ""
+        if not call_id:
+            return ToolOutput("", "LocalShellCall without call_id or id")
+        action = item.get("action") or {}
+        if action.get("type", "exec") != "exec":
+            return ToolOutput(call_id, f"unsupported local shell action: {action.get('type')}")
+        try:
+            params = shell_params_from_local_call(action)
+        except ArgumentError as err:
+            return ToolOutput(call_id, str(err))
+        return await handle_exec(sess, task, params, call_id)
+    return None
+
+
+async def handle_function_call(sess: Session, task: AgentTask, name: str, arguments: str, call_id: str) -> ToolOutput:
+    try:
+        if name in (SHELL, CONTAINER_EXEC):
+            return await handle_exec(sess, task, parse_shell_arguments(arguments), call_id)
+        if name == APPLY_PATCH:
+            patch = parse_apply_patch_arguments(arguments)
+            return await handle_exec(sess, task, ShellParams(command=[APPLY_PATCH, patch]), call_id)
+        if name == UPDATE_PLAN:
+            sess.send(task.sub_id, parse_plan_arguments(arguments))
+            return ToolOutput(call_id, PLAN_UPDATED)
+    except ArgumentError as err:
+        return ToolOutput(call_id, str(err))
+    return ToolOutput(call_id, f"unsupported call: {name}")
+
+
+def _resolve_workdir(sess: Session, workdir: str | None) -> str:
+    cwd = sess.config.cwd
+    return os.path.normpath(os.path.join(cwd, workdir)) if workdir else cwd
+
+
+async def handle_exec(sess: Session, task: AgentTask, params: ShellParams, call_id: str) -> ToolOutput:
+    config = sess.config
+    argv = list(params.command)
+    cwd = _resolve_workdir(sess, params.workdir)
+
+    patch = maybe_parse_apply_patch_verified(argv, cwd)
+    if isinstance(patch, PatchError):
+        return ToolOutput(call_id, f"error: {patch}")
+    if patch is not None:
+        return await apply_patch(sess, task, call_id, patch)
+
+    safety = assess_command_safety(
+        argv, config.approval_policy, sess.sandbox_policy, sess.approved_commands,
+        bool(params.with_escalated_permissions),
+    )
+    if isinstance(safety, Reject):
+        return ToolOutput(call_id, f"exec command rejected: {safety.reason}")
+    if isinstance(safety, AskUser):
+        request = ExecApprovalRequestEvent(call_id, argv, cwd, safety.reason or params.justification)
+        decision = await sess.request_approval(task, call_id, request)
+        if decision not in _APPROVED:
+            return ToolOutput(call_id, REJECTED_BY_USER)
+        if decision == ReviewDecision.APPROVED_FOR_SESSION:
+            sess.approved_commands.add(tuple(argv))
+        # Approved by a person: run unsandboxed, as Codex does (it is usually approved
+        # precisely because it needs what the sandbox forbids).
+        sandboxed = False
+    else:
+        assert isinstance(safety, AutoApprove)
+        sandboxed = safety.run_sandboxed
+
+    timeout_ms = params.timeout_ms or sess.default_timeout_ms
+    result, output = await run_command(sess, task, call_id, argv, cwd, sandboxed, timeout_ms)
+    if sandboxed and should_retry_unsandboxed(result, config.approval_policy, sess.sandbox_policy):
+        sess.send(task.sub_id, BackgroundEventEvent(f"Execution failed: {_denial_summary(result)}"))
+        request = ExecApprovalRequestEvent(call_id, argv, cwd, RETRY_WITHOUT_SANDBOX_REASON)
+        decision = await sess.request_approval(task, call_id, request)
+        if decision not in _APPROVED:
+            return output  # the failure, as it was
+        if decision == ReviewDecision.APPROVED_FOR_SESSION:
+            sess.approved_commands.add(tuple(argv))
+        sess.send(task.sub_id, BackgroundEventEvent("retrying command without sandbox"))
+        result, output = await run_command(sess, task, call_id, argv, cwd, False, timeout_ms)
+    return output
+
+
+def _text(data: bytes) -> str:
+    return data.decode("utf-8", errors="replace")
+
+
+def _clip(text: str, limit: int = 200) -> str:
+    text = text.strip()
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _denial_summary(result: ExecResult) -> str:
+    # Codex's SandboxErr::Denied wording.
+    return (
+        f"sandbox denied exec error, exit code: {result.returncode}, "
+        f"stdout: {_clip(_text(result.stdout))}, stderr: {_clip(_text(result.stderr))}"
+    )
+
+
+async def run_command(
+    sess: Session, task: AgentTask, call_id: str, argv: list[str], cwd: str, sandboxed: bool, timeout_ms: int
+) -> tuple[ExecResult, ToolOutput]:
+    """Run one command with its begin / delta / end events; the result and the model's answer."""
+    sub_id = task.sub_id
+    sess.send(sub_id, ExecCommandBeginEvent(call_id, argv, cwd))
+
+    def on_output(stream: ExecOutputStream, chunk: bytes) -> None:
+        sess.send(sub_id, ExecCommandOutputDeltaEvent(call_id, stream, chunk))
+
+    policy = sess.sandbox_policy if sandboxed else sess.unsandboxed_policy
+    run_id = new_call_id()  # unique at the broker, whatever the model called it
+    task.running_calls.add(run_id)
+    started = time.monotonic()
+    try:
+        result = await sess.runner.run(argv, cwd, policy, timeout_ms, on_output, call_id=run_id, env=sess.command_env)
+    except asyncio.CancelledError:
+        sess.send(sub_id, ExecCommandEndEvent(
+            call_id=call_id, stdout="", stderr="", aggregated_output="", exit_code=RC_ABORTED,
+            duration=Duration.from_seconds(time.monotonic() - started), formatted_output=ABORTED,
+        ))
+        raise
+    finally:
+        task.running_calls.discard(run_id)
+
+    stdout, stderr = _text(result.stdout), _text(result.stderr)
+    aggregated = _text(result.aggregated)
+    if result.error and result.error not in stderr:
+        # It never ran (or its executor failed): the reason is all the output there is.
+        stderr = f"{stderr}{result.error}\n" if stderr else f"{result.error}\n"
+        aggregated = f"{aggregated}{result.error}\n"
+    duration = result.duration_s or (time.monotonic() - started)
+    exit_code = result.returncode
+    formatted = model_output_text(aggregated, timed_out=result.timed_out, timeout_ms=timeout_ms)
+    sess.send(sub_id, ExecCommandEndEvent(
+        call_id=call_id, stdout=stdout, stderr=stderr, aggregated_output=aggregated, exit_code=exit_code,
+        duration=Duration.from_seconds(duration), formatted_output=formatted,
+    ))
+    output = ToolOutput(call_id, format_exec_output(formatted, exit_code, duration), success=exit_code == 0)
+    return result, output
+
+
+async def apply_patch(sess: Session, task: AgentTask, call_id: str, action: ApplyPatchAction) -> ToolOutput:
+    config = sess.config
+    policy = sess.sandbox_policy
+    roots = writable_roots_for(policy, config.cwd, sess.command_env)
+    safety = assess_patch_safety(action.written_paths(), config.approval_policy, roots, config.cwd, sandbox_policy=policy)
+    explicitly_approved = False
+    if isinstance(safety, Reject):
+        return ToolOutput(call_id, f"patch rejected: {safety.reason}", success=False)
+    if isinstance(safety, AskUser):
+        request = ApplyPatchApprovalRequestEvent(call_id, action.changes, safety.reason, safety.grant_root)
+        decision = await sess.request_approval(task, call_id, request)
+        if decision not in _APPROVED:
+            return ToolOutput(call_id, PATCH_REJECTED_BY_USER, success=False)
+        if safety.grant_root is not None:
+            sess.grant_root(safety.grant_root)
+        explicitly_approved = True
+
+    sess.send(task.sub_id, PatchApplyBeginEvent(call_id, not explicitly_approved, action.changes))
+    if task.diff is not None:
+        task.diff.on_patch_begin(action)
+    started = time.monotonic()
+    outcome = apply_action(action)
+    duration = time.monotonic() - started
+    sess.send(task.sub_id, PatchApplyEndEvent(call_id, outcome.stdout, outcome.stderr, outcome.success))
+    text = outcome.stdout if outcome.success else outcome.stderr
+    return ToolOutput(call_id, format_exec_output(text, 0 if outcome.success else 1, duration), success=outcome.success)

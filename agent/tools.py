@@ -1,0 +1,276 @@
+"""The tools the model is offered, their arguments, and how their results are worded.
+
+Declarations are in the Responses API shape (``{"type": "function", "name", ...}``);
+the model client converts them for Chat Completions. Codex's tools:
+
+- ``shell``: ``command`` (argv array, required), ``workdir``, ``timeout_ms``; under
+  ``on-request`` with a sandbox also ``with_escalated_permissions`` and
+  ``justification`` (only that policy lets the model ask to leave the sandbox).
+  ``container.exec`` is accepted as another name for it, and ``local_shell_call``
+  output items are the same call in another shape.
+- ``apply_patch``: ``input``, the patch text.
+- ``update_plan``: ``explanation`` and ``plan`` (``step`` + ``status``), shown to the
+  user as a ``plan_update`` event; the model gets ``Plan updated``.
+
+Arguments the model sends are JSON text; one that does not parse, or lacks what the
+tool needs, is answered ``failed to parse function arguments: <why>`` so the model can
+try again (:class:`ArgumentError`).
+
+Command output for the model (:func:`format_exec_output`) is Codex's JSON::
+
+    {"output":"...","metadata":{"exit_code":0,"duration_seconds":0.4}}
+
+where ``output`` is stdout and stderr interleaved, cut by :func:`truncate_for_model` to
+at most :data:`MODEL_FORMAT_MAX_LINES` lines and :data:`MODEL_FORMAT_MAX_BYTES` bytes:
+the first 128 lines (up to 5 KiB), a marker ``[... omitted N of M lines ...]``, then
+the last lines in what room is left. Frontends get every byte through the output
+deltas; only the model's copy is cut.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+
+from broker.protocol import AskForApproval, PlanItem, PlanUpdateEvent, SandboxPolicy
+
+SHELL = "shell"
+CONTAINER_EXEC = "container.exec"
+APPLY_PATCH = "apply_patch"
+UPDATE_PLAN = "update_plan"
+
+MODEL_FORMAT_MAX_BYTES = 10 * 1024
+MODEL_FORMAT_MAX_LINES = 256
+MODEL_FORMAT_HEAD_LINES = MODEL_FORMAT_MAX_LINES // 2
+MODEL_FORMAT_TAIL_LINES = MODEL_FORMAT_MAX_LINES - MODEL_FORMAT_HEAD_LINES
+MODEL_FORMAT_HEAD_BYTES = MODEL_FORMAT_MAX_BYTES // 2
+
+PLAN_UPDATED = "Plan updated"
+
+
+class ArgumentError(ValueError):
+    """Function arguments that do not parse; ``str()`` is what the model is told."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"failed to parse function arguments: {reason}")
+
+
+# -- declarations ---------------------------------------------------------------------
+
+
+def shell_tool(*, offer_escalation: bool) -> dict[str, Any]:
+    properties: dict[str, Any] = {
+        "command": {"type": "array", "items": {"type": "string"}, "description": "The command to execute"},
+        "workdir": {"type": "string", "description": "The working directory to execute the command in"},
+        "timeout_ms": {"type": "number", "description": "The timeout for the command in milliseconds"},
+    }
+    if offer_escalation:
+        properties["with_escalated_permissions"] = {
+            "type": "boolean",
+            "description": "Whether to request escalated permissions. Set to true if command needs "
+            "to be run without sandbox restrictions",
+        }
+        properties["justification"] = {
+            "type": "string",
+            "description": "Only set if with_escalated_permissions is true. 1-sentence explanation "
+            "of why we want to run this command.",
+        }
+    return {
+        "type": "function",
+        "name": SHELL,
+        "description": "Runs a shell command and returns its output.",
+        "strict": False,
+        "parameters": {
+            "type": "object",
+            "properties": properties,
+            "required": ["command"],
+            "additionalProperties": False,
+        },
+    }
+
+
+APPLY_PATCH_TOOL: dict[str, Any] = {
+    "type": "function",
+    "name": APPLY_PATCH,
+    "description": (
+        "Use the `apply_patch` tool to edit files. The patch starts with `*** Begin Patch` and "
+        "ends with `*** End Patch`; in between, `*** Add File: PATH` (every line prefixed with +), "
+        "`*** Delete File: PATH`, or `*** Update File: PATH` (optionally followed by "
+        "`*** Move to: NEW_PATH`) with hunks introduced by `@@` (optionally followed by a line of "
+        "context such as a class or function header) whose lines start with ' ' (context), '-' "
+        "(removed) or '+' (added). Paths are relative to the working directory."
+    ),
+    "strict": False,
+    "parameters": {
+        "type": "object",
+        "properties": {
+            "input": {"type": "string", "description": "The entire contents of the apply_patch command"},
+        },
+        "required": ["input"],
+        "additionalProperties": False,
+    },
+}
+
+UPDATE_PLAN_TOOL: dict[str, Any] = {
+    "type": "function",
+    "name": UPDATE_PLAN,
+    "description": (
+        "Updates the task plan.\n"
+        "Provide an optional explanation and a list of plan items, each with a step and status.\n"
+        "At most one step can be in_progress at a time.\n"
+    ),
+    "strict": False,
+    "parameters": {
+        "type": "object",
+        "properties": {
+            "explanation": {"type": "string"},
+            "plan": {
+                "type": "array",
+                "description": "The list of steps",
+                "items": {
+                    "type": "object",
+                    "properties": {
+                        "step": {"type": "string"},
+                        "status": {"type": "string", "description": "One of: pending, in_progress, completed"},
+                    },
+                    "required": ["step", "status"],
+                    "additionalProperties": False,
+                },
+            },
+        },
+        "required": ["plan"],
+        "additionalProperties": False,
+    },
+}
+
+
+def tools_for(approval_policy: AskForApproval, sandbox_policy: SandboxPolicy) -> list[dict[str, Any]]:
+    """The tools offered to the model in a session with these policies."""
+    offer = approval_policy == AskForApproval.ON_REQUEST and not sandbox_policy.is_unrestricted()
+    return [shell_tool(offer_escalation=offer), APPLY_PATCH_TOOL, UPDATE_PLAN_TOOL]
+
+
+# -- arguments ------------------------------------------------------------------------
+
+
+class ShellParams(msgspec.Struct, forbid_unknown_fields=False):
+    command: list[str]
+    workdir: str | None = None
+    timeout_ms: int | None = None
+    with_escalated_permissions: bool | None = None
+    justification: str | None = None
+
+
+class _PatchParams(msgspec.Struct):
+    input: str
+
+
+class _PlanParams(msgspec.Struct):
+    plan: list[PlanItem]
+    explanation: str | None = None
+
+
+def _decode(arguments: str, kind: type) -> Any:
+    try:
+        return msgspec.json.decode(arguments.encode() if isinstance(arguments, str) else arguments, type=kind)
+    except (msgspec.DecodeError, msgspec.ValidationError) as err:
+        raise ArgumentError(str(err)) from None
+
+
+def parse_shell_arguments(arguments: str) -> ShellParams:
+    params = _decode(arguments, ShellParams)
+    if not params.command:
+        raise ArgumentError("`command` must name a program")
+    if params.timeout_ms is not None and params.timeout_ms <= 0:
+        raise ArgumentError("`timeout_ms` must be a positive number of milliseconds")
+    return params
+
+
+def parse_apply_patch_arguments(arguments: str) -> str:
+    return _decode(arguments, _PatchParams).input
+
+
+def parse_plan_arguments(arguments: str) -> PlanUpdateEvent:
+    params = _decode(arguments, _PlanParams)
+    return PlanUpdateEvent(explanation=params.explanation, plan=params.plan)
+
+
+def shell_params_from_local_call(action: dict[str, Any]) -> ShellParams:
+    """The ``action`` of a ``local_shell_call`` item (``{"type": "exec", "command", ...}``)."""
+    try:
+        return msgspec.convert(
+            {
+                "command": action.get("command"),
+                "workdir": action.get("working_directory"),
+                "timeout_ms": action.get("timeout_ms"),
+            },
+            ShellParams,
+        )
+    except msgspec.ValidationError as err:
+        raise ArgumentError(str(err)) from None
+
+
+# -- output ---------------------------------------------------------------------------
+
+
+def _take_bytes(text: str, budget: int) -> str:
+    return text.encode("utf-8")[: max(budget, 0)].decode("utf-8", errors="ignore")
+
+
+def _take_last_bytes(text: str, budget: int) -> str:
+    if budget <= 0:
+        return ""
+    data = text.encode("utf-8")
+    return data[-budget:].decode("utf-8", errors="ignore") if len(data) > budget else text
+
+
+def truncate_for_model(text: str) -> str:
+    """``text`` if it is short enough for the model, else its head and tail around a marker."""
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    total = len(lines)
+    if len(text.encode("utf-8")) <= MODEL_FORMAT_MAX_BYTES and total <= MODEL_FORMAT_MAX_LINES:
+        return text
+    lines = [line.removesuffix("\r") for line in lines]
+    head_take = min(MODEL_FORMAT_HEAD_LINES, total)
+    tail_take = min(MODEL_FORMAT_TAIL_LINES, total - head_take)
+    omitted = total - head_take - tail_take
+    head = "\n".join(lines[:head_take])
+    tail = "\n".join(lines[total - tail_take:]) if tail_take else ""
+    marker = f"\n[... omitted {omitted} of {total} lines ...]\n\n"
+    result = _take_bytes(head, MODEL_FORMAT_HEAD_BYTES) + marker
+    return result + _take_last_bytes(tail, MODEL_FORMAT_MAX_BYTES - len(result.encode("utf-8")))
+
+
+def model_output_text(aggregated: str, *, timed_out: bool = False, timeout_ms: int | None = None) -> str:
+    """What the model (and ``exec_command_end.formatted_output``) shows of a command's output."""
+    text = truncate_for_model(aggregated)
+    if timed_out:
+        text = f"command timed out after {timeout_ms} milliseconds\n{text}"
+    return text
+
+
+def format_exec_output(output: str, exit_code: int, duration_s: float) -> str:
+    """Codex's ``{"output", "metadata": {"exit_code", "duration_seconds"}}``, duration to 0.1 s."""
+    payload = {
+        "output": output,
+        "metadata": {"exit_code": exit_code, "duration_seconds": round(duration_s, 1)},
+    }
+    return json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
+
+
+@dataclass(frozen=True, slots=True)
+class ToolOutput:
+    """A function call's answer: ``function_call_output`` for the model's next request."""
+
+    call_id: str
+    content: str
+    success: bool | None = None
+
+    def to_item(self) -> dict[str, Any]:
+        # Codex serialises FunctionCallOutputPayload as the bare content string.
+        return {"type": "function_call_output", "call_id": self.call_id, "output": self.content}

@@ -1,0 +1,210 @@
+"""The task loop: model requests, their streamed answers, tool calls, until the model is done.
+
+Codex's ``run_task`` / ``run_turn`` / ``handle_response_item``. A task (one user input)
+runs turns; each turn is one model request whose input is the whole conversation plus
+whatever the user typed meanwhile. While the answer streams, text and reasoning deltas
+go out as events; each finished output item is recorded and, if it is a tool call,
+carried out (:mod:`agent.tool_calls`) and its output recorded. A turn that produced no
+tool output ends the task (unless more input arrived), with ``task_complete`` carrying
+the last assistant message and the ``notify`` program told.
+
+A call left without output (the task was interrupted while it ran) is answered
+``aborted`` in the next request (:func:`agent.items.with_aborted_outputs`).
+
+Model errors: the client retries by itself (each retry announced as a
+``background_event``); what it gives up on ends the task with an ``error`` event, and no
+``task_complete``, as in Codex.
+
+Compaction (:func:`run_compact_task`) asks the model to summarise the conversation with
+:data:`SUMMARIZATION_PROMPT` as the instructions and no tools, then keeps only the
+summary (Codex keeps the last message: the summary).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING
+
+import structlog
+
+from agent import items as conv
+from agent.apply_patch import TurnDiffTracker
+from agent.model_client import (
+    Completed,
+    ModelError,
+    OutputItemDone,
+    OutputTextDelta,
+    Prompt,
+    ReasoningContentDelta,
+    ReasoningSummaryDelta,
+)
+from agent.notify import spawn_notifier, turn_complete_payload
+from agent.tool_calls import handle_response_item
+from agent.tools import ToolOutput, tools_for
+from broker.protocol import (
+    AgentMessageDeltaEvent,
+    AgentMessageEvent,
+    AgentReasoningDeltaEvent,
+    AgentReasoningRawContentDeltaEvent,
+    BackgroundEventEvent,
+    TaskCompleteEvent,
+    TaskStartedEvent,
+    TurnDiffEvent,
+)
+
+if TYPE_CHECKING:
+    from agent.session import AgentTask, Session
+
+log = structlog.get_logger("agent.turn")
+
+SUMMARIZATION_PROMPT = """\
+You are summarising a conversation between a user and a coding agent so that the work \
+can continue from your summary alone; the conversation itself will be discarded.
+
+Write a concise summary that keeps everything needed to carry on:
+- the user's goal and every requirement or preference they stated;
+- what has been done so far: files changed (with paths), commands run and what they showed;
+- the current state: what works, what fails, errors still open;
+- the next steps that were planned.
+
+Do not invent anything. Write it as plain text addressed to the agent that will continue."""
+START_SUMMARIZATION = "Start Summarization"
+COMPACT_DONE = "Compact task completed"
+
+
+class _Turn:
+    """What one model request produced."""
+
+    def __init__(self) -> None:
+        self.items: list[conv.Item] = []
+        self.outputs: list[ToolOutput] = []
+
+
+async def run_task(sess: Session, task: AgentTask) -> None:
+    """A user task, from ``task_started`` to ``task_complete`` (or an error)."""
+    sub_id = task.sub_id
+    try:
+        sess.send(sub_id, TaskStartedEvent())
+        config = sess.config
+        if config.missing_key is not None:
+            sess.error(sub_id, config.missing_key)
+            return
+        first = conv.user_message(task.inputs)
+        if first is not None:
+            sess.record([first])
+        task.input_messages = conv.input_texts(task.inputs) + task.input_messages
+        task.diff = TurnDiffTracker(cwd=config.cwd)
+        last_diff: str | None = None
+        while True:
+            for inputs in sess.take_pending_input():
+                message = conv.user_message(inputs)
+                if message is not None:
+                    sess.record([message])
+            turn = await run_turn(sess, task)
+            diff = task.diff.get_unified_diff()
+            if diff is not None and diff != last_diff:
+                last_diff = diff
+                sess.send(sub_id, TurnDiffEvent(diff))
+            if turn.outputs or sess.has_pending_input:
+                continue
+            last_message = conv.last_assistant_message(turn.items)
+            break
+        if config.notify:
+            payload = turn_complete_payload(sub_id, task.input_messages, last_message)
+            await spawn_notifier(config.notify, payload)
+        sess.send(sub_id, TaskCompleteEvent(last_message))
+    except ModelError as err:
+        log.info("turn failed", error=str(err))
+        sess.error(sub_id, str(err))
+    except asyncio.CancelledError:
+        raise
+    except Exception as err:  # a bug: say so instead of leaving the frontends waiting
+        log.exception("task failed")
+        sess.error(sub_id, f"internal error: {err}")
+    finally:
+        sess.task_finished(task)
+
+
+def _prompt(sess: Session, **overrides: object) -> Prompt:
+    config = sess.config
+    fields = {
+        "input": conv.with_aborted_outputs(sess.history),
+        "instructions": config.instructions,
+        "tools": tools_for(config.approval_policy, config.sandbox_policy),
+        "model": config.model,
+        "prompt_cache_key": str(sess.session_id),
+    }
+    fields.update(overrides)
+    return Prompt(**fields)
+
+
+async def run_turn(sess: Session, task: AgentTask) -> _Turn:
+    """One model request and everything its answer asks for."""
+    sub_id = task.sub_id
+    turn = _Turn()
+
+    def announce(message: str) -> None:
+        sess.send(sub_id, BackgroundEventEvent(message))
+
+    async for event in sess.client.stream(_prompt(sess), on_retry=announce):
+        if isinstance(event, OutputTextDelta):
+            sess.send(sub_id, AgentMessageDeltaEvent(event.delta))
+        elif isinstance(event, ReasoningSummaryDelta):
+            sess.send(sub_id, AgentReasoningDeltaEvent(event.delta))
+        elif isinstance(event, ReasoningContentDelta):
+            if sess.show_raw_agent_reasoning:
+                sess.send(sub_id, AgentReasoningRawContentDeltaEvent(event.delta))
+        elif isinstance(event, OutputItemDone):
+            item = conv.normalize(event.item)
+            if item.get("type") == "function_call_output":
+                continue  # not something the model should send; Codex ignores it too
+            turn.items.append(item)
+            sess.record([item])
+            output = await handle_response_item(sess, task, item)
+            if output is not None:
+                turn.outputs.append(output)
+                sess.record([output.to_item()])
+        elif isinstance(event, Completed):
+            if event.token_usage is not None:
+                sess.send(sub_id, event.token_usage)
+    return turn
+
+
+async def run_compact_task(sess: Session, task: AgentTask) -> None:
+    """Summarise the conversation and keep only the summary."""
+    sub_id = task.sub_id
+    try:
+        sess.send(sub_id, TaskStartedEvent())
+        if sess.config.missing_key is not None:
+            sess.error(sub_id, sess.config.missing_key)
+            return
+        request = conv.with_aborted_outputs(sess.history) + [
+            {"type": "message", "role": "user", "content": [{"type": "input_text", "text": START_SUMMARIZATION}]}
+        ]
+        prompt = _prompt(sess, input=request, instructions=SUMMARIZATION_PROMPT, tools=[])
+        produced: list[conv.Item] = []
+
+        def announce(message: str) -> None:
+            sess.send(sub_id, BackgroundEventEvent(message))
+
+        async for event in sess.client.stream(prompt, on_retry=announce):
+            if isinstance(event, OutputItemDone):
+                produced.append(conv.normalize(event.item))
+            elif isinstance(event, Completed) and event.token_usage is not None:
+                sess.send(sub_id, event.token_usage)
+        summary = [item for item in produced if conv.output_texts(item)]
+        if not summary:
+            sess.error(sub_id, "the model returned no summary; the conversation was kept as it was")
+            return
+        sess.replace_history(summary[-1:])
+        sess.send(sub_id, AgentMessageEvent(COMPACT_DONE))
+        sess.send(sub_id, TaskCompleteEvent(None))
+    except ModelError as err:
+        sess.error(sub_id, str(err))
+    except asyncio.CancelledError:
+        raise
+    except Exception as err:
+        log.exception("compact task failed")
+        sess.error(sub_id, f"internal error: {err}")
+    finally:
+        sess.task_finished(task)

@@ -1,0 +1,189 @@
+"""A scripted model server for agent tests, and a fake command runner.
+
+The server is the one of ``tests/test_model_client.py`` (``http.server`` on 127.0.0.1 in
+a thread; each request takes the next scripted step and is kept in ``requests``). This
+module adds the Responses API answers a session needs: a turn of text, of function
+calls, of reasoning, and steps that wait for a signal before they answer.
+
+:class:`FakeRunner` stands in for the daemon in fast tests: every command is answered by
+``respond(argv, sandboxed)`` (a :class:`FakeExec`), with its output streamed in chunks;
+a command marked ``hang`` runs until it is cancelled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler
+from typing import Any
+
+from agent.exec_runner import CommandRunner, ExecResult, HeadTailBuffer, OutputCallback
+from broker.protocol import ExecOutputStream, SandboxPolicy
+from tests.test_model_client import FakeModelServer, Step, sse, sse_frame, status
+
+__all__ = [
+    "FakeExec",
+    "FakeModelServer",
+    "FakeRunner",
+    "Step",
+    "assistant",
+    "call",
+    "gated",
+    "local_shell_call",
+    "reasoning",
+    "response",
+    "sse",
+    "sse_frame",
+    "status",
+    "usage",
+]
+
+USAGE = {"input_tokens": 12, "input_tokens_details": {"cached_tokens": 4}, "output_tokens": 7,
+         "output_tokens_details": {"reasoning_tokens": 2}, "total_tokens": 19}
+
+
+def assistant(text: str) -> dict[str, Any]:
+    return {"type": "message", "id": "msg_1", "status": "completed", "role": "assistant",
+            "content": [{"type": "output_text", "text": text, "annotations": []}]}
+
+
+def call(name: str, arguments: Any, call_id: str) -> dict[str, Any]:
+    text = arguments if isinstance(arguments, str) else json.dumps(arguments)
+    return {"type": "function_call", "id": f"fc_{call_id}", "name": name, "arguments": text, "call_id": call_id}
+
+
+def local_shell_call(command: list[str], call_id: str, **action: Any) -> dict[str, Any]:
+    return {"type": "local_shell_call", "id": f"ls_{call_id}", "call_id": call_id, "status": "completed",
+            "action": {"type": "exec", "command": command, **action}}
+
+
+def reasoning(*summary: str) -> dict[str, Any]:
+    return {"type": "reasoning", "id": "rs_1", "summary": [{"type": "summary_text", "text": s} for s in summary]}
+
+
+def usage(total: int = 19) -> dict[str, Any]:
+    return {**USAGE, "total_tokens": total}
+
+
+def response(*items: dict[str, Any], deltas: Sequence[str] | None = None, reasoning_deltas: Sequence[str] = (),
+             response_id: str = "resp_1", token_usage: dict[str, Any] | None = USAGE, complete: bool = True,
+             hang: bool = False, server: FakeModelServer | None = None) -> Step:
+    """A 200 Responses API stream: created, deltas (default: the text of the assistant
+    messages among ``items``), the items, completed."""
+    frames = [sse_frame({"type": "response.created", "response": {"id": response_id}})]
+    if deltas is None:
+        deltas = [p["text"] for i in items if i.get("type") == "message" for p in i["content"]]
+    for delta in reasoning_deltas:
+        frames.append(sse_frame({"type": "response.reasoning_summary_text.delta", "delta": delta}))
+    for delta in deltas:
+        frames.append(sse_frame({"type": "response.output_text.delta", "delta": delta}))
+    for item in items:
+        frames.append(sse_frame({"type": "response.output_item.done", "item": item}))
+    if complete:
+        body: dict[str, Any] = {"id": response_id}
+        if token_usage is not None:
+            body["usage"] = token_usage
+        frames.append(sse_frame({"type": "response.completed", "response": body}))
+    return sse(frames, hang=hang, server=server)
+
+
+def gated(step: Step, gate: threading.Event, timeout: float = 10.0) -> Step:
+    """``step``, once ``gate`` is set (the request stays open until then)."""
+
+    def run(handler: BaseHTTPRequestHandler) -> None:
+        gate.wait(timeout)
+        step(handler)
+
+    return run
+
+
+# -- the fake runner ------------------------------------------------------------------
+
+
+@dataclass
+class FakeExec:
+    stdout: bytes | str = b""
+    stderr: bytes | str = b""
+    exit_code: int | None = 0
+    timed_out: bool = False
+    hang: bool = False
+    """Run until cancelled."""
+    error: str | None = None
+    duration_s: float = 0.25
+
+
+@dataclass
+class RunRecord:
+    argv: list[str]
+    cwd: str
+    policy: SandboxPolicy
+    timeout_ms: int | None
+    call_id: str
+    env: Mapping[str, str] | None
+
+    @property
+    def sandboxed(self) -> bool:
+        return not self.policy.is_unrestricted()
+
+
+def _b(data: bytes | str) -> bytes:
+    return data.encode() if isinstance(data, str) else data
+
+
+class FakeRunner(CommandRunner):
+    """Answers every command with ``respond(argv, sandboxed)``; records what it ran."""
+
+    def __init__(self, respond: Callable[[list[str], bool], FakeExec] | None = None) -> None:
+        self.respond = respond or (lambda argv, sandboxed: FakeExec(stdout=f"ran {' '.join(argv)}\n"))
+        self.runs: list[RunRecord] = []
+        self.cancelled: list[str] = []
+        self.started = asyncio.Event()
+        self._cancel: dict[str, asyncio.Event] = {}
+
+    async def run(self, argv, cwd, sandbox_policy, timeout_ms, on_output: OutputCallback | None = None, *,
+                  call_id=None, env=None) -> ExecResult:
+        record = RunRecord(list(argv), cwd, sandbox_policy, timeout_ms, call_id or f"run-{len(self.runs)}", env)
+        self.runs.append(record)
+        spec = self.respond(list(argv), record.sandboxed)
+        aggregated = HeadTailBuffer()
+        for stream, data in ((ExecOutputStream.STDOUT, _b(spec.stdout)), (ExecOutputStream.STDERR, _b(spec.stderr))):
+            for start in range(0, len(data), 4096):
+                chunk = data[start:start + 4096]
+                aggregated.write(chunk)
+                if on_output is not None:
+                    on_output(stream, chunk)
+        self.started.set()
+        if spec.hang:
+            cancelled = self._cancel.setdefault(record.call_id, asyncio.Event())
+            try:
+                await cancelled.wait()
+            except asyncio.CancelledError:
+                self.cancelled.append(record.call_id)
+                raise
+            return ExecResult(aborted=True, stdout=_b(spec.stdout), aggregated=aggregated.getvalue())
+        return ExecResult(exit_code=spec.exit_code, timed_out=spec.timed_out, duration_s=spec.duration_s,
+                          stdout=_b(spec.stdout), stderr=_b(spec.stderr), aggregated=aggregated.getvalue(),
+                          error=spec.error)
+
+    async def cancel(self, call_id: str) -> None:
+        self.cancelled.append(call_id)
+        self._cancel.setdefault(call_id, asyncio.Event()).set()
+
+
+@dataclass
+class Recorder:
+    """Collects emitted events; ``wait_for`` a type to show up."""
+
+    events: list[Any] = field(default_factory=list)
+    _changed: asyncio.Event | None = None
+
+    def __call__(self, event: Any) -> None:
+        self.events.append(event)
+        if self._changed is not None:
+            self._changed.set()
+
+    def types(self) -> list[str]:
+        return [type(e.msg).__name__ for e in self.events]
