@@ -30,6 +30,7 @@ deltas; only the model's copy is cut.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -255,10 +256,11 @@ def model_output_text(aggregated: str, *, timed_out: bool = False, timeout_ms: i
 
 
 def format_exec_output(output: str, exit_code: int, duration_s: float) -> str:
-    """Codex's ``{"output", "metadata": {"exit_code", "duration_seconds"}}``, duration to 0.1 s."""
+    """Codex's ``{"output", "metadata": {"exit_code", "duration_seconds"}}``, duration to 0.1 s
+    (halves rounded up, as Rust's ``round``)."""
     payload = {
         "output": output,
-        "metadata": {"exit_code": exit_code, "duration_seconds": round(duration_s, 1)},
+        "metadata": {"exit_code": exit_code, "duration_seconds": math.floor(max(duration_s, 0.0) * 10 + 0.5) / 10},
     }
     return json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
 

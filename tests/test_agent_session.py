@@ -236,3 +236,394 @@ def test_user_input_runs_a_task_with_text_tokens_and_instructions(server, tmp_pa
         {"type": "reasoning", "id": "rs_1", "summary": [{"type": "summary_text", "text": "**Looking**"}]},
         {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Hello there."}]},
     ]
+
+
+# -- tools ----------------------------------------------------------------------------
+
+
+def test_shell_call_streams_output_and_answers_the_model(server, tmp_path) -> None:
+    server.script(
+        response(call("shell", {"command": ["ls", "-la"], "workdir": "sub", "timeout_ms": 5000}, "c1")),
+        response(local_shell_call(["cat", "x"], "c2", timeout_ms=1000)),
+        response(assistant("Two files.")),
+    )
+
+    async def main():
+        runner = FakeRunner(lambda argv, sandboxed: FakeExec(stdout="a\nb\n", stderr="warn\n"))
+        h = Harness(server, runner, tmp_path)
+        await h.configure()
+        sub_id = await h.say("list")
+        assert (await h.done(sub_id)).msg.last_agent_message == "Two files."
+        assert h.tags(sub_id) == [
+            "task_started",
+            "exec_command_begin", "exec_command_output_delta", "exec_command_output_delta", "exec_command_end",
+            "token_count",
+            "exec_command_begin", "exec_command_output_delta", "exec_command_output_delta", "exec_command_end",
+            "token_count",
+            "agent_message_delta", "agent_message", "token_count", "task_complete",
+        ]
+        begin = h.of("exec_command_begin")[0]
+        assert (begin.call_id, begin.command, begin.cwd) == ("c1", ["ls", "-la"], str(h.cwd / "sub"))
+        deltas = h.of("exec_command_output_delta")
+        assert [(d.call_id, str(d.stream), d.chunk) for d in deltas[:2]] == [
+            ("c1", "stdout", b"a\nb\n"), ("c1", "stderr", b"warn\n")]
+        end = h.of("exec_command_end")[0]
+        assert (end.call_id, end.exit_code, end.stdout, end.stderr) == ("c1", 0, "a\nb\n", "warn\n")
+        assert end.aggregated_output == "a\nb\nwarn\n" and end.formatted_output == "a\nb\nwarn\n"
+        assert end.duration.seconds == 0.25
+        # ls is known-safe: sandboxed, with the model's timeout; the local shell call too.
+        assert [r.sandboxed for r in runner.runs] == [True, True]
+        assert [r.timeout_ms for r in runner.runs] == [5000, 1000]
+        assert h.of("exec_command_begin")[1].command == ["cat", "x"]
+
+    run(main)
+    second, third = server.requests[1]["json"], server.requests[2]["json"]
+    assert second["input"][1] == {"type": "function_call", "name": "shell", "call_id": "c1",
+                                  "arguments": '{"command": ["ls", "-la"], "workdir": "sub", "timeout_ms": 5000}'}
+    assert json.loads(outputs_of(second)["c1"]) == {"output": "a\nb\nwarn\n",
+                                                    "metadata": {"exit_code": 0, "duration_seconds": 0.3}}
+    assert outputs_of(second)["c1"] == '{"output":"a\\nb\\nwarn\\n","metadata":{"exit_code":0,"duration_seconds":0.3}}'
+    assert third["input"][3]["type"] == "local_shell_call" and "id" not in third["input"][3]
+    assert json.loads(outputs_of(third)["c2"])["output"] == "a\nb\nwarn\n"
+
+
+def test_long_output_is_cut_for_the_model_only(server, tmp_path) -> None:
+    lines = "".join(f"line {i}\n" for i in range(1000))
+    server.script(response(call("shell", {"command": ["seq", "1000"]}, "c1")), response(assistant("ok")))
+
+    async def main():
+        h = Harness(server, FakeRunner(lambda argv, sandboxed: FakeExec(stdout=lines, exit_code=2)), tmp_path)
+        await h.configure()
+        await h.done(await h.say("go"))
+        streamed = b"".join(d.chunk for d in h.of("exec_command_output_delta"))
+        assert streamed.decode() == lines
+        end = h.of("exec_command_end")[0]
+        assert end.stdout == lines and end.aggregated_output == lines and end.exit_code == 2
+        return end.formatted_output
+
+    formatted = run(main)
+    output = json.loads(outputs_of(server.requests[1]["json"])["c1"])
+    assert output["metadata"]["exit_code"] == 2
+    text = output["output"]
+    assert text == formatted and len(text.encode()) <= 10 * 1024
+    assert text.startswith("line 0\nline 1\n") and text.endswith("line 999")
+    assert "\n[... omitted 744 of 1000 lines ...]\n\n" in text
+    assert "line 127\n[... omitted" in text
+
+
+def test_unknown_function_bad_arguments_and_plan(server, tmp_path) -> None:
+    plan = {"explanation": "Start small.", "plan": [{"step": "read", "status": "completed"},
+                                                    {"step": "fix", "status": "in_progress"}]}
+    server.script(
+        response(call("web_browse", {"url": "x"}, "c1"), call("shell", "{not json", "c2"),
+                 call("shell", {"cmd": ["ls"]}, "c3"), call("update_plan", plan, "c4"),
+                 call("update_plan", {"plan": [{"step": "x", "status": "done"}]}, "c5")),
+        response(assistant("ok")),
+    )
+
+    async def main():
+        runner = FakeRunner()
+        h = Harness(server, runner, tmp_path)
+        await h.configure()
+        sub_id = await h.say("go")
+        await h.done(sub_id)
+        assert not runner.runs
+        (update,) = h.of("plan_update", sub_id)
+        assert update.explanation == "Start small."
+        assert [(p.step, str(p.status)) for p in update.plan] == [("read", "completed"), ("fix", "in_progress")]
+        assert h.tags(sub_id, deltas=False) == ["task_started", "plan_update", "token_count", "agent_message",
+                                                "token_count", "task_complete"]
+
+    run(main)
+    outputs = outputs_of(server.requests[1]["json"])
+    assert outputs["c1"] == "unsupported call: web_browse"
+    assert outputs["c2"].startswith("failed to parse function arguments: ")
+    assert outputs["c3"].startswith("failed to parse function arguments: ") and "command" in outputs["c3"]
+    assert outputs["c4"] == "Plan updated"
+    assert outputs["c5"].startswith("failed to parse function arguments: ")
+
+
+# -- patches --------------------------------------------------------------------------
+
+CWD_ONLY = {"permissions": ["disk-full-read-access", "disk-write-cwd"]}
+
+
+def cwd_only_policy():
+    return msgspec.convert(CWD_ONLY, type=type(sandbox_policy_from_mode("read-only")))
+
+
+def add_file(path: str, text: str) -> str:
+    return f"*** Begin Patch\n*** Add File: {path}\n+{text}\n*** End Patch"
+
+
+def test_apply_patch_tool_and_heredoc_form_with_turn_diff(server, tmp_path) -> None:
+    heredoc = ("apply_patch <<'EOF'\n*** Begin Patch\n*** Update File: hello.txt\n@@\n-Hello\n+Hi\n"
+               "*** End Patch\nEOF\n")
+    server.script(
+        response(call("apply_patch", {"input": add_file("hello.txt", "Hello")}, "p1")),
+        response(call("shell", {"command": ["bash", "-lc", heredoc]}, "p2")),
+        response(assistant("Patched.")),
+    )
+
+    async def main():
+        runner = FakeRunner()
+        h = Harness(server, runner, tmp_path)
+        await h.configure(sandbox_policy=cwd_only_policy())
+        sub_id = await h.say("patch it")
+        await h.done(sub_id)
+        assert not runner.runs  # the agent applies patches itself
+        assert h.tags(sub_id, deltas=False) == [
+            "task_started", "patch_apply_begin", "patch_apply_end", "token_count", "turn_diff",
+            "patch_apply_begin", "patch_apply_end", "token_count", "turn_diff",
+            "agent_message", "token_count", "task_complete",
+        ]
+        begin = h.of("patch_apply_begin")[0]
+        target = str(h.cwd / "hello.txt")
+        assert begin.call_id == "p1" and begin.auto_approved is True
+        assert encode_json(begin.changes).decode() == f'{{"{target}":{{"add":{{"content":"Hello\\n"}}}}}}'
+        end = h.of("patch_apply_end")[0]
+        assert end.success and end.stdout == "Success. Updated the following files:\nA hello.txt\n"
+        assert (h.cwd / "hello.txt").read_text() == "Hi\n"
+        first, last = h.of("turn_diff")
+        assert "new file mode 100644" in first.unified_diff and "+Hello" in first.unified_diff
+        assert "+Hi" in last.unified_diff and "b/hello.txt" in last.unified_diff
+
+    run(main)
+    output = json.loads(outputs_of(server.requests[1]["json"])["p1"])
+    assert output == {"output": "Success. Updated the following files:\nA hello.txt\n",
+                      "metadata": {"exit_code": 0, "duration_seconds": 0.0}}
+    assert json.loads(outputs_of(server.requests[2]["json"])["p2"])["output"].endswith("M hello.txt\n")
+
+
+def test_malformed_or_inapplicable_patch_goes_back_to_the_model(server, tmp_path) -> None:
+    bad_update = "*** Begin Patch\n*** Update File: missing.txt\n@@\n-a\n+b\n*** End Patch"
+    server.script(
+        response(call("apply_patch", {"input": "*** Begin Patch\n*** Frobnicate: x\n*** End Patch"}, "p1"),
+                 call("apply_patch", {"input": bad_update}, "p2")),
+        response(assistant("sorry")),
+    )
+
+    async def main():
+        h = Harness(server, FakeRunner(), tmp_path)
+        await h.configure()
+        sub_id = await h.say("patch it")
+        await h.done(sub_id)
+        assert "patch_apply_begin" not in h.tags(sub_id)
+
+    run(main)
+    outputs = outputs_of(server.requests[1]["json"])
+    assert outputs["p1"].startswith("error: ") and "Frobnicate" in outputs["p1"]
+    assert outputs["p2"].startswith("error: Failed to read file to update missing.txt")
+
+
+def test_patch_outside_writable_roots_asks_with_grant_root(server, tmp_path) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    server.script(
+        response(call("apply_patch", {"input": add_file(str(outside / "a.txt"), "A")}, "p1")),
+        response(call("apply_patch", {"input": add_file(str(outside / "b.txt"), "B")}, "p2")),
+        response(assistant("done")),
+        response(call("apply_patch", {"input": add_file(str(tmp_path / "elsewhere.txt"), "C")}, "p3")),
+        response(assistant("refused")),
+    )
+
+    async def main():
+        h = Harness(server, FakeRunner(), tmp_path)
+        await h.configure(sandbox_policy=cwd_only_policy())
+        sub_id = await h.say("write outside")
+        request = (await h.until("apply_patch_approval_request")).msg
+        assert request.call_id == "p1" and request.grant_root == str(outside)
+        assert request.reason == f"grant write access to {outside} for this session"
+        assert list(request.changes) == [str(outside / "a.txt")]
+        assert not (outside / "a.txt").exists()
+        await h.submit(PatchApproval(sub_id, ReviewDecision.APPROVED))
+        assert tag(await h.done(sub_id)) == "task_complete"
+        # Approved with its grant_root: the second patch there needed no approval.
+        assert len(h.of("apply_patch_approval_request")) == 1
+        assert [b.auto_approved for b in h.of("patch_apply_begin")] == [False, True]
+        assert (outside / "a.txt").read_text() == "A\n" and (outside / "b.txt").read_text() == "B\n"
+        assert h.session.granted_roots == [str(outside)]
+        assert {"disk-write-folder": {"folder": str(outside)}} in msgspec.to_builtins(h.session.sandbox_policy)["permissions"]
+
+        sub_id = await h.say("again")
+        await h.until(lambda e: e.id == sub_id and tag(e) == "apply_patch_approval_request")
+        await h.submit(PatchApproval(sub_id, ReviewDecision.DENIED))
+        assert tag(await h.done(sub_id)) == "task_complete"
+        assert not (tmp_path / "elsewhere.txt").exists()
+        assert "patch_apply_begin" not in h.tags(sub_id)
+
+    run(main)
+    assert outputs_of(server.requests[4]["json"])["p3"] == "patch rejected by user"
+
+
+def test_patch_outside_under_never_is_rejected(server, tmp_path) -> None:
+    server.script(response(call("apply_patch", {"input": add_file(str(tmp_path / "x.txt"), "X")}, "p1")),
+                  response(assistant("ok")))
+
+    async def main():
+        h = Harness(server, FakeRunner(), tmp_path)
+        await h.configure(sandbox_policy=cwd_only_policy(), approval_policy=AskForApproval.NEVER)
+        await h.done(await h.say("go"))
+        assert not h.of("apply_patch_approval_request")
+
+    run(main)
+    assert outputs_of(server.requests[1]["json"])["p1"] == (
+        "patch rejected: writing outside of the project; rejected by user approval settings")
+    assert not (tmp_path / "x.txt").exists()
+
+
+# -- approvals ------------------------------------------------------------------------
+
+
+def test_exec_approvals_each_way(server, tmp_path) -> None:
+    server.script(
+        response(call("shell", {"command": ["make", "build"]}, "c1")),
+        response(call("shell", {"command": ["make", "install"]}, "c2")),
+        response(call("shell", {"command": ["make", "install"]}, "c3")),
+        response(call("shell", {"command": ["rm", "-rf", "build"]}, "c4")),
+        response(call("shell", {"command": ["ls"]}, "c5")),
+        response(assistant("done")),
+    )
+
+    async def main():
+        runner = FakeRunner()
+        h = Harness(server, runner, tmp_path)
+        await h.configure(approval_policy=AskForApproval.UNTRUSTED)
+        sub_id = await h.say("build")
+        first = await h.until("exec_approval_request")
+        assert (first.id, first.msg.call_id, first.msg.command, first.msg.cwd) == (sub_id, "c1", ["make", "build"], str(h.cwd))
+        assert "reason" not in encode_json(first).decode()
+        await h.submit(ExecApproval(sub_id, ReviewDecision.APPROVED))
+        await h.until(lambda e: tag(e) == "exec_approval_request" and e.msg.call_id == "c2")
+        await h.submit(ExecApproval("c2", ReviewDecision.APPROVED_FOR_SESSION))  # by call id works too
+        await h.until(lambda e: tag(e) == "exec_approval_request" and e.msg.call_id == "c4")
+        await h.submit(ExecApproval(sub_id, ReviewDecision.DENIED))
+        assert tag(await h.done(sub_id)) == "task_complete"
+        # c3 repeated an approved-for-session command: not asked; ls is known-safe: not asked.
+        assert [r.msg.call_id for r in h.events if tag(r) == "exec_approval_request"] == ["c1", "c2", "c4"]
+        assert [(r.argv, r.sandboxed) for r in runner.runs] == [
+            (["make", "build"], False), (["make", "install"], False), (["make", "install"], False), (["ls"], True)]
+        assert ("make", "install") in h.session.approved_commands
+        assert [e.msg.call_id for e in h.events if tag(e) == "exec_command_begin"] == ["c1", "c2", "c3", "c5"]
+
+    run(main)
+    outputs = {k: v for r in server.requests[1:] for k, v in outputs_of(r["json"]).items()}
+    assert outputs["c4"] == "exec command rejected by user"
+    assert json.loads(outputs["c1"])["metadata"]["exit_code"] == 0
+
+
+def test_abort_decision_ends_the_task(server, tmp_path) -> None:
+    server.script(response(call("shell", {"command": ["make"]}, "c1")), response(assistant("next")))
+
+    async def main():
+        runner = FakeRunner()
+        h = Harness(server, runner, tmp_path)
+        await h.configure(approval_policy=AskForApproval.UNTRUSTED)
+        sub_id = await h.say("build")
+        await h.until("exec_approval_request")
+        await h.submit(ExecApproval(sub_id, ReviewDecision.ABORT))
+        assert h.tags(sub_id)[-2:] == ["error", "turn_aborted"]
+        assert h.of("error", sub_id)[0].message == TURN_INTERRUPTED
+        assert str(h.of("turn_aborted", sub_id)[0].reason) == "interrupted"
+        assert "task_complete" not in h.tags(sub_id) and not runner.runs and not h.session.running
+        # The next task answers the dangling call with "aborted".
+        await h.done(await h.say("carry on"))
+
+    run(main)
+    second = server.requests[1]["json"]["input"]
+    assert [i["type"] for i in second] == ["message", "function_call", "function_call_output", "message"]
+    assert second[2] == {"type": "function_call_output", "call_id": "c1", "output": "aborted"}
+
+
+def test_escalation_request_asks_under_on_request(server, tmp_path) -> None:
+    server.script(response(call("shell", {"command": ["pip", "install", "x"], "with_escalated_permissions": True,
+                                          "justification": "needs network"}, "c1")),
+                  response(assistant("ok")))
+
+    async def main():
+        runner = FakeRunner()
+        h = Harness(server, runner, tmp_path)
+        await h.configure()
+        sub_id = await h.say("install")
+        request = await h.until("exec_approval_request")
+        assert request.msg.reason == "needs network"
+        await h.submit(ExecApproval(sub_id, ReviewDecision.APPROVED))
+        await h.done(sub_id)
+        assert [r.sandboxed for r in runner.runs] == [False]
+
+    run(main)
+
+
+def denied_when_sandboxed(argv: list[str], sandboxed: bool) -> FakeExec:
+    if sandboxed:
+        return FakeExec(stderr="touch: cannot touch '/etc/x': Permission denied\n", exit_code=1)
+    return FakeExec(stdout="done\n")
+
+
+def test_sandbox_denial_asks_to_retry_unsandboxed(server, tmp_path) -> None:
+    server.script(response(call("shell", {"command": ["touch", "/etc/x"]}, "c1")), response(assistant("ok")))
+
+    async def main():
+        runner = FakeRunner(denied_when_sandboxed)
+        h = Harness(server, runner, tmp_path)
+        await h.configure(approval_policy=AskForApproval.ON_FAILURE)
+        sub_id = await h.say("touch")
+        request = await h.until("exec_approval_request")
+        assert request.msg.reason == "command failed; retry without sandbox?"
+        assert request.msg.command == ["touch", "/etc/x"]
+        await h.submit(ExecApproval(sub_id, ReviewDecision.APPROVED))
+        await h.done(sub_id)
+        assert h.tags(sub_id, deltas=False) == [
+            "task_started", "exec_command_begin", "exec_command_end", "background_event", "exec_approval_request",
+            "background_event", "exec_command_begin", "exec_command_end", "token_count", "agent_message",
+            "token_count", "task_complete",
+        ]
+        failed, retried = h.of("exec_command_end")
+        assert failed.exit_code == 1 and retried.exit_code == 0 and retried.stdout == "done\n"
+        notes = [m.message for m in h.of("background_event")]
+        assert notes[0].startswith("Execution failed: sandbox denied exec error, exit code: 1")
+        assert notes[1] == "retrying command without sandbox"
+        assert [r.sandboxed for r in runner.runs] == [True, False]
+
+    run(main)
+    assert json.loads(outputs_of(server.requests[1]["json"])["c1"])["output"] == "done\n"
+
+
+@pytest.mark.parametrize("policy", [AskForApproval.ON_REQUEST, AskForApproval.NEVER])
+def test_sandbox_denial_goes_to_the_model_under_on_request_and_never(server, tmp_path, policy) -> None:
+    server.script(response(call("shell", {"command": ["touch", "/etc/x"]}, "c1")), response(assistant("ok")))
+
+    async def main():
+        runner = FakeRunner(denied_when_sandboxed)
+        h = Harness(server, runner, tmp_path)
+        await h.configure(approval_policy=policy)
+        await h.done(await h.say("touch"))
+        assert not h.of("exec_approval_request") and len(runner.runs) == 1
+
+    run(main)
+    output = json.loads(outputs_of(server.requests[1]["json"])["c1"])
+    assert output["metadata"]["exit_code"] == 1 and "Permission denied" in output["output"]
+
+
+def test_timeout_and_plain_failure_are_not_escalated(server, tmp_path) -> None:
+    server.script(response(call("shell", {"command": ["sleep", "9"], "timeout_ms": 50}, "c1"),
+                           call("shell", {"command": ["bash", "-c", "false"]}, "c2")),
+                  response(assistant("ok")))
+
+    def respond(argv: list[str], sandboxed: bool) -> FakeExec:
+        if argv[0] == "sleep":
+            return FakeExec(stderr="Permission denied\n", exit_code=None, timed_out=True)
+        return FakeExec(stdout="sandbox\n", exit_code=1)
+
+    async def main():
+        h = Harness(server, FakeRunner(respond), tmp_path)
+        await h.configure(approval_policy=AskForApproval.ON_FAILURE)
+        await h.done(await h.say("go"))
+        assert not h.of("exec_approval_request")
+        timed = h.of("exec_command_end")[0]
+        assert timed.exit_code == 124 and timed.formatted_output.startswith("command timed out after 50 milliseconds\n")
+
+    run(main)
+    outputs = outputs_of(server.requests[1]["json"])
+    assert json.loads(outputs["c1"])["metadata"]["exit_code"] == 124
+    assert json.loads(outputs["c2"]) == {"output": "sandbox\n", "metadata": {"exit_code": 1, "duration_seconds": 0.3}}
