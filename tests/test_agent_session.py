@@ -627,3 +627,356 @@ def test_timeout_and_plain_failure_are_not_escalated(server, tmp_path) -> None:
     outputs = outputs_of(server.requests[1]["json"])
     assert json.loads(outputs["c1"])["metadata"]["exit_code"] == 124
     assert json.loads(outputs["c2"]) == {"output": "sandbox\n", "metadata": {"exit_code": 1, "duration_seconds": 0.3}}
+
+
+# -- interrupts and input while running -------------------------------------------------
+
+
+def test_interrupt_mid_command_cancels_it_and_answers_the_call_aborted(server, tmp_path) -> None:
+    server.script(response(call("shell", {"command": ["sleep", "100"]}, "c1")), response(assistant("ok")))
+
+    async def main():
+        runner = FakeRunner(lambda argv, sandboxed: FakeExec(stdout="started\n", hang=True))
+        h = Harness(server, runner, tmp_path)
+        await h.configure()
+        sub_id = await h.say("sleep")
+        await h.until("exec_command_output_delta")
+        await h.submit(Interrupt())
+        # At once: the command was cancelled through the runner and the abort announced.
+        assert runner.cancelled and runner.cancelled[0] == runner.runs[0].call_id
+        assert h.tags(sub_id, deltas=False)[-4:] == ["exec_command_begin", "exec_command_end", "error", "turn_aborted"]
+        end = h.of("exec_command_end")[0]
+        assert (end.call_id, end.exit_code, end.formatted_output) == ("c1", 130, "aborted")
+        assert h.of("error", sub_id)[-1].message == "Turn interrupted"
+        assert not h.session.running and "task_complete" not in h.tags(sub_id)
+        # Interrupting with nothing running says nothing.
+        count = len(h.events)
+        await h.submit(Interrupt())
+        assert len(h.events) == count
+        await h.done(await h.say("what happened?"))
+
+    run(main)
+    second = server.requests[1]["json"]["input"]
+    assert [i["type"] for i in second] == ["message", "function_call", "function_call_output", "message"]
+    assert second[2] == {"type": "function_call_output", "call_id": "c1", "output": "aborted"}
+
+
+def test_interrupt_while_the_model_streams(server, tmp_path) -> None:
+    server.script(response(assistant("never finished"), complete=False, hang=True, server=server))
+
+    async def main():
+        h = Harness(server, FakeRunner(), tmp_path)
+        await h.configure()
+        sub_id = await h.say("hi")
+        await h.until("agent_message_delta")
+        await h.submit(Interrupt())
+        assert h.tags(sub_id)[-2:] == ["error", "turn_aborted"]
+        assert h.session.history == [user_item("hi")]
+
+    run(main)
+
+
+def test_input_while_running_joins_the_next_request(server, tmp_path) -> None:
+    gate = threading.Event()
+    server.script(gated(response(call("shell", {"command": ["ls"]}, "c1")), gate), response(assistant("both done")))
+
+    async def main():
+        h = Harness(server, FakeRunner(), tmp_path)
+        await h.configure()
+        first = await h.say("list the files")
+        await h.until("task_started")
+        while not server.requests:
+            await asyncio.sleep(0.002)
+        second = await h.say("and count them")
+        gate.set()
+        assert (await h.done(first)).msg.last_agent_message == "both done"
+        await asyncio.sleep(0.05)
+        assert h.tags(second) == [] and h.tags().count("task_started") == 1
+
+    run(main)
+    assert len(server.requests) == 2
+    body = server.requests[1]["json"]
+    assert body["input"][0] == user_item("list the files")
+    assert body["input"][-1] == user_item("and count them")
+
+
+def test_input_during_the_last_turn_keeps_the_task_going(server, tmp_path) -> None:
+    gate = threading.Event()
+    server.script(gated(response(assistant("first answer")), gate), response(assistant("second answer")))
+
+    async def main():
+        h = Harness(server, FakeRunner(), tmp_path)
+        await h.configure()
+        first = await h.say("one")
+        while not server.requests:
+            await asyncio.sleep(0.002)
+        await h.say("two")
+        gate.set()
+        assert (await h.done(first)).msg.last_agent_message == "second answer"
+
+    run(main)
+    assert server.requests[1]["json"]["input"][-1] == user_item("two")
+
+
+# -- the model's errors -----------------------------------------------------------------
+
+
+def test_model_retries_are_announced_and_failures_end_the_task(server, tmp_path) -> None:
+    server.script(status(500, {"error": {"message": "overloaded"}}), response(assistant("recovered")),
+                  status(401, {"error": {"message": "bad key"}}))
+
+    async def main():
+        h = Harness(server, FakeRunner(), tmp_path)
+        await h.configure()
+        sub_id = await h.say("hi")
+        assert (await h.done(sub_id)).msg.last_agent_message == "recovered"
+        (note,) = h.of("background_event", sub_id)
+        assert note.message.startswith("stream error: unexpected status 500 Internal Server Error: overloaded; "
+                                       "retrying 1/4 in ")
+        sub_id = await h.say("again")
+        failed = await h.done(sub_id)
+        assert tag(failed) == "error" and failed.msg.message == "unexpected status 401 Unauthorized: bad key"
+        assert h.tags(sub_id) == ["task_started", "error"] and not h.session.running
+
+    run(main)
+
+
+def test_missing_api_key_names_the_variable(server, tmp_path) -> None:
+    async def main():
+        h = Harness(server, FakeRunner(), tmp_path)
+        await h.configure(api_key=msgspec.UNSET)
+        sub_id = await h.say("hi")
+        failed = await h.done(sub_id)
+        assert failed.msg.message == "missing API key: set FAKE_KEY"
+        # The agent's own environment is the fallback.
+        h.session.env["FAKE_KEY"] = "sk-from-env"
+        await h.configure(api_key=msgspec.UNSET)
+        await h.done(await h.say("hi"))
+
+    server.script(response(assistant("ok")))
+    run(main)
+    assert server.requests[0]["headers"]["authorization"] == "Bearer sk-from-env"
+
+
+# -- notify, rollout, history, compact, reconfigure, shutdown ---------------------------
+
+
+def test_notify_after_each_turn(server, tmp_path) -> None:
+    import sys
+
+    out = tmp_path / "notified"
+    out.mkdir()
+    script = ("import sys, pathlib, json; p = json.loads(sys.argv[2]); "
+              "pathlib.Path(sys.argv[1], p['turn-id']).write_text(sys.argv[2])")
+    server.script(response(call("shell", {"command": ["ls"]}, "c1")), response(assistant("Listed.")))
+
+    async def main():
+        h = Harness(server, FakeRunner(), tmp_path)
+        await h.configure(notify=[sys.executable, "-c", script, str(out)])
+        sub_id = await h.say("list")
+        await h.done(sub_id)
+        for _ in range(1000):
+            if (out / sub_id).exists():
+                break
+            await asyncio.sleep(0.01)
+        return sub_id
+
+    sub_id = run(main)
+    assert json.loads((out / sub_id).read_text()) == {
+        "type": "agent-turn-complete", "turn-id": sub_id, "input-messages": ["list"],
+        "last-assistant-message": "Listed.",
+    }
+
+
+def test_rollout_written_redacted_and_resumed(server, tmp_path) -> None:
+    server.script(
+        response(call("shell", {"command": ["env"]}, "c1")),
+        response(assistant("The key is set.")),
+        response(assistant("Still here.")),
+    )
+
+    async def first():
+        runner = FakeRunner(lambda argv, sandboxed: FakeExec(stdout=f"OPENAI_API_KEY={API_KEY}\n"))
+        h = Harness(server, runner, tmp_path)
+        await h.configure()
+        await h.done(await h.say("show env"))
+        sub_id = await h.submit(Shutdown())
+        assert tag(h.last(sub_id)) == "shutdown_complete"
+        # After shutdown the session takes nothing more.
+        later = await h.say("hello?")
+        assert h.last(later).msg.message == "the session is shut down"
+        return h.session.session_id, list(h.session.history)
+
+    session_id, history = run(first)
+    (path,) = (tmp_path / "home" / "sessions").rglob("rollout-*.jsonl")
+    assert path.name.endswith(f"-{session_id}.jsonl")
+    text = path.read_text()
+    assert API_KEY not in text and "[redacted]" in text
+    saved = read_rollout(path)
+    assert saved.session_id == session_id
+    assert [i["type"] for i in saved.items] == ["message", "function_call", "function_call_output", "message"]
+
+    async def resumed():
+        h = Harness(server, FakeRunner(), tmp_path)
+        event = await h.configure(resume_path=str(path))
+        assert event.msg.session_id == session_id and h.session.session_id == session_id
+        await h.done(await h.say("still there?"))
+        await h.submit(Shutdown())
+
+    run(resumed)
+    body = server.requests[2]["json"]
+    assert [i["type"] for i in body["input"]] == ["message", "function_call", "function_call_output", "message", "message"]
+    assert body["input"][-1] == user_item("still there?")
+    # The resumed session kept writing to the same file.
+    assert read_rollout(path).items[-1]["content"][0]["text"] == "Still here."
+    assert len(list((tmp_path / "home" / "sessions").rglob("rollout-*.jsonl"))) == 1
+
+
+def test_resume_from_a_bad_file_is_an_error_after_configured(server, tmp_path) -> None:
+    async def main():
+        h = Harness(server, FakeRunner(), tmp_path)
+        sub_id = await h.submit(h.configure_op(resume_path=str(tmp_path / "nope.jsonl")))
+        assert h.tags(sub_id) == ["session_configured", "error"]
+        assert h.last(sub_id).msg.message.startswith("could not resume the session: cannot read rollout")
+
+    run(main)
+
+
+def test_history_add_and_get(server, tmp_path) -> None:
+    async def main():
+        h = Harness(server, FakeRunner(), tmp_path)
+        await h.submit(AddToHistory("before configure works too"))
+        await h.configure()
+        await h.submit(AddToHistory("second"))
+        path = tmp_path / "home" / "history.jsonl"
+        assert oct(path.stat().st_mode & 0o777) == "0o600"
+        log_id = path.stat().st_ino
+        sub_id = await h.submit(GetHistoryEntryRequest(offset=1, log_id=log_id))
+        got = h.last(sub_id).msg
+        assert tag(h.last(sub_id)) == "get_history_entry_response"
+        assert (got.offset, got.log_id, got.entry.text, got.entry.session_id) == (
+            1, log_id, "second", str(h.session.session_id))
+        sub_id = await h.submit(GetHistoryEntryRequest(offset=5, log_id=log_id))
+        assert encode_json(h.last(sub_id)).decode() == (
+            f'{{"id":"{sub_id}","msg":{{"type":"get_history_entry_response","offset":5,"log_id":{log_id}}}}}')
+        # A new session sees the entries in its session_configured.
+        other = Harness(server, FakeRunner(), tmp_path)
+        event = await other.configure()
+        assert (event.msg.history_log_id, event.msg.history_entry_count) == (log_id, 2)
+
+    run(main)
+
+
+def test_compact_replaces_history_with_the_summary(server, tmp_path) -> None:
+    server.script(
+        response(assistant("First answer.")),
+        response(assistant("SUMMARY: the user said hi."), token_usage=usage(50)),
+        response(assistant("Continuing.")),
+    )
+
+    async def main():
+        h = Harness(server, FakeRunner(), tmp_path)
+        await h.configure()
+        await h.done(await h.say("hi"))
+        sub_id = await h.submit(Compact())
+        done = await h.done(sub_id)
+        assert tag(done) == "task_complete" and done.msg.last_agent_message is None
+        assert h.tags(sub_id) == ["task_started", "token_count", "agent_message", "task_complete"]
+        assert h.of("agent_message", sub_id)[0].message == COMPACT_DONE
+        assert h.of("token_count", sub_id)[0].total_tokens == 50
+        assert h.session.history == [
+            {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "SUMMARY: the user said hi."}]}]
+        await h.done(await h.say("go on"))
+        await h.submit(Shutdown())
+
+    run(main)
+    compact = server.requests[1]["json"]
+    assert compact["instructions"] == SUMMARIZATION_PROMPT and compact["tools"] == []
+    assert compact["input"][-1] == user_item(START_SUMMARIZATION)
+    assert compact["input"][:2] == [user_item("hi"), {"type": "message", "role": "assistant",
+                                                      "content": [{"type": "output_text", "text": "First answer."}]}]
+    after = server.requests[2]["json"]["input"]
+    assert [i["role"] for i in after] == ["assistant", "user"]
+    (path,) = (tmp_path / "home" / "sessions").rglob("rollout-*.jsonl")
+    assert [i["content"][0]["text"] for i in read_rollout(path).items] == [
+        "SUMMARY: the user said hi.", "go on", "Continuing."]
+
+
+def test_compact_while_running_waits_for_the_task(server, tmp_path) -> None:
+    gate = threading.Event()
+    server.script(gated(response(assistant("answer")), gate), response(assistant("summary")))
+
+    async def main():
+        h = Harness(server, FakeRunner(), tmp_path)
+        await h.configure()
+        first = await h.say("hi")
+        compact = await h.submit(Compact())
+        gate.set()
+        await h.done(first)
+        await h.done(compact)
+        order = [(e.id, tag(e)) for e in h.events if tag(e) in ("task_started", "task_complete")]
+        assert order == [(first, "task_started"), (first, "task_complete"),
+                         (compact, "task_started"), (compact, "task_complete")]
+
+    run(main)
+
+
+def test_reconfigure_aborts_and_keeps_history_and_approvals(server, tmp_path) -> None:
+    server.script(
+        response(call("shell", {"command": ["make"]}, "c1")),
+        response(call("shell", {"command": ["sleep", "100"]}, "c2")),
+        response(assistant("ok")),
+    )
+
+    async def main():
+        runner = FakeRunner(lambda argv, sandboxed: FakeExec(hang=argv[0] == "sleep"))
+        h = Harness(server, runner, tmp_path)
+        await h.configure(approval_policy=AskForApproval.UNTRUSTED)
+        session_id = h.session.session_id
+        sub_id = await h.say("build")
+        await h.until("exec_approval_request")
+        await h.submit(ExecApproval(sub_id, ReviewDecision.APPROVED_FOR_SESSION))
+        await h.until(lambda e: tag(e) == "exec_approval_request" and e.msg.call_id == "c2")
+        await h.submit(ExecApproval(sub_id, ReviewDecision.APPROVED))
+        await h.until(lambda e: tag(e) == "exec_command_begin" and e.msg.call_id == "c2")
+        event = await h.configure(approval_policy=AskForApproval.UNTRUSTED, model="other-model")
+        assert tag(event) == "session_configured" and event.msg.model == "other-model"
+        assert event.msg.session_id == session_id
+        assert h.tags(sub_id)[-2:] == ["error", "turn_aborted"] and runner.cancelled
+        assert ("make",) in h.session.approved_commands
+        assert len(h.session.history) == 4  # user, c1 call and output, c2 call
+        await h.done(await h.say("continue"))
+
+    run(main)
+    body = server.requests[2]["json"]
+    assert body["model"] == "other-model"
+    assert outputs_of(body)["c2"] == "aborted" and body["input"][-1] == user_item("continue")
+
+
+def test_chat_completions_provider_drives_tool_calls(server, tmp_path) -> None:
+    from tests.test_model_client import chat_chunk, sse, sse_frame
+
+    server.script(
+        sse([chat_chunk({"role": "assistant", "content": ""}),
+             chat_chunk({"tool_calls": [{"index": 0, "id": "call_a", "type": "function",
+                                         "function": {"name": "shell", "arguments": '{"command":'}}]}),
+             chat_chunk({"tool_calls": [{"index": 0, "function": {"arguments": '["ls"]}'}}]}),
+             chat_chunk({}, "tool_calls"), b"data: [DONE]\n\n"]),
+        sse([chat_chunk({"role": "assistant", "content": "Two "}), chat_chunk({"content": "files."}),
+             chat_chunk({}, "stop"),
+             sse_frame({"id": "x", "choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7}}),
+             b"data: [DONE]\n\n"]),
+    )
+
+    async def main():
+        h = Harness(server, FakeRunner(), tmp_path)
+        provider = ModelProviderInfo(name="local", base_url=server.base_url, wire_api=WireApi.CHAT)
+        await h.configure(provider=provider, api_key=msgspec.UNSET)
+        sub_id = await h.say("list")
+        assert (await h.done(sub_id)).msg.last_agent_message == "Two files."
+        assert h.of("token_count", sub_id)[-1].total_tokens == 7
+
+    run(main)
+    messages = server.requests[1]["json"]["messages"]
+    assert messages[-1]["role"] == "tool" and messages[-1]["tool_call_id"] == "call_a"
+    assert "authorization" not in server.requests[0]["headers"]
