@@ -1,4 +1,4 @@
-"""A scripted model server for agent tests, and a fake command runner.
+"""A scripted model server for agent tests, a fake command runner, a session harness.
 
 The server is the one of ``tests/test_model_client.py`` (``http.server`` on 127.0.0.1 in
 a thread; each request takes the next scripted step and is kept in ``requests``). This
@@ -8,6 +8,9 @@ calls, of reasoning, and steps that wait for a signal before they answer.
 :class:`FakeRunner` stands in for the daemon in fast tests: every command is answered by
 ``respond(argv, sandboxed)`` (a :class:`FakeExec`), with its output streamed in chunks;
 a command marked ``hang`` runs until it is cancelled.
+
+:class:`Harness` drives one :class:`~agent.session.Session` over them and waits for the
+events it emits (``until``, ``done``); ``tag(event)`` is the event's Codex ``type``.
 """
 
 from __future__ import annotations
@@ -16,29 +19,48 @@ import asyncio
 import json
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler
+from pathlib import Path
 from typing import Any
 
 from agent.exec_runner import CommandRunner, ExecResult, HeadTailBuffer, OutputCallback
-from broker.protocol import ExecOutputStream, SandboxPolicy
+from agent.session import Session
+from broker.protocol import (
+    AskForApproval,
+    ConfigureSession,
+    Event,
+    ExecOutputStream,
+    ModelProviderInfo,
+    SandboxPolicy,
+    Submission,
+    TextInput,
+    UserInput,
+    WireApi,
+    sandbox_policy_from_mode,
+)
 from tests.test_model_client import FakeModelServer, Step, sse, sse_frame, status
 
 __all__ = [
+    "SESSION_API_KEY",
     "FakeExec",
     "FakeModelServer",
     "FakeRunner",
+    "Harness",
     "Step",
     "assistant",
     "call",
     "gated",
     "local_shell_call",
+    "outputs_of",
     "reasoning",
     "response",
     "sse",
     "sse_frame",
     "status",
+    "tag",
     "usage",
+    "user_item",
 ]
 
 USAGE = {"input_tokens": 12, "input_tokens_details": {"cached_tokens": 4}, "output_tokens": 7,
@@ -173,17 +195,88 @@ class FakeRunner(CommandRunner):
         self._cancel.setdefault(call_id, asyncio.Event()).set()
 
 
-@dataclass
-class Recorder:
-    """Collects emitted events; ``wait_for`` a type to show up."""
+# -- a session under test -----------------------------------------------------------
 
-    events: list[Any] = field(default_factory=list)
-    _changed: asyncio.Event | None = None
+SESSION_API_KEY = "sk-session-test-5f2c9e1d"
 
-    def __call__(self, event: Any) -> None:
-        self.events.append(event)
-        if self._changed is not None:
-            self._changed.set()
 
-    def types(self) -> list[str]:
-        return [type(e.msg).__name__ for e in self.events]
+def tag(event: Event) -> str:
+    return type(event.msg).__struct_config__.tag
+
+
+class Harness:
+    """One Session over ``server`` and ``runner``, with its events collected."""
+
+    def __init__(self, server: FakeModelServer, runner: FakeRunner, tmp_path: Path, **kwargs: Any) -> None:
+        self.server = server
+        self.runner = runner
+        self.home = tmp_path / "home"
+        self.cwd = tmp_path / "work"
+        self.cwd.mkdir(exist_ok=True)
+        self.events: list[Event] = []
+        self.session = Session(self.events.append, runner, home=self.home, env={}, backoff_base=0.001, **kwargs)
+        self._next = 0
+
+    def configure_op(self, **overrides: Any) -> ConfigureSession:
+        fields: dict[str, Any] = {
+            "provider": ModelProviderInfo(name="fake", base_url=self.server.base_url, env_key="FAKE_KEY",
+                                          wire_api=WireApi.RESPONSES),
+            "model": "test-model",
+            "approval_policy": AskForApproval.ON_REQUEST,
+            "sandbox_policy": sandbox_policy_from_mode("workspace-write"),
+            "cwd": str(self.cwd),
+            "api_key": SESSION_API_KEY,
+        }
+        fields.update(overrides)
+        return ConfigureSession(**fields)
+
+    async def submit(self, op: Any, sub_id: str | None = None) -> str:
+        if sub_id is None:
+            self._next += 1
+            sub_id = f"s{self._next}"
+        await self.session.submit(Submission(sub_id, op))
+        return sub_id
+
+    async def configure(self, **overrides: Any) -> Event:
+        sub_id = await self.submit(self.configure_op(**overrides))
+        return self.last(sub_id)
+
+    async def say(self, text: str) -> str:
+        return await self.submit(UserInput([TextInput(text)]))
+
+    async def until(self, predicate: str | Callable[[Event], bool], timeout: float = 10.0, after: int = 0) -> Event:
+        """The first event (from index ``after``) with that tag / matching, waiting for it."""
+        check = (lambda e: tag(e) == predicate) if isinstance(predicate, str) else predicate
+        deadline = asyncio.get_running_loop().time() + timeout
+        while True:
+            for event in self.events[after:]:
+                if check(event):
+                    return event
+            if asyncio.get_running_loop().time() > deadline:
+                raise AssertionError(f"no {predicate} event; got {self.tags()}")
+            await asyncio.sleep(0.002)
+
+    async def done(self, sub_id: str, timeout: float = 10.0) -> Event:
+        """The task's final event: task_complete, turn_aborted or an error."""
+        return await self.until(
+            lambda e: e.id == sub_id and tag(e) in ("task_complete", "turn_aborted", "error"), timeout)
+
+    def last(self, sub_id: str) -> Event:
+        return [e for e in self.events if e.id == sub_id][-1]
+
+    def tags(self, sub_id: str | None = None, *, deltas: bool = True) -> list[str]:
+        out = [tag(e) for e in self.events if sub_id is None or e.id == sub_id]
+        if not deltas:
+            out = [t for t in out if not t.endswith("_delta")]
+        return out
+
+    def of(self, kind: str, sub_id: str | None = None) -> list[Any]:
+        return [e.msg for e in self.events if tag(e) == kind and (sub_id is None or e.id == sub_id)]
+
+
+def user_item(text: str) -> dict[str, Any]:
+    return {"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}
+
+
+def outputs_of(request: dict[str, Any]) -> dict[str, str]:
+    return {i["call_id"]: i["output"] for i in request["input"] if i["type"] == "function_call_output"}

@@ -9,11 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import threading
 import uuid
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -21,14 +19,12 @@ import pytest
 
 from agent.instructions import PROJECT_DOC_SEPARATOR
 from agent.rollout import read_rollout
-from agent.session import NO_SESSION, TURN_INTERRUPTED, Session
+from agent.session import NO_SESSION, TURN_INTERRUPTED
 from agent.turn import COMPACT_DONE, START_SUMMARIZATION, SUMMARIZATION_PROMPT
 from broker.protocol import (
     AddToHistory,
     AskForApproval,
     Compact,
-    ConfigureSession,
-    Event,
     ExecApproval,
     GetHistoryEntryRequest,
     Interrupt,
@@ -36,7 +32,6 @@ from broker.protocol import (
     PatchApproval,
     ReviewDecision,
     Shutdown,
-    Submission,
     TextInput,
     UserInput,
     WireApi,
@@ -44,99 +39,25 @@ from broker.protocol import (
     sandbox_policy_from_mode,
 )
 from tests.fake_model import (
+    SESSION_API_KEY as API_KEY,
     FakeExec,
     FakeModelServer,
     FakeRunner,
+    Harness,
     assistant,
     call,
     gated,
     local_shell_call,
+    outputs_of,
     reasoning,
     response,
     status,
+    tag,
     usage,
+    user_item,
 )
 
 pytestmark = pytest.mark.timeout(30)
-
-API_KEY = "sk-session-test-5f2c9e1d"
-
-
-def tag(event: Event) -> str:
-    return type(event.msg).__struct_config__.tag
-
-
-class Harness:
-    """One Session over ``server`` and ``runner``, with its events collected."""
-
-    def __init__(self, server: FakeModelServer, runner: FakeRunner, tmp_path: Path, **kwargs: Any) -> None:
-        self.server = server
-        self.runner = runner
-        self.home = tmp_path / "home"
-        self.cwd = tmp_path / "work"
-        self.cwd.mkdir(exist_ok=True)
-        self.events: list[Event] = []
-        self.session = Session(self.events.append, runner, home=self.home, env={}, backoff_base=0.001, **kwargs)
-        self._next = 0
-
-    def configure_op(self, **overrides: Any) -> ConfigureSession:
-        fields: dict[str, Any] = {
-            "provider": ModelProviderInfo(name="fake", base_url=self.server.base_url, env_key="FAKE_KEY",
-                                          wire_api=WireApi.RESPONSES),
-            "model": "test-model",
-            "approval_policy": AskForApproval.ON_REQUEST,
-            "sandbox_policy": sandbox_policy_from_mode("workspace-write"),
-            "cwd": str(self.cwd),
-            "api_key": API_KEY,
-        }
-        fields.update(overrides)
-        return ConfigureSession(**fields)
-
-    async def submit(self, op: Any, sub_id: str | None = None) -> str:
-        if sub_id is None:
-            self._next += 1
-            sub_id = f"s{self._next}"
-        await self.session.submit(Submission(sub_id, op))
-        return sub_id
-
-    async def configure(self, **overrides: Any) -> Event:
-        sub_id = await self.submit(self.configure_op(**overrides))
-        return self.last(sub_id)
-
-    async def say(self, text: str) -> str:
-        return await self.submit(UserInput([TextInput(text)]))
-
-    async def until(self, predicate: str | Callable[[Event], bool], timeout: float = 10.0, after: int = 0) -> Event:
-        """The first event (from index ``after``) with that tag / matching, waiting for it."""
-        check = (lambda e: tag(e) == predicate) if isinstance(predicate, str) else predicate
-        deadline = asyncio.get_running_loop().time() + timeout
-        while True:
-            for event in self.events[after:]:
-                if check(event):
-                    return event
-            if asyncio.get_running_loop().time() > deadline:
-                raise AssertionError(f"no {predicate} event; got {self.tags()}")
-            await asyncio.sleep(0.002)
-
-    async def done(self, sub_id: str, timeout: float = 10.0) -> Event:
-        """The task's final event: task_complete, turn_aborted or an error."""
-        return await self.until(
-            lambda e: e.id == sub_id and tag(e) in ("task_complete", "turn_aborted", "error"), timeout)
-
-    def last(self, sub_id: str) -> Event:
-        return [e for e in self.events if e.id == sub_id][-1]
-
-    def tags(self, sub_id: str | None = None, *, deltas: bool = True) -> list[str]:
-        out = [tag(e) for e in self.events if sub_id is None or e.id == sub_id]
-        if not deltas:
-            out = [t for t in out if not t.endswith("_delta")]
-        return out
-
-    def of(self, kind: str, sub_id: str | None = None) -> list[Any]:
-        return [e.msg for e in self.events if tag(e) == kind and (sub_id is None or e.id == sub_id)]
-
-    def request(self, index: int) -> dict[str, Any]:
-        return self.server.requests[index]["json"]
 
 
 def run(test: Callable[..., Any]) -> Any:
@@ -147,14 +68,6 @@ def run(test: Callable[..., Any]) -> Any:
 def server():
     with FakeModelServer() as s:
         yield s
-
-
-def user_item(text: str) -> dict[str, Any]:
-    return {"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}
-
-
-def outputs_of(request: dict[str, Any]) -> dict[str, str]:
-    return {i["call_id"]: i["output"] for i in request["input"] if i["type"] == "function_call_output"}
 
 
 # -- configure ------------------------------------------------------------------------
