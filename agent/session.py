@@ -69,6 +69,7 @@ from agent.instructions import BASE_INSTRUCTIONS, full_instructions, user_instru
 from agent.items import Item, input_texts
 from agent.model_client import DEFAULT_BACKOFF_BASE, ModelClient
 from agent.rollout import RolloutError, RolloutRecorder, sessions_dir
+from agent.turn import run_compact_task, run_task
 from broker.protocol import (
     DISK_WRITE_FOLDER,
     AddToHistory,
@@ -187,9 +188,10 @@ class Session:
 
         self._task: AgentTask | None = None
         self._queued: list[AgentTask] = []
-        self._pending_input: list[list[InputItem]] = []
+        self._pending_input: list[tuple[str, list[InputItem]]] = []
         self._approvals: dict[str, _PendingApproval] = {}
         self._secrets: list[str] = []
+        self._submit_lock = asyncio.Lock()
 
     # -- events -----------------------------------------------------------------------
 
@@ -229,7 +231,7 @@ class Session:
 
     def take_pending_input(self) -> list[list[InputItem]]:
         pending, self._pending_input = self._pending_input, []
-        return pending
+        return [inputs for _, inputs in pending]
 
     @property
     def sandbox_policy(self) -> SandboxPolicy:
@@ -267,7 +269,12 @@ class Session:
     # -- submissions ------------------------------------------------------------------
 
     async def submit(self, sub: Submission) -> None:
-        """Handle one submission (see the module docstring)."""
+        """Handle one submission (see the module docstring). Submissions are handled one
+        at a time, in the order they are submitted, as Codex's submission loop does."""
+        async with self._submit_lock:
+            await self._handle(sub)
+
+    async def _handle(self, sub: Submission) -> None:
         op = sub.op
         if self.closed:
             self.error(sub.id, "the session is shut down")
@@ -294,20 +301,21 @@ class Session:
     def _user_input(self, sub_id: str, items: list[InputItem]) -> None:
         task = self._task
         if task is not None and task.kind == "user":
-            self._pending_input.append(list(items))
+            self._pending_input.append((sub_id, list(items)))
             task.input_messages.extend(input_texts(items))
             return
         self._start_or_queue(AgentTask(sub_id, "user", list(items)))
 
     def _start_or_queue(self, task: AgentTask) -> None:
-        if self._task is not None:
+        if self._task is None:
+            self._start(task)
+        elif task.kind == "user" and self._queued and self._queued[-1].kind == "user":
+            # Input behind a compaction: one task takes all of it.
+            self._queued[-1].inputs.extend(task.inputs)
+        else:
             self._queued.append(task)
-            return
-        self._start(task)
 
     def _start(self, task: AgentTask) -> None:
-        from agent.turn import run_compact_task, run_task
-
         self._task = task
         runner = run_compact_task if task.kind == "compact" else run_task
         task.handle = asyncio.get_running_loop().create_task(runner(self, task), name=f"task-{task.sub_id}")
@@ -317,7 +325,14 @@ class Session:
         if self._task is not task:
             return
         self._task = None
-        if self._queued and not self.closed:
+        if self.closed:
+            return
+        if self._pending_input:
+            # Input that arrived as the task was finishing: it starts the next task.
+            leftover, self._pending_input = self._pending_input, []
+            inputs = [item for _, items in leftover for item in items]
+            self._queued.insert(0, AgentTask(leftover[0][0], "user", inputs))
+        if self._queued:
             self._start(self._queued.pop(0))
 
     async def abort(self, reason: TurnAbortReason = TurnAbortReason.INTERRUPTED) -> None:

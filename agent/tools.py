@@ -23,8 +23,9 @@ Command output for the model (:func:`format_exec_output`) is Codex's JSON::
 where ``output`` is stdout and stderr interleaved, cut by :func:`truncate_for_model` to
 at most :data:`MODEL_FORMAT_MAX_LINES` lines and :data:`MODEL_FORMAT_MAX_BYTES` bytes:
 the first 128 lines (up to 5 KiB), a marker ``[... omitted N of M lines ...]``, then
-the last lines in what room is left. Frontends get every byte through the output
-deltas; only the model's copy is cut.
+the last lines in what room is left (Codex's limits and marker; lines too long for whole
+lines to fit are cut by bytes). Frontends get every byte through the output deltas;
+only the model's copy is cut.
 """
 
 from __future__ import annotations
@@ -50,6 +51,8 @@ MODEL_FORMAT_TAIL_LINES = MODEL_FORMAT_MAX_LINES - MODEL_FORMAT_HEAD_LINES
 MODEL_FORMAT_HEAD_BYTES = MODEL_FORMAT_MAX_BYTES // 2
 
 PLAN_UPDATED = "Plan updated"
+# Bytes kept free for the omission marker.
+_MARKER_ROOM = 64
 
 
 class ArgumentError(ValueError):
@@ -229,22 +232,44 @@ def _take_last_bytes(text: str, budget: int) -> str:
 
 
 def truncate_for_model(text: str) -> str:
-    """``text`` if it is short enough for the model, else its head and tail around a marker."""
+    """``text`` if it is short enough for the model, else its head and tail around a marker.
+
+    Whole lines are kept: up to 128 from the start within 5 KiB, then up to 128 from the
+    end in what room is left, and the marker says how many lines were left out. Output
+    whose lines are too long for that (a minified file, a progress bar) is cut by bytes
+    instead, and the marker counts bytes.
+    """
+    size = len(text.encode("utf-8"))
     lines = text.split("\n")
     if lines and lines[-1] == "":
         lines.pop()
     total = len(lines)
-    if len(text.encode("utf-8")) <= MODEL_FORMAT_MAX_BYTES and total <= MODEL_FORMAT_MAX_LINES:
+    if size <= MODEL_FORMAT_MAX_BYTES and total <= MODEL_FORMAT_MAX_LINES:
         return text
-    lines = [line.removesuffix("\r") for line in lines]
-    head_take = min(MODEL_FORMAT_HEAD_LINES, total)
-    tail_take = min(MODEL_FORMAT_TAIL_LINES, total - head_take)
-    omitted = total - head_take - tail_take
-    head = "\n".join(lines[:head_take])
-    tail = "\n".join(lines[total - tail_take:]) if tail_take else ""
-    marker = f"\n[... omitted {omitted} of {total} lines ...]\n\n"
-    result = _take_bytes(head, MODEL_FORMAT_HEAD_BYTES) + marker
-    return result + _take_last_bytes(tail, MODEL_FORMAT_MAX_BYTES - len(result.encode("utf-8")))
+    head: list[str] = []
+    used = 0
+    for line in lines[:MODEL_FORMAT_HEAD_LINES]:
+        cost = len(line.encode("utf-8")) + 1
+        if used + cost > MODEL_FORMAT_HEAD_BYTES:
+            break
+        head.append(line)
+        used += cost
+    tail: list[str] = []
+    budget = MODEL_FORMAT_MAX_BYTES - used - _MARKER_ROOM
+    for line in reversed(lines[len(head):]):
+        cost = len(line.encode("utf-8")) + 1
+        if len(tail) == MODEL_FORMAT_TAIL_LINES or cost > budget:
+            break
+        tail.append(line)
+        budget -= cost
+    tail.reverse()
+    omitted = total - len(head) - len(tail)
+    if head and tail:
+        return "\n".join(head) + f"\n[... omitted {omitted} of {total} lines ...]\n\n" + "\n".join(tail)
+    start = _take_bytes(text, MODEL_FORMAT_HEAD_BYTES)
+    end = _take_last_bytes(text, MODEL_FORMAT_MAX_BYTES - len(start.encode("utf-8")) - _MARKER_ROOM)
+    dropped = size - len(start.encode("utf-8")) - len(end.encode("utf-8"))
+    return f"{start}\n[... omitted {dropped} of {size} bytes ...]\n\n{end}"
 
 
 def model_output_text(aggregated: str, *, timed_out: bool = False, timeout_ms: int | None = None) -> str:

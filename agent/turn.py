@@ -23,6 +23,7 @@ summary (Codex keeps the last message: the summary).
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import structlog
@@ -72,12 +73,12 @@ START_SUMMARIZATION = "Start Summarization"
 COMPACT_DONE = "Compact task completed"
 
 
+@dataclass
 class _Turn:
-    """What one model request produced."""
+    """What one model request produced: its output items and the answers to its calls."""
 
-    def __init__(self) -> None:
-        self.items: list[conv.Item] = []
-        self.outputs: list[ToolOutput] = []
+    items: list[conv.Item] = field(default_factory=list)
+    outputs: list[ToolOutput] = field(default_factory=list)
 
 
 async def run_task(sess: Session, task: AgentTask) -> None:
@@ -105,10 +106,9 @@ async def run_task(sess: Session, task: AgentTask) -> None:
             if diff is not None and diff != last_diff:
                 last_diff = diff
                 sess.send(sub_id, TurnDiffEvent(diff))
-            if turn.outputs or sess.has_pending_input:
-                continue
-            last_message = conv.last_assistant_message(turn.items)
-            break
+            if not turn.outputs and not sess.has_pending_input:
+                break
+        last_message = conv.last_assistant_message(turn.items)
         if config.notify:
             payload = turn_complete_payload(sub_id, task.input_messages, last_message)
             await spawn_notifier(config.notify, payload)

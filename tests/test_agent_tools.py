@@ -1,0 +1,108 @@
+"""agent.tools and agent.items: tool declarations, arguments, output for the model, items."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from agent.items import last_assistant_message, normalize, user_message, with_aborted_outputs
+from agent.tools import (
+    MODEL_FORMAT_MAX_BYTES,
+    ArgumentError,
+    format_exec_output,
+    model_output_text,
+    parse_plan_arguments,
+    parse_shell_arguments,
+    shell_params_from_local_call,
+    tools_for,
+    truncate_for_model,
+)
+from broker.protocol import AskForApproval, ImageInput, LocalImageInput, TextInput, sandbox_policy_from_mode
+
+pytestmark = pytest.mark.timeout(10)
+
+
+def test_escalation_is_offered_only_under_on_request_with_a_sandbox() -> None:
+    sandboxed = sandbox_policy_from_mode("workspace-write")
+
+    def props(policy, sandbox):
+        return set(tools_for(policy, sandbox)[0]["parameters"]["properties"])
+
+    base = {"command", "workdir", "timeout_ms"}
+    assert props(AskForApproval.ON_REQUEST, sandboxed) == base | {"with_escalated_permissions", "justification"}
+    for policy in (AskForApproval.UNTRUSTED, AskForApproval.ON_FAILURE, AskForApproval.NEVER):
+        assert props(policy, sandboxed) == base
+    assert props(AskForApproval.ON_REQUEST, sandbox_policy_from_mode("danger-full-access")) == base
+    tool = tools_for(AskForApproval.NEVER, sandboxed)[0]
+    assert tool["type"] == "function" and tool["name"] == "shell" and tool["parameters"]["required"] == ["command"]
+
+
+def test_argument_errors_are_worded_for_the_model() -> None:
+    assert parse_shell_arguments('{"command":["ls"],"timeout_ms":50}').timeout_ms == 50
+    for bad in ("{", '{"command": "ls"}', '{"command": []}', '{"command": ["ls"], "timeout_ms": -1}', "[]"):
+        with pytest.raises(ArgumentError, match="^failed to parse function arguments: "):
+            parse_shell_arguments(bad)
+    with pytest.raises(ArgumentError):
+        parse_plan_arguments('{"plan": [{"step": "a"}]}')
+    assert parse_plan_arguments('{"plan": []}').plan == []
+    params = shell_params_from_local_call({"type": "exec", "command": ["ls"], "working_directory": "d", "timeout_ms": 9})
+    assert (params.command, params.workdir, params.timeout_ms) == (["ls"], "d", 9)
+
+
+def test_format_exec_output_rounds_like_codex() -> None:
+    assert format_exec_output("hi\n", 0, 0.25) == '{"output":"hi\\n","metadata":{"exit_code":0,"duration_seconds":0.3}}'
+    assert json.loads(format_exec_output("é", 1, 1.04))["metadata"] == {"exit_code": 1, "duration_seconds": 1.0}
+    assert format_exec_output("é", 1, 0).startswith('{"output":"é"')  # UTF-8, not \\u escapes
+
+
+def test_truncate_for_model() -> None:
+    short = "a\nb\n"
+    assert truncate_for_model(short) is short
+    many = "".join(f"{i}\n" for i in range(300))
+    cut = truncate_for_model(many)
+    assert cut.startswith("0\n1\n") and cut.endswith("\n299")
+    assert "127\n[... omitted 44 of 300 lines ...]\n\n172\n" in cut
+    wide = "".join(f"{i:04d}" + "x" * 200 + "\n" for i in range(100))  # few lines, too many bytes
+    cut = truncate_for_model(wide)
+    assert len(cut.encode()) <= MODEL_FORMAT_MAX_BYTES and cut.startswith("0000x")
+    assert "\n[... omitted 51 of 100 lines ...]\n\n0075x" in cut and cut.endswith("0099" + "x" * 200)
+    one_line = "é" * 20_000 + "END"  # no whole line fits: cut by bytes, UTF-8 kept whole
+    cut = truncate_for_model(one_line)
+    assert len(cut.encode()) <= MODEL_FORMAT_MAX_BYTES and cut.startswith("éé") and cut.endswith("éEND")
+    assert "\n[... omitted 29828 of 40003 bytes ...]\n\n" in cut
+    assert model_output_text("x\n", timed_out=True, timeout_ms=5) == "command timed out after 5 milliseconds\nx\n"
+
+
+def test_user_message_and_local_images(tmp_path) -> None:
+    png = tmp_path / "shot.png"
+    png.write_bytes(b"\x89PNG")
+    message = user_message([TextInput("look"), ImageInput("data:image/png;base64,AA=="), LocalImageInput(str(png)),
+                            LocalImageInput(str(tmp_path / "missing.png"))])
+    assert message == {"type": "message", "role": "user", "content": [
+        {"type": "input_text", "text": "look"},
+        {"type": "input_image", "image_url": "data:image/png;base64,AA=="},
+        {"type": "input_image", "image_url": "data:image/png;base64,iVBORw=="},
+    ]}
+    assert user_message([LocalImageInput(str(tmp_path / "missing.png"))]) is None
+
+
+def test_normalize_and_aborted_outputs() -> None:
+    item = {"type": "message", "id": "msg_1", "status": "completed", "role": "assistant",
+            "content": [{"type": "output_text", "text": "hi", "annotations": []}]}
+    assert normalize(item) == {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "hi"}]}
+    assert normalize({"type": "function_call", "id": "fc_1", "name": "shell", "arguments": "{}", "call_id": "c"}) == {
+        "type": "function_call", "name": "shell", "arguments": "{}", "call_id": "c"}
+    assert normalize({"type": "local_shell_call", "id": "ls_1", "status": "completed", "action": {}})["call_id"] == "ls_1"
+    assert last_assistant_message([item, {"type": "message", "role": "user", "content": []}]) == "hi"
+    history = [
+        {"type": "function_call", "name": "shell", "arguments": "{}", "call_id": "a"},
+        {"type": "function_call", "name": "shell", "arguments": "{}", "call_id": "b"},
+        {"type": "function_call_output", "call_id": "b", "output": "ok"},
+        {"type": "local_shell_call", "call_id": "c", "status": "completed", "action": {}},
+    ]
+    fixed = with_aborted_outputs(history)
+    assert [(i["type"], i["call_id"]) for i in fixed] == [
+        ("function_call", "a"), ("function_call_output", "a"), ("function_call", "b"),
+        ("function_call_output", "b"), ("local_shell_call", "c"), ("function_call_output", "c")]
+    assert fixed[1]["output"] == "aborted" and with_aborted_outputs(fixed) == fixed
