@@ -893,3 +893,30 @@ def test_chat_completions_provider_drives_tool_calls(server, tmp_path) -> None:
     messages = server.requests[1]["json"]["messages"]
     assert messages[-1]["role"] == "tool" and messages[-1]["tool_call_id"] == "call_a"
     assert "authorization" not in server.requests[0]["headers"]
+
+
+def test_input_as_the_task_ends_starts_the_next_task(server, tmp_path, monkeypatch) -> None:
+    server.script(response(assistant("first")), response(assistant("second")))
+    hold: dict[str, asyncio.Event] = {}
+
+    async def slow_notifier(argv, payload):
+        hold["entered"].set()
+        await hold["release"].wait()
+
+    monkeypatch.setattr("agent.turn.spawn_notifier", slow_notifier)
+
+    async def main():
+        hold["entered"], hold["release"] = asyncio.Event(), asyncio.Event()
+        h = Harness(server, FakeRunner(), tmp_path)
+        await h.configure(notify=["true"])
+        first = await h.say("one")
+        await hold["entered"].wait()  # past its last model request, not yet complete
+        second = await h.say("two")
+        hold["release"].set()
+        assert (await h.done(first)).msg.last_agent_message == "first"
+        assert (await h.done(second)).msg.last_agent_message == "second"
+        assert [tag(e) for e in h.events if e.id == second] == ["task_started", "agent_message_delta",
+                                                                "agent_message", "token_count", "task_complete"]
+
+    run(main)
+    assert server.requests[1]["json"]["input"][-1] == user_item("two")
