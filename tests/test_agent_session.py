@@ -920,3 +920,22 @@ def test_input_as_the_task_ends_starts_the_next_task(server, tmp_path, monkeypat
 
     run(main)
     assert server.requests[1]["json"]["input"][-1] == user_item("two")
+
+
+def test_interrupt_drops_a_pending_approval(server, tmp_path) -> None:
+    server.script(response(call("shell", {"command": ["make"]}, "c1")))
+
+    async def main():
+        runner = FakeRunner()
+        h = Harness(server, runner, tmp_path)
+        await h.configure(approval_policy=AskForApproval.UNTRUSTED)
+        sub_id = await h.say("build")
+        await h.until("exec_approval_request")
+        await h.submit(Interrupt())
+        assert h.tags(sub_id)[-2:] == ["error", "turn_aborted"]
+        count = len(h.events)
+        await h.submit(ExecApproval(sub_id, ReviewDecision.APPROVED))  # too late: nothing waits for it
+        await asyncio.sleep(0.05)
+        assert len(h.events) == count and not runner.runs
+
+    run(main)
