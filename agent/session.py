@@ -145,10 +145,6 @@ class _PendingApproval:
     future: asyncio.Future[ReviewDecision]
 
 
-class SessionClosed(Exception):
-    pass
-
-
 class Session:
     """One conversation; see the module docstring."""
 
@@ -209,10 +205,6 @@ class Session:
     @property
     def running(self) -> bool:
         return self._task is not None
-
-    @property
-    def current_task(self) -> AgentTask | None:
-        return self._task
 
     def record(self, items: list[Item]) -> None:
         """Add ``items`` to the conversation and the rollout."""

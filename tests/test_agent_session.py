@@ -825,8 +825,8 @@ def test_compact_while_running_waits_for_the_task(server, tmp_path) -> None:
         first = await h.say("hi")
         compact = await h.submit(Compact())
         gate.set()
-        await h.done(first)
-        await h.done(compact)
+        await h.session.wait_idle()  # both tasks, the queued one included
+        assert tag(h.last(compact)) == "task_complete"
         order = [(e.id, tag(e)) for e in h.events if tag(e) in ("task_started", "task_complete")]
         assert order == [(first, "task_started"), (first, "task_complete"),
                          (compact, "task_started"), (compact, "task_complete")]
@@ -937,5 +937,8 @@ def test_interrupt_drops_a_pending_approval(server, tmp_path) -> None:
         await h.submit(ExecApproval(sub_id, ReviewDecision.APPROVED))  # too late: nothing waits for it
         await asyncio.sleep(0.05)
         assert len(h.events) == count and not runner.runs
+        await h.session.aclose()  # closing quietly: no events, nothing taken after
+        await h.say("hello?")
+        assert len(h.events) == count + 1 and h.events[-1].msg.message == "the session is shut down"
 
     run(main)
