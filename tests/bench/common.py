@@ -1,0 +1,408 @@
+"""What every benchmark shares: a daemon for the run, statistics, result rows, output.
+
+A benchmark module defines ``run(quick: bool) -> list[Row]`` and ends with
+``if __name__ == "__main__": bench_main(run, __doc__)``. ``run_all.py`` imports the
+modules and calls ``run`` in turn.
+
+Durations are taken with ``time.perf_counter_ns``. Baselines are measured in the same
+run, in blocks alternating with the measured runs (:func:`alternate`), because the
+machine is shared and noisy: a ratio against a baseline of the same minute means more
+than an absolute figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import datetime
+import json
+import math
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+
+# The checkout this file lives in, so the scripts run the code next to them.
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+import psutil  # noqa: E402
+
+from broker.client import Client  # noqa: E402
+from broker.runtime import RuntimeDir  # noqa: E402
+
+MiB = 1024 * 1024
+GiB = 1024 * MiB
+
+START_TIMEOUT_S = 30.0
+STOP_TIMEOUT_S = 15.0
+# Commands run in the checkout: a git work tree, like an agent's (its .git is bound read-only).
+WORK_DIR = ROOT
+
+
+def log(message: str) -> None:
+    """Progress, on stderr (the table goes to stdout)."""
+    print(f"  {message}", file=sys.stderr, flush=True)
+
+
+# -- statistics --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Stats:
+    median: float
+    p99: float
+    min: float
+    max: float
+    n: int
+
+    @classmethod
+    def of(cls, samples: Iterable[float], scale: float = 1.0) -> Stats:
+        """Summary of ``samples``, each divided by ``scale`` (e.g. ns -> ms with 1e6)."""
+        values = sorted(v / scale for v in samples)
+        if not values:
+            raise ValueError("no samples")
+        return cls(statistics.median(values), percentile(values, 99), values[0], values[-1], len(values))
+
+    def text(self) -> str:
+        return f"{fmt(self.median)} / {fmt(self.p99)} / {fmt(self.min)} / {fmt(self.max)} (n={self.n})"
+
+    def to_json(self) -> dict:
+        return {"median": _round(self.median), "p99": _round(self.p99), "min": _round(self.min),
+                "max": _round(self.max), "n": self.n}
+
+
+def percentile(sorted_values: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile of already sorted values (p99 of 100 samples is the 99th)."""
+    rank = max(1, math.ceil(q / 100 * len(sorted_values)))
+    return sorted_values[rank - 1]
+
+
+def alternate(ways: dict[str, Callable[[], object]], count: int, *, block: int = 20,
+              settle_s: float = 0.02) -> dict[str, list[int]]:
+    """Time each of ``ways`` ``count`` times (ns), in alternating blocks of ``block`` runs.
+
+    Blocks, not strict alternation: the work a sandboxed run leaves behind (its zygote
+    making the next warm sandbox) would land in the baseline run that follows and flatter
+    the ratio; a short settle before each block lets it finish. Alternating blocks still
+    spread the slow phases of a noisy machine over every way.
+    """
+    samples: dict[str, list[int]] = {name: [] for name in ways}
+    for start in range(0, count, block):
+        for name, fn in ways.items():
+            time.sleep(settle_s)
+            for _ in range(min(block, count - start)):
+                t0 = time.perf_counter_ns()
+                fn()
+                samples[name].append(time.perf_counter_ns() - t0)
+    return samples
+
+
+def fmt(x: float | None) -> str:
+    """Three significant digits, no exponent for the usual ranges."""
+    if x is None:
+        return "-"
+    if x == 0:
+        return "0"
+    if abs(x) >= 100:
+        return f"{x:,.0f}"
+    digits = max(0, 2 - int(math.floor(math.log10(abs(x)))))
+    return f"{x:.{digits}f}"
+
+
+def _round(x: float | None) -> float | None:
+    return None if x is None else float(f"{x:.6g}")
+
+
+# -- result rows -------------------------------------------------------------------------
+
+
+@dataclass
+class Row:
+    """One line of the results table (and one object of the JSON list)."""
+
+    id: str
+    figure: float | None
+    unit: str
+    baseline: float | None = None
+    ratio: float | None = None
+    target: str | None = None
+    holds: bool | None = None
+    stats: Stats | None = None
+    note: str = ""
+
+    def to_json(self) -> dict:
+        return {
+            "id": self.id,
+            "figure": _round(self.figure),
+            "unit": self.unit,
+            "baseline": _round(self.baseline),
+            "ratio": _round(self.ratio),
+            "target": self.target,
+            "holds": self.holds,
+            # Beyond the required keys: the distribution and what the figure means.
+            "stats": self.stats.to_json() if self.stats else None,
+            "note": self.note,
+        }
+
+
+def ratio(figure: float | None, baseline: float | None) -> float | None:
+    if figure is None or not baseline:
+        return None
+    return figure / baseline
+
+
+def error_row(row_id: str, error: BaseException | str) -> Row:
+    """A benchmark that could not produce its figure: it counts as not holding."""
+    text = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
+    return Row(row_id, None, "", target="(benchmark failed)", holds=False, note=" ".join(text.split())[:300])
+
+
+COLUMNS = ("id", "figure", "unit", "baseline", "ratio", "target", "holds", "median / p99 / min / max")
+
+
+def table(rows: Sequence[Row]) -> str:
+    """The results as an aligned text table, notes listed below it."""
+    cells = [COLUMNS]
+    for r in rows:
+        holds = "-" if r.holds is None else ("yes" if r.holds else "NO")
+        cells.append((r.id, fmt(r.figure), r.unit, fmt(r.baseline),
+                      "-" if r.ratio is None else f"{fmt(r.ratio)}x",
+                      r.target or "-", holds, r.stats.text() if r.stats else "-"))
+    widths = [max(len(row[i]) for row in cells) for i in range(len(COLUMNS))]
+    lines = []
+    for i, row in enumerate(cells):
+        lines.append("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
+        if i == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    notes = [f"  {r.id}: {r.note}" for r in rows if r.note]
+    if notes:
+        lines += ["", "notes:", *notes]
+    return "\n".join(lines)
+
+
+def markdown_table(rows: Sequence[Row]) -> str:
+    """The results as a Markdown table, the form the README shows them in."""
+    lines = ["| " + " | ".join(COLUMNS) + " |", "|---|---:|---|---:|---:|---|---|---|"]
+    for r in rows:
+        holds = "-" if r.holds is None else ("yes" if r.holds else "**no**")
+        cells = (r.id, fmt(r.figure), r.unit, fmt(r.baseline), "-" if r.ratio is None else f"{fmt(r.ratio)}x",
+                 r.target or "-", holds, r.stats.text() if r.stats else "-")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def machine_line() -> str:
+    load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    return (f"{datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC, nproc {os.cpu_count()}, "
+            f"load average {load}, Linux {os.uname().release}, Python {sys.version.split()[0]}")
+
+
+def write_json(rows: Sequence[Row], path: str) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump([r.to_json() for r in rows], f, indent=2)
+        f.write("\n")
+
+
+def summary(rows: Sequence[Row]) -> str:
+    judged = [r for r in rows if r.holds is not None]
+    failing = [r.id for r in judged if not r.holds]
+    text = f"targets holding: {len(judged) - len(failing)} of {len(judged)}"
+    return text + (f" (not holding: {', '.join(failing)})" if failing else "")
+
+
+# -- running -----------------------------------------------------------------------------
+
+
+def _terminate_as_interrupt(signum, frame) -> None:
+    # SIGTERM/SIGHUP unwind like Ctrl-C, so every daemon context is stopped on the way out.
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def install_signal_handlers() -> None:
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _terminate_as_interrupt)
+
+
+def parse_args(description: str | None, argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=(description or "").strip().splitlines()[0] if description else None)
+    p.add_argument("--quick", action="store_true",
+                   help="smoke run: fewer iterations, 256 MiB instead of 1 GiB streamed")
+    p.add_argument("--json", metavar="PATH", help="also write the rows as a JSON list to PATH")
+    p.add_argument("--markdown", action="store_true", help="print the table as Markdown (as in the README)")
+    return p.parse_args(argv)
+
+
+def bench_main(run: Callable[[bool], list[Row]], description: str | None) -> None:
+    """Entry point of one benchmark script: run it, print the table, write JSON if asked."""
+    args = parse_args(description)
+    install_signal_handlers()
+    try:
+        rows = run(args.quick)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        sys.exit(130)
+    print(machine_line())
+    print(markdown_table(rows) if args.markdown else table(rows))
+    if args.json:
+        write_json(rows, args.json)
+
+
+# -- the daemon --------------------------------------------------------------------------
+
+
+def _die_with_us() -> None:
+    """In the daemon, before exec: get SIGTERM if the benchmark dies without stopping it."""
+    PR_SET_PDEATHSIG = 1
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+
+
+@dataclass
+class Daemon:
+    """A real ``python -m broker daemon`` in a runtime dir of its own, for one benchmark.
+
+    Use as a context manager: the daemon, and anything of its tree still alive after it
+    exits, is stopped on the way out, exceptions and Ctrl-C included.
+    """
+
+    executors: int | None = None
+    runtime: RuntimeDir | None = None
+    proc: subprocess.Popen | None = None
+    _clients: list = field(default_factory=list)
+
+    def __enter__(self) -> Daemon:
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def env(self) -> dict[str, str]:
+        """Our environment pointed at this daemon (for child processes such as the CLI)."""
+        env = dict(os.environ)
+        env["SLUICE_RUNTIME_DIR"] = self.runtime.path
+        env["PYTHONPATH"] = ROOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        return env
+
+    def start(self) -> None:
+        # A short path: an ipc:// socket path must fit in ~107 bytes.
+        path = tempfile.mkdtemp(prefix="slb-", dir="/tmp")
+        os.chmod(path, 0o700)
+        self.runtime = RuntimeDir(path)
+        argv = [sys.executable, "-m", "broker", "daemon"]
+        if self.executors is not None:
+            argv += ["--executors", str(self.executors)]
+        with open(os.path.join(path, "bench.log"), "ab") as out:
+            self.proc = subprocess.Popen(argv, env=self.env(), stdin=subprocess.DEVNULL, stdout=out, stderr=out,
+                                         cwd="/", start_new_session=True, preexec_fn=_die_with_us)
+        try:
+            self._wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _wait_ready(self) -> None:
+        from broker.client import DaemonError
+
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"the daemon exited at start with {self.proc.returncode}: {self.log_tail()}")
+            try:
+                Client.connect(self.runtime, autostart=False, timeout=2.0).close()
+                return
+            except DaemonError:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"the daemon did not answer in {START_TIMEOUT_S:g} s: {self.log_tail()}")
+                time.sleep(0.02)
+
+    def client(self) -> Client:
+        """A connected client, closed when the daemon is stopped."""
+        c = Client.connect(self.runtime, autostart=False, timeout=10.0)
+        self._clients.append(c)
+        return c
+
+    def processes(self) -> list[psutil.Process]:
+        """The daemon and all its descendants (executors, zygotes, warm sandboxes, commands)."""
+        try:
+            me = psutil.Process(self.proc.pid)
+            return [me, *me.children(recursive=True)]
+        except psutil.Error:
+            return []
+
+    def log_tail(self, chars: int = 600) -> str:
+        text = ""
+        for name in ("bench.log", "daemon.log"):
+            with contextlib.suppress(OSError), open(os.path.join(self.runtime.path, name), errors="replace") as f:
+                text += f.read()
+        return " | ".join(text[-chars:].splitlines())
+
+    def complaints(self) -> list[str]:
+        """The warnings and errors of the daemon's log (it goes away with the runtime dir)."""
+        found = []
+        with contextlib.suppress(OSError), open(os.path.join(self.runtime.path, "bench.log"), errors="replace") as f:
+            for line in f:
+                if any(f'"level": "{level}"' in line for level in ("warning", "error", "critical")) \
+                        or "Traceback" in line:
+                    found.append(line.strip())
+        return found
+
+    def stop(self) -> None:
+        for c in self._clients:
+            with contextlib.suppress(Exception):
+                c.close()
+        self._clients.clear()
+        if self.proc is None:
+            return
+        tree = self.processes()[1:]
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        _, alive = psutil.wait_procs(tree, timeout=5)
+        for p in alive:
+            with contextlib.suppress(psutil.Error):
+                p.kill()
+        if alive:
+            log(f"{len(alive)} processes of the daemon's tree outlived it: {[p.pid for p in alive]}")
+        for line in self.complaints():
+            log(f"daemon log: {line[:300]}")
+        shutil.rmtree(self.runtime.path, ignore_errors=True)
+        self.proc = None
+
+
+def warm_up(client: Client, count: int, argv: Sequence[str] = ("true",)) -> None:
+    """Run ``argv`` ``count`` times (executors connected, warm sandboxes made, caches hot)."""
+    for _ in range(count):
+        result = client.run(list(argv), cwd=WORK_DIR, wait_timeout=30)
+        if not result.ok:
+            raise RuntimeError(f"warm-up run of {list(argv)} failed: {describe(result)}")
+
+
+def describe(result) -> str:
+    """A one-line account of a client Result that was not ok."""
+    if result.error:
+        return f"error {result.error!r} (returncode {result.returncode})"
+    if result.aborted:
+        return "aborted"
+    if result.timed_out:
+        return "timed out"
+    if result.signal is not None:
+        return f"killed by signal {result.signal}"
+    return f"exit code {result.exit_code}"

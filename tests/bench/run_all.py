@@ -1,0 +1,66 @@
+"""Run every benchmark of the execution path, print one table, optionally write JSON.
+
+    python tests/bench/run_all.py [--json PATH] [--quick] [--markdown]
+
+Each benchmark starts its own daemon (in a fresh runtime dir under /tmp) and stops it
+when done, also on error or Ctrl-C. A benchmark that fails outright gives a row that
+does not hold, and the others still run. ``--quick`` is a smoke run: fewer iterations,
+256 MiB streamed instead of 1 GiB.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import time
+
+from common import (Row, error_row, install_signal_handlers, machine_line, markdown_table, parse_args, summary, table,
+                    write_json)
+
+# Module name -> the row id it reports under if it fails before producing rows.
+BENCHMARKS = {
+    "bench_spawn": "spawn",
+    "bench_sandbox_cost": "sandbox-cost",
+    "bench_throughput": "throughput",
+    "bench_chunk_latency": "chunk-latency",
+    "bench_interrupt": "interrupt",
+    "bench_concurrency": "concurrency",
+    "bench_memory": "memory",
+    "bench_cli": "cli-true",
+}
+
+
+def main() -> int:
+    args = parse_args(__doc__)
+    install_signal_handlers()
+    at_start = machine_line()
+    print(f"sluice benchmarks{' (quick)' if args.quick else ''}: {at_start}", file=sys.stderr, flush=True)
+    rows: list[Row] = []
+    started = time.monotonic()
+    try:
+        for module_name, row_id in BENCHMARKS.items():
+            t0 = time.monotonic()
+            try:
+                rows += importlib.import_module(module_name).run(args.quick)
+            except Exception as e:  # one broken benchmark must not hide the others' figures
+                print(f"  {module_name} failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+                rows.append(error_row(row_id, e))
+            print(f"  {module_name}: {time.monotonic() - t0:.1f} s", file=sys.stderr, flush=True)
+    except KeyboardInterrupt:
+        print("interrupted; figures so far:", file=sys.stderr)
+        print(table(rows), file=sys.stderr)
+        return 130
+    print(f"started {at_start}")
+    print(f"ended   {machine_line()}")
+    print(markdown_table(rows) if args.markdown else table(rows))
+    print()
+    print(summary(rows))
+    print(f"total time {time.monotonic() - started:.0f} s")
+    if args.json:
+        write_json(rows, args.json)
+        print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
