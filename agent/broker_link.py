@@ -1,7 +1,8 @@
 """The agent's connection to the daemon: one DEALER peer on the asyncio loop.
 
 ``await BrokerLink.connect(runtime)`` says hello (role ``agent`` by default, with the
-runtime dir's auth token) and waits for the welcome. From then on every message the
+runtime dir's auth token) and waits for the welcome; ``runtime`` may also be a
+:class:`Target` (an endpoint and a token file, as ``python -m agent`` is given them). From then on every message the
 broker sends is handed to the handler registered for its kind (:meth:`BrokerLink.on`),
 from the event loop, with the frames as they came (``zmq.Frame``, not copied).
 
@@ -39,6 +40,28 @@ SEND_TIMEOUT_S = 10.0
 Handler = Callable[[wire.Header, list[zmq.Frame]], None]
 
 
+class Target:
+    """Where the daemon is: an endpoint and the file holding its auth token.
+
+    Has the attributes of :class:`~broker.runtime.RuntimeDir` the link uses, so either
+    can be passed to :meth:`BrokerLink.connect`.
+    """
+
+    def __init__(self, endpoint: str, token_path: str) -> None:
+        self.endpoint = endpoint
+        self.token_path = token_path
+        # For ipc endpoints: the socket file, whose disappearance means the daemon exited.
+        self.socket_path = endpoint[len("ipc://"):] if endpoint.startswith("ipc://") else None
+        self.path = endpoint
+
+    def read_token(self) -> str:
+        try:
+            with open(self.token_path, encoding="ascii") as f:
+                return f.read().strip()
+        except (OSError, ValueError):
+            return ""
+
+
 class LinkError(Exception):
     """The daemon cannot be reached, refused us, or went away; one line for a person."""
 
@@ -46,7 +69,7 @@ class LinkError(Exception):
 class BrokerLink:
     """A connected peer. Create with :meth:`connect`; close with :meth:`aclose`."""
 
-    def __init__(self, runtime: RuntimeDir, sock: zmq.Socket, *, role: str, name: str) -> None:
+    def __init__(self, runtime: RuntimeDir | Target, sock: zmq.Socket, *, role: str, name: str) -> None:
         self.runtime = runtime
         self.role = role
         self.name = name
@@ -70,7 +93,7 @@ class BrokerLink:
     @classmethod
     async def connect(
         cls,
-        runtime: RuntimeDir | None = None,
+        runtime: RuntimeDir | Target | None = None,
         *,
         role: str = wire.ROLE_AGENT,
         name: str = "agent",
@@ -78,7 +101,7 @@ class BrokerLink:
     ) -> BrokerLink:
         """Connect to the daemon serving ``runtime`` (default: the user's) and say hello."""
         runtime = runtime or RuntimeDir.default()
-        if not os.path.exists(runtime.socket_path):
+        if runtime.socket_path is not None and not os.path.exists(runtime.socket_path):
             raise LinkError(f"no daemon is running in {runtime.path}; start one with `sluice daemon start`")
         deadline = time.monotonic() + timeout
         while True:
@@ -202,7 +225,7 @@ class BrokerLink:
             silence = time.monotonic() - self._last_rx
             if silence < self.heartbeat_s:
                 continue
-            if not os.path.exists(self.runtime.socket_path):
+            if self.runtime.socket_path is not None and not os.path.exists(self.runtime.socket_path):
                 self._break(LinkError("the daemon's socket is gone (the daemon exited)"))
             elif silence > DEAD_AFTER_HEARTBEATS * self.heartbeat_s:
                 self._break(LinkError(f"the daemon stopped answering (nothing for {silence:.1f} s)"))
@@ -247,7 +270,7 @@ class BrokerLink:
         await self.aclose()
 
 
-def _new_socket(runtime: RuntimeDir) -> zmq.Socket:
+def _new_socket(runtime: RuntimeDir | Target) -> zmq.Socket:
     sock = zmq.Context.instance().socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.RCVHWM, 1 << 20)

@@ -9,7 +9,8 @@
 
 ``emit(event)`` is called synchronously, in order, from the event loop; it must not block
 (put the event on a queue or a socket). ``runner`` is the :class:`~agent.exec_runner.CommandRunner`
-every command goes through. :meth:`Session.submit` handles one submission and returns
+every command goes through; ``session_id`` is the id the daemon gave the session (a
+fresh uuid4 when not given). :meth:`Session.submit` handles one submission and returns
 once it is taken in: a task (a user turn, a compaction) runs in the background and its
 events follow; approvals, interrupts and further input can be submitted meanwhile.
 
@@ -161,6 +162,7 @@ class Session:
         base_instructions: str = BASE_INSTRUCTIONS,
         default_timeout_ms: int = DEFAULT_EXEC_TIMEOUT_MS,
         command_env: Mapping[str, str] | None = None,
+        session_id: uuid.UUID | str | None = None,
     ) -> None:
         self._emit = emit
         self.runner = runner
@@ -173,7 +175,11 @@ class Session:
         self.default_timeout_ms = default_timeout_ms
         self.command_env = dict(command_env) if command_env is not None else None
 
-        self.session_id = uuid.uuid4()
+        # The daemon names the session (its routing key); a library user may leave it to us.
+        if session_id is None:
+            self.session_id = uuid.uuid4()
+        else:
+            self.session_id = session_id if isinstance(session_id, uuid.UUID) else uuid.UUID(session_id)
         self.config: SessionConfig | None = None
         self.client: ModelClient | None = None
         self.rollout: RolloutRecorder | None = None

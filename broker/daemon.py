@@ -6,8 +6,11 @@ socket, token and pid file stay as they are). Only the lock holder removes a sta
 socket, writes a fresh token, binds and finally writes the pid file, which therefore
 means "a daemon is up and serving".
 
-Routing is in :mod:`broker.router`, executor processes in :mod:`broker.supervisor`; this
-module wires them to a ROUTER socket and an event loop and handles start and stop.
+Routing is in :mod:`broker.router` (sessions in :mod:`broker.sessions`), the executor and
+agent processes in :mod:`broker.supervisor`; this module wires them to a ROUTER socket and
+an event loop and handles start and stop. The agent process is started on the first
+session submission, not with the daemon, so a daemon used only for ``sluice run`` never
+pays for it.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from broker import wire
 from broker.logging import configure
 from broker.router import HEARTBEAT_S, Router
 from broker.runtime import RuntimeDir, RuntimeDirError
-from broker.supervisor import ExecutorPool
+from broker.supervisor import AgentSupervisor, ExecutorPool
 from broker.zloop import ZSocket
 
 __all__ = ["DaemonAlreadyRunning", "RuntimeDirError", "serve"]
@@ -147,6 +150,9 @@ class _Daemon:
         router = Router(self.token, defer=loop.call_soon)
         pool = ExecutorPool(self.runtime, self.executors, router.executor_died, loop)
         router.supervisor = pool
+        agents = AgentSupervisor(self.runtime, router.agent_died, loop)
+        router.agent_supervisor = agents
+        router.sessions.starter = agents
         zsock = ZSocket(self.sock, router.on_message, loop)
         router.transport = zsock.send
         heartbeat = loop.create_task(self._heartbeat(router))
@@ -156,7 +162,7 @@ class _Daemon:
         await stop.wait()
         log.info("shutting down")
         router.close()
-        await pool.stop(SHUTDOWN_GRACE_S)
+        await asyncio.gather(pool.stop(SHUTDOWN_GRACE_S), agents.stop(SHUTDOWN_GRACE_S))
         router.fail_all()
         heartbeat.cancel()
         for signum in (signal.SIGTERM, signal.SIGINT):

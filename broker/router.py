@@ -9,7 +9,12 @@ other way the same way.
 Peer loss is discovered in three ways, all ending in the same two paths
 (:meth:`Router.drop_caller` / :meth:`Router.drop_executor`): a send that fails with
 EHOSTUNREACH (ROUTER_MANDATORY), a peer that stops answering pings, and, for executors
-the daemon spawned, the process exiting (reported by the supervisor).
+and the agent the daemon spawned, the process exiting (reported by the supervisors).
+
+Session traffic (``submit``, ``event``, ``closed``) is routed by :class:`broker.sessions.Sessions`;
+the agent peer that hosts the sessions is the one the agent supervisor spawned (matched
+by pid at hello) once it says ``serve``, and it is pinged like an executor: one that
+stops answering is killed.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import zmq
 
 from broker import wire
 from broker.logging import Throttle
+from broker.sessions import Sessions
 
 log = structlog.get_logger(component="router")
 
@@ -48,6 +54,10 @@ FRAME_COUNT = {
     wire.PING: 1,
     wire.PONG: 1,
     wire.BYE: 1,
+    wire.SUBMIT: 2,
+    wire.EVENT: 2,
+    wire.CLOSED: 1,
+    wire.SERVE: 1,
 }
 CALLER_ROLES = (wire.ROLE_FRONTEND, wire.ROLE_AGENT)
 
@@ -75,7 +85,7 @@ class _NoSupervisor:
 class Peer:
     """A DEALER that said a good hello. ``calls`` holds the calls it is party to."""
 
-    __slots__ = ("identity", "role", "name", "pid", "peer_id", "slots", "calls", "seen", "gone", "handlers")
+    __slots__ = ("identity", "role", "name", "pid", "peer_id", "slots", "calls", "seen", "gone", "handlers", "sessions")
 
     def __init__(self, identity: bytes, hello: wire.Hello, peer_id: str, tick: int, handlers: dict) -> None:
         self.identity = identity
@@ -85,6 +95,8 @@ class Peer:
         self.peer_id = peer_id
         self.slots = hello.slots if hello.role == wire.ROLE_EXECUTOR else 0
         self.calls: dict[str, Call] = {}
+        # Ids of the sessions a frontend is attached to.
+        self.sessions: set[str] = set()
         self.seen = tick
         # Set the moment a send finds it unreachable; it is dropped on the next loop turn.
         self.gone = False
@@ -123,11 +135,15 @@ class Router:
         *,
         defer: Callable[[Callable[[], None]], object],
         supervisor: Supervisor | None = None,
+        agent_supervisor=None,
         heartbeat_s: float = HEARTBEAT_S,
     ) -> None:
         self._token = token.encode()
         self._defer = defer
         self.supervisor: Supervisor = supervisor or _NoSupervisor()
+        # Spawns the agent process (claim, kill, ensure_started); None: no sessions hosted.
+        self.agent_supervisor = agent_supervisor
+        self.sessions = Sessions(self, agent_supervisor)
         self.heartbeat_s = heartbeat_s
         # Set by the daemon once the socket exists: a non-blocking multipart send.
         self.transport: Callable[[list], None] | None = None
@@ -150,7 +166,7 @@ class Router:
             wire.BYE: self._on_bye,
             wire.HELLO: self._on_second_hello,
         }
-        self._caller_handlers = {
+        caller_handlers = {
             wire.RUN: self._on_run,
             wire.ACK: self._on_ack,
             wire.CANCEL: self._on_cancel,
@@ -158,6 +174,13 @@ class Router:
             wire.PONG: self._on_pong,
             wire.BYE: self._on_bye,
             wire.HELLO: self._on_second_hello,
+        }
+        self._frontend_handlers = {**caller_handlers, wire.SUBMIT: self.sessions.on_submit}
+        self._agent_handlers = {
+            **caller_handlers,
+            wire.EVENT: self.sessions.on_event,
+            wire.CLOSED: self.sessions.on_closed,
+            wire.SERVE: self.sessions.on_serve,
         }
 
     # ----------------------------------------------------------------- inbound
@@ -238,10 +261,16 @@ class Router:
             peer = Peer(identity, hello, peer_id, self.tick, self._executor_handlers)
             self.executors[identity] = peer
         else:
-            peer = Peer(identity, hello, peer_id, self.tick, self._caller_handlers)
+            handlers = self._agent_handlers if hello.role == wire.ROLE_AGENT else self._frontend_handlers
+            peer = Peer(identity, hello, peer_id, self.tick, handlers)
             self.callers[identity] = peer
         self.peers[identity] = peer
-        spawned = peer.role == wire.ROLE_EXECUTOR and self.supervisor.claim(peer)
+        if peer.role == wire.ROLE_EXECUTOR:
+            spawned = self.supervisor.claim(peer)
+        elif peer.role == wire.ROLE_AGENT and self.agent_supervisor is not None:
+            spawned = self.agent_supervisor.claim(peer)
+        else:
+            spawned = False
         log.info(
             "peer joined", role=peer.role, name=peer.name, pid=peer.pid, peer_id=peer_id,
             slots=peer.slots or None, spawned=spawned or None,
@@ -250,6 +279,8 @@ class Router:
         self._send(peer, [identity, *wire.message(wire.WELCOME, corr, welcome)])
         if peer.role == wire.ROLE_EXECUTOR:
             self._dispatch()
+        elif spawned:
+            self.sessions.candidate = peer
 
     def _on_second_hello(self, peer: Peer, head: wire.Header, frames: list) -> None:
         self._reply_error(peer, head.corr, "already said hello")
@@ -355,8 +386,19 @@ class Router:
                 self.supervisor.kill(executor)
             else:
                 self._send(executor, [executor.identity, wire.header(wire.PING)])
+        agent = self.sessions.agent
+        if agent is not None:
+            if tick - agent.seen > MISSED_HEARTBEATS:
+                log.warning("agent hung: no reply to pings", name=agent.name, pid=agent.pid)
+                self.drop_caller(agent, f"stopped responding (no heartbeat for {MISSED_HEARTBEATS * self.heartbeat_s:g} s)")
+                if self.agent_supervisor is not None:
+                    self.agent_supervisor.kill(agent)
+            else:
+                self._send(agent, [agent.identity, wire.header(wire.PING)])
         idle_sweep = tick % IDLE_PING_EVERY == 0
         for caller in list(self.callers.values()):
+            if caller is agent:
+                continue
             if caller.calls:
                 if tick - caller.seen > MISSED_HEARTBEATS:
                     self.drop_caller(caller, "stopped answering pings")
@@ -388,6 +430,7 @@ class Router:
         peer.calls.clear()
         level = "warning" if cancelled else "info"
         getattr(log, level)("peer left", role=peer.role, name=peer.name, pid=peer.pid, why=why, cancelled=cancelled)
+        self.sessions.peer_left(peer, why)
 
     def drop_executor(self, peer: Peer, error: str) -> None:
         """Forget an executor; each of its calls ends at once with ``error``."""
@@ -408,6 +451,17 @@ class Router:
         """The supervisor saw the process behind ``peer`` exit."""
         if peer is not None:
             self.drop_executor(peer, f"executor {name} died ({reason}) while running this command")
+
+    def agent_died(self, peer: Peer | None, name: str, reason: str) -> None:
+        """The agent supervisor saw the agent process exit."""
+        if peer is not None and peer is self.sessions.agent:
+            self.drop_caller(peer, f"died ({reason})")
+            return
+        if peer is not None:
+            self.drop_caller(peer, f"died ({reason})")
+        if self.sessions.pending:
+            # It never said hello: what waited for it cannot be served by it.
+            self.sessions.agent_lost(f"the agent process failed to start ({reason}); see the daemon log")
 
     def _fail(self, call: Call, error: str) -> None:
         caller = call.caller
@@ -475,8 +529,9 @@ class Router:
     # ------------------------------------------------------------- shutdown
 
     def close(self) -> None:
-        """Refuse new runs and end the queued ones."""
+        """Refuse new runs and submissions, end the queued runs, end the sessions."""
         self.closing = True
+        self.sessions.close("the sluice daemon is shutting down")
         queued = list(self.queue.values())
         self.queue.clear()
         for call in queued:
@@ -515,6 +570,13 @@ class Router:
             else:
                 self._throttle("warning", "send failed", peer=peer.name, error=str(e))
         return False
+
+    def send(self, peer: Peer, parts: list) -> bool:
+        """Send ``parts`` (identity first) to ``peer`` without blocking; False if it did not go out."""
+        return self._send(peer, parts)
+
+    def reply_error(self, peer: Peer, corr: str, message: str) -> None:
+        self._reply_error(peer, corr, message)
 
     def _reply_error(self, peer: Peer, corr: str, message: str) -> None:
         self._send(peer, [peer.identity, *wire.message(wire.ERROR, corr, wire.ErrorMsg(message))])

@@ -18,11 +18,27 @@ from __future__ import annotations
 import os
 import secrets
 import stat
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 
 class RuntimeDirError(RuntimeError):
     """The runtime dir is unusable (wrong owner, too open, not a directory)."""
+
+
+def without_secrets(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """``environ`` (default ours) minus secret-looking variables, sluice's own kept: the
+    environment for the daemon and its children. An API key exported in the shell that
+    happened to start the daemon has no business in it (each session's key comes from the
+    frontend that configured it)."""
+    from landlock_helper.env import SECRET_MARKERS
+
+    env = {}
+    for name, value in (os.environ if environ is None else environ).items():
+        upper = name.upper()
+        if upper.startswith("SLUICE_") or not any(marker in upper for marker in SECRET_MARKERS):
+            env[name] = value
+    return env
 
 
 def default_runtime_dir() -> str:

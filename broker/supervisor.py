@@ -1,9 +1,18 @@
-"""The executor pool: spawn N ``python -m executor`` processes, notice deaths, replace them.
+"""Child processes of the daemon: the executor pool and the agent, spawned, watched, replaced.
 
 Deaths are seen through a pidfd per child registered with the event loop, so the daemon
 learns of a crash the moment it happens (no polling, no SIGCHLD races) and signals go
 through the pidfd too, so a recycled pid is never hit. Liveness of a process that is alive
-but stuck is the router's business (heartbeats); it asks us to :meth:`ExecutorPool.kill`.
+but stuck is the router's business (heartbeats); it asks us to :meth:`ProcessPool.kill`.
+
+:class:`ProcessPool` holds what both kinds share (spawn, hello deadline, restart with
+backoff, stop); :class:`ExecutorPool` keeps N ``python -m executor`` running from the
+start, :class:`AgentSupervisor` one ``python -m agent``, started on first use
+(:meth:`AgentSupervisor.ensure_started`) and restarted when it dies.
+
+Children get the daemon's environment without secret-looking variables (an API key
+exported in the shell that started the daemon stays out of the executors and the
+agent: the agent gets each session's key from the frontend that configured it).
 """
 
 from __future__ import annotations
@@ -19,17 +28,18 @@ from collections.abc import Callable
 import structlog
 
 import broker
-from broker.runtime import RuntimeDir
+from broker.runtime import RuntimeDir, without_secrets
 
 log = structlog.get_logger(component="supervisor")
 
-# The worker program; tests may point it elsewhere.
+# The worker programs; tests may point them elsewhere.
 EXECUTOR_COMMAND = [sys.executable, "-m", "executor"]
-# An executor that dies sooner than this after its start counts as failing at start-up.
+AGENT_COMMAND = [sys.executable, "-m", "agent"]
+# A child that dies sooner than this after its start counts as failing at start-up.
 STABLE_AFTER_S = 10.0
 BACKOFF_FIRST_S = 0.1
 BACKOFF_MAX_S = 5.0
-# A spawned executor that has not said hello by then is killed and replaced.
+# A spawned child that has not said hello by then is killed and replaced.
 HELLO_TIMEOUT_S = 20.0
 
 # The checkout this broker was imported from, so ``-m executor`` finds the matching code
@@ -43,8 +53,17 @@ def describe_status(returncode: int) -> str:
     return f"exited with status {returncode}"
 
 
+def child_env(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment for a child: ours minus secret-looking names (sluice's own kept),
+    with this checkout on PYTHONPATH."""
+    env = without_secrets(environ)
+    path = env.get("PYTHONPATH")
+    env["PYTHONPATH"] = _SOURCE_ROOT + (os.pathsep + path if path else "")
+    return env
+
+
 class Worker:
-    """One spawned executor process and, once it said hello, its router peer."""
+    """One spawned child process and, once it said hello, its router peer."""
 
     __slots__ = ("name", "proc", "pidfd", "started_at", "peer", "hello_timer")
 
@@ -63,12 +82,146 @@ class Worker:
             pass  # already exited; the pidfd callback will reap it
 
 
-class ExecutorPool:
-    """Keeps ``count`` executors running until :meth:`stop`.
+class ProcessPool:
+    """Keeps child processes running until :meth:`stop`; subclasses say which and how.
 
     ``on_death(peer, name, reason)`` is called for every exit (``peer`` is None if the
-    process never said hello) so the router can fail the calls it was running.
+    process never said hello) so the router can fail what it was doing.
     """
+
+    what = "child"
+
+    def __init__(
+        self,
+        runtime: RuntimeDir,
+        on_death: Callable[[object, str, str], None],
+        loop: asyncio.AbstractEventLoop | None = None,
+    ) -> None:
+        self.runtime = runtime
+        self.on_death = on_death
+        self.loop = loop or asyncio.get_running_loop()
+        self.workers: dict[str, Worker] = {}
+        self._failures: dict[str, int] = {}
+        self._restarts: dict[str, asyncio.TimerHandle] = {}
+        self._stopping = False
+        self._all_exited = asyncio.Event()
+
+    def _argv(self, name: str) -> list[str]:
+        raise NotImplementedError
+
+    def _spawn(self, name: str) -> None:
+        self._restarts.pop(name, None)
+        if self._stopping:
+            return
+        try:
+            # Own process group: a terminal's Ctrl-C reaches the daemon, which stops its
+            # children in order, instead of hitting every one at once.
+            proc = subprocess.Popen(self._argv(name), stdin=subprocess.DEVNULL, env=child_env(), process_group=0)
+        except OSError as e:
+            log.error(f"cannot start {self.what}", name=name, error=str(e))
+            self._schedule_restart(name, quick=True)
+            return
+        try:
+            pidfd = os.pidfd_open(proc.pid)
+        except OSError as e:
+            log.error(f"cannot watch {self.what}", name=name, pid=proc.pid, error=str(e))
+            proc.kill()
+            proc.wait()
+            self._schedule_restart(name, quick=True)
+            return
+        worker = Worker(name, proc, pidfd)
+        self.workers[name] = worker
+        self.loop.add_reader(pidfd, self._on_exit, name)
+        worker.hello_timer = self.loop.call_later(HELLO_TIMEOUT_S, self._hello_overdue, name)
+        log.info(f"{self.what} started", name=name, pid=proc.pid)
+
+    def _hello_overdue(self, name: str) -> None:
+        worker = self.workers.get(name)
+        if worker is not None and worker.peer is None:
+            log.warning(f"{self.what} never said hello; killing it", name=name, pid=worker.proc.pid)
+            worker.signal(signal.SIGKILL)
+
+    def _on_exit(self, name: str) -> None:
+        worker = self.workers.pop(name)
+        self.loop.remove_reader(worker.pidfd)
+        os.close(worker.pidfd)
+        if worker.hello_timer is not None:
+            worker.hello_timer.cancel()
+        returncode = worker.proc.wait()
+        reason = describe_status(returncode)
+        lived = time.monotonic() - worker.started_at
+        if self._stopping:
+            log.info(f"{self.what} stopped", name=name, pid=worker.proc.pid, status=reason)
+        else:
+            log.warning(f"{self.what} died", name=name, pid=worker.proc.pid, status=reason, lived_s=round(lived, 3))
+        self.on_death(worker.peer, name, reason)
+        if self._stopping:
+            if not self.workers:
+                self._all_exited.set()
+            return
+        self._schedule_restart(name, quick=lived < STABLE_AFTER_S)
+
+    def _schedule_restart(self, name: str, *, quick: bool) -> None:
+        if self._stopping:
+            return
+        failures = self._failures.get(name, 0) + 1 if quick else 0
+        self._failures[name] = failures
+        delay = 0.0 if failures == 0 else min(BACKOFF_FIRST_S * 2 ** (failures - 1), BACKOFF_MAX_S)
+        if failures > 1:
+            log.warning(f"{self.what} keeps failing at start-up; backing off", name=name, delay_s=delay)
+        self._restarts[name] = self.loop.call_later(delay, self._spawn, name)
+
+    # -------------------------------------------------------- router hooks
+
+    def claim(self, peer) -> bool:
+        for worker in self.workers.values():
+            if worker.proc.pid == peer.pid and worker.peer is None:
+                worker.peer = peer
+                if worker.hello_timer is not None:
+                    worker.hello_timer.cancel()
+                    worker.hello_timer = None
+                if peer.name != worker.name:
+                    log.warning(f"{self.what} hello names a different {self.what}", expected=worker.name, got=peer.name)
+                return True
+        return False
+
+    def kill(self, peer) -> bool:
+        for worker in self.workers.values():
+            if worker.peer is peer:
+                worker.signal(signal.SIGKILL)
+                return True
+        return False
+
+    # ------------------------------------------------------------ shutdown
+
+    async def stop(self, grace: float = 3.0) -> None:
+        """SIGTERM every child (executors end their commands and say bye), SIGKILL after ``grace``."""
+        self._stopping = True
+        for handle in self._restarts.values():
+            handle.cancel()
+        self._restarts.clear()
+        if not self.workers:
+            return
+        for worker in list(self.workers.values()):
+            worker.signal(signal.SIGTERM)
+        try:
+            await asyncio.wait_for(self._all_exited.wait(), grace)
+            return
+        except TimeoutError:
+            pass
+        for worker in list(self.workers.values()):
+            log.warning(f"{self.what} ignored SIGTERM; killing it", name=worker.name, pid=worker.proc.pid)
+            worker.signal(signal.SIGKILL)
+        try:
+            await asyncio.wait_for(self._all_exited.wait(), 2.0)
+        except TimeoutError:
+            log.error(f"{self.what}s still running after SIGKILL", names=sorted(self.workers))
+
+
+class ExecutorPool(ProcessPool):
+    """Keeps ``count`` executors running from :meth:`start` until :meth:`stop`."""
+
+    what = "executor"
 
     def __init__(
         self,
@@ -77,15 +230,8 @@ class ExecutorPool:
         on_death: Callable[[object, str, str], None],
         loop: asyncio.AbstractEventLoop | None = None,
     ) -> None:
-        self.runtime = runtime
+        super().__init__(runtime, on_death, loop)
         self.count = count
-        self.on_death = on_death
-        self.loop = loop or asyncio.get_running_loop()
-        self.workers: dict[str, Worker] = {}
-        self._failures: dict[str, int] = {}
-        self._restarts: dict[str, asyncio.TimerHandle] = {}
-        self._stopping = False
-        self._all_exited = asyncio.Event()
 
     def start(self) -> None:
         for k in range(1, self.count + 1):
@@ -102,113 +248,22 @@ class ExecutorPool:
             "--die-with-parent",
         ]
 
-    def _spawn(self, name: str) -> None:
-        self._restarts.pop(name, None)
-        if self._stopping:
-            return
-        env = dict(os.environ)
-        path = env.get("PYTHONPATH")
-        env["PYTHONPATH"] = _SOURCE_ROOT + (os.pathsep + path if path else "")
-        try:
-            # Own process group: a terminal's Ctrl-C reaches the daemon, which stops the
-            # executors in order, instead of hitting every executor at once.
-            proc = subprocess.Popen(self._argv(name), stdin=subprocess.DEVNULL, env=env, process_group=0)
-        except OSError as e:
-            log.error("cannot start executor", name=name, error=str(e))
-            self._schedule_restart(name, quick=True)
-            return
-        try:
-            pidfd = os.pidfd_open(proc.pid)
-        except OSError as e:
-            log.error("cannot watch executor", name=name, pid=proc.pid, error=str(e))
-            proc.kill()
-            proc.wait()
-            self._schedule_restart(name, quick=True)
-            return
-        worker = Worker(name, proc, pidfd)
-        self.workers[name] = worker
-        self.loop.add_reader(pidfd, self._on_exit, name)
-        worker.hello_timer = self.loop.call_later(HELLO_TIMEOUT_S, self._hello_overdue, name)
-        log.info("executor started", name=name, pid=proc.pid)
 
-    def _hello_overdue(self, name: str) -> None:
-        worker = self.workers.get(name)
-        if worker is not None and worker.peer is None:
-            log.warning("executor never said hello; killing it", name=name, pid=worker.proc.pid)
-            worker.signal(signal.SIGKILL)
+class AgentSupervisor(ProcessPool):
+    """The one agent process: started by :meth:`ensure_started`, then kept running."""
 
-    def _on_exit(self, name: str) -> None:
-        worker = self.workers.pop(name)
-        self.loop.remove_reader(worker.pidfd)
-        os.close(worker.pidfd)
-        if worker.hello_timer is not None:
-            worker.hello_timer.cancel()
-        returncode = worker.proc.wait()
-        reason = describe_status(returncode)
-        lived = time.monotonic() - worker.started_at
-        if self._stopping:
-            log.info("executor stopped", name=name, pid=worker.proc.pid, status=reason)
-        else:
-            log.warning("executor died", name=name, pid=worker.proc.pid, status=reason, lived_s=round(lived, 3))
-        self.on_death(worker.peer, name, reason)
-        if self._stopping:
-            if not self.workers:
-                self._all_exited.set()
-            return
-        self._schedule_restart(name, quick=lived < STABLE_AFTER_S)
+    what = "agent"
+    NAME = "agent"
 
-    def _schedule_restart(self, name: str, *, quick: bool) -> None:
-        if self._stopping:
-            return
-        failures = self._failures.get(name, 0) + 1 if quick else 0
-        self._failures[name] = failures
-        delay = 0.0 if failures == 0 else min(BACKOFF_FIRST_S * 2 ** (failures - 1), BACKOFF_MAX_S)
-        if failures > 1:
-            log.warning("executor keeps failing at start-up; backing off", name=name, delay_s=delay)
-        self._restarts[name] = self.loop.call_later(delay, self._spawn, name)
+    @property
+    def running(self) -> bool:
+        """Started or about to be (a restart is scheduled)."""
+        return self.NAME in self.workers or self.NAME in self._restarts
 
-    # -------------------------------------------------------- router hooks
+    def ensure_started(self) -> None:
+        if not self.running and not self._stopping:
+            self._spawn(self.NAME)
 
-    def claim(self, peer) -> bool:
-        for worker in self.workers.values():
-            if worker.proc.pid == peer.pid and worker.peer is None:
-                worker.peer = peer
-                if worker.hello_timer is not None:
-                    worker.hello_timer.cancel()
-                    worker.hello_timer = None
-                if peer.name != worker.name:
-                    log.warning("executor hello names a different executor", expected=worker.name, got=peer.name)
-                return True
-        return False
-
-    def kill(self, peer) -> bool:
-        for worker in self.workers.values():
-            if worker.peer is peer:
-                worker.signal(signal.SIGKILL)
-                return True
-        return False
-
-    # ------------------------------------------------------------ shutdown
-
-    async def stop(self, grace: float = 3.0) -> None:
-        """SIGTERM every executor (they end their commands and say bye), SIGKILL after ``grace``."""
-        self._stopping = True
-        for handle in self._restarts.values():
-            handle.cancel()
-        self._restarts.clear()
-        if not self.workers:
-            return
-        for worker in list(self.workers.values()):
-            worker.signal(signal.SIGTERM)
-        try:
-            await asyncio.wait_for(self._all_exited.wait(), grace)
-            return
-        except TimeoutError:
-            pass
-        for worker in list(self.workers.values()):
-            log.warning("executor ignored SIGTERM; killing it", name=worker.name, pid=worker.proc.pid)
-            worker.signal(signal.SIGKILL)
-        try:
-            await asyncio.wait_for(self._all_exited.wait(), 2.0)
-        except TimeoutError:
-            log.error("executors still running after SIGKILL", names=sorted(self.workers))
+    def _argv(self, name: str) -> list[str]:
+        rt = self.runtime
+        return [*AGENT_COMMAND, "--connect", rt.endpoint, "--token-file", rt.token_path, "--die-with-parent"]

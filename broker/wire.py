@@ -23,6 +23,17 @@ exit      exec -> broker -> frontend  :class:`ExitStatus` (``corr`` = call id)
 ping      either way                  none; answered with ``pong`` (liveness)
 pong      either way                  none
 bye       peer -> broker              none; the peer is leaving (executor drains first)
+submit    frontend -> broker -> agent a Codex ``Submission`` (msgpack, :mod:`broker.protocol`);
+                                      ``session`` names it, "" with ``configure_session``
+                                      creates one; ``corr`` is echoed in ``attached``
+attached  broker -> frontend          none; ``session`` = the session the frontend is now
+                                      attached to, ``corr`` = its submit's, ``seq`` = the
+                                      last event sequence number before it attached
+event     agent -> broker -> frontend a Codex ``Event`` (msgpack), forwarded as it came;
+                                      ``session`` names it, the broker sets ``seq``
+closed    agent -> broker             none; the agent has let go of ``session`` (shut down)
+serve     agent -> broker             none; the agent is ready to host sessions (sent once,
+                                      after its welcome, when its handlers are in place)
 ========  ==========================  =====================================================
 
 Flow control: an executor keeps at most :data:`WINDOW_BYTES` bytes / :data:`WINDOW_CHUNKS`
@@ -41,12 +52,26 @@ A command that was not found gets ``exit_code`` 127 *and* ``error``. ``Started.p
 the pid of the command's sandbox supervisor, not of the command itself. Any message
 from the broker counts as a sign of life for an executor, not only ``ping``.
 
-Frame counts are strict: ``hello``, ``run``, ``started``, ``out`` and ``exit`` carry exactly one
-body frame, every other kind none. A frontend must answer ``ping`` with ``pong``; one that
-misses five while it has calls in flight is presumed gone and its calls are cancelled.
+Frame counts are strict: ``hello``, ``run``, ``started``, ``out``, ``exit``, ``submit`` and
+``event`` carry exactly one body frame, every other kind none. A frontend must answer
+``ping`` with ``pong``; one that misses five while it has calls in flight is presumed gone
+and its calls are cancelled.
 
 Call ids are chosen by the frontend (uuid4 hex) and must be unique among calls in flight;
 the broker refuses a duplicate with an ``error``.
+
+Sessions: the broker hosts them in the one agent process it spawns (the agent peer whose
+hello pid is that process's, once it said ``serve``; other agent-role peers may only
+``run``). A ``submit`` with
+an empty ``session`` must carry ``configure_session``: the broker names a new session
+(uuid4), attaches the frontend, answers ``attached`` and forwards the submission to the
+agent with ``session`` set; the agent's session takes that id. Every ``event`` of a
+session goes to every frontend attached to it, with ``seq`` counting 1, 2, 3, ... per
+session, the body frame untouched. Submitting to a session attaches the frontend to it.
+Submissions are forwarded in the order they come and never queued behind other work;
+when the agent is not running yet they wait (bounded) for it to say hello. What the broker
+itself has to say about a session (unknown session, no agent, the agent died) comes as an
+``event`` with an ``error`` message, ``seq`` 0 when the session does not exist.
 """
 
 from __future__ import annotations
@@ -67,6 +92,11 @@ EXIT = "exit"
 PING = "ping"
 PONG = "pong"
 BYE = "bye"
+SUBMIT = "submit"
+ATTACHED = "attached"
+EVENT = "event"
+CLOSED = "closed"
+SERVE = "serve"
 
 STDOUT = 1
 STDERR = 2
