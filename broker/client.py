@@ -20,6 +20,9 @@ through a wakeup fd that sits in the same poller as the socket, so a waiting
 :meth:`Client.wait` raises :class:`Interrupted` the moment one arrives; the call keeps
 running until you :meth:`Client.cancel` it.
 
+Sessions with the agent (configure, submit, events): :meth:`Client.open_session` and
+:meth:`Client.session` give a :class:`broker.client_sessions.ClientSession`; see that module.
+
 Errors: :class:`UsageError` for bad arguments (the message is one line, for a person),
 :class:`DaemonError` when the daemon cannot be reached, refuses us, or goes away while
 calls are in flight (they fail with it rather than hang).
@@ -310,6 +313,9 @@ class Client:
         self._monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
         self._poller.register(self._monitor, zmq.POLLIN)
         self._closed = False
+        self._ready_fds: tuple[int, ...] = ()
+        # Agent sessions this client submitted to (broker.client_sessions), made on first use.
+        self._sessions = None
 
     # -- connecting ---------------------------------------------------------------------
 
@@ -402,6 +408,73 @@ class Client:
         if call.done or self._broken is not None:
             return
         self._send([wire.header(wire.CANCEL, call.call_id)], block=False)
+
+    # -- sessions -----------------------------------------------------------------------
+
+    def open_session(self, op, *, sub_id: str = "0", timeout: float = 10.0):
+        """A new agent session configured with ``op`` (a ``ConfigureSession``).
+
+        Returns once the daemon has named it and attached us (its events, starting with
+        ``session_configured`` for ``sub_id``, follow through
+        :meth:`~broker.client_sessions.ClientSession.next_event`). Raises
+        :class:`~broker.client_sessions.SessionError` if the daemon refuses.
+        """
+        from broker.client_sessions import open_session
+
+        self._check_usable()
+        return open_session(self, op, sub_id=sub_id, timeout=timeout)
+
+    def session(self, session_id: str):
+        """An existing session by id; submitting to it attaches this client."""
+        from broker.client_sessions import ClientSession
+
+        table = self._session_table()
+        found = table.by_id.get(session_id)
+        if found is None:
+            found = table.by_id[session_id] = ClientSession(self, session_id)
+        return found
+
+    def _session_table(self):
+        if self._sessions is None:
+            from broker.client_sessions import SessionTable
+
+            self._sessions = SessionTable()
+        return self._sessions
+
+    def _submit(self, session_id: str, submission, *, corr: str = "") -> None:
+        from broker.protocol import encode_msgpack
+
+        self._check_usable()
+        self._send([wire.header(wire.SUBMIT, corr, session=session_id), encode_msgpack(submission)], block=True)
+
+    def _next_session_event(self, session, timeout: float | None, fds, interruptible: bool):
+        deadline = None if timeout is None else time.monotonic() + timeout
+        fds = [fd for fd in fds if fd >= 0]
+        for fd in fds:
+            self._poller.register(fd, zmq.POLLIN)
+        try:
+            while True:
+                if session.events:
+                    return session.events.popleft()
+                if session.failure is not None:
+                    raise session.failure
+                self._check_usable()
+                if interruptible and self._signals:
+                    raise Interrupted(self._signals.popleft())
+                remaining = None
+                if deadline is not None:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        return None
+                self._pump(remaining)
+                for fd in self._ready_fds:
+                    if fd in fds:
+                        return fd
+        finally:
+            for fd in fds:
+                with contextlib.suppress(KeyError, ValueError):
+                    self._poller.unregister(fd)
+            self._ready_fds = ()
 
     # -- waiting ------------------------------------------------------------------------
 
@@ -543,7 +616,8 @@ class Client:
         n = self._drain()
         if n:
             return n
-        if self._calls:
+        watching = bool(self._calls or self._sessions)
+        if watching:
             # Wake at least once per heartbeat while calls are in flight, to notice a dead daemon.
             hb = self.heartbeat_s
             timeout = hb if timeout is None else min(timeout, hb)
@@ -554,6 +628,7 @@ class Client:
             if e.errno == errno.EINTR:
                 return 0
             raise
+        ready = []
         for sock, _ in events:
             if sock is self._monitor:
                 self._on_monitor()
@@ -561,8 +636,11 @@ class Client:
                 with contextlib.suppress(BlockingIOError):
                     while os.read(self._wake_r, 512):
                         pass
+            elif isinstance(sock, int):
+                ready.append(sock)
+        self._ready_fds = tuple(ready)
         n = self._drain()
-        if self._calls and not n:
+        if watching and not n:
             self._check_alive()
         return n
 
@@ -626,6 +704,12 @@ class Client:
             call.executor = st.executor
             if call.on_started is not None:
                 call.on_started(call)
+        elif kind == wire.EVENT:
+            if len(frames) >= 2 and self._sessions is not None:
+                self._sessions.on_event(h, frames[1].buffer)
+        elif kind == wire.ATTACHED:
+            if self._sessions is not None:
+                self._sessions.on_attached(h)
         elif kind == wire.PING:
             self._send([wire.header(wire.PONG)], block=False)
         elif kind == wire.ERROR:
@@ -680,6 +764,8 @@ class Client:
         if self._broken is None:
             self._broken = error
         self._fail_all(error)
+        if self._sessions is not None:
+            self._sessions.broken(error)
 
     def _fail_all(self, error: DaemonError) -> None:
         calls, self._calls = self._calls, {}
@@ -780,7 +866,10 @@ def start_daemon(
         raise DaemonError(str(e)) from None
     import subprocess
 
-    env = dict(os.environ)
+    from broker.runtime import without_secrets
+
+    # The caller's secrets (an API key exported for `sluice exec`) stay out of the daemon.
+    env = without_secrets()
     env["SLUICE_RUNTIME_DIR"] = runtime.path
     # Run the same code as this client, installed or not.
     src = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
