@@ -1,7 +1,9 @@
-"""The ``sluice`` command line: run, sandbox, daemon.
+"""The ``sluice`` command line: run, exec, sandbox, daemon.
 
 Imports are lazy: ``sluice run`` loads only the client (zmq, msgspec, the wire and the
-policy), so its start-up stays small next to the command it runs.
+policy), so its start-up stays small next to the command it runs. ``sluice exec`` is
+handed, arguments and all, to :mod:`agent.exec_cli` (it needs the agent's configuration);
+``sluice sandbox`` to landlock_helper's command line.
 
 Exit codes of ``sluice run``: the command's own exit code; 124 when it timed out;
 128+N when it was killed by signal N; 130 / 143 / 129 when sluice itself got SIGINT /
@@ -73,7 +75,7 @@ def _parser():
                        help="pass this variable through even if it looks secret; repeatable")
 
     parser = Parser(prog="sluice", description="Run commands sandboxed, streamed and interruptible through the sluice daemon.")
-    sub = parser.add_subparsers(dest="subcommand", metavar="{run,sandbox,daemon}", parser_class=Parser)
+    sub = parser.add_subparsers(dest="subcommand", metavar="{run,exec,sandbox,daemon}", parser_class=Parser)
 
     run = sub.add_parser("run", usage=USAGE_RUN, help="run a command through the daemon",
                          description="Run CMD in the sandbox through the daemon (started if needed), "
@@ -83,6 +85,9 @@ def _parser():
                      help="kill the command after N milliseconds (exit 124)")
     run.add_argument("--json", action="store_true", help="print Codex-shaped events, one JSON object per line")
     run.add_argument("command", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+
+    # Listed for --help only: main() hands ``exec`` to agent.exec_cli before parsing.
+    sub.add_parser("exec", help="give the agent a task and watch it work (see `sluice exec --help`)", add_help=False)
 
     sandbox = sub.add_parser("sandbox", usage=USAGE_SANDBOX, help="run a command in the sandbox here, without the daemon",
                              description="Apply the sandbox policy and run CMD directly (no daemon).")
@@ -101,6 +106,8 @@ def _parser():
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] == "exec":
+        return _exec(argv[1:])
     try:
         parser = _parser()
         args = parser.parse_args(argv)
@@ -296,6 +303,27 @@ class _JsonOutput:
                 formatted_output=aggregated,
             )
         )
+
+
+# -- sluice exec ------------------------------------------------------------------------
+
+
+def _exec(argv: list[str]) -> int:
+    import importlib.util
+
+    if importlib.util.find_spec("agent") is None:
+        # An install from before the agent package existed: use the one beside this broker.
+        sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    try:
+        from agent.exec_cli import main as exec_main
+
+        return exec_main(argv, prog="sluice exec")
+    except KeyboardInterrupt:
+        return 130
+    except Exception as e:  # a bug, not a user mistake: still one line unless asked for more
+        if os.environ.get("SLUICE_DEBUG"):
+            raise
+        return _fail(f"internal error: {type(e).__name__}: {e} (set SLUICE_DEBUG=1 for a traceback)", EXIT_SLUICE)
 
 
 # -- sluice sandbox ---------------------------------------------------------------------

@@ -1,0 +1,403 @@
+"""``sluice exec``: one task for the agent, shown as it happens.
+
+::
+
+    sluice exec [--model M] [--provider P] [--approval-policy P] [--sandbox MODE] [--cd DIR]
+                [--json] [--output-last-message FILE] [-c key=value]... [--session ID] PROMPT
+
+The frontend resolves everything in its own process, against its own environment: the
+configuration (flags, then ``-c`` overrides, then ``~/.sluice/config.toml``, then the
+defaults) and the model provider with its API key (:func:`agent.config.resolve_provider`),
+so a daemon started earlier from another shell uses this caller's settings. Then it
+starts (or reuses) the daemon, opens a session (``configure_session``), submits PROMPT
+(``-`` reads it from stdin), renders the events (:mod:`agent.exec_render`) until the task
+ends, and shuts the session down (its rollout flushed). ``experimental_resume = "PATH"``
+(``-c experimental_resume=PATH``) resumes the conversation of a rollout file, as in Codex.
+``--session ID`` continues a session that is already open instead (left open at the end).
+
+Approvals are asked on the terminal (``y`` yes, ``a`` always for this session, ``n`` no,
+``abort`` to end the task); without a terminal on stdin they are denied, with a note.
+Ctrl-C interrupts the turn (the running command's process tree is killed); a second
+Ctrl-C leaves at once.
+
+Exit status: 0 when the task completed, 1 when it failed (a model or session error, the
+agent or the daemon gone), 130 when interrupted, 2 for bad usage or configuration (a
+missing API key included: the message names the variable to set).
+
+This module lives in ``agent`` because it needs the agent's configuration (providers,
+``config.toml``); ``broker.cli`` hands ``sluice exec`` to it without importing anything
+else of the agent, and it reaches the daemon only through ``broker.client``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+# How long to wait for the session to shut down (rollout flushed) after the task.
+SHUTDOWN_WAIT_S = 5.0
+CONFIGURE_WAIT_S = 60.0
+
+USAGE = "sluice exec [options] PROMPT"
+
+
+class _Exit(Exception):
+    def __init__(self, code: int) -> None:
+        self.code = code
+
+
+def _err(message: str) -> None:
+    try:
+        sys.stderr.write(f"sluice: {message}\n")
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
+
+
+def _parser(prog: str) -> argparse.ArgumentParser:
+    class Parser(argparse.ArgumentParser):
+        def error(self, message):  # one line instead of usage + message
+            _err(f"error: {message} (see `{self.prog} --help`)")
+            raise _Exit(EXIT_USAGE)
+
+    p = Parser(prog=prog, usage=USAGE, description="Give the agent a task and watch it work.")
+    p.add_argument("prompt", nargs="?", metavar="PROMPT", help="the task; - reads it from stdin")
+    p.add_argument("-m", "--model", metavar="M", help="the model (default: config, else gpt-5)")
+    p.add_argument("--provider", metavar="P", help="a model provider: openai, ollama or one of [model_providers]")
+    p.add_argument("-a", "--approval-policy", metavar="P",
+                   help="untrusted, on-failure, on-request or never (default: config, else on-request)")
+    p.add_argument("-s", "--sandbox", metavar="MODE",
+                   help="read-only, workspace-write or danger-full-access (default: config, else read-only)")
+    p.add_argument("-C", "--cd", metavar="DIR", help="the directory the agent works in (default: this one)")
+    p.add_argument("--json", action="store_true", help="print Codex-shaped events, one JSON object per line")
+    p.add_argument("-o", "--output-last-message", metavar="FILE", help="write the agent's last message to FILE")
+    p.add_argument("-c", "--config", metavar="key=value", action="append", default=[], dest="overrides",
+                   help="override a config.toml setting (TOML value); repeatable")
+    p.add_argument("--session", metavar="ID", help="continue this open session instead of starting one")
+    return p
+
+
+def main(argv: list[str] | None = None, prog: str = "sluice exec") -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        args = _parser(prog).parse_args(argv)
+        prompt = _read_prompt(args.prompt)
+        if args.session:
+            op = None
+            header = {}
+        else:
+            op, header = _configure_op(args)
+        return _Exec(args, op, header).run(prompt)
+    except _Exit as e:
+        return e.code
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        return 141
+
+
+def _usage(message: str) -> _Exit:
+    _err(f"error: {message}")
+    return _Exit(EXIT_USAGE)
+
+
+def _read_prompt(prompt: str | None) -> str:
+    if prompt is None:
+        raise _usage(f"missing PROMPT; usage: {USAGE}")
+    if prompt == "-":
+        try:
+            prompt = sys.stdin.read()
+        except (OSError, UnicodeDecodeError) as e:
+            raise _usage(f"cannot read the prompt from stdin: {e}") from None
+    if not prompt.strip():
+        raise _usage("the prompt is empty")
+    return prompt
+
+
+def _configure_op(args):
+    """The ``configure_session`` op for this invocation, and the header line's facts."""
+    from agent.config import ConfigError, load_config, resolve_provider
+    from broker.protocol import UNSET, ConfigureSession, parse_approval_policy, sandbox_policy_from_mode
+
+    try:
+        config = load_config(overrides=args.overrides)
+        provider = resolve_provider(args.provider, config=config)
+    except ConfigError as e:
+        raise _usage(str(e)) from None
+    if args.approval_policy is not None:
+        try:
+            approval = parse_approval_policy(args.approval_policy)
+        except ValueError as e:
+            raise _usage(str(e)) from None
+    else:
+        approval = config.approval_policy
+    mode = args.sandbox or config.sandbox_mode
+    workspace = mode == "workspace-write"
+    try:
+        policy = sandbox_policy_from_mode(
+            mode, config.writable_roots if workspace else (), config.network_access if workspace else False)
+    except ValueError as e:
+        raise _usage(str(e)) from None
+    try:
+        cwd = os.path.abspath(args.cd or os.getcwd())
+    except FileNotFoundError:
+        raise _usage("the current directory no longer exists; cd somewhere else or pass --cd") from None
+    if not os.path.isdir(cwd):
+        what = "is not a directory" if os.path.exists(cwd) else "does not exist"
+        raise _usage(f"--cd {cwd} {what}")
+    resume = config.raw.get("experimental_resume")
+    if resume is not None and not isinstance(resume, str):
+        raise _usage("experimental_resume must be the path of a rollout file")
+    if resume is not None:
+        resume = os.path.abspath(os.path.expanduser(resume))
+        if not os.path.isfile(resume):
+            raise _usage(f"experimental_resume: no rollout file at {resume}")
+    op = ConfigureSession(
+        provider=provider.info,
+        model=args.model or config.model,
+        instructions=config.instructions,
+        approval_policy=approval,
+        sandbox_policy=policy,
+        disable_response_storage=config.disable_response_storage,
+        notify=list(config.notify) if config.notify else UNSET,
+        cwd=cwd,
+        resume_path=resume if resume is not None else UNSET,
+        api_key=provider.api_key.reveal() if provider.api_key is not None else UNSET,
+    )
+    header = {"provider": provider.id, "approval": str(approval), "sandbox": mode, "cwd": cwd}
+    return op, header
+
+
+class _Exec:
+    """One run: connect, open (or join) the session, submit, render until the task ends."""
+
+    def __init__(self, args, op, header: dict[str, str]) -> None:
+        from agent.exec_render import HumanRenderer, JsonRenderer
+
+        self.args = args
+        self.op = op
+        self.render = JsonRenderer() if args.json else HumanRenderer(header)
+        self.interrupted = False
+        self.session = None
+        self.task_id = ""
+        self.can_ask = _isatty(0)
+
+    def run(self, prompt: str) -> int:
+        from broker import client as C
+        from broker.client_sessions import SessionError
+
+        try:
+            client = C.Client.connect()
+        except C.DaemonError as e:
+            return self._fail(str(e))
+        with client, client.catch_signals((signal.SIGINT, signal.SIGTERM, signal.SIGHUP)):
+            try:
+                return self._run(client, prompt)
+            except (C.DaemonError, SessionError) as e:
+                return self._fail(str(e))
+            finally:
+                self.render.finish()
+
+    def _fail(self, message: str) -> int:
+        self.render.error(message)
+        if self.args.json:
+            _err(f"error: {message}")
+        return EXIT_FAILED
+
+    def _run(self, client, prompt: str) -> int:
+        from broker.client import Interrupted
+        from broker.protocol import TextInput, UserInput
+
+        if self.op is None:
+            self.session = client.session(self.args.session)
+        else:
+            self.session = client.open_session(self.op, sub_id="0")
+            code = self._wait_configured()
+            if code is not None:
+                self._shutdown()
+                return code
+        self.task_id = self.session.submit(UserInput([TextInput(prompt)]))
+        code = None
+        while code is None:
+            try:
+                event = self.session.next_event()
+            except Interrupted:
+                if self.interrupted:
+                    self.render.note("interrupted again: leaving")
+                    self._shutdown(wait=False)
+                    return EXIT_INTERRUPTED
+                self.interrupted = True
+                self.render.note("interrupting (Ctrl-C again to leave at once)")
+                self.session.interrupt()
+                continue
+            code = self._on_event(event)
+        if self.op is not None:
+            self._shutdown()
+        return code
+
+    def _wait_configured(self) -> int | None:
+        from broker.client import Interrupted
+
+        while True:
+            try:
+                event = self.session.next_event(CONFIGURE_WAIT_S)
+            except Interrupted:
+                self.interrupted = True
+                return EXIT_INTERRUPTED
+            if event is None:
+                self.render.error(f"the agent did not configure the session within {CONFIGURE_WAIT_S:g} s")
+                return EXIT_FAILED
+            self.render.event(event)
+            tag = _tag(event)
+            if tag == "session_configured":
+                return None
+            if tag == "error":
+                return EXIT_FAILED
+
+    def _on_event(self, event) -> int | None:
+        """Render ``event``; the exit code once the task is over, else None."""
+        self.render.event(event)
+        tag = _tag(event)
+        ours = event.id == self.task_id or (self.op is None and event.id != "")
+        if tag in ("exec_approval_request", "apply_patch_approval_request"):
+            self._approve(event)
+            return None
+        if tag == "error" and (ours or event.id == ""):
+            if event.msg.message == "Turn interrupted":
+                return None  # turn_aborted follows
+            return EXIT_FAILED
+        if not ours:
+            return None
+        if tag == "task_complete":
+            self._write_last_message(event.msg.last_agent_message)
+            return EXIT_OK
+        if tag == "turn_aborted":
+            return EXIT_INTERRUPTED if self.interrupted else EXIT_FAILED
+        return None
+
+    # -- approvals ----------------------------------------------------------------------
+
+    def _approve(self, event) -> None:
+        from broker.protocol import ExecApproval, PatchApproval, ReviewDecision
+
+        msg = event.msg
+        is_exec = _tag(event) == "exec_approval_request"
+        if is_exec:
+            import shlex
+
+            what = f"run `{shlex.join(msg.command)}` in {msg.cwd}"
+        else:
+            what = "apply a patch to " + ", ".join(msg.changes)
+            if msg.grant_root:
+                what += f" (and allow writes beneath {msg.grant_root} for this session)"
+        reason = f" ({msg.reason})" if msg.reason else ""
+        if not self.can_ask:
+            self.render.note(f"denied: the agent asked to {what}{reason}, and there is no terminal to ask; "
+                             "run on a terminal, or choose --approval-policy / --sandbox to avoid asking")
+            decision = ReviewDecision.DENIED
+        else:
+            decision = self._ask(f"The agent asks to {what}{reason}.")
+        op = ExecApproval(event.id, decision) if is_exec else PatchApproval(event.id, decision)
+        self.session.submit(op)
+
+    def _ask(self, question: str):
+        from broker.client import Interrupted
+        from broker.protocol import ReviewDecision
+
+        answers = {"y": ReviewDecision.APPROVED, "yes": ReviewDecision.APPROVED,
+                   "a": ReviewDecision.APPROVED_FOR_SESSION, "always": ReviewDecision.APPROVED_FOR_SESSION,
+                   "n": ReviewDecision.DENIED, "no": ReviewDecision.DENIED,
+                   "abort": ReviewDecision.ABORT}
+        self.render.line(question, "1;33")
+        held = []
+        buffered = b""
+        try:
+            while True:
+                self.render.err(b"Allow? [y]es / [a]lways for this session / [n]o / abort: ")
+                while b"\n" not in buffered:
+                    got = self.session.next_event(fds=[0])
+                    if got is None:
+                        continue
+                    if not isinstance(got, int):
+                        held.append(got)  # shown once the question is answered
+                        continue
+                    data = os.read(0, 4096)
+                    if not data:
+                        self.render.err(b"\n")
+                        self.render.note("end of input: denied")
+                        return ReviewDecision.DENIED
+                    buffered += data
+                answer, _, buffered = buffered.partition(b"\n")
+                decision = answers.get(answer.decode("utf-8", "replace").strip().lower())
+                if decision is not None:
+                    return decision
+        except Interrupted:
+            self.interrupted = True
+            self.session.interrupt()
+            self.render.err(b"\n")
+            self.render.note("interrupting")
+            return ReviewDecision.ABORT
+        finally:
+            # Events that came meanwhile go back in front, in order.
+            self.session.events.extendleft(reversed(held))
+
+    # -- ending -------------------------------------------------------------------------
+
+    def _write_last_message(self, message: str | None) -> None:
+        path = self.args.output_last_message
+        if not path:
+            return
+        if message is None:
+            self.render.note(f"the agent sent no last message; {path} is left empty")
+        try:
+            with open(path, "w", encoding="utf-8") as f:
+                f.write(message or "")
+        except OSError as e:
+            self.render.note(f"cannot write {path}: {e.strerror}")
+
+    def _shutdown(self, *, wait: bool = True) -> None:
+        """Shut the session down (rollout flushed); render what it says meanwhile."""
+        from broker.client import DaemonError, Interrupted
+        from broker.protocol import Shutdown
+
+        import time
+
+        try:
+            sub_id = self.session.submit(Shutdown())
+        except DaemonError:
+            return
+        if not wait:
+            return
+        deadline = time.monotonic() + SHUTDOWN_WAIT_S
+        while (remaining := deadline - time.monotonic()) > 0:
+            try:
+                event = self.session.next_event(remaining, interruptible=False)
+            except DaemonError:
+                return
+            except Interrupted:
+                return
+            if event is None:
+                return
+            if self.args.json:
+                self.render.event(event)
+            if event.id == sub_id and _tag(event) in ("shutdown_complete", "error"):
+                return
+            if event.id == "" and _tag(event) == "error":
+                return
+
+
+def _tag(event) -> str:
+    return type(event.msg).__struct_config__.tag
+
+
+def _isatty(fd: int) -> bool:
+    try:
+        return os.isatty(fd)
+    except OSError:
+        return False
