@@ -65,11 +65,13 @@ from __future__ import annotations
 
 import asyncio
 import email.utils
+import functools
 import importlib.metadata
 import inspect
 import json
 import random
 import re
+import ssl
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import aclosing, asynccontextmanager
@@ -205,6 +207,13 @@ def format_delay(seconds: float) -> str:
     return f"{whole}.{digits}{unit}" if digits else f"{whole}{unit}"
 
 
+@functools.cache
+def _ssl_context() -> ssl.SSLContext:
+    # Loading the CA bundle takes ~15 ms; one context serves every client of the process
+    # (the agent makes one per session), instead of one load per session configured.
+    return httpx.create_ssl_context()
+
+
 def retry_message(reason: str, attempt: int, max_retries: int, delay: float) -> str:
     """The retry announcement, as Codex words it."""
     return f"stream error: {reason}; retrying {attempt}/{max_retries} in {format_delay(delay)}…"
@@ -295,7 +304,7 @@ class ModelClient:
         idle = provider.stream_idle_timeout
         self._owns_http = http_client is None
         self._http = http_client or httpx.AsyncClient(
-            timeout=httpx.Timeout(idle, connect=connect_timeout), follow_redirects=False
+            timeout=httpx.Timeout(idle, connect=connect_timeout), follow_redirects=False, verify=_ssl_context()
         )
 
     def __repr__(self) -> str:
