@@ -293,7 +293,10 @@ class _Exec:
 
             what = f"run `{shlex.join(msg.command)}` in {msg.cwd}"
         else:
-            what = "apply a patch to " + ", ".join(msg.changes)
+            from agent.exec_render import display_path
+
+            cwd = self.op.cwd if self.op is not None else ""
+            what = "apply a patch to " + ", ".join(display_path(path, cwd) for path in msg.changes)
             if msg.grant_root:
                 what += f" (and allow writes beneath {msg.grant_root} for this session)"
         reason = f" ({msg.reason})" if msg.reason else ""

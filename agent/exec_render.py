@@ -46,6 +46,13 @@ from broker.protocol import (
 _PLAN_MARKS = {StepStatus.COMPLETED: "[x]", StepStatus.IN_PROGRESS: "[>]", StepStatus.PENDING: "[ ]"}
 
 
+def display_path(path: str, cwd: str) -> str:
+    """``path`` relative to ``cwd`` when it is beneath it (shorter on screen), else as is."""
+    if cwd and path.startswith(cwd.rstrip("/") + "/"):
+        return os.path.relpath(path, cwd)
+    return path
+
+
 def write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
@@ -198,12 +205,13 @@ class HumanRenderer(_Output):
     def _on_patch_apply_begin(self, msg: PatchApplyBeginEvent) -> None:
         self.line("patch" + ("" if msg.auto_approved else " (approved)") + ":", "1")
         for path, change in msg.changes.items():
+            path = display_path(path, self.cwd)
             if isinstance(change, AddFileChange):
                 self.line(f"  A {path}")
             elif isinstance(change, DeleteFileChange):
                 self.line(f"  D {path}")
             elif isinstance(change, UpdateFileChange):
-                moved = f" -> {change.move_path}" if change.move_path else ""
+                moved = f" -> {display_path(change.move_path, self.cwd)}" if change.move_path else ""
                 self.line(f"  M {path}{moved}")
 
     def _on_patch_apply_end(self, msg: PatchApplyEndEvent) -> None:

@@ -216,6 +216,35 @@ def test_json_lines_are_codex_events_with_seq_over_chat_completions(dmn, server,
     assert json.loads(tool["content"])["output"] == "hi\n"
 
 
+def test_exec_continues_an_open_session(dmn, fe, server, work) -> None:
+    from broker.protocol import AskForApproval, ConfigureSession, ModelProviderInfo, Shutdown, WireApi
+    from broker.protocol import sandbox_policy_from_mode
+
+    server.script(response(assistant("First.")), response(assistant("Second.")))
+    client = dmn.client()
+    session = client.open_session(ConfigureSession(
+        provider=ModelProviderInfo(name="fake", base_url=server.base_url, wire_api=WireApi.RESPONSES),
+        model="test-model", approval_policy=AskForApproval.NEVER,
+        sandbox_policy=sandbox_policy_from_mode("read-only"), cwd=str(work)))
+    assert tag(session.next_event(20)) == "session_configured"
+    for prompt, answer in (("one", "First.\n"), ("two", "Second.\n")):
+        p = fe.run("--session", session.id, prompt)
+        assert p.returncode == 0 and p.stdout == answer, p.stderr
+    # The session stays open, and the frontend that opened it saw both turns.
+    seen = []
+    while (event := session.next_event(5)) is not None:
+        seen.append(tag(event))
+        if seen.count("task_complete") == 2:
+            break
+    assert seen.count("task_complete") == 2 and "shutdown_complete" not in seen
+    assert server.requests[1]["json"]["input"][-1] == user_item("two")
+    session.submit(Shutdown())
+    while tag(session.next_event(5)) != "shutdown_complete":
+        pass
+    p = fe.run("--session", session.id, "three")
+    assert p.returncode == 1 and f"unknown session {session.id}" in p.stderr
+
+
 # -- approvals --------------------------------------------------------------------------
 
 
