@@ -720,6 +720,10 @@ class Client:
             call = self._calls.pop(h.corr, None) if h.corr else None
             if call is not None:
                 call.result = Result(call.call_id, call.argv, error=message)
+            elif self._sessions is not None and h.corr in self._sessions.creating:
+                # E.g. a daemon too old to know sessions refused the submit.
+                self._sessions.creating.pop(h.corr)
+                self._sessions.refusals[h.corr] = message
             elif not h.corr:
                 # Not about one call: the daemon no longer knows us (e.g. it restarted).
                 self._break(DaemonError(f"the daemon reported: {_one_line(message)}"))
