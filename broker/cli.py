@@ -309,11 +309,6 @@ class _JsonOutput:
 
 
 def _exec(argv: list[str]) -> int:
-    import importlib.util
-
-    if importlib.util.find_spec("agent") is None:
-        # An install from before the agent package existed: use the one beside this broker.
-        sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     try:
         from agent.exec_cli import main as exec_main
 
