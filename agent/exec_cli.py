@@ -36,6 +36,8 @@ import os
 import signal
 import sys
 
+from broker.cli import CliExit, print_error
+
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
@@ -47,24 +49,11 @@ CONFIGURE_WAIT_S = 60.0
 USAGE = "sluice exec [options] PROMPT"
 
 
-class _Exit(Exception):
-    def __init__(self, code: int) -> None:
-        self.code = code
-
-
-def _err(message: str) -> None:
-    try:
-        sys.stderr.write(f"sluice: {message}\n")
-        sys.stderr.flush()
-    except (OSError, ValueError):
-        pass
-
-
 def _parser(prog: str) -> argparse.ArgumentParser:
     class Parser(argparse.ArgumentParser):
         def error(self, message):  # one line instead of usage + message
-            _err(f"error: {message} (see `{self.prog} --help`)")
-            raise _Exit(EXIT_USAGE)
+            print_error(f"error: {message} (see `{self.prog} --help`)")
+            raise CliExit(EXIT_USAGE)
 
     p = Parser(prog=prog, usage=USAGE, description="Give the agent a task and watch it work.")
     p.add_argument("prompt", nargs="?", metavar="PROMPT", help="the task; - reads it from stdin")
@@ -94,7 +83,7 @@ def main(argv: list[str] | None = None, prog: str = "sluice exec") -> int:
         else:
             op, header = _configure_op(args)
         return _Exec(args, op, header).run(prompt)
-    except _Exit as e:
+    except CliExit as e:
         return e.code
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
@@ -102,9 +91,9 @@ def main(argv: list[str] | None = None, prog: str = "sluice exec") -> int:
         return 141
 
 
-def _usage(message: str) -> _Exit:
-    _err(f"error: {message}")
-    return _Exit(EXIT_USAGE)
+def _usage(message: str) -> CliExit:
+    print_error(f"error: {message}")
+    return CliExit(EXIT_USAGE)
 
 
 def _read_prompt(prompt: str | None) -> str:
@@ -207,7 +196,7 @@ class _Exec:
     def _fail(self, message: str) -> int:
         self.render.error(message)
         if self.args.json:
-            _err(f"error: {message}")
+            print_error(f"error: {message}")
         return EXIT_FAILED
 
     def _run(self, client, prompt: str) -> int:

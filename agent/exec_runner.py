@@ -36,7 +36,7 @@ import zmq
 
 from agent.broker_link import BrokerLink, LinkError
 from broker import wire
-from broker.client import RC_ABORTED, RC_SIGNAL_BASE, RC_SLUICE_ERROR, RC_TIMED_OUT, error_returncode, new_call_id
+from broker.client import new_call_id, shell_returncode
 from broker.protocol import ExecOutputStream, SandboxPolicy
 from broker.runtime import RuntimeDir
 
@@ -98,19 +98,8 @@ class ExecResult:
 
     @property
     def returncode(self) -> int:
-        """One number, shell style: 124 timed out, 130 aborted, 128+N killed by signal N,
-        the sandbox's code or 125-127 when it never ran, else the exit code."""
-        if self.timed_out:
-            return RC_TIMED_OUT
-        if self.aborted:
-            return RC_ABORTED
-        if self.error is not None:
-            return self.exit_code if self.exit_code is not None else error_returncode(self.error)
-        if self.signal is not None:
-            return RC_SIGNAL_BASE + self.signal
-        if self.exit_code is not None:
-            return self.exit_code
-        return RC_SLUICE_ERROR
+        """One number, shell style (see broker.client.shell_returncode)."""
+        return shell_returncode(self)
 
 
 class CommandRunner(abc.ABC):

@@ -28,12 +28,14 @@ USAGE_RUN = "sluice run [options] -- CMD ARGS..."
 USAGE_SANDBOX = "sluice sandbox [options] -- CMD ARGS..."
 
 
-class _Exit(Exception):
+class CliExit(Exception):
+    """Leave a CLI command with this exit code (its message was already printed)."""
+
     def __init__(self, code: int) -> None:
         self.code = code
 
 
-def _err(message: str) -> None:
+def print_error(message: str) -> None:
     """One line on stderr, never a traceback."""
     try:
         sys.stderr.write(f"sluice: {message}\n")
@@ -43,7 +45,7 @@ def _err(message: str) -> None:
 
 
 def _fail(message: str, code: int) -> int:
-    _err(f"error: {message}")
+    print_error(f"error: {message}")
     return code
 
 
@@ -52,8 +54,8 @@ def _parser():
 
     class Parser(argparse.ArgumentParser):
         def error(self, message):  # one line instead of usage + message
-            _err(f"error: {message} (see `{self.prog} --help`)")
-            raise _Exit(EXIT_USAGE)
+            print_error(f"error: {message} (see `{self.prog} --help`)")
+            raise CliExit(EXIT_USAGE)
 
     def positive_int(text: str) -> int:
         try:
@@ -119,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
             return _daemon(args)
         parser.print_help(sys.stderr)
         return EXIT_USAGE
-    except _Exit as e:
+    except CliExit as e:
         return e.code
     except KeyboardInterrupt:
         return 130
@@ -136,8 +138,8 @@ def _command(args, usage: str) -> list[str]:
     if command and command[0] == "--":
         command = command[1:]
     if not command:
-        _err(f"error: missing command; usage: {usage}")
-        raise _Exit(EXIT_USAGE)
+        print_error(f"error: missing command; usage: {usage}")
+        raise CliExit(EXIT_USAGE)
     return command
 
 
@@ -181,7 +183,7 @@ def _run(args) -> int:
                 # Further signals are noted but do not cut the wait short: the tree must die first.
                 result = client.wait(call, CANCEL_WAIT_S, interruptible=False)
         except TimeoutError:
-            _err(f"the command did not end within {CANCEL_WAIT_S:g} s of being cancelled; exiting anyway")
+            print_error(f"the command did not end within {CANCEL_WAIT_S:g} s of being cancelled; exiting anyway")
             return 128 + signum if signum else EXIT_SLUICE
         except C.DaemonError as e:
             out.error(str(e))
@@ -195,9 +197,9 @@ def _run(args) -> int:
     if result.error is not None:
         code = result.returncode
         if code == C.RC_NOT_FOUND:
-            _err(f"command not found: {command[0]}")
+            print_error(f"command not found: {command[0]}")
         else:
-            _err(f"error: {result.error}")
+            print_error(f"error: {result.error}")
         return code
     if result.stdout_dropped or result.stderr_dropped:
         pass  # streaming mode shows everything; the captured copy is what was capped

@@ -133,18 +133,7 @@ class Result:
 
     @property
     def returncode(self) -> int:
-        if self.timed_out:
-            return RC_TIMED_OUT
-        if self.aborted:
-            return RC_ABORTED
-        if self.error is not None:
-            # The sandbox reports 127 (not found) / 126 (cannot execute) itself.
-            return self.exit_code if self.exit_code is not None else error_returncode(self.error)
-        if self.signal is not None:
-            return RC_SIGNAL_BASE + self.signal
-        if self.exit_code is not None:
-            return self.exit_code
-        return RC_SLUICE_ERROR
+        return shell_returncode(self)
 
     @property
     def ok(self) -> bool:
@@ -160,6 +149,24 @@ def error_returncode(error: str) -> int:
         return RC_CANNOT_EXECUTE
     return RC_SLUICE_ERROR
 
+
+
+def shell_returncode(r) -> int:
+    """How a finished call (anything with exit_code, signal, timed_out, aborted, error)
+    reads as one shell-style number: 124 timed out, 130 aborted, 128+N killed by signal
+    N, the sandbox's code or 125-127 when it never ran, else the exit code."""
+    if r.timed_out:
+        return RC_TIMED_OUT
+    if r.aborted:
+        return RC_ABORTED
+    if r.error is not None:
+        # The sandbox reports 127 (not found) / 126 (cannot execute) itself.
+        return r.exit_code if r.exit_code is not None else error_returncode(r.error)
+    if r.signal is not None:
+        return RC_SIGNAL_BASE + r.signal
+    if r.exit_code is not None:
+        return r.exit_code
+    return RC_SLUICE_ERROR
 
 OutputCallback = Callable[["Call", int, memoryview], object]
 StartedCallback = Callable[["Call"], object]
