@@ -16,8 +16,10 @@ What each ABI adds and how we use it:
 - 5: ``IOCTL_DEV``. Granted only on the few device nodes a command may use.
 - 6: scopes. Signals and abstract unix sockets cannot reach outside the sandbox.
 
-The plan (:class:`LandlockPlan`) is computed in the parent; :func:`apply` runs in the
-child between fork and exec and only opens paths and makes syscalls.
+The plan (:class:`LandlockPlan`) says which rights and rules; the ruleset is built in the
+child between fork and exec and only opens paths and makes syscalls: a warm sandbox
+creates the ruleset of the usual shape ahead of time (:func:`prepare_ruleset`) and adds
+only the writable roots once it knows the command (:func:`finish_ruleset`).
 """
 
 from __future__ import annotations
@@ -224,16 +226,6 @@ def restrict_self(ruleset_fd: int | None) -> None:
     """Enforce a ruleset on the calling thread (after PR_SET_NO_NEW_PRIVS)."""
     if ruleset_fd is not None:
         _libc.syscall(_libc.nr("landlock_restrict_self"), ctypes.c_int(ruleset_fd), ctypes.c_uint32(0))
-
-
-def apply(p: LandlockPlan) -> None:
-    """Enforce the plan on the calling thread (after PR_SET_NO_NEW_PRIVS)."""
-    fd = create_ruleset(p)
-    if fd is not None:
-        try:
-            restrict_self(fd)
-        finally:
-            os.close(fd)
 
 
 # A warm sandbox prepares a ruleset of the usual shape (read everything, write the

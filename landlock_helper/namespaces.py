@@ -69,7 +69,7 @@ def _locked_flags(path: str) -> int:
     return sum(ms for st, ms in _STATVFS_TO_MS if f & st)
 
 
-def setup_mounts(hidden_paths, read_only_paths) -> None:
+def setup_mounts(hidden_paths) -> None:
     """Run as the new PID namespace's init, before the command is forked."""
     m = _libc.mount
     # Nothing we mount here may leak back to the host's mount namespace.
@@ -83,8 +83,6 @@ def setup_mounts(hidden_paths, read_only_paths) -> None:
               _libc.MS_RDONLY | _libc.MS_NOSUID | _libc.MS_NODEV | _libc.MS_NOEXEC, "size=4k,mode=000")
         elif os.path.lexists(path):
             m("/dev/null", path, None, _libc.MS_BIND)
-    for path in read_only_paths:
-        bind_read_only(path)
 
 
 def bind_read_only(path: str) -> None:
@@ -103,21 +101,11 @@ def last_cap() -> int:
 
 def drop_capabilities(cap_last: int) -> None:
     """Empty the bounding, ambient, inheritable, permitted and effective sets."""
-    drop_bounding_set(cap_last)
-    clear_capabilities()
-
-
-def drop_bounding_set(cap_last: int) -> None:
-    """No exec can grant a capability any more; the ones we hold stay usable until cleared."""
     for cap in range(cap_last + 1):
         try:
             _libc.prctl(_libc.PR_CAPBSET_DROP, cap)
         except OSError:
             pass  # EINVAL: the kernel does not know that cap
-
-
-def clear_capabilities() -> None:
-    """Empty the ambient, inheritable, permitted and effective sets."""
     try:
         _libc.prctl(_libc.PR_CAP_AMBIENT, _libc.PR_CAP_AMBIENT_CLEAR_ALL)
     except OSError:

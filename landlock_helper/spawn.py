@@ -593,7 +593,7 @@ def _supervisor(template: _Template, parent: int, ctl: int) -> None:
 def _init(template: _Template, ctl: int) -> None:
     _die_with_parent(None)
     signal.pthread_sigmask(signal.SIG_BLOCK, _INIT_WAITED)
-    namespaces.setup_mounts(template.hidden_paths, ())
+    namespaces.setup_mounts(template.hidden_paths)
     child = os.fork()
     if child == 0:
         _child_main(_command, ctl, template, ctl)
