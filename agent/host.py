@@ -30,6 +30,7 @@ from agent.exec_runner import CommandRunner
 from agent.session import Session
 from broker import wire
 from broker.protocol import (
+    ConfigureSession,
     ErrorEvent,
     Event,
     ExecCommandOutputDeltaEvent,
@@ -145,6 +146,11 @@ class SessionHost:
             self.outbox.event(session_id, Event(id="", msg=ErrorEvent(str(err))))
             return
         hosted = self.sessions.get(session_id)
+        if hosted is None and not isinstance(sub.op, ConfigureSession):
+            # Closed while this submission was on its way (the broker creates sessions
+            # only with configure_session): say so rather than host an empty session.
+            self.outbox.event(session_id, Event(id=sub.id, msg=ErrorEvent(f"unknown session {session_id}")))
+            return
         if hosted is None:
             try:
                 hosted = self._open(session_id)
@@ -177,6 +183,10 @@ class SessionHost:
             await self._submit(hosted, sub)
             if hosted.session.closed:
                 self._closed(hosted)
+                # Submissions queued behind the shutdown get the answer a late one gets.
+                while not hosted.inbox.empty():
+                    late = hosted.inbox.get_nowait()
+                    self.outbox.event(hosted.id, Event(id=late.id, msg=ErrorEvent(f"unknown session {hosted.id}")))
                 return
 
     async def _submit(self, hosted: _Hosted, sub: Submission) -> None:

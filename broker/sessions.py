@@ -50,6 +50,10 @@ MAX_SESSIONS = 10_000
 LOG_EVENTS = 4096
 LOG_BYTES = 8 * 1024 * 1024
 
+# Sessions just closed whose frontends still get the agent's late answers (to
+# submissions that crossed the close), without a seq, like any "unknown session" error.
+RECENTLY_CLOSED = 256
+
 # Codex's answer to an op before configure_session.
 NO_SESSION = "No session initialized, expected 'ConfigureSession' as first Op"
 
@@ -117,6 +121,8 @@ class Sessions:
         self.router = router
         self.starter = starter
         self.sessions: dict[str, Session] = {}
+        # session id -> the frontends it had, for sessions closed lately (bounded).
+        self.closed: collections.OrderedDict[str, list[Peer]] = collections.OrderedDict()
         # The agent process's peer once it said hello (candidate), then serve (agent).
         self.candidate: Peer | None = None
         self.agent: Peer | None = None
@@ -184,7 +190,15 @@ class Sessions:
             return self.router.reply_error(peer, head.corr, "only the daemon's agent process may send events")
         session = self.sessions.get(head.session)
         if session is None:
-            self._throttle("debug", "event for an unknown session dropped", session=head.session)
+            frontends = self.closed.get(head.session)
+            if frontends is None:
+                self._throttle("debug", "event for an unknown session dropped", session=head.session)
+                return
+            # An answer to a submission that crossed the close (the agent says the
+            # session is unknown): to its old frontends, outside the numbered stream.
+            hdr = wire.header(wire.EVENT, head.corr, session=head.session)
+            for frontend in frontends:
+                self.router.send(frontend, [frontend.identity, hdr, frames[2]])
             return
         self._publish(session, frames[2], head.corr)
 
@@ -193,6 +207,9 @@ class Sessions:
             return self.router.reply_error(peer, head.corr, "only the daemon's agent process may close sessions")
         session = self.sessions.pop(head.session, None)
         if session is not None:
+            self.closed[session.id] = list(session.frontends.values())
+            if len(self.closed) > RECENTLY_CLOSED:
+                self.closed.popitem(last=False)
             self._forget(session)
             log.info("session closed", session=session.id, events=session.seq)
 

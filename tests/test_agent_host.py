@@ -10,6 +10,9 @@ from agent.host import Outbox, SessionHost
 from broker import wire
 from broker.protocol import (
     AgentMessageDeltaEvent,
+    AskForApproval,
+    ConfigureSession,
+    ModelProviderInfo,
     Event,
     ExecCommandOutputDeltaEvent,
     ExecOutputStream,
@@ -20,6 +23,7 @@ from broker.protocol import (
     UserInput,
     decode_event_msgpack,
     encode_msgpack,
+    sandbox_policy_from_mode,
 )
 
 pytestmark = pytest.mark.timeout(10)
@@ -63,6 +67,12 @@ class Frame:
 def submit(link: FakeLink, session: str, sub: Submission) -> None:
     head = wire.Header(wire.SUBMIT, session=session)
     link.handlers[wire.SUBMIT](head, [Frame(wire.header(wire.SUBMIT, session=session)), Frame(encode_msgpack(sub))])
+
+
+def configure() -> ConfigureSession:
+    return ConfigureSession(provider=ModelProviderInfo(name="p"), model="m", instructions=None,
+                            approval_policy=AskForApproval.NEVER,
+                            sandbox_policy=sandbox_policy_from_mode("read-only"), cwd="/tmp")
 
 
 def delta(n: int) -> Event:
@@ -126,11 +136,13 @@ def test_submissions_go_in_order_but_an_interrupt_goes_at_once_and_shutdown_clos
 
         host = SessionHost(link, runner=None, make_session=make)
         sid = "0d4f6c1e-8a51-4b7f-9a57-7f0f9a3c2b10"
+        submit(link, sid, Submission("0", configure()))
         submit(link, sid, Submission("1", UserInput([TextInput("slow")])))
         submit(link, sid, Submission("2", UserInput([TextInput("queued")])))
         submit(link, sid, Submission("3", Interrupt()))
         await asyncio.sleep(0.05)
-        assert log == ["start UserInput 1", "start Interrupt 3", "end Interrupt 3"]
+        assert log == ["start ConfigureSession 0", "end ConfigureSession 0", "start UserInput 1",
+                       "start Interrupt 3", "end Interrupt 3"]
         release.set()
         submit(link, sid, Submission("4", Shutdown()))
         for _ in range(100):
@@ -138,7 +150,7 @@ def test_submissions_go_in_order_but_an_interrupt_goes_at_once_and_shutdown_clos
                 break
             await asyncio.sleep(0.01)
         assert made == [sid] and sid not in host.sessions
-        assert log[3:] == ["end UserInput 1", "start UserInput 2", "end UserInput 2", "start Shutdown 4",
+        assert log[5:] == ["end UserInput 1", "start UserInput 2", "end UserInput 2", "start Shutdown 4",
                            "end Shutdown 4"]
         assert link.kinds()[-1] == wire.CLOSED
         # A submission that does not decode is answered with an error event for its session.
@@ -146,6 +158,11 @@ def test_submissions_go_in_order_but_an_interrupt_goes_at_once_and_shutdown_clos
         link.handlers[wire.SUBMIT](head, [Frame(b""), Frame(b"\xc1")])
         (error,) = link.events()
         assert type(error.msg).__name__ == "ErrorEvent" and "invalid submission" in error.msg.message
+        # A submission that crossed the close is answered, and hosts no new session.
+        submit(link, sid, Submission("5", UserInput([TextInput("late")])))
+        late = link.events()[-1]
+        assert late.id == "5" and late.msg.message == f"unknown session {sid}"
+        assert made == [sid] and sid not in host.sessions
         await host.aclose()
 
     asyncio.run(main())
