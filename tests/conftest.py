@@ -217,6 +217,19 @@ def _wait_ready(handle: DaemonHandle) -> None:
     raise RuntimeError(f"daemon did not answer within {START_TIMEOUT_S} s ({last}):\n{handle.log()[-3000:]}")
 
 
+@contextlib.contextmanager
+def daemons():
+    """A :class:`DaemonFactory` whose daemons are all stopped at the end; a daemon that
+    left processes behind fails the test."""
+    factory = DaemonFactory()
+    try:
+        yield factory
+    finally:
+        problems = factory.stop_all()
+        if problems:
+            pytest.fail("; ".join(problems), pytrace=False)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _private_default_runtime_dir():
     """Point the default runtime dir somewhere private for the whole session."""
@@ -248,13 +261,8 @@ def runtime_dir():
 
 @pytest.fixture
 def daemon_factory():
-    factory = DaemonFactory()
-    try:
+    with daemons() as factory:
         yield factory
-    finally:
-        problems = factory.stop_all()
-        if problems:
-            pytest.fail("; ".join(problems), pytrace=False)
 
 
 @pytest.fixture
@@ -266,13 +274,8 @@ def daemon(daemon_factory) -> DaemonHandle:
 @pytest.fixture(scope="module")
 def module_daemon():
     """A daemon shared by the tests of one module (faster; do not kill it in a test)."""
-    factory = DaemonFactory()
-    try:
+    with daemons() as factory:
         yield factory.start()
-    finally:
-        problems = factory.stop_all()
-        if problems:
-            pytest.fail("; ".join(problems), pytrace=False)
 
 
 @pytest.fixture(scope="session")

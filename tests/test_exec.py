@@ -24,7 +24,7 @@ import psutil
 import pytest
 
 from broker.protocol import decode_event_json
-from tests.conftest import DaemonFactory, short_tempdir, sluice_argv, subprocess_env
+from tests.conftest import daemons, short_tempdir, sluice_argv, subprocess_env
 from tests.fake_model import (
     FakeModelServer,
     assistant,
@@ -51,13 +51,8 @@ def agent_home():
 
 @pytest.fixture(scope="module")
 def dmn(agent_home):
-    factory = DaemonFactory()
-    try:
+    with daemons() as factory:
         yield factory.start(executors=2, env={"SLUICE_HOME": str(agent_home)})
-    finally:
-        problems = factory.stop_all()
-        if problems:
-            pytest.fail("; ".join(problems), pytrace=False)
 
 
 @pytest.fixture

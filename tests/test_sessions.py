@@ -29,7 +29,7 @@ from broker.protocol import (
     WireApi,
     sandbox_policy_from_mode,
 )
-from tests.conftest import DaemonFactory, short_tempdir
+from tests.conftest import daemons, short_tempdir
 from tests.fake_model import FakeModelServer, assistant, call, gated, response, user_item
 
 pytestmark = pytest.mark.timeout(60)
@@ -45,13 +45,8 @@ def home():
 
 @pytest.fixture(scope="module")
 def dmn(home):
-    factory = DaemonFactory()
-    try:
+    with daemons() as factory:
         yield factory.start(executors=2, env={"SLUICE_HOME": str(home)})
-    finally:
-        problems = factory.stop_all()
-        if problems:
-            pytest.fail("; ".join(problems), pytrace=False)
 
 
 @pytest.fixture
