@@ -64,13 +64,11 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+import msgspec
+
 from agent.safe_commands import is_known_safe_command
-from broker.protocol import (
-    DISK_WRITE_FOLDER,
-    AskForApproval,
-    SandboxPermission,
-    SandboxPolicy,
-)
+from broker.protocol import AskForApproval, SandboxPolicy
+from landlock_helper.policy import SandboxPolicy as LandlockPolicy
 
 __all__ = [
     "RETRY_WITHOUT_SANDBOX_REASON",
@@ -198,25 +196,9 @@ def writable_roots_for(
     """
     if sandbox_policy.has_full_disk_write_access():
         return ["/"]
-    env = os.environ if env is None else env
-    roots: list[str] = []
-    for permission in sandbox_policy.permissions:
-        if isinstance(permission, dict):
-            roots.append(permission[DISK_WRITE_FOLDER].folder)
-        elif permission == SandboxPermission.DISK_WRITE_CWD:
-            roots.append(cwd)
-        elif permission == SandboxPermission.DISK_WRITE_PLATFORM_GLOBAL_TEMP_FOLDER:
-            roots.append("/tmp")
-        elif permission == SandboxPermission.DISK_WRITE_PLATFORM_USER_TEMP_FOLDER:
-            tmpdir = env.get("TMPDIR", "")
-            if os.path.isabs(tmpdir):
-                roots.append(tmpdir)
-    out: list[str] = []
-    for root in roots:
-        root = os.path.normpath(root)
-        if root not in out:
-            out.append(root)
-    return out
+    # The sandbox's own computation (landlock_helper.policy), so the two never disagree.
+    policy = LandlockPolicy.from_json(msgspec.to_builtins(sandbox_policy))
+    return policy.writable_roots(cwd, dict(os.environ if env is None else env))
 
 
 def _resolve(path: str | os.PathLike[str], cwd: str) -> str:
