@@ -16,9 +16,9 @@ screen) and note a closed stdout instead of failing.
 from __future__ import annotations
 
 import os
-import select
 import shlex
 
+from broker.cli import write_all
 from broker.protocol import (
     AddFileChange,
     AgentMessageDeltaEvent,
@@ -51,17 +51,6 @@ def display_path(path: str, cwd: str) -> str:
     if cwd and path.startswith(cwd.rstrip("/") + "/"):
         return os.path.relpath(path, cwd)
     return path
-
-
-def write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        try:
-            n = os.write(fd, view)
-        except BlockingIOError:  # a non-blocking tty or pipe handed to us: wait until writable
-            select.select([], [fd], [])
-            continue
-        view = view[n:]
 
 
 class _Output:

@@ -206,7 +206,8 @@ def _run(args) -> int:
     return result.returncode
 
 
-def _write_all(fd: int, data) -> None:
+def write_all(fd: int, data) -> None:
+    """Write all of ``data`` to ``fd``, waiting out a non-blocking tty or pipe."""
     while data:
         try:
             n = os.write(fd, data)
@@ -237,14 +238,14 @@ class _RawOutput:
     def on_output(self, call, stream, chunk) -> None:
         if stream == 2:
             try:
-                _write_all(2, chunk)
+                write_all(2, chunk)
             except OSError:
                 pass
             return
         if self.stdout_closed:
             return
         try:
-            _write_all(1, chunk)
+            write_all(1, chunk)
         except BrokenPipeError:
             # Like a command writing into a closed pipe: stop it.
             self.stdout_closed = True
@@ -275,7 +276,7 @@ class _JsonOutput:
         if self.stdout_closed:
             return
         try:
-            _write_all(1, self.P.encode_json(self.P.Event(id=self.call_id, msg=msg)) + b"\n")
+            write_all(1, self.P.encode_json(self.P.Event(id=self.call_id, msg=msg)) + b"\n")
         except BrokenPipeError:
             self.stdout_closed = True
 
