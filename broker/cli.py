@@ -49,6 +49,39 @@ def _fail(message: str, code: int) -> int:
     return code
 
 
+def add_connect_args(parser) -> None:
+    """``--connect tcp://HOST:PORT --server-key FILE --key FILE``: a remote daemon (CurveZMQ)."""
+    parser.add_argument("--connect", metavar="tcp://HOST:PORT", default=None,
+                        help="a daemon on another host (started with --listen) instead of the local one")
+    parser.add_argument("--server-key", metavar="FILE", default=None, help="with --connect: the daemon's public key file")
+    parser.add_argument("--key", metavar="FILE", default=None,
+                        help="with --connect: your key pair (NAME.key_secret from `sluice keys new NAME`)")
+
+
+def connect_client(args, *, name: str, autostart: bool = True):
+    """A :class:`broker.client.Client` for the frontend command ``args`` came from.
+
+    The local daemon (started if needed and ``autostart``), or the one ``--connect``
+    names. Failures are printed as one line and raised as :class:`CliExit`.
+    """
+    from broker import client as C
+
+    remote = None
+    if getattr(args, "connect", None):
+        from broker.remote import KeyFileError, Remote
+
+        try:
+            remote = Remote.from_files(args.connect, args.server_key, args.key)
+        except KeyFileError as e:
+            raise CliExit(_fail(str(e), EXIT_USAGE)) from None
+    elif getattr(args, "server_key", None) or getattr(args, "key", None):
+        raise CliExit(_fail("--server-key and --key go with --connect tcp://HOST:PORT", EXIT_USAGE))
+    try:
+        return C.Client.connect(autostart=autostart, remote=remote, name=name)
+    except C.DaemonError as e:
+        raise CliExit(_fail(str(e), EXIT_SLUICE)) from None
+
+
 def _parser():
     import argparse
 

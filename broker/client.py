@@ -303,8 +303,10 @@ def make_request(
 class Client:
     """A frontend connection to the daemon. Not thread-safe; use one per thread."""
 
-    def __init__(self, sock: zmq.Socket, runtime: RuntimeDir, welcome: wire.Welcome) -> None:
+    def __init__(self, sock: zmq.Socket, runtime: RuntimeDir | None, welcome: wire.Welcome, remote=None) -> None:
+        # The local daemon's runtime dir; None when connected to ``remote`` (broker.remote.Remote).
         self.runtime = runtime
+        self.remote = remote
         self.peer_id = welcome.peer_id
         self.heartbeat_s = welcome.heartbeat_s if welcome.heartbeat_s > 0 else 1.0
         self._sock = sock
@@ -333,25 +335,47 @@ class Client:
         *,
         autostart: bool = True,
         timeout: float = 10.0,
+        remote=None,
+        name: str = "client",
     ) -> Client:
-        """Connect to the daemon of ``runtime`` (default: the user's), starting one if needed."""
-        runtime = runtime or RuntimeDir.default()
+        """Connect to the daemon of ``runtime`` (default: the user's), starting one if needed.
+
+        With ``remote`` (a :class:`broker.remote.Remote`), connect to that daemon over
+        ``tcp://`` with CurveZMQ instead (never started from here). ``name`` is how the
+        daemon and the other frontends see this client (``frontend-7 (name)``).
+        """
         deadline = time.monotonic() + timeout
+        if remote is not None:
+            return cls._remote_handshake(remote, deadline, name)
+        runtime = runtime or RuntimeDir.default()
         if _daemon_pid(runtime) is not None and _wait_serving(runtime, deadline) is not None:
             # Running, or was starting (its pid file appears once it serves).
-            return cls._handshake(runtime, deadline)
+            return cls._handshake(runtime, deadline, name)
         if not autostart:
             raise DaemonError(f"no daemon is running in {runtime.path}; start one with `sluice daemon start`")
         start_daemon(runtime, timeout=max(0.0, deadline - time.monotonic()), _probe=False)
-        return cls._handshake(runtime, deadline)
+        return cls._handshake(runtime, deadline, name)
 
     @classmethod
-    def _handshake(cls, runtime: RuntimeDir, deadline: float) -> Client:
+    def _remote_handshake(cls, remote, deadline: float, name: str) -> Client:
+        sock, outcome = _hello(remote.endpoint, "", deadline, name, remote)
+        if isinstance(outcome, wire.Welcome):
+            return cls(sock, None, outcome, remote)
+        sock.close(linger=0)
+        if outcome is None:
+            raise DaemonError(
+                f"no answer from {remote.endpoint}: the daemon is not reachable there, or it refused "
+                "our key (is it in the daemon's allow-list?), or --server-key is not its key"
+            )
+        raise DaemonError(f"the daemon at {remote.endpoint} refused the connection: {_one_line(outcome)}")
+
+    @classmethod
+    def _handshake(cls, runtime: RuntimeDir, deadline: float, name: str = "client") -> Client:
         sent_token = None
         while True:
             token = runtime.read_token()
             sent_token = token
-            sock, outcome = _hello(runtime, token, deadline)
+            sock, outcome = _hello(runtime.endpoint, token, deadline, name)
             if isinstance(outcome, wire.Welcome):
                 return cls(sock, runtime, outcome)
             sock.close(linger=0)
@@ -761,7 +785,7 @@ class Client:
         hb = self.heartbeat_s
         if silence < hb:
             return
-        if not os.path.exists(self.runtime.socket_path):
+        if self.runtime is not None and not os.path.exists(self.runtime.socket_path):
             self._break(DaemonError("the daemon's socket is gone (the daemon exited)"))
             return
         if silence > DEAD_AFTER_HEARTBEATS * hb:
@@ -787,22 +811,24 @@ class Client:
 # -- the handshake ----------------------------------------------------------------------
 
 
-def _new_socket(runtime: RuntimeDir) -> zmq.Socket:
+def _new_socket(endpoint: str, remote=None) -> zmq.Socket:
     sock = zmq.Context.instance().socket(zmq.DEALER)
+    if remote is not None:
+        remote.apply(sock)
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.SNDTIMEO, SEND_TIMEOUT_MS)
     # Flow-control windows bound what is in flight per call; this bounds it per client.
     sock.setsockopt(zmq.RCVHWM, 1 << 20)
     sock.setsockopt(zmq.SNDHWM, 1 << 16)
     sock.setsockopt(zmq.MAXMSGSIZE, wire.MAX_MESSAGE_SIZE)
-    sock.connect(runtime.endpoint)
+    sock.connect(endpoint)
     return sock
 
 
-def _hello(runtime: RuntimeDir, token: str, deadline: float):
+def _hello(endpoint: str, token: str, deadline: float, name: str = "client", remote=None):
     """(socket, Welcome) on success, (socket, message) if refused, (socket, None) on timeout."""
-    sock = _new_socket(runtime)
-    hello = wire.Hello(role=wire.ROLE_FRONTEND, token=token, pid=os.getpid(), name="client")
+    sock = _new_socket(endpoint, remote)
+    hello = wire.Hello(role=wire.ROLE_FRONTEND, token=token, pid=os.getpid(), name=name)
     try:
         sock.send_multipart(wire.message(wire.HELLO, body=hello), zmq.NOBLOCK)
     except zmq.ZMQError:
@@ -907,7 +933,7 @@ def start_daemon(
     _started.append(proc)
     pid = _wait_serving(runtime, deadline, proc)
     if _probe:
-        sock, outcome = _hello(runtime, runtime.read_token(), deadline)
+        sock, outcome = _hello(runtime.endpoint, runtime.read_token(), deadline)
         sock.close(linger=0)
         if outcome is None:
             raise DaemonError(f"the daemon did not answer within {timeout:g} s; see {runtime.log_path}")

@@ -640,6 +640,20 @@ class ShutdownCompleteEvent(_EventMsg, tag="shutdown_complete"):
     pass
 
 
+class ApprovalResolvedEvent(_EventMsg, tag="approval_resolved"):
+    """sluice's own event, not Codex's: an approval request was answered.
+
+    Several frontends may be attached when a request comes; the first answer wins and
+    this event (from the daemon, with the request's ``id``) tells every frontend which
+    answer that was and who gave it, so the others stop asking.
+    """
+
+    call_id: str
+    decision: ReviewDecision
+    by: str
+    """The frontend that answered, e.g. ``frontend-7 (sluice attach)``."""
+
+
 EventMsg = (
     ErrorEvent
     | TaskStartedEvent
@@ -667,6 +681,7 @@ EventMsg = (
     | PlanUpdateEvent
     | TurnAbortedEvent
     | ShutdownCompleteEvent
+    | ApprovalResolvedEvent
 )
 
 

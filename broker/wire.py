@@ -34,7 +34,28 @@ event     agent -> broker -> frontend a Codex ``Event`` (msgpack), forwarded as 
 closed    agent -> broker             none; the agent has let go of ``session`` (shut down)
 serve     agent -> broker             none; the agent is ready to host sessions (sent once,
                                       after its welcome, when its handlers are in place)
+attach    frontend -> broker          none; ``session`` to attach to, ``seq`` the first event
+                                      wanted (0: all; :data:`SINCE_TURN`: the start of the
+                                      current turn); answered with ``attached``
+detach    frontend -> broker          none; stop sending ``session``'s events here
+lagged    broker -> frontend          none; ``session``'s events stopped at ``seq`` because
+                                      the frontend fell a window behind; they resume
+                                      (replayed from the log) as it acks
+sessions  frontend -> broker          none; answered with ``sessions`` (same ``corr``),
+          broker -> frontend          :class:`SessionList`
 ========  ==========================  =====================================================
+
+``attached`` carries a :class:`SessionInfo` body; its header ``seq`` is the last event
+*before* the first one this frontend will get (so the stream continues at ``seq + 1``,
+gap-free), ``n`` the session's newest event at that moment.
+
+Session flow control: an ``ack`` with ``session`` set (``corr`` empty) says the frontend
+has consumed ``session``'s events up to ``seq``, and ``n`` bytes of event bodies since
+its previous session ack. The broker keeps at most :data:`SESSION_WINDOW_EVENTS` events /
+:data:`SESSION_WINDOW_BYTES` bytes unacknowledged per frontend and session; past that it
+stops sending (``lagged``) and resumes from its log and journal as acks come, so a
+frontend that stops reading never stalls the broker or the other frontends, and never
+misses an event.
 
 Flow control: an executor keeps at most :data:`WINDOW_BYTES` bytes / :data:`WINDOW_CHUNKS`
 chunks of one call's output unacknowledged; the frontend acks what it has consumed, and the
@@ -97,6 +118,13 @@ ATTACHED = "attached"
 EVENT = "event"
 CLOSED = "closed"
 SERVE = "serve"
+ATTACH = "attach"
+DETACH = "detach"
+LAGGED = "lagged"
+SESSIONS = "sessions"
+
+# ``attach`` header seq: start at the current (or, when idle, the last) turn's task_started.
+SINCE_TURN = -1
 
 STDOUT = 1
 STDERR = 2
@@ -112,6 +140,13 @@ WINDOW_CHUNKS = 4096
 # A frontend acks once it has consumed this much of a call (bytes or chunks).
 ACK_EVERY_BYTES = 1024 * 1024
 ACK_EVERY_CHUNKS = 256
+
+# Session events in flight to one frontend, unacknowledged, at most (see ``lagged``).
+SESSION_WINDOW_EVENTS = 4096
+SESSION_WINDOW_BYTES = 8 * 1024 * 1024
+# A frontend acks a session's events once it has consumed this many / this many bytes.
+SESSION_ACK_EVERY_EVENTS = 256
+SESSION_ACK_EVERY_BYTES = 1024 * 1024
 
 DEFAULT_CAPTURE_LIMIT = 1024 * 1024
 # Largest message the broker accepts from any peer (ZMQ_MAXMSGSIZE).
@@ -187,6 +222,37 @@ class ExitStatus(msgspec.Struct, frozen=True):
     error: str | None = None
 
 
+# Session states, as ``SessionInfo.state`` spells them.
+STATE_IDLE = "idle"
+STATE_RUNNING = "running"
+STATE_WAITING = "waiting_for_approval"
+
+
+class SessionInfo(msgspec.Struct, frozen=True):
+    """One session as ``sluice sessions`` lists it (and ``attached`` describes it)."""
+
+    id: str
+    cwd: str = ""
+    model: str = ""
+    state: str = STATE_IDLE
+    # Names of the attached frontends (``frontend-7 (sluice attach)``).
+    frontends: list[str] = []
+    # Unix time the session was created.
+    created: float = 0.0
+    # The newest event's seq; the seq of the current (or last) turn's task_started, 0 if none.
+    seq: int = 0
+    turn_start: int = 0
+    # call_ids of approval requests nobody has answered yet.
+    pending_approvals: list[str] = []
+
+
+class SessionList(msgspec.Struct, frozen=True):
+    sessions: list[SessionInfo] = []
+    # Frontends connected to the daemon, attached or not.
+    frontends: int = 0
+    executors: int = 0
+
+
 _header_encoder = msgspec.msgpack.Encoder()
 _header_decoder = msgspec.msgpack.Decoder(Header)
 _encoder = msgspec.msgpack.Encoder()
@@ -197,6 +263,8 @@ _decoders = {
     RUN: msgspec.msgpack.Decoder(RunRequest),
     STARTED: msgspec.msgpack.Decoder(Started),
     EXIT: msgspec.msgpack.Decoder(ExitStatus),
+    ATTACHED: msgspec.msgpack.Decoder(SessionInfo),
+    SESSIONS: msgspec.msgpack.Decoder(SessionList),
 }
 
 

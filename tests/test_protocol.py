@@ -59,6 +59,7 @@ from broker.protocol import (
     SessionConfiguredEvent,
     Shutdown,
     ShutdownCompleteEvent,
+    ApprovalResolvedEvent,
     StepStatus,
     Submission,
     TaskCompleteEvent,
@@ -378,6 +379,10 @@ EVENTS = {
         '{"type":"turn_aborted","reason":"replaced"}',
     ),
     "shutdown_complete": (ShutdownCompleteEvent(), '{"type":"shutdown_complete"}'),
+    "approval_resolved": (
+        ApprovalResolvedEvent("c1", ReviewDecision.APPROVED, "frontend-3 (sluice attach)"),
+        '{"type":"approval_resolved","call_id":"c1","decision":"approved","by":"frontend-3 (sluice attach)"}',
+    ),
 }
 
 

@@ -1,0 +1,119 @@
+"""Connecting over the network: CurveZMQ key files and where a remote daemon is.
+
+A daemon started with ``sluice daemon --listen tcp://HOST:PORT`` accepts peers on that
+endpoint only through CurveZMQ: every connection is encrypted, and the daemon lets in
+only the public keys in its allow-list. Keys live in files in ZeroMQ's certificate
+format (what ``zmq.auth.create_certificates`` writes): ``NAME.key`` holds the public key
+and can be shared; ``NAME.key_secret`` holds both keys, mode 0600, and stays with its
+owner. ``sluice keys new NAME`` makes a pair.
+
+A frontend or an executor that connects remotely needs three things, collected in
+:class:`Remote`: the endpoint, the daemon's public key (``--server-key FILE``, so it
+cannot be talked to by an impostor) and its own key pair (``--key FILE``, the
+``.key_secret`` file). Over ``tcp://`` there is no token: the key pair is the credential.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+__all__ = ["KeyFileError", "Remote", "load_public_key", "load_secret_key", "new_key_pair"]
+
+
+class KeyFileError(ValueError):
+    """A key file that is missing, unreadable or not a CurveZMQ key; ``str(e)`` is one line."""
+
+
+def _load(path: str) -> tuple[bytes | None, bytes | None]:
+    import zmq.auth
+
+    if not os.path.isfile(path):
+        raise KeyFileError(f"key file {path} does not exist")
+    try:
+        public, secret = zmq.auth.load_certificate(path)
+    except OSError as e:
+        raise KeyFileError(f"cannot read key file {path}: {e.strerror}") from None
+    except (ValueError, KeyError, IndexError, UnicodeDecodeError):
+        raise KeyFileError(f"{path} is not a CurveZMQ key file (make one with `sluice keys new NAME`)") from None
+    for key in (public, secret):
+        if key is not None and len(key) != 40:
+            raise KeyFileError(f"{path} holds a malformed key (expected 40 Z85 characters)")
+    return public, secret
+
+
+def load_public_key(path: str) -> bytes:
+    """The public key (Z85) in ``path`` (a ``.key`` or a ``.key_secret`` file)."""
+    public, _ = _load(path)
+    if not public:
+        raise KeyFileError(f"{path} holds no public key")
+    return public
+
+
+def load_secret_key(path: str) -> tuple[bytes, bytes]:
+    """(public, secret) from a ``.key_secret`` file."""
+    public, secret = _load(path)
+    if not public or not secret:
+        raise KeyFileError(f"{path} holds no secret key; pass the NAME.key_secret file made by `sluice keys new`")
+    return public, secret
+
+
+def new_key_pair(directory: str, name: str) -> tuple[str, str]:
+    """Write ``NAME.key`` and ``NAME.key_secret`` (0600) in ``directory``; returns their paths.
+
+    Refuses to overwrite an existing pair.
+    """
+    import zmq.auth
+
+    if not name or "/" in name or name.startswith("."):
+        raise KeyFileError(f"bad key name {name!r}: use a plain file name such as 'laptop'")
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    public_path = os.path.join(directory, f"{name}.key")
+    secret_path = os.path.join(directory, f"{name}.key_secret")
+    for path in (public_path, secret_path):
+        if os.path.exists(path):
+            raise KeyFileError(f"{path} exists already; remove it or choose another name")
+    old = os.umask(0o077)
+    try:
+        zmq.auth.create_certificates(directory, name)
+    finally:
+        os.umask(old)
+    os.chmod(secret_path, 0o600)
+    os.chmod(public_path, 0o644)
+    return public_path, secret_path
+
+
+@dataclass(frozen=True)
+class Remote:
+    """A daemon reached over ``tcp://`` with CurveZMQ."""
+
+    endpoint: str
+    # Z85 keys (40 bytes each).
+    server_public: bytes
+    public: bytes
+    secret: bytes
+
+    @classmethod
+    def from_files(cls, endpoint: str, server_key_file: str | None, key_file: str | None) -> Remote:
+        """Raises :class:`KeyFileError` (one line) for a bad endpoint or key file."""
+        if not endpoint.startswith("tcp://") or ":" not in endpoint[6:]:
+            raise KeyFileError(f"--connect takes tcp://HOST:PORT, got {endpoint!r}")
+        if not server_key_file:
+            raise KeyFileError("--connect needs --server-key FILE (the daemon's public key)")
+        if not key_file:
+            raise KeyFileError("--connect needs --key FILE (your NAME.key_secret, from `sluice keys new NAME`)")
+        server_public = load_public_key(server_key_file)
+        public, secret = load_secret_key(key_file)
+        return cls(endpoint, server_public, public, secret)
+
+    def apply(self, sock) -> None:
+        """Make ``sock`` (before it connects) a CurveZMQ client of this daemon."""
+        import zmq
+
+        sock.setsockopt(zmq.CURVE_SERVERKEY, self.server_public)
+        sock.setsockopt(zmq.CURVE_PUBLICKEY, self.public)
+        sock.setsockopt(zmq.CURVE_SECRETKEY, self.secret)
+        # Notice a peer that vanished without closing (a host gone) at the ZMTP level.
+        sock.setsockopt(zmq.HEARTBEAT_IVL, 1000)
+        sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 5000)
+        sock.setsockopt(zmq.HEARTBEAT_TTL, 6000)
