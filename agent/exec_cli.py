@@ -10,7 +10,7 @@ configuration (flags, then ``-c`` overrides, then ``~/.sluice/config.toml``, the
 defaults) and the model provider with its API key (:func:`agent.config.resolve_provider`),
 so a daemon started earlier from another shell uses this caller's settings. Then it
 starts (or reuses) the daemon, opens a session (``configure_session``), submits PROMPT
-(``-`` reads it from stdin), renders the events (:mod:`agent.exec_render`) until the task
+(``-`` reads it from stdin), renders the events (:mod:`broker.render`) until the task
 ends, and shuts the session down (its rollout flushed). ``experimental_resume = "PATH"``
 (``-c experimental_resume=PATH``) resumes the conversation of a rollout file, as in Codex.
 ``--session ID`` continues a session that is already open instead (left open at the end).
@@ -167,7 +167,7 @@ class _Exec:
     """One run: connect, open (or join) the session, submit, render until the task ends."""
 
     def __init__(self, args, op, header: dict[str, str]) -> None:
-        from agent.exec_render import HumanRenderer, JsonRenderer
+        from broker.render import HumanRenderer, JsonRenderer
 
         self.args = args
         self.op = op
@@ -282,7 +282,7 @@ class _Exec:
 
             what = f"run `{shlex.join(msg.command)}` in {msg.cwd}"
         else:
-            from agent.exec_render import display_path
+            from broker.render import display_path
 
             cwd = self.op.cwd if self.op is not None else ""
             what = "apply a patch to " + ", ".join(display_path(path, cwd) for path in msg.changes)
