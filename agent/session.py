@@ -20,8 +20,9 @@ What each op does is Codex's ``submission_loop``:
   history_entry_count}``. A relative (or missing) cwd is an ``error`` and changes
   nothing. Configuring again aborts the running task and keeps the history, the commands
   approved for the session and the roots granted to patches. ``resume_path`` restores the
-  history and session id from a rollout file (one that cannot be read is an ``error``
-  after ``session_configured``, and the session starts afresh).
+  history from a rollout file and goes on recording in it (one that cannot be read is an
+  ``error`` after ``session_configured``, and the session starts afresh); the session id
+  becomes the rollout's unless the daemon named the session.
 - Before the first ``configure_session``, ``user_input``, ``interrupt``, approvals and
   ``compact`` get the ``error`` "No session initialized, expected 'ConfigureSession' as
   first Op". ``add_to_history``, ``get_history_entry_request`` and ``shutdown`` work
@@ -175,7 +176,11 @@ class Session:
         self.default_timeout_ms = default_timeout_ms
         self.command_env = dict(command_env) if command_env is not None else None
 
-        # The daemon names the session (its routing key); a library user may leave it to us.
+        # The daemon names the session (its routing key, what frontends attach to), and
+        # that name then stays, even when the session resumes a rollout recorded under
+        # another id; a library user may leave it to us, and resuming then takes the
+        # rollout's id, as in Codex.
+        self._named = session_id is not None
         if session_id is None:
             self.session_id = uuid.uuid4()
         else:
@@ -394,7 +399,8 @@ class Session:
                 if self.rollout is not None:
                     await self.rollout.shutdown()
                 self.rollout = recorder
-                self.session_id = saved.session_id
+                if not self._named:
+                    self.session_id = saved.session_id
                 restored = saved.items
 
         user = await asyncio.to_thread(user_instructions, op.instructions, cwd)
