@@ -17,8 +17,9 @@ ends, and shuts the session down (its rollout flushed). ``experimental_resume = 
 
 Approvals are asked on the terminal (``y`` yes, ``a`` always for this session, ``n`` no,
 ``abort`` to end the task); without a terminal on stdin they are denied, with a note.
-Ctrl-C interrupts the turn (the running command's process tree is killed); a second
-Ctrl-C leaves at once.
+Another frontend attached to the session may answer first: the question is then dropped
+and who answered is shown. Ctrl-C interrupts the turn (the running command's process tree
+is killed); a second Ctrl-C leaves at once.
 
 Exit status: 0 when the task completed, 1 when it failed (a model or session error, the
 agent or the daemon gone), 130 when interrupted, 2 for bad usage or configuration (a
@@ -171,10 +172,13 @@ class _Exec:
 
         self.args = args
         self.op = op
+        self.cwd = header.get("cwd", "")
         self.render = JsonRenderer() if args.json else HumanRenderer(header)
         self.interrupted = False
         self.session = None
         self.task_id = ""
+        # Our answers to approvals: what the daemon says about them is no turn's end.
+        self.answers: set[str] = set()
         self.can_ask = _isatty(0)
 
     def run(self, prompt: str) -> int:
@@ -182,9 +186,10 @@ class _Exec:
         from broker.client_sessions import SessionError
 
         try:
-            client = C.Client.connect()
+            client = C.Client.connect(name="sluice exec")
         except C.DaemonError as e:
             return self._fail(str(e))
+        self.render.me = client.peer_id
         with client, client.catch_signals((signal.SIGINT, signal.SIGTERM, signal.SIGHUP)):
             try:
                 return self._run(client, prompt)
@@ -216,7 +221,9 @@ class _Exec:
         while code is None:
             try:
                 event = self.session.next_event()
-            except Interrupted:
+            except Interrupted as e:
+                if e.signum == signal.SIGINT and self.can_ask and hasattr(self.render, "echoed"):
+                    self.render.echoed(False)  # after the ^C the terminal showed
                 if self.interrupted:
                     self.render.note("interrupted again: leaving")
                     self._shutdown(wait=False)
@@ -253,7 +260,7 @@ class _Exec:
         """Render ``event``; the exit code once the task is over, else None."""
         self.render.event(event)
         tag = _tag(event)
-        ours = event.id == self.task_id or (self.op is None and event.id != "")
+        ours = event.id == self.task_id or (self.op is None and event.id not in ("", *self.answers))
         if tag in ("exec_approval_request", "apply_patch_approval_request"):
             self._approve(event)
             return None
@@ -274,65 +281,57 @@ class _Exec:
 
     def _approve(self, event) -> None:
         from broker.protocol import ExecApproval, PatchApproval, ReviewDecision
+        from broker.render import describe_approval
 
-        msg = event.msg
-        is_exec = _tag(event) == "exec_approval_request"
-        if is_exec:
-            import shlex
-
-            what = f"run `{shlex.join(msg.command)}` in {msg.cwd}"
-        else:
-            from broker.render import display_path
-
-            cwd = self.op.cwd if self.op is not None else ""
-            what = "apply a patch to " + ", ".join(display_path(path, cwd) for path in msg.changes)
-            if msg.grant_root:
-                what += f" (and allow writes beneath {msg.grant_root} for this session)"
-        reason = f" ({msg.reason})" if msg.reason else ""
+        what = describe_approval(event.msg, self.cwd)
         if not self.can_ask:
-            self.render.note(f"denied: the agent asked to {what}{reason}, and there is no terminal to ask; "
+            self.render.note(f"denied: the agent asked to {what}, and there is no terminal to ask; "
                              "run on a terminal, or choose --approval-policy / --sandbox to avoid asking")
             decision = ReviewDecision.DENIED
         else:
-            decision = self._ask(f"The agent asks to {what}{reason}.")
+            decision = self._ask(f"The agent asks to {what}.", event.msg.call_id)
+            if decision is None:
+                return  # another frontend answered first
+        is_exec = _tag(event) == "exec_approval_request"
         op = ExecApproval(event.id, decision) if is_exec else PatchApproval(event.id, decision)
-        self.session.submit(op)
+        self.answers.add(self.session.submit(op))
 
-    def _ask(self, question: str):
+    def _ask(self, question: str, call_id: str):
+        """The decision typed at the terminal; None if another frontend answered first."""
         from broker.client import Interrupted
         from broker.protocol import ReviewDecision
+        from broker.render import APPROVAL_PROMPT, parse_approval_answer
 
-        answers = {"y": ReviewDecision.APPROVED, "yes": ReviewDecision.APPROVED,
-                   "a": ReviewDecision.APPROVED_FOR_SESSION, "always": ReviewDecision.APPROVED_FOR_SESSION,
-                   "n": ReviewDecision.DENIED, "no": ReviewDecision.DENIED,
-                   "abort": ReviewDecision.ABORT}
         self.render.line(question, "1;33")
         held = []
         buffered = b""
         try:
             while True:
-                self.render.err(b"Allow? [y]es / [a]lways for this session / [n]o / abort: ")
+                self.render.prompt(APPROVAL_PROMPT)
                 while b"\n" not in buffered:
                     got = self.session.next_event(fds=[0])
                     if got is None:
                         continue
                     if not isinstance(got, int):
+                        if _tag(got) == "approval_resolved" and got.msg.call_id == call_id:
+                            self.render.event(got)  # who answered, and what
+                            return None
                         held.append(got)  # shown once the question is answered
                         continue
                     data = os.read(0, 4096)
                     if not data:
-                        self.render.err(b"\n")
                         self.render.note("end of input: denied")
                         return ReviewDecision.DENIED
                     buffered += data
                 answer, _, buffered = buffered.partition(b"\n")
-                decision = answers.get(answer.decode("utf-8", "replace").strip().lower())
+                if hasattr(self.render, "echoed"):
+                    self.render.echoed(True)
+                decision = parse_approval_answer(answer.decode("utf-8", "replace"))
                 if decision is not None:
                     return decision
         except Interrupted:
             self.interrupted = True
             self.session.interrupt()
-            self.render.err(b"\n")
             self.render.note("interrupting")
             return ReviewDecision.ABORT
         finally:

@@ -1,4 +1,5 @@
-"""How ``sluice exec`` shows a session's events: for a person, or as JSON lines.
+"""How the frontends (``sluice exec``, ``sluice attach``) show a session's events: for a
+person, or as JSON lines.
 
 :class:`HumanRenderer`: the agent's words go to stdout as they stream (so
 ``sluice exec ... > answer.txt`` keeps just the answer); everything else goes to stderr:
@@ -11,6 +12,11 @@ it (output chunks base64).
 
 Both write straight to the file descriptors (no buffering between an event and the
 screen) and note a closed stdout instead of failing.
+
+Approval requests are not rendered by :meth:`HumanRenderer.event`: the frontend decides
+whether to ask (:data:`APPROVAL_PROMPT`, :func:`parse_approval_answer`) or only to say
+what was asked (:func:`describe_approval`). An ``approval_resolved`` event is shown as
+who answered what, unless the answer was this frontend's own (``me``).
 """
 
 from __future__ import annotations
@@ -21,6 +27,8 @@ import shlex
 from broker.cli import write_all
 from broker.protocol import (
     AddFileChange,
+    ApplyPatchApprovalRequestEvent,
+    ApprovalResolvedEvent,
     AgentMessageDeltaEvent,
     AgentMessageEvent,
     AgentReasoningDeltaEvent,
@@ -29,12 +37,14 @@ from broker.protocol import (
     DeleteFileChange,
     ErrorEvent,
     Event,
+    ExecApprovalRequestEvent,
     ExecCommandBeginEvent,
     ExecCommandEndEvent,
     ExecCommandOutputDeltaEvent,
     PatchApplyBeginEvent,
     PatchApplyEndEvent,
     PlanUpdateEvent,
+    ReviewDecision,
     SessionConfiguredEvent,
     StepStatus,
     TokenCountEvent,
@@ -53,7 +63,50 @@ def display_path(path: str, cwd: str) -> str:
     return path
 
 
+# -- approvals --------------------------------------------------------------------------
+
+APPROVAL_PROMPT = "Allow? [y]es / [a]lways for this session / [n]o / abort: "
+
+_ANSWERS = {
+    "y": ReviewDecision.APPROVED, "yes": ReviewDecision.APPROVED,
+    "a": ReviewDecision.APPROVED_FOR_SESSION, "always": ReviewDecision.APPROVED_FOR_SESSION,
+    "n": ReviewDecision.DENIED, "no": ReviewDecision.DENIED,
+    "abort": ReviewDecision.ABORT,
+}
+
+_DECISION_WORDS = {
+    ReviewDecision.APPROVED: "approved",
+    ReviewDecision.APPROVED_FOR_SESSION: "approved for this session",
+    ReviewDecision.DENIED: "denied",
+    ReviewDecision.ABORT: "denied and aborted the turn",
+}
+
+
+def parse_approval_answer(text: str) -> ReviewDecision | None:
+    """The decision a person typed at :data:`APPROVAL_PROMPT`; None if it is not one."""
+    return _ANSWERS.get(text.strip().lower())
+
+
+def describe_approval(msg: ExecApprovalRequestEvent | ApplyPatchApprovalRequestEvent, cwd: str = "") -> str:
+    """What an approval request asks, to follow "the agent asks to": ``run `ls` in /w (why)``."""
+    if isinstance(msg, ExecApprovalRequestEvent):
+        what = f"run `{shlex.join(msg.command)}` in {msg.cwd}"
+    else:
+        what = "apply a patch to " + ", ".join(display_path(path, cwd) for path in msg.changes)
+        if msg.grant_root:
+            what += f" (and allow writes beneath {msg.grant_root} for this session)"
+    return what + (f" ({msg.reason})" if msg.reason else "")
+
+
+def is_own(msg: ApprovalResolvedEvent, me: str) -> bool:
+    """Whether ``msg.by`` (``frontend-7 (sluice attach)``) names the frontend ``me`` (``frontend-7``)."""
+    return bool(me) and (msg.by == me or msg.by.startswith(me + " "))
+
+
 class _Output:
+    # This frontend's peer id (``frontend-7``), once connected.
+    me = ""
+
     def __init__(self, out_fd: int = 1, err_fd: int = 2) -> None:
         self.out_fd = out_fd
         self.err_fd = err_fd
@@ -80,9 +133,13 @@ class HumanRenderer(_Output):
     """Events for a person; see the module docstring. ``header`` items open the session line."""
 
     def __init__(self, header: dict[str, str] | None = None, *, out_fd: int = 1, err_fd: int = 2,
-                 color: bool | None = None) -> None:
+                 color: bool | None = None, label: str = "sluice exec", me: str = "") -> None:
         super().__init__(out_fd, err_fd)
         self.header = header or {}
+        # Opens the line a session_configured event is shown as.
+        self.label = label
+        # This frontend's peer id (``frontend-7``): its own approval answers are not echoed.
+        self.me = me
         if color is None:
             color = os.isatty(err_fd) and not os.environ.get("NO_COLOR") and os.environ.get("TERM") != "dumb"
         self.color = color
@@ -123,6 +180,23 @@ class HumanRenderer(_Output):
     def note(self, text: str) -> None:
         self.line(f"sluice: {text}", "2")
 
+    @property
+    def fresh_line(self) -> bool:
+        """Whether stderr's last line is complete (nothing is left open, such as a prompt)."""
+        return self._err_at_line_start
+
+    def echoed(self, newline: bool) -> None:
+        """The terminal echoed what a person typed: a line, newline and all, or a control
+        character such as ``^C`` (what follows it goes on a new line)."""
+        self._err_at_line_start = newline
+
+    def prompt(self, text: str) -> None:
+        """A question on stderr, the cursor left after it; the next line starts afresh."""
+        self._close_open_lines()
+        if not self._err_at_line_start:
+            self._raw_err(b"\n")
+        self._raw_err(text.encode("utf-8", "replace"))
+
     def error(self, message: str) -> None:
         self.line(f"error: {message}", "31")
 
@@ -137,7 +211,7 @@ class HumanRenderer(_Output):
     def _on_session_configured(self, msg: SessionConfiguredEvent) -> None:
         parts = [f"session {msg.session_id}", f"model {msg.model}"]
         parts += [f"{k} {v}" for k, v in self.header.items() if k not in ("model",)]
-        self.line("sluice exec: " + ", ".join(parts), "2")
+        self.line(f"{self.label}: " + ", ".join(parts), "2")
 
     def _on_agent_message_delta(self, msg: AgentMessageDeltaEvent) -> None:
         if self._reasoning_open:
@@ -232,6 +306,10 @@ class HumanRenderer(_Output):
     def _on_turn_aborted(self, msg: TurnAbortedEvent) -> None:
         self.line(f"turn aborted ({msg.reason})", "33")
 
+    def _on_approval_resolved(self, msg: ApprovalResolvedEvent) -> None:
+        if not is_own(msg, self.me):
+            self.line(f"{msg.by} answered: {_DECISION_WORDS.get(msg.decision, str(msg.decision))}", "33")
+
     def finish(self) -> None:
         self._close_open_lines()
 
@@ -247,6 +325,9 @@ class JsonRenderer(_Output):
 
     def line(self, text: str, style: str = "") -> None:
         self.err(text.encode("utf-8", "replace") + b"\n")
+
+    def prompt(self, text: str) -> None:
+        self.err(text.encode("utf-8", "replace"))
 
     def error(self, message: str) -> None:
         self.event(Event(id="", msg=ErrorEvent(message)))
