@@ -18,7 +18,15 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-__all__ = ["KeyFileError", "Remote", "load_public_key", "load_secret_key", "new_key_pair"]
+__all__ = ["KeyFileError", "Remote", "default_keys_dir", "load_public_key", "load_secret_key", "new_key_pair"]
+
+
+def default_keys_dir() -> str:
+    """Where ``sluice keys new`` writes: ``$SLUICE_HOME/keys``, else ``~/.sluice/keys``.
+    Sandboxed commands never see it."""
+    home = os.environ.get("SLUICE_HOME")
+    base = os.path.expanduser(home) if home else os.path.join(os.path.expanduser("~"), ".sluice")
+    return os.path.join(base, "keys")
 
 
 class KeyFileError(ValueError):
@@ -51,10 +59,13 @@ def load_public_key(path: str) -> bytes:
 
 
 def load_secret_key(path: str) -> tuple[bytes, bytes]:
-    """(public, secret) from a ``.key_secret`` file."""
+    """(public, secret) from a ``.key_secret`` file, which only its owner may read."""
     public, secret = _load(path)
     if not public or not secret:
         raise KeyFileError(f"{path} holds no secret key; pass the NAME.key_secret file made by `sluice keys new`")
+    mode = os.stat(path).st_mode & 0o777
+    if mode & 0o077:
+        raise KeyFileError(f"secret key file {path} is accessible by others (mode {mode:04o}); run `chmod 600 {path}`")
     return public, secret
 
 

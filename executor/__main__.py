@@ -1,4 +1,15 @@
-"""``python -m executor``: parse flags, read the token, run the worker until it stops."""
+"""``python -m executor``: parse flags, read the credentials, run the worker until it stops.
+
+Two ways to join a broker:
+
+- local, as the daemon spawns it: ``--connect ipc://... --token-file PATH`` (usually with
+  ``--die-with-parent``). A broker that goes silent ends the executor.
+- remote, as ``sluice executor`` on another host: ``--connect tcp://HOST:PORT --server-key
+  FILE --key FILE``, CurveZMQ instead of a token. A broker that goes silent, or forgets
+  the executor, has its commands killed here and is joined again until it answers.
+  SIGINT/SIGTERM end the commands, say bye and exit 0. Sandboxed commands see neither
+  the key files nor this host's sluice runtime dir.
+"""
 
 from __future__ import annotations
 
@@ -16,6 +27,10 @@ PR_SET_PDEATHSIG = 1
 DEFAULT_SLOTS = 256
 
 
+class _UsageError(Exception):
+    pass
+
+
 def _slots(text: str) -> int:
     try:
         n = int(text)
@@ -26,20 +41,34 @@ def _slots(text: str) -> int:
     return n
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m executor", description="Run sandboxed commands for a sluice broker.")
-    p.add_argument("--connect", required=True, metavar="ENDPOINT", help="the broker's endpoint (ipc:// or tcp://)")
-    p.add_argument("--token-file", required=True, metavar="PATH", help="file holding the broker's auth token")
+def parse_args(argv: list[str] | None = None, prog: str = "python -m executor") -> argparse.Namespace:
+    class Parser(argparse.ArgumentParser):
+        def error(self, message):  # one line instead of usage + message
+            raise _UsageError(f"{message} (see `{self.prog} --help`)")
+
+    p = Parser(prog=prog, description="Run sandboxed commands for a sluice broker.")
+    p.add_argument("--connect", required=True, metavar="ENDPOINT",
+                   help="the broker: ipc://PATH (with --token-file) or tcp://HOST:PORT (with --server-key and --key)")
+    p.add_argument("--token-file", metavar="PATH", help="ipc: the file holding the broker's auth token")
+    p.add_argument("--server-key", metavar="FILE", help="tcp: the daemon's public key file")
+    p.add_argument("--key", metavar="FILE", help="tcp: this executor's key pair (NAME.key_secret from `sluice keys new`)")
     p.add_argument("--name", default="", help="this executor's name (default: host:pid)")
     p.add_argument("--slots", type=_slots, default=DEFAULT_SLOTS, help="commands run at once (default %(default)s)")
     p.add_argument("--hide", action="append", default=[], metavar="PATH", help="path commands must not see (repeatable)")
     p.add_argument("--die-with-parent", action="store_true", help="get SIGKILLed when the parent process dies")
-    return p.parse_args(argv)
-
-
-def fail(message: str) -> int:
-    print(f"executor: {message}", file=sys.stderr)
-    return 2
+    args = p.parse_args(argv)
+    if args.connect.startswith("tcp://"):
+        if args.token_file:
+            raise _UsageError("--token-file is for ipc://; over tcp the key pair is the credential")
+        if not args.server_key or not args.key:
+            raise _UsageError("--connect tcp://... needs --server-key FILE (the daemon's public key) "
+                              "and --key FILE (this executor's NAME.key_secret)")
+    else:
+        if args.server_key or args.key:
+            raise _UsageError("--server-key and --key go with --connect tcp://HOST:PORT")
+        if not args.token_file:
+            raise _UsageError(f"--connect {args.connect} needs --token-file PATH")
+    return args
 
 
 def read_token(path: str) -> str:
@@ -70,7 +99,7 @@ def die_with_parent() -> None:
 
 def start_spawner(hidden: tuple[str, ...]):
     """The warm-sandbox pool, made first: its zygote is a fork of this process as it is
-    now, before zmq, msgspec and structlog are loaded, and before the token is read."""
+    now, before zmq, msgspec and structlog are loaded, and before the token or key is read."""
     if not sys.platform.startswith("linux"):
         return None
     from landlock_helper.spawn import Spawner
@@ -78,28 +107,57 @@ def start_spawner(hidden: tuple[str, ...]):
     return Spawner(hidden)
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+def remote_hidden(args) -> list[str]:
+    """What commands run for a remote broker must not see on this host: the key files,
+    sluice's key directory, and the runtime dir of a local daemon (its socket and token)."""
+    from broker.remote import default_keys_dir
+    from broker.runtime import default_runtime_dir
+
+    return [args.key, default_keys_dir(), default_runtime_dir()]
+
+
+def main(argv: list[str] | None = None, prog: str = "python -m executor", error_prefix: str = "executor: ") -> int:
+    def fail(message: str) -> int:
+        print(f"{error_prefix}{message}", file=sys.stderr)
+        return 2
+
+    try:
+        args = parse_args(argv, prog)
+    except _UsageError as e:
+        return fail(str(e))
+    remote = args.connect.startswith("tcp://")
     try:
         if args.die_with_parent:
             die_with_parent()
     except StartupError as e:
         return fail(str(e))
-    hidden = tuple(os.path.abspath(p) for p in args.hide)
+    hide = [*args.hide, *(remote_hidden(args) if remote else ())]
+    hidden = tuple(os.path.abspath(p) for p in hide)
     spawner = start_spawner(hidden)
 
     from executor.log import configure
     from executor.worker import Worker
 
     try:
-        token = read_token(args.token_file)
+        if remote:
+            from broker.remote import KeyFileError, Remote
+
+            try:
+                link = Remote.from_files(args.connect, args.server_key, args.key)
+            except KeyFileError as e:
+                raise StartupError(str(e)) from None
+            token = ""
+        else:
+            link = None
+            token = read_token(args.token_file)
     except StartupError as e:
         if spawner is not None:
             spawner.close()
         return fail(str(e))
     configure()
     name = args.name or f"{socket.gethostname()}:{os.getpid()}"
-    worker = Worker(args.connect, token, name=name, slots=args.slots, hidden_paths=hidden, spawner=spawner)
+    worker = Worker(args.connect, token, name=name, slots=args.slots, hidden_paths=hidden, spawner=spawner,
+                    remote=link)
     try:
         return asyncio.run(worker.run())
     except StartupError as e:

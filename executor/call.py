@@ -249,6 +249,12 @@ class Call:
         else:
             self._kill()
 
+    def abandon(self, error: str) -> None:
+        """Kill at once and report to nobody: the broker this call came from is gone, and
+        has failed (or will fail) the call on its side."""
+        self._send = _discard
+        self.abort(error)
+
     def _on_timeout(self) -> None:
         if self._tree_dead:
             return
@@ -355,6 +361,10 @@ class Call:
                 self.proc.close()
             except Exception as e:
                 log.warning("releasing the sandbox failed", corr=self.corr, error=one_line(e))
+
+
+def _discard(parts) -> None:
+    pass
 
 
 def _close_all(fds) -> None:

@@ -3,20 +3,33 @@
 Everything happens on one thread: the zmq socket (via :class:`broker.zloop.ZSocket`),
 every call's pipes and done_fds (``loop.add_reader``), timers and signals. Nothing here
 blocks, so a cancel is acted on as soon as it arrives, whatever else is streaming.
+
+A local executor (spawned by the daemon, ipc and a token) exits when its broker goes
+silent. A remote one (``remote``: tcp and CurveZMQ) outlives it: after as many missed
+heartbeats as the broker allows an executor, or at once when the broker answers "send
+hello first" (it dropped us, or restarted), it kills every command it runs (the broker
+has failed or will fail those calls: nothing is re-run) and joins again, on a fresh
+socket, until it is welcomed. While joined it pings a broker that has been quiet for a
+heartbeat, so a broker that forgot it says so within a heartbeat or two. A CurveZMQ
+handshake the daemon refuses is a one-line error at start-up, and a logged error (and
+retries) later.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import itertools
 import os
 import signal
 import time
 
 import structlog
 import zmq
+from zmq.utils.monitor import parse_monitor_message
 
 from broker import wire
+from broker.logging import Throttle
 from broker.zloop import ZSocket
 from executor.call import Call, one_line
 from executor.errors import StartupError
@@ -36,13 +49,30 @@ SHUTDOWN_DEADLINE_S = 5.0
 FINAL_LINGER_MS = 1000
 BACKLOG_RETRY_MIN_S = 0.001
 BACKLOG_RETRY_MAX_S = 0.05
+# Remote executors give up on a silent broker after as many heartbeats as the broker
+# gives an executor (broker.router.MISSED_HEARTBEATS), so both sides let go together.
+REMOTE_MISSED_HEARTBEATS = 5
+# While (re)joining: a fresh connection and hello this often until welcomed.
+REJOIN_EVERY_S = 5.0
+# tcp reconnects back off to this, and a connect() that hangs (SYNs into a dead link)
+# is abandoned after this, so a host whose network comes back is seen within seconds.
+RECONNECT_IVL_MAX_MS = 2000
+CONNECT_TIMEOUT_MS = 2000
+# What the broker says to a peer it does not know (broker.router.HELLO_FIRST).
+HELLO_FIRST = "send hello first"
+_HANDSHAKE_EVENTS = (
+    zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+)
+_monitor_ids = itertools.count(1)
 
 
 class Worker:
     def __init__(self, endpoint: str, token: str, *, name: str, slots: int, hidden_paths: tuple[str, ...] = (),
-                 spawner=None) -> None:
+                 spawner=None, remote=None) -> None:
         self.endpoint = endpoint
         self.token = token
+        # A broker.remote.Remote: join over tcp with CurveZMQ, and rejoin instead of exiting.
+        self.remote = remote
         self.name = name
         self.slots = slots
         self.hidden_paths = tuple(hidden_paths)
@@ -51,12 +81,20 @@ class Worker:
         self.spawner = spawner
         self._spawner_fd: int | None = None
         self.calls: dict[str, Call] = {}
+        # Calls of a broker we lost: being killed, reporting to nobody.
+        self.orphans: set[Call] = set()
+        # Welcomed by the broker on the current socket.
+        self.joined = False
         # True while the socket refuses sends: every call stops reading its pipes.
         self.congested = False
         self.loop: asyncio.AbstractEventLoop = None  # type: ignore[assignment]
         self.ctx: zmq.Context | None = None
         self.sock: zmq.Socket | None = None
         self.zs: ZSocket | None = None
+        self._monitor: ZSocket | None = None
+        self._retry: asyncio.TimerHandle | None = None
+        self._attempts = 0
+        self._throttle = Throttle(log)
         self.heartbeat_s = 1.0
         self.last_heard = 0.0
         self.exit_linger_ms = 0
@@ -85,39 +123,95 @@ class Worker:
         self._welcome = self.loop.create_future()
         self._stopped = self.loop.create_future()
         self.ctx = zmq.Context()
-        sock = self.sock = self.ctx.socket(zmq.DEALER)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.SNDHWM, SNDHWM)
-        sock.setsockopt(zmq.RCVHWM, RCVHWM)
-        sock.setsockopt(zmq.MAXMSGSIZE, wire.MAX_MESSAGE_SIZE)
-        try:
-            sock.connect(self.endpoint)
-        except zmq.ZMQError as e:
-            raise StartupError(f"cannot connect to {self.endpoint}: {e.strerror}") from None
-        self.zs = ZSocket(sock, self._on_message, self.loop)
         if self.spawner is not None:
             self._refill_spawner()
         for sig in (signal.SIGTERM, signal.SIGINT):
             self.loop.add_signal_handler(sig, self.shutdown)
-
-        hello = wire.Hello(role=wire.ROLE_EXECUTOR, token=self.token, pid=os.getpid(), name=self.name, slots=self.slots)
-        self.send(wire.message(wire.HELLO, body=hello))
+        self._connect()
         try:
-            welcome = await asyncio.wait_for(self._welcome, WELCOME_TIMEOUT_S)
+            # A remote executor waits for its broker as long as it takes (it may start first).
+            welcome = await asyncio.wait_for(self._welcome, None if self.remote else WELCOME_TIMEOUT_S)
         except TimeoutError:
             raise StartupError(f"no answer from the broker at {self.endpoint} within {WELCOME_TIMEOUT_S:g} s") from None
         if welcome is None:  # told to stop while waiting
             return 0
-        if welcome.version != wire.PROTOCOL_VERSION:
-            raise StartupError(
-                f"the broker speaks protocol {welcome.version}, this executor {wire.PROTOCOL_VERSION}; upgrade one of them"
-            )
-        if welcome.heartbeat_s > 0:
-            self.heartbeat_s = welcome.heartbeat_s
-        self.last_heard = time.monotonic()
         self.loop.call_later(self.heartbeat_s, self._check_heartbeat)
-        log.info("executor ready", name=self.name, peer_id=welcome.peer_id, slots=self.slots)
+        log.info("executor ready", name=self.name, peer_id=welcome.peer_id, slots=self.slots,
+                 broker=self.endpoint if self.remote else None)
         return await self._stopped
+
+    def _connect(self) -> None:
+        """A fresh DEALER to the broker, and our hello on it."""
+        sock = self.ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.SNDHWM, SNDHWM)
+        sock.setsockopt(zmq.RCVHWM, RCVHWM)
+        sock.setsockopt(zmq.MAXMSGSIZE, wire.MAX_MESSAGE_SIZE)
+        if self.remote is not None:
+            self.remote.apply(sock)
+            sock.setsockopt(zmq.RECONNECT_IVL_MAX, RECONNECT_IVL_MAX_MS)
+            sock.setsockopt(zmq.CONNECT_TIMEOUT, CONNECT_TIMEOUT_MS)
+            # Before connecting, so no handshake outcome is missed.
+            address = f"inproc://executor-monitor-{next(_monitor_ids)}"
+            sock.monitor(address, _HANDSHAKE_EVENTS)
+            pair = self.ctx.socket(zmq.PAIR)
+            pair.setsockopt(zmq.LINGER, 0)
+            pair.connect(address)
+            self._monitor = ZSocket(pair, self._on_monitor, self.loop)
+        try:
+            sock.connect(self.endpoint)
+        except zmq.ZMQError as e:
+            sock.close(linger=0)
+            raise StartupError(f"cannot connect to {self.endpoint}: {e.strerror}") from None
+        self.sock = sock
+        self.zs = ZSocket(sock, self._on_message, self.loop)
+        hello = wire.Hello(role=wire.ROLE_EXECUTOR, token=self.token, pid=os.getpid(), name=self.name, slots=self.slots)
+        self.send(wire.message(wire.HELLO, body=hello))
+        if self.remote is not None:
+            self._retry = self.loop.call_later(REJOIN_EVERY_S, self._join_again)
+
+    def _disconnect(self) -> None:
+        """Drop the socket and whatever was still queued for it."""
+        if self._retry is not None:
+            self._retry.cancel()
+            self._retry = None
+        if self._monitor is not None:
+            try:
+                self.sock.disable_monitor()
+            except zmq.ZMQError:
+                pass
+            self._monitor.close()
+            self._monitor = None
+        if self.zs is not None:
+            self.zs.close()
+        self.zs = None
+        self.sock = None
+        self._backlog.clear()
+        self.congested = False
+
+    def _join_again(self) -> None:
+        """No welcome yet on this socket: start over on a fresh one."""
+        self._retry = None
+        if self.joined or self._stopping is not None:
+            return
+        self._attempts += 1
+        if self._attempts & (self._attempts - 1) == 0:  # 1, 2, 4, 8, ...: a long outage stays readable
+            log.info("no answer from the broker yet; still trying", broker=self.endpoint, attempts=self._attempts)
+        self._disconnect()
+        self._connect()
+
+    def _rejoin(self, why: str) -> None:
+        """Remote only: let go of this broker (killing what it asked us to run) and join again."""
+        log.warning("lost the broker; cancelling its commands and joining again", why=why, broker=self.endpoint,
+                    cancelled=len(self.calls))
+        self.joined = False
+        calls = list(self.calls.values())
+        self.calls.clear()
+        for call in calls:
+            self.orphans.add(call)
+            call.abandon("executor lost its broker")
+        self._disconnect()
+        self._connect()
 
     def spawn(self, argv, **kw):
         """Start a sandboxed command (see landlock_helper.spawn.spawn); raises SandboxError."""
@@ -148,6 +242,12 @@ class Worker:
 
     def close(self) -> None:
         """Release the socket; after a clean stop, give queued exits and the bye a moment."""
+        if self._retry is not None:
+            self._retry.cancel()
+            self._retry = None
+        if self._monitor is not None:
+            self._monitor.close()
+            self._monitor = None
         if self.spawner is not None:
             if self._spawner_fd is not None and self.loop is not None and not self.loop.is_closed():
                 self.loop.remove_reader(self._spawner_fd)
@@ -165,7 +265,8 @@ class Worker:
         if self._welcome is not None and not self._welcome.done():
             self._welcome.set_result(None)
             return
-        self._stop(0, "executor shutting down", bye=True)
+        # A broker we are not joined to (a remote one we are rejoining) is owed no bye.
+        self._stop(0, "executor shutting down", bye=self.joined)
 
     def _broker_lost(self) -> None:
         log.error("no word from the broker; presuming it gone", silent_s=round(time.monotonic() - self.last_heard, 1))
@@ -176,17 +277,21 @@ class Worker:
             return
         self._stopping = (code, bye)
         self._give_up_at = time.monotonic() + SHUTDOWN_DEADLINE_S
+        if self._retry is not None:
+            self._retry.cancel()
+            self._retry = None
         for call in list(self.calls.values()):
             call.abort(reason)
-        if self.calls:
+        # Orphans are being killed already; they too must be gone before we exit.
+        if self.calls or self.orphans:
             self.loop.call_later(SHUTDOWN_DEADLINE_S, self._stop_deadline)
         else:
             self._stopped_now()
 
     def _stop_deadline(self) -> None:
-        if self._stopped.done() or not self.calls:
+        if self._stopped.done() or not (self.calls or self.orphans):
             return
-        log.error("commands still running at shutdown", calls=sorted(self.calls))
+        log.error("commands still running at shutdown", calls=sorted([*self.calls, *(c.corr for c in self.orphans)]))
         self._stopping = (1, self._stopping[1])
         self._stopped_now()
 
@@ -204,16 +309,27 @@ class Worker:
             self._stopped.set_result(code)
 
     def call_finished(self, call: Call) -> None:
-        self.calls.pop(call.corr, None)
-        if self._stopping is not None and not self.calls:
+        if self.calls.get(call.corr) is call:
+            del self.calls[call.corr]
+        else:
+            self.orphans.discard(call)
+        if self._stopping is not None and not self.calls and not self.orphans:
             self._stopped_now()
 
     def _check_heartbeat(self) -> None:
         if self._stopping is not None:
             return
-        if time.monotonic() - self.last_heard > MISSED_HEARTBEATS * self.heartbeat_s:
-            self._broker_lost()
-            return
+        silent = time.monotonic() - self.last_heard
+        if self.remote is None:
+            if silent > MISSED_HEARTBEATS * self.heartbeat_s:
+                self._broker_lost()
+                return
+        elif self.joined:
+            if silent > REMOTE_MISSED_HEARTBEATS * self.heartbeat_s:
+                self._rejoin(f"no word from the broker for {silent:.1f} s")
+            elif silent > self.heartbeat_s:
+                # A broker that dropped us (or restarted) answers this with "send hello first".
+                self.send([wire.header(wire.PING)])
         self.loop.call_later(self.heartbeat_s, self._check_heartbeat)
 
     # -- sending ------------------------------------------------------------------------
@@ -280,15 +396,59 @@ class Worker:
 
     def _on_welcome(self, h: wire.Header, frames) -> None:
         welcome = self._body(wire.WELCOME, frames)
+        if self.joined:
+            return
+        if welcome.version != wire.PROTOCOL_VERSION:
+            return self._fatal(
+                f"the broker speaks protocol {welcome.version}, this executor {wire.PROTOCOL_VERSION}; upgrade one of them"
+            )
+        self.joined = True
+        self._attempts = 0
+        if self._retry is not None:
+            self._retry.cancel()
+            self._retry = None
+        if welcome.heartbeat_s > 0:
+            self.heartbeat_s = welcome.heartbeat_s
+        self.last_heard = time.monotonic()
         if not self._welcome.done():
             self._welcome.set_result(welcome)
+        else:
+            log.info("joined the broker again", name=self.name, peer_id=welcome.peer_id, broker=self.endpoint)
 
     def _on_error(self, h: wire.Header, frames) -> None:
         err = self._body(wire.ERROR, frames)
-        if not self._welcome.done():
-            self._welcome.set_exception(StartupError(f"the broker refused this executor: {one_line(err.message)}"))
-            return
+        if not self.joined:
+            return self._fatal(f"the broker refused this executor: {one_line(err.message)}")
+        if self.remote is not None and err.message == HELLO_FIRST:
+            return self._rejoin("the broker no longer knows this executor")
         log.warning("broker reported an error", corr=h.corr, message=err.message)
+
+    def _fatal(self, message: str) -> None:
+        """Nothing will change by trying again: exit 2 with ``message``."""
+        if not self._welcome.done():
+            self._welcome.set_exception(StartupError(message))
+            return
+        log.error(message)
+        self._stop(2, message, bye=False)
+
+    def _on_monitor(self, frames) -> None:
+        try:
+            event = parse_monitor_message([f.bytes for f in frames])["event"]
+        except (RuntimeError, ValueError):
+            return
+        if event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+            why = f"the daemon at {self.endpoint} refused our key (it is not in its allow-list)"
+        elif event == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL:
+            why = f"{self.endpoint} does not speak CurveZMQ like a sluice daemon (is it one started with --listen?)"
+        elif event == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL:
+            why = f"the CurveZMQ handshake with {self.endpoint} failed (is --server-key that daemon's public key?)"
+        else:
+            return
+        if not self._welcome.done():
+            # At start-up a person is watching: a refusal is a mistake to fix, not to wait out.
+            self._welcome.set_exception(StartupError(why))
+            return
+        self._throttle("error", "cannot join the broker; still trying", why=why)
 
     def _on_run(self, h: wire.Header, frames) -> None:
         corr = h.corr
@@ -305,7 +465,7 @@ class Worker:
         if self._stopping is not None:
             self._refuse(corr, "executor shutting down")
             return
-        if not self._welcome.done():
+        if not self.joined:
             self._refuse(corr, "executor not ready")
             return
         if len(self.calls) >= self.slots:
