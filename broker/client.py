@@ -314,6 +314,8 @@ class Client:
         self._broken: DaemonError | None = None
         self._last_rx = time.monotonic()
         self._ping_sent = 0.0
+        # When the first ping since the daemon's last message went out (0: none since).
+        self._first_ping = 0.0
         self._signals: collections.deque[int] = collections.deque()
         self._wake_r = -1
         self._poller = zmq.Poller()
@@ -689,6 +691,7 @@ class Client:
         if n:
             self._last_rx = time.monotonic()
             self._ping_sent = 0.0
+            self._first_ping = 0.0
         return n
 
     def _handle(self, frames: list[zmq.Frame]) -> None:
@@ -788,11 +791,14 @@ class Client:
         if self.runtime is not None and not os.path.exists(self.runtime.socket_path):
             self._break(DaemonError("the daemon's socket is gone (the daemon exited)"))
             return
-        if silence > DEAD_AFTER_HEARTBEATS * hb:
+        # Counted from our first unanswered ping, not from the last message: a client that was
+        # stopped itself (SIGSTOP, a suspended machine) must not take its own pause for the daemon's.
+        if self._first_ping and now - self._first_ping > DEAD_AFTER_HEARTBEATS * hb:
             self._break(DaemonError(f"the daemon stopped answering (nothing for {silence:.1f} s)"))
             return
         if not self._ping_sent or now - self._ping_sent >= hb:
             self._ping_sent = now
+            self._first_ping = self._first_ping or now
             self._send([wire.header(wire.PING)], block=False)
 
     def _break(self, error: DaemonError) -> None:
