@@ -20,8 +20,10 @@ through a wakeup fd that sits in the same poller as the socket, so a waiting
 :meth:`Client.wait` raises :class:`Interrupted` the moment one arrives; the call keeps
 running until you :meth:`Client.cancel` it.
 
-Sessions with the agent (configure, submit, events): :meth:`Client.open_session` and
-:meth:`Client.session` give a :class:`broker.client_sessions.ClientSession`; see that module.
+Sessions with the agent (configure, submit, events): :meth:`Client.open_session`,
+:meth:`Client.attach` and :meth:`Client.session` give a
+:class:`broker.client_sessions.ClientSession`, :meth:`Client.list_sessions` lists what the
+daemon hosts; see that module.
 
 Errors: :class:`UsageError` for bad arguments (the message is one line, for a person),
 :class:`DaemonError` when the daemon cannot be reached, refuses us, or goes away while
@@ -457,6 +459,28 @@ class Client:
         self._check_usable()
         return open_session(self, op, sub_id=sub_id, timeout=timeout)
 
+    def attach(self, session_id: str, *, since: int | None = None, timeout: float = 10.0):
+        """Subscribe to an existing session from event ``since`` on: 0 for all of it, None
+        for the start of its current (or last) turn.
+
+        Returns the :class:`~broker.client_sessions.ClientSession` once the daemon has
+        answered (its ``info`` describes the session); attaching to one this client already
+        follows re-positions it. Raises :class:`~broker.client_sessions.SessionError` with
+        the daemon's message for an unknown session, :class:`UsageError` for a bad ``since``.
+        """
+        from broker.client_sessions import attach
+
+        self._check_usable()
+        return attach(self, session_id, since=since, timeout=timeout)
+
+    def list_sessions(self, timeout: float = 10.0) -> wire.SessionList:
+        """Every session the daemon hosts (:class:`wire.SessionInfo`), and how many frontends
+        and executors are connected."""
+        from broker.client_sessions import list_sessions
+
+        self._check_usable()
+        return list_sessions(self, timeout=timeout)
+
     def session(self, session_id: str):
         """An existing session by id; submitting to it attaches this client."""
         from broker.client_sessions import ClientSession
@@ -488,7 +512,9 @@ class Client:
         try:
             while True:
                 if session.events:
-                    return session.events.popleft()
+                    event = session.events.popleft()
+                    session._took(event)
+                    return event
                 if session.failure is not None:
                     raise session.failure
                 self._check_usable()
@@ -743,7 +769,13 @@ class Client:
                 self._sessions.on_event(h, frames[1].buffer)
         elif kind == wire.ATTACHED:
             if self._sessions is not None:
-                self._sessions.on_attached(h)
+                self._sessions.on_attached(h, frames[1].buffer if len(frames) >= 2 else None)
+        elif kind == wire.LAGGED:
+            if self._sessions is not None:
+                self._sessions.on_lagged(h)
+        elif kind == wire.SESSIONS:
+            if len(frames) >= 2 and self._sessions is not None:
+                self._sessions.on_sessions(h, frames[1].buffer)
         elif kind == wire.PING:
             self._send([wire.header(wire.PONG)], block=False)
         elif kind == wire.ERROR:
@@ -754,11 +786,11 @@ class Client:
             call = self._calls.pop(h.corr, None) if h.corr else None
             if call is not None:
                 call.result = Result(call.call_id, call.argv, error=message)
-            elif self._sessions is not None and h.corr in self._sessions.creating:
-                # E.g. a daemon too old to know sessions refused the submit.
-                self._sessions.creating.pop(h.corr)
-                self._sessions.refusals[h.corr] = message
-            elif not h.corr:
+            elif h.corr:
+                # A session request of ours, e.g. refused by a daemon too old to know it.
+                if self._sessions is not None:
+                    self._sessions.refuse(h.corr, message)
+            else:
                 # Not about one call: the daemon no longer knows us (e.g. it restarted).
                 self._break(DaemonError(f"the daemon reported: {_one_line(message)}"))
         # pong, welcome and anything newer: nothing to do beyond the liveness stamp.

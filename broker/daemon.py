@@ -24,6 +24,7 @@ import structlog
 import zmq
 
 from broker import wire
+from broker.journal import reset_directory
 from broker.logging import configure
 from broker.router import HEARTBEAT_S, Router
 from broker.runtime import RuntimeDir, RuntimeDirError
@@ -103,6 +104,18 @@ def _read_pid_fd(fd: int) -> int | None:
         return None
 
 
+def _journal_dir(runtime: RuntimeDir) -> str | None:
+    """``journal/`` in the runtime dir, emptied (journals do not outlive their daemon); None
+    when it cannot be made, and sessions replay from their memory logs only."""
+    path = os.path.join(runtime.path, "journal")
+    try:
+        reset_directory(path)
+    except OSError as e:
+        log.warning("no session journal: replay is limited to the memory log", dir=path, error=e.strerror)
+        return None
+    return path
+
+
 class _Daemon:
     def __init__(self, runtime: RuntimeDir, executors: int) -> None:
         self.runtime = runtime
@@ -153,6 +166,7 @@ class _Daemon:
         agents = AgentSupervisor(self.runtime, router.agent_died, loop)
         router.agent_supervisor = agents
         router.sessions.starter = agents
+        router.sessions.journal_dir = _journal_dir(self.runtime)
         zsock = ZSocket(self.sock, router.on_message, loop)
         router.transport = zsock.send
         heartbeat = loop.create_task(self._heartbeat(router))

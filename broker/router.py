@@ -11,10 +11,11 @@ Peer loss is discovered in three ways, all ending in the same two paths
 EHOSTUNREACH (ROUTER_MANDATORY), a peer that stops answering pings, and, for executors
 and the agent the daemon spawned, the process exiting (reported by the supervisors).
 
-Session traffic (``submit``, ``event``, ``closed``) is routed by :class:`broker.sessions.Sessions`;
-the agent peer that hosts the sessions is the one the agent supervisor spawned (matched
-by pid at hello) once it says ``serve``, and it is pinged like an executor: one that
-stops answering is killed.
+Session traffic (``submit``, ``event``, ``closed``, ``attach``, ``detach``, ``sessions`` and
+acks that name a session) is routed by :class:`broker.sessions.Sessions`, which the
+heartbeat also drives (to retry frontends whose queue was full). The agent peer that
+hosts the sessions is the one the agent supervisor spawned (matched by pid at hello) once
+it says ``serve``, and it is pinged like an executor: one that stops answering is killed.
 """
 
 from __future__ import annotations
@@ -58,6 +59,9 @@ FRAME_COUNT = {
     wire.EVENT: 2,
     wire.CLOSED: 1,
     wire.SERVE: 1,
+    wire.ATTACH: 1,
+    wire.DETACH: 1,
+    wire.SESSIONS: 1,
 }
 CALLER_ROLES = (wire.ROLE_FRONTEND, wire.ROLE_AGENT)
 
@@ -175,7 +179,13 @@ class Router:
             wire.BYE: self._on_bye,
             wire.HELLO: self._on_second_hello,
         }
-        self._frontend_handlers = {**caller_handlers, wire.SUBMIT: self.sessions.on_submit}
+        self._frontend_handlers = {
+            **caller_handlers,
+            wire.SUBMIT: self.sessions.on_submit,
+            wire.ATTACH: self.sessions.on_attach,
+            wire.DETACH: self.sessions.on_detach,
+            wire.SESSIONS: self.sessions.on_list,
+        }
         self._agent_handlers = {
             **caller_handlers,
             wire.EVENT: self.sessions.on_event,
@@ -312,6 +322,8 @@ class Router:
             self._assign(call, executor)
 
     def _on_ack(self, peer: Peer, head: wire.Header, frames: list) -> None:
+        if head.session and not head.corr:
+            return self.sessions.on_ack(peer, head, frames)
         call = self.calls.get(head.corr)
         if call is not None and call.caller is peer and call.executor is not None:
             executor = call.executor
@@ -406,6 +418,7 @@ class Router:
             elif not idle_sweep:
                 continue
             self._send(caller, [caller.identity, wire.header(wire.PING)])
+        self.sessions.heartbeat()
         self._throttle.flush()
 
     # ------------------------------------------------------------ peer loss

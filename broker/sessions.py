@@ -1,31 +1,66 @@
-"""Sessions in the daemon: which frontends watch which session, event numbering, the agent.
+"""Sessions in the daemon: event numbering, the log and journal, who gets which events, approvals.
 
 The broker hosts every session in the one agent process it spawns (see
 :class:`broker.supervisor.AgentSupervisor`). This module is the bookkeeping around that,
 driven by the router (:mod:`broker.router`):
 
 - ``submit`` from a frontend: an empty session id with ``configure_session`` creates a
-  session (uuid4); a known id continues one. Either way the frontend is attached (told
-  with ``attached``) and the submission goes to the agent as it came, at once, in
-  arrival order; an interrupt is therefore never behind anything the broker holds.
-  While the agent is starting, submissions wait in a bounded list.
+  session (uuid4); a known id continues one. A frontend not attached to the session yet
+  is attached at its head (told with ``attached``), and the submission goes to the agent
+  as it came, at once, in arrival order; an interrupt is therefore never behind anything
+  the broker holds. While the agent is starting, submissions wait in a bounded list.
 - ``event`` from the agent: numbered with the session's next ``seq`` (in the header; the
-  body frame is forwarded untouched, never decoded), remembered in a small bounded log,
-  and sent to every attached frontend.
+  body frame is forwarded untouched), kept in a bounded memory log and in the session's
+  journal on disk (:mod:`broker.journal`), and sent to every attached frontend.
+- ``attach`` from a frontend: subscribe from a given event on (``attached``, then a
+  replay of what it asked for); ``detach``: unsubscribe; ``sessions``: list them all.
 - ``closed`` from the agent: it let go of the session (after ``shutdown``); forgotten.
 - The agent going away (its process died, it stopped answering, it left): every session
   gets an ``error`` event saying so and is forgotten; the supervisor starts a new agent.
 
-What the broker itself reports about a session is an ``event`` whose body is a Codex
-``Event`` with an ``error`` message, so a frontend shows it like any other error.
+Delivery promise
+----------------
+A frontend's subscription to a session starts with ``attached`` (header ``seq`` = s).
+From then on, for as long as it stays attached, it receives the session's numbered
+events s+1, s+2, ... in order, each exactly once, with no gap, however slowly it reads
+and whatever the other frontends do. The one exception is announced: when events it has
+not been sent yet are no longer kept (in neither the memory log nor the journal), it
+gets an unnumbered ``error`` event "events N..M of this session are no longer kept;
+continuing at M+1", and the stream goes on at M+1.
 
-Only the head of a submission is decoded (its id and op type): the rest, the API key of a
-``configure_session`` included, passes through as bytes.
+How: a :class:`Subscription` is a cursor (the next seq to send) and a credit count (what
+the frontend has not acknowledged yet). A *live* subscription is at the head and is sent
+each event as it is published, while at most :data:`~broker.wire.SESSION_WINDOW_EVENTS`
+events / :data:`~broker.wire.SESSION_WINDOW_BYTES` bytes are unacknowledged. One that
+falls a window behind, or whose frontend's queue is full (``zmq.Again``), stops being
+live: it gets one ``lagged`` message and from then on is *pumped*, sent its next events
+from the memory log, else the journal, a bounded batch per loop turn and never past its
+window, as its acks come (and, after ``zmq.Again``, on every heartbeat), until it reaches
+the head and is live again. Every send goes out at the cursor and moves it by one, which
+is what makes the stream gap-free and duplicate-free; a slow frontend costs the broker a
+cursor, never a queue, and never holds up the others.
+
+Session state (:class:`~broker.wire.SessionInfo`, for ``sluice sessions`` and ``attached``)
+follows the heads of the events that pass: ``task_started`` makes a session running,
+``task_complete``, ``turn_aborted`` or an ``error`` of the running task idle, and an
+unanswered approval request waiting_for_approval. The first answer to an approval wins: it
+goes to the agent and every frontend gets an ``approval_resolved`` event naming who gave
+it; a later answer goes no further, and only its sender is told who was first.
+
+What the broker itself reports about a session is an ``event`` whose body is a Codex
+``Event`` with an ``error`` message, so a frontend shows it like any other error. Numbered
+events carry no ``corr``: a replay could not repeat one.
+
+Only heads are decoded (a submission's id, op type, ``cwd`` and approval fields; an
+event's id, type, ``call_id`` and ``model``): the rest, the API key of a
+``configure_session`` and every output chunk included, passes through as bytes.
 """
 
 from __future__ import annotations
 
 import collections
+import functools
+import itertools
 import time
 import uuid
 from typing import TYPE_CHECKING, Protocol
@@ -34,6 +69,7 @@ import msgspec
 import structlog
 
 from broker import wire
+from broker.journal import Journal
 from broker.logging import Throttle
 
 if TYPE_CHECKING:
@@ -45,10 +81,16 @@ log = structlog.get_logger(component="sessions")
 PENDING_LIMIT = 1000
 # Sessions one daemon hosts at most.
 MAX_SESSIONS = 10_000
-# The per-session event log keeps at most this many recent events / bytes (for attach
-# and replay; older events are in the session's rollout file).
+# The memory log keeps at most this many recent events / bytes per session; the journal
+# keeps many more on disk (and the rollout file the whole conversation).
 LOG_EVENTS = 4096
 LOG_BYTES = 8 * 1024 * 1024
+# A frontend catching up is sent at most this much per loop turn, so that replaying to
+# it never holds up the broker's other work for long.
+PUMP_EVENTS = 256
+PUMP_BYTES = 4 * 1024 * 1024
+# Answered approvals a session remembers, to tell a late answer who was first.
+ANSWERED_KEPT = 64
 
 # Sessions just closed whose frontends still get the agent's late answers (to
 # submissions that crossed the close), without a seq, like any "unknown session" error.
@@ -57,6 +99,9 @@ RECENTLY_CLOSED = 256
 # Codex's answer to an op before configure_session.
 NO_SESSION = "No session initialized, expected 'ConfigureSession' as first Op"
 
+_APPROVAL_ANSWERS = frozenset({"exec_approval", "patch_approval"})
+_APPROVAL_REQUESTS = frozenset({"exec_approval_request", "apply_patch_approval_request"})
+_TASK_ENDS = frozenset({"task_complete", "turn_aborted"})
 
 # The router's reasons for dropping a peer, as said of the agent.
 _AGENT_WHY = {"said bye": "left", "unreachable": "became unreachable"}
@@ -69,8 +114,16 @@ class AgentStarter(Protocol):
         """Start the agent process unless it is running or about to be."""
 
 
+# -- heads: the few fields the broker reads; msgspec skips the rest without decoding it
+
+
 class _OpHead(msgspec.Struct):
     type: str
+    # configure_session
+    cwd: str | None = None
+    # exec_approval / patch_approval: the request answered (its event id or call_id), the answer
+    id: str | None = None
+    decision: str | None = None
 
 
 class _SubmissionHead(msgspec.Struct):
@@ -78,33 +131,24 @@ class _SubmissionHead(msgspec.Struct):
     op: _OpHead
 
 
-_head_decoder = msgspec.msgpack.Decoder(_SubmissionHead)
+class _MsgHead(msgspec.Struct):
+    type: str
+    call_id: str | None = None
+    model: str | None = None
 
 
-class Session:
-    """A session as the broker sees it: its frontends, its event numbering, a bounded log."""
+class _EventHead(msgspec.Struct):
+    id: str
+    msg: _MsgHead
 
-    __slots__ = ("id", "seq", "frontends", "log", "log_bytes", "created")
 
-    def __init__(self, session_id: str) -> None:
-        self.id = session_id
-        self.seq = 0
-        self.frontends: dict[bytes, Peer] = {}
-        # (seq, body frame), oldest first; bounded by LOG_EVENTS and LOG_BYTES.
-        self.log: collections.deque = collections.deque()
-        self.log_bytes = 0
-        self.created = time.time()
+_submission_head = msgspec.msgpack.Decoder(_SubmissionHead)
+_event_head = msgspec.msgpack.Decoder(_EventHead)
 
-    def remember(self, seq: int, body) -> None:
-        size = len(body)
-        self.log.append((seq, body))
-        self.log_bytes += size
-        while len(self.log) > LOG_EVENTS or (self.log_bytes > LOG_BYTES and len(self.log) > 1):
-            _, old = self.log.popleft()
-            self.log_bytes -= len(old)
 
-    def __repr__(self) -> str:
-        return f"<Session {self.id} seq={self.seq} frontends={len(self.frontends)}>"
+def frontend_name(peer: Peer) -> str:
+    """How other frontends see ``peer``: ``frontend-7 (sluice attach)``, or its bare id when unnamed."""
+    return peer.peer_id if peer.name == peer.peer_id else f"{peer.peer_id} ({peer.name})"
 
 
 def error_event(sub_id: str, message: str) -> bytes:
@@ -114,19 +158,268 @@ def error_event(sub_id: str, message: str) -> bytes:
     return encode_msgpack(Event(id=sub_id, msg=ErrorEvent(message)))
 
 
-class Sessions:
-    """The sessions of one daemon; the router calls the ``on_*`` methods."""
+def approval_resolved_event(event_id: str, call_id: str, decision: str, by: str) -> bytes:
+    """An ``approval_resolved`` event, as msgpack; ValueError if ``decision`` is not a ReviewDecision."""
+    from broker.protocol import (
+        ApprovalResolvedEvent,
+        Event,
+        ReviewDecision,
+        encode_msgpack,
+    )
 
-    def __init__(self, router: Router, starter: AgentStarter | None = None) -> None:
+    return encode_msgpack(Event(id=event_id, msg=ApprovalResolvedEvent(call_id, ReviewDecision(decision), by)))
+
+
+def _gap_message(missing: int, first: int) -> str:
+    return f"events {missing}..{first - 1} of this session are no longer kept; continuing at {first}"
+
+
+class _Approval:
+    """An approval request of the running task; once answered, the answer and who gave it."""
+
+    __slots__ = ("event_id", "call_id", "decision", "by")
+
+    def __init__(self, event_id: str, call_id: str) -> None:
+        self.event_id = event_id
+        self.call_id = call_id
+        self.decision: str | None = None
+        self.by = ""
+
+
+class Session:
+    """A session as the broker sees it: numbering, recent events, state, subscriptions."""
+
+    __slots__ = (
+        "id", "seq", "log", "log_bytes", "journal", "created", "cwd", "model",
+        "task", "turn_start", "pending", "answered", "subscriptions",
+    )
+
+    def __init__(self, session_id: str, journal: Journal | None = None) -> None:
+        self.id = session_id
+        self.seq = 0
+        # (seq, body frame), oldest first, consecutive; bounded by LOG_EVENTS and LOG_BYTES.
+        self.log: collections.deque = collections.deque()
+        self.log_bytes = 0
+        self.journal = journal
+        self.created = time.time()
+        self.cwd = ""
+        self.model = ""
+        # The running task's submission id (the id its events carry); None when idle.
+        self.task: str | None = None
+        # The seq of the current (or last) task_started; 0 before the first.
+        self.turn_start = 0
+        # The running task's unanswered approval requests, by call_id, oldest first.
+        self.pending: dict[str, _Approval] = {}
+        # Answered requests, oldest first (bounded by ANSWERED_KEPT).
+        self.answered: collections.OrderedDict[str, _Approval] = collections.OrderedDict()
+        self.subscriptions: dict[bytes, Subscription] = {}
+
+    # ---------------------------------------------------------------- events
+
+    def append(self, body) -> int:
+        """Number ``body`` as the next event, keep it (log and journal); returns its seq."""
+        self.seq += 1
+        seq = self.seq
+        log_ = self.log
+        log_.append((seq, body))
+        self.log_bytes += len(body)
+        while len(log_) > LOG_EVENTS or (self.log_bytes > LOG_BYTES and len(log_) > 1):
+            _, old = log_.popleft()
+            self.log_bytes -= len(old)
+        if self.journal is not None:
+            self.journal.append(seq, body)
+        self._observe(seq, body)
+        return seq
+
+    def first_kept(self, seq: int) -> int:
+        """The oldest event at or after ``seq`` still kept (log or journal); head + 1 when none is."""
+        first = self.seq + 1
+        if self.log:
+            first = min(first, max(seq, self.log[0][0]))
+        journal = self.journal
+        if journal is not None and journal.first_seq <= journal.last_seq and seq <= journal.last_seq:
+            first = min(first, max(seq, journal.first_seq))
+        return first
+
+    def read(self, seq: int, max_events: int, max_bytes: int) -> list:
+        """Kept events in order from ``seq`` on (from the oldest one kept after it when ``seq``
+        itself is not): at most ``max_events``, about ``max_bytes`` but at least one, from the
+        memory log when it reaches back that far, else the journal; [] past the head."""
+        start = self.first_kept(seq)
+        log_ = self.log
+        if self.journal is not None and (not log_ or start < log_[0][0]):
+            events = self.journal.read(start, max_events, max_bytes)
+            if events:
+                return events
+            # A journal that fails to read turns itself off: the log is all there is now.
+        if not log_:
+            return []
+        out = []
+        size = 0
+        for event in itertools.islice(log_, max(0, start - log_[0][0]), None):
+            out.append(event)
+            size += len(event[1])
+            if len(out) >= max_events or size >= max_bytes:
+                break
+        return out
+
+    def start_for(self, since: int) -> int:
+        """The first seq an ``attach`` asking for ``since`` gets, within [1, head + 1]."""
+        if since == wire.SINCE_TURN:
+            since = self.turn_start
+        return min(max(since, 1), self.seq + 1)
+
+    # ----------------------------------------------------------------- state
+
+    def _observe(self, seq: int, body) -> None:
+        try:
+            head = _event_head.decode(body)
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            return  # forwarded all the same; only its effect on the state is unknown
+        kind = head.msg.type
+        if kind == "task_started":
+            self.task = head.id
+            self.turn_start = seq
+        elif kind in _TASK_ENDS or (kind == "error" and head.id == self.task):
+            # The agent drops a finished task's unanswered requests too.
+            self.task = None
+            self.pending.clear()
+        elif kind in _APPROVAL_REQUESTS and head.msg.call_id:
+            self.pending[head.msg.call_id] = _Approval(head.id, head.msg.call_id)
+        elif kind == "session_configured" and head.msg.model:
+            self.model = head.msg.model
+
+    @property
+    def state(self) -> str:
+        if self.pending:
+            return wire.STATE_WAITING
+        return wire.STATE_IDLE if self.task is None else wire.STATE_RUNNING
+
+    def approval(self, answer_id: str) -> _Approval | None:
+        """The request an answer's ``id`` names (a call_id, or the request's event id as Codex
+        frontends send): a pending one first, else the newest answered one."""
+        found = self.pending.get(answer_id)
+        if found is None:
+            found = next((a for a in self.pending.values() if a.event_id == answer_id), None)
+        if found is None:
+            found = self.answered.get(answer_id)
+        if found is None:
+            found = next((a for a in reversed(self.answered.values()) if a.event_id == answer_id), None)
+        return found
+
+    def resolve(self, approval: _Approval, decision: str, by: str) -> None:
+        del self.pending[approval.call_id]
+        approval.decision = decision
+        approval.by = by
+        self.answered[approval.call_id] = approval
+        while len(self.answered) > ANSWERED_KEPT:
+            self.answered.popitem(last=False)
+
+    def info(self) -> wire.SessionInfo:
+        return wire.SessionInfo(
+            id=self.id,
+            cwd=self.cwd,
+            model=self.model,
+            state=self.state,
+            frontends=[frontend_name(sub.peer) for sub in self.subscriptions.values()],
+            created=self.created,
+            seq=self.seq,
+            turn_start=self.turn_start,
+            pending_approvals=list(self.pending),
+        )
+
+    def close(self) -> None:
+        """Drop the kept events (the journal's files included)."""
+        self.log.clear()
+        self.log_bytes = 0
+        if self.journal is not None:
+            self.journal.close()
+            self.journal = None
+
+    def __repr__(self) -> str:
+        return f"<Session {self.id} seq={self.seq} {self.state} frontends={len(self.subscriptions)}>"
+
+
+class Subscription:
+    """One frontend's cursor in one session's events (see "Delivery promise" above)."""
+
+    __slots__ = ("peer", "session", "next_seq", "acked", "unacked_bytes", "live", "active", "scheduled", "owes_notice")
+
+    def __init__(self, peer: Peer, session: Session) -> None:
+        self.peer = peer
+        self.session = session
+        self.next_seq = session.seq + 1
+        # The last seq the frontend acknowledged, and the bytes sent since that it has not.
+        self.acked = session.seq
+        self.unacked_bytes = 0
+        # At the head, sent each event as it is published; otherwise catching up (pumped).
+        self.live = True
+        # False once unsubscribed: a pump scheduled before then does nothing.
+        self.active = True
+        self.scheduled = False
+        # A ``lagged`` message is due: it could not go out when the subscription fell behind.
+        self.owes_notice = False
+
+    @property
+    def in_flight(self) -> int:
+        return self.next_seq - 1 - self.acked
+
+    @property
+    def has_room(self) -> bool:
+        return self.in_flight < wire.SESSION_WINDOW_EVENTS and self.unacked_bytes < wire.SESSION_WINDOW_BYTES
+
+    def start_at(self, seq: int) -> None:
+        """Send ``seq`` next, whatever was in flight (an ``attach``: the frontend drops what
+        reaches it before ``attached``)."""
+        self.next_seq = seq
+        self.acked = seq - 1
+        self.unacked_bytes = 0
+        self.live = seq > self.session.seq
+        self.owes_notice = False
+
+    def sent(self, size: int) -> None:
+        self.next_seq += 1
+        self.unacked_bytes += size
+
+    def skip_to(self, seq: int) -> None:
+        """Go on at ``seq``. The events skipped were never sent, so ``acked`` moves along to
+        keep the count in flight as it was; acks for events from before the skip then count
+        for nothing, and the first ack after it (one comes within a window) settles it."""
+        in_flight = self.in_flight
+        self.next_seq = seq
+        self.acked = seq - 1 - in_flight
+
+    def credit(self, seq: int, size: int) -> None:
+        """The frontend has consumed the events up to ``seq``, ``size`` bytes since its last ack."""
+        if seq > self.acked:
+            self.acked = min(seq, self.next_seq - 1)
+        # Nothing in flight is an exact reckoning: it also mends a frontend's miscounted bytes.
+        self.unacked_bytes = 0 if self.in_flight == 0 else max(0, self.unacked_bytes - size)
+
+    def __repr__(self) -> str:
+        mode = "live" if self.live else "catching up"
+        return f"<Subscription {self.peer.name} -> {self.session.id} next={self.next_seq} acked={self.acked} {mode}>"
+
+
+class Sessions:
+    """The sessions of one daemon; the router calls the ``on_*`` methods.
+
+    ``journal_dir``: where sessions keep their journals (None: memory log only).
+    """
+
+    def __init__(self, router: Router, starter: AgentStarter | None = None, journal_dir: str | None = None) -> None:
         self.router = router
         self.starter = starter
+        self.journal_dir = journal_dir
         self.sessions: dict[str, Session] = {}
-        # session id -> the frontends it had, for sessions closed lately (bounded).
-        self.closed: collections.OrderedDict[str, list[Peer]] = collections.OrderedDict()
+        # session id -> the routing identities of its frontends, for sessions closed lately (bounded).
+        self.closed: collections.OrderedDict[str, list[bytes]] = collections.OrderedDict()
         # The agent process's peer once it said hello (candidate), then serve (agent).
         self.candidate: Peer | None = None
         self.agent: Peer | None = None
         self.pending: list[list] = []
+        # Subscriptions whose last send found their frontend's queue full; retried each heartbeat.
+        self.stuck: set[Subscription] = set()
         self._throttle = Throttle(log)
 
     # ------------------------------------------------------------- frontends
@@ -134,96 +427,182 @@ class Sessions:
     def on_submit(self, peer: Peer, head: wire.Header, frames: list) -> None:
         body = frames[2]
         try:
-            sub = _head_decoder.decode(body)
+            submission = _submission_head.decode(body)
         except (msgspec.DecodeError, msgspec.ValidationError) as e:
             return self._tell(peer, head, "", f"invalid submission: {e}")
         if self.router.closing:
-            return self._tell(peer, head, sub.id, "the sluice daemon is shutting down")
-        session_id = head.session
-        if not session_id:
-            if sub.op.type != "configure_session":
-                return self._tell(peer, head, sub.id, NO_SESSION)
-            if len(self.sessions) >= MAX_SESSIONS:
-                return self._tell(peer, head, sub.id, f"the daemon hosts {MAX_SESSIONS} sessions already; shut some down")
-            session_id = str(uuid.uuid4())
-            session = self.sessions[session_id] = Session(session_id)
-            log.info("session created", session=session_id, frontend=peer.name)
-        else:
-            session = self.sessions.get(session_id)
+            return self._tell(peer, head, submission.id, "the sluice daemon is shutting down")
+        op = submission.op
+        if head.session:
+            session = self.sessions.get(head.session)
             if session is None:
-                return self._tell(peer, head, sub.id, f"unknown session {session_id}")
-        if peer.identity not in session.frontends:
-            self.attach(peer, session, head.corr)
-        parts = [wire.header(wire.SUBMIT, head.corr, session=session_id), body]
-        agent = self.agent
-        if agent is None:
-            if len(self.pending) >= PENDING_LIMIT:
-                return self._publish_error(session, sub.id, "the daemon is busy starting its agent; try again")
-            self.pending.append(parts)
-            if self.starter is not None:
-                self.starter.ensure_started()
-            return
-        if not self.router.send(agent, [agent.identity, *parts]) and not agent.gone:
-            self._publish_error(session, sub.id, "the agent is not taking submissions (its queue is full); try again")
+                return self._tell(peer, head, submission.id, f"unknown session {head.session}")
+        elif op.type != "configure_session":
+            return self._tell(peer, head, submission.id, NO_SESSION)
+        elif len(self.sessions) >= MAX_SESSIONS:
+            return self._tell(peer, head, submission.id, f"the daemon hosts {MAX_SESSIONS} sessions already; shut some down")
+        else:
+            session = self._create()
+            log.info("session created", session=session.id, frontend=peer.name)
+        if op.type == "configure_session" and op.cwd:
+            session.cwd = op.cwd
+        if peer.identity not in session.subscriptions:
+            self._send_attached(self._subscribe(peer, session), head.corr, session.seq)
+        parts = [wire.header(wire.SUBMIT, head.corr, session=session.id), body]
+        if op.type in _APPROVAL_ANSWERS and op.id:
+            self._answer_approval(peer, head, session, submission, parts)
+        else:
+            self._forward(session, submission.id, parts)
 
-    def attach(self, peer: Peer, session: Session, corr: str = "") -> None:
-        session.frontends[peer.identity] = peer
-        peer.sessions.add(session.id)
-        self.router.send(peer, [peer.identity, wire.header(wire.ATTACHED, corr, session=session.id, seq=session.seq)])
+    def on_attach(self, peer: Peer, head: wire.Header, frames: list) -> None:
+        """Subscribe ``peer`` from the event ``head.seq`` asks for (re-positioning it if it was)."""
+        session = self.sessions.get(head.session)
+        if session is None:
+            return self._tell(peer, head, "", f"unknown session {head.session}")
+        wanted = session.start_for(head.seq)
+        first = session.first_kept(wanted)
+        sub = self._subscribe(peer, session)
+        sub.start_at(first)
+        self._send_attached(sub, head.corr, first - 1)
+        if first > wanted:
+            # ``attached`` says where the stream starts; this says why not where asked.
+            self._tell_laggard(sub, _gap_message(wanted, first))
+        self._pump(sub)
 
-    def detach(self, peer: Peer, session_id: str) -> None:
+    def on_detach(self, peer: Peer, head: wire.Header, frames: list) -> None:
+        self._unsubscribe(peer, head.session)
+
+    def on_list(self, peer: Peer, head: wire.Header, frames: list) -> None:
+        """Answer ``sessions`` with every session's :class:`~broker.wire.SessionInfo`."""
+        router = self.router
+        listing = wire.SessionList(
+            sessions=[session.info() for session in self.sessions.values()],
+            frontends=sum(1 for p in router.callers.values() if p.role == wire.ROLE_FRONTEND),
+            executors=len(router.executors),
+        )
+        router.send(peer, [peer.identity, *wire.message(wire.SESSIONS, head.corr, listing)])
+
+    def on_ack(self, peer: Peer, head: wire.Header, frames: list) -> None:
+        """A session ack (``session`` set, no ``corr``): credit, and resume a frontend catching up."""
+        session = self.sessions.get(head.session)
+        sub = session.subscriptions.get(peer.identity) if session is not None else None
+        if sub is None:
+            return  # detached, or the session ended, while the ack was on its way
+        sub.credit(head.seq, head.n)
+        if not sub.live and not sub.scheduled:
+            self._pump(sub)
+
+    def _create(self) -> Session:
+        session_id = str(uuid.uuid4())
+        journal = Journal(self.journal_dir, session_id) if self.journal_dir else None
+        session = self.sessions[session_id] = Session(session_id, journal)
+        return session
+
+    def _subscribe(self, peer: Peer, session: Session) -> Subscription:
+        sub = session.subscriptions.get(peer.identity)
+        if sub is None:
+            sub = session.subscriptions[peer.identity] = Subscription(peer, session)
+            peer.sessions.add(session.id)
+        return sub
+
+    def _unsubscribe(self, peer: Peer, session_id: str) -> None:
         session = self.sessions.get(session_id)
-        if session is not None:
-            session.frontends.pop(peer.identity, None)
+        sub = session.subscriptions.pop(peer.identity, None) if session is not None else None
+        if sub is not None:
+            self._deactivate(sub)
         peer.sessions.discard(session_id)
 
+    def _deactivate(self, sub: Subscription) -> None:
+        sub.active = False
+        sub.live = False
+        self.stuck.discard(sub)
+
+    def _send_attached(self, sub: Subscription, corr: str, seq: int) -> None:
+        peer, session = sub.peer, sub.session
+        hdr = wire.header(wire.ATTACHED, corr, session=session.id, seq=seq, n=session.seq)
+        self.router.send(peer, [peer.identity, hdr, wire.encode(session.info())])
+
     def _tell(self, peer: Peer, head: wire.Header, sub_id: str, message: str) -> None:
-        """An error about a session that does not exist: to this frontend only, seq 0."""
-        self._throttle("info", "submission refused", reason=message, frontend=peer.name)
+        """An error about a request, to this frontend only, outside the numbered stream (seq 0)."""
+        self._throttle("info", "session request refused", reason=message, frontend=peer.name)
         hdr = wire.header(wire.EVENT, head.corr, session=head.session)
         self.router.send(peer, [peer.identity, hdr, error_event(sub_id, message)])
 
+    # ------------------------------------------------------------- approvals
+
+    def _answer_approval(self, peer: Peer, head: wire.Header, session: Session, submission, parts: list) -> None:
+        """The first answer to a request wins: forwarded, and announced to every frontend."""
+        op = submission.op
+        approval = session.approval(op.id)
+        if approval is None:
+            self._forward(session, submission.id, parts)  # nothing pending: the agent ignores it
+            return
+        if approval.decision is not None:
+            message = f"approval {approval.call_id} was already answered by {approval.by} ({approval.decision})"
+            return self._tell(peer, head, submission.id, message)
+        by = frontend_name(peer)
+        try:
+            resolved = approval_resolved_event(approval.event_id, approval.call_id, op.decision, by)
+        except ValueError:
+            self._forward(session, submission.id, parts)  # not an answer: the agent says what is wrong
+            return
+        if self._forward(session, submission.id, parts):
+            session.resolve(approval, op.decision, by)
+            self._publish(session, resolved)
+
     # ---------------------------------------------------------------- agent
+
+    def _forward(self, session: Session, sub_id: str, parts: list) -> bool:
+        """Hand a submission to the agent, or hold it while the agent starts; False if refused."""
+        agent = self.agent
+        if agent is None:
+            if len(self.pending) >= PENDING_LIMIT:
+                self._publish_error(session, sub_id, "the daemon is busy starting its agent; try again")
+                return False
+            self.pending.append(parts)
+            if self.starter is not None:
+                self.starter.ensure_started()
+            return True
+        if self.router.send(agent, [agent.identity, *parts]):
+            return True
+        if not agent.gone:
+            self._publish_error(session, sub_id, "the agent is not taking submissions (its queue is full); try again")
+        return False
 
     def on_event(self, peer: Peer, head: wire.Header, frames: list) -> None:
         if peer is not self.agent:
             return self.router.reply_error(peer, head.corr, "only the daemon's agent process may send events")
         session = self.sessions.get(head.session)
         if session is None:
-            frontends = self.closed.get(head.session)
-            if frontends is None:
+            identities = self.closed.get(head.session)
+            if identities is None:
                 self._throttle("debug", "event for an unknown session dropped", session=head.session)
                 return
             # An answer to a submission that crossed the close (the agent says the
             # session is unknown): to its old frontends, outside the numbered stream.
             hdr = wire.header(wire.EVENT, head.corr, session=head.session)
-            for frontend in frontends:
-                self.router.send(frontend, [frontend.identity, hdr, frames[2]])
+            for identity in identities:
+                frontend = self.router.peers.get(identity)
+                if frontend is not None:
+                    self.router.send(frontend, [identity, hdr, frames[2]])
             return
-        self._publish(session, frames[2], head.corr)
+        self._publish(session, frames[2])
 
     def on_closed(self, peer: Peer, head: wire.Header, frames: list) -> None:
         if peer is not self.agent:
             return self.router.reply_error(peer, head.corr, "only the daemon's agent process may close sessions")
         session = self.sessions.pop(head.session, None)
-        if session is not None:
-            self.closed[session.id] = list(session.frontends.values())
-            if len(self.closed) > RECENTLY_CLOSED:
-                self.closed.popitem(last=False)
-            self._forget(session)
-            log.info("session closed", session=session.id, events=session.seq)
-
-    def _publish(self, session: Session, body, corr: str = "") -> None:
-        session.seq += 1
-        seq = session.seq
-        session.remember(seq, body)
-        hdr = wire.header(wire.EVENT, corr, session=session.id, seq=seq)
-        send = self.router.send
-        for frontend in list(session.frontends.values()):
-            send(frontend, [frontend.identity, hdr, body])
-
-    def _publish_error(self, session: Session, sub_id: str, message: str) -> None:
-        self._publish(session, error_event(sub_id, message))
+        if session is None:
+            return
+        self.closed[session.id] = list(session.subscriptions)
+        if len(self.closed) > RECENTLY_CLOSED:
+            self.closed.popitem(last=False)
+        for sub in session.subscriptions.values():
+            if not sub.live:
+                self._tell_laggard(sub, f"the session was shut down before events {sub.next_seq}..{session.seq} "
+                                        "reached this frontend")
+        self._forget(session)
+        log.info("session closed", session=session.id, events=session.seq)
 
     def on_serve(self, peer: Peer, head: wire.Header, frames: list) -> None:
         if peer is not self.candidate:
@@ -248,13 +627,112 @@ class Sessions:
         self.agent = None
         self.pending.clear()
         sessions = list(self.sessions.values())
-        self.sessions.clear()
         if sessions:
             log.warning("sessions lost with the agent", count=len(sessions), why=why)
-        message = f"{why}; this session is gone (its rollout file keeps the conversation)"
-        for session in sessions:
-            self._publish_error(session, "", message)
-            self._forget(session)
+        self._end_all(f"{why}; this session is gone (its rollout file keeps the conversation)")
+
+    # ----------------------------------------------------------- publishing
+
+    def _publish(self, session: Session, body) -> None:
+        """Number ``body`` as the session's next event and send it to every live subscription."""
+        seq = session.append(body)
+        hdr = wire.header(wire.EVENT, session=session.id, seq=seq)
+        for sub in session.subscriptions.values():
+            if sub.live:
+                self._deliver(sub, hdr, body)
+
+    def _publish_error(self, session: Session, sub_id: str, message: str) -> None:
+        self._publish(session, error_event(sub_id, message))
+
+    def _deliver(self, sub: Subscription, hdr: bytes, body) -> None:
+        if not sub.has_room:
+            self._fall_behind(sub)
+        elif not self._send(sub, hdr, body) and not sub.peer.gone:
+            self._fall_behind(sub, stuck=True)
+
+    def _send(self, sub: Subscription, hdr: bytes, body) -> bool:
+        peer = sub.peer
+        if not self.router.send(peer, [peer.identity, hdr, body]):
+            return False
+        sub.sent(len(body))
+        return True
+
+    def _fall_behind(self, sub: Subscription, *, stuck: bool = False) -> None:
+        """``sub`` stops being live; its frontend is told once (``lagged``) and the pump takes over."""
+        sub.live = False
+        sub.owes_notice = True
+        if not self._notify_lagged(sub) or stuck:
+            self._stuck(sub)
+        # Otherwise its window is full: its acks resume it.
+
+    def _notify_lagged(self, sub: Subscription) -> bool:
+        peer = sub.peer
+        hdr = wire.header(wire.LAGGED, session=sub.session.id, seq=sub.next_seq - 1)
+        if self.router.send(peer, [peer.identity, hdr]):
+            sub.owes_notice = False
+        return not sub.owes_notice
+
+    def _stuck(self, sub: Subscription) -> None:
+        if sub.active and not sub.peer.gone:  # a vanished peer is dropped on the next loop turn
+            self.stuck.add(sub)
+
+    def _pump(self, sub: Subscription) -> None:
+        """Send a catching-up subscription its next events: a bounded batch per loop turn,
+        never past its window; it is live again once it reaches the head."""
+        sub.scheduled = False
+        self.stuck.discard(sub)
+        if not sub.active or sub.live:
+            return
+        if sub.owes_notice and not self._notify_lagged(sub):
+            return self._stuck(sub)
+        session = sub.session
+        budget_events, budget_bytes = PUMP_EVENTS, PUMP_BYTES
+        while sub.has_room:
+            if sub.next_seq > session.seq:
+                sub.live = True
+                return
+            if budget_events <= 0 or budget_bytes <= 0:
+                return self._schedule(sub)
+            batch = session.read(
+                sub.next_seq,
+                min(budget_events, wire.SESSION_WINDOW_EVENTS - sub.in_flight),
+                min(budget_bytes, wire.SESSION_WINDOW_BYTES - sub.unacked_bytes),
+            )
+            first = batch[0][0] if batch else session.seq + 1
+            if first > sub.next_seq and not self._skip(sub, first):
+                return self._stuck(sub)
+            for seq, body in batch:
+                if not self._send(sub, wire.header(wire.EVENT, session=session.id, seq=seq), body):
+                    return self._stuck(sub)
+                budget_events -= 1
+                budget_bytes -= len(body)
+        # The window is full: the frontend's next ack resumes it.
+
+    def _schedule(self, sub: Subscription) -> None:
+        if not sub.scheduled:
+            sub.scheduled = True
+            self.router._defer(functools.partial(self._pump, sub))
+
+    def _skip(self, sub: Subscription, first: int) -> bool:
+        """Tell the frontend that events ``sub.next_seq .. first - 1`` are gone; go on at ``first``."""
+        if not self._tell_laggard(sub, _gap_message(sub.next_seq, first)):
+            return False
+        self._throttle("warning", "events no longer kept were skipped for a frontend", session=sub.session.id,
+                       frontend=sub.peer.name, first=sub.next_seq, last=first - 1)
+        sub.skip_to(first)
+        return True
+
+    def _tell_laggard(self, sub: Subscription, message: str) -> bool:
+        """An unnumbered error event to one subscription's frontend; False if it did not go out."""
+        peer = sub.peer
+        hdr = wire.header(wire.EVENT, session=sub.session.id)
+        return self.router.send(peer, [peer.identity, hdr, error_event("", message)])
+
+    def heartbeat(self) -> None:
+        """Called every heartbeat: retry the subscriptions whose frontend's queue was full."""
+        stuck, self.stuck = self.stuck, set()
+        for sub in stuck:
+            self._pump(sub)
 
     # ---------------------------------------------------------------- peers
 
@@ -266,18 +744,28 @@ class Sessions:
             self.agent_lost(f"the agent process {_AGENT_WHY.get(why, why)}")
             return
         for session_id in list(peer.sessions):
-            self.detach(peer, session_id)
+            self._unsubscribe(peer, session_id)
+
+    def _end_all(self, message: str) -> None:
+        """Every session ends with ``message``: numbered for the frontends at the head, and
+        unnumbered for those still catching up (they will never get there)."""
+        sessions = list(self.sessions.values())
+        self.sessions.clear()
+        for session in sessions:
+            self._publish_error(session, "", message)
+            for sub in session.subscriptions.values():
+                if not sub.live:
+                    self._tell_laggard(sub, message)
+            self._forget(session)
 
     def _forget(self, session: Session) -> None:
-        for frontend in session.frontends.values():
-            frontend.sessions.discard(session.id)
-        session.frontends.clear()
-        session.log.clear()
+        for sub in session.subscriptions.values():
+            self._deactivate(sub)
+            sub.peer.sessions.discard(session.id)
+        session.subscriptions.clear()
+        session.close()
 
     def close(self, message: str) -> None:
         """The daemon is stopping: tell every session's frontends, then forget them all."""
-        for session in list(self.sessions.values()):
-            self._publish_error(session, "", message)
-            self._forget(session)
-        self.sessions.clear()
+        self._end_all(message)
         self.pending.clear()

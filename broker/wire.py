@@ -26,9 +26,9 @@ bye       peer -> broker              none; the peer is leaving (executor drains
 submit    frontend -> broker -> agent a Codex ``Submission`` (msgpack, :mod:`broker.protocol`);
                                       ``session`` names it, "" with ``configure_session``
                                       creates one; ``corr`` is echoed in ``attached``
-attached  broker -> frontend          none; ``session`` = the session the frontend is now
-                                      attached to, ``corr`` = its submit's, ``seq`` = the
-                                      last event sequence number before it attached
+attached  broker -> frontend          :class:`SessionInfo`; ``session`` = the session the
+                                      frontend is now attached to, ``corr`` = its submit's
+                                      or attach's, ``seq`` and ``n`` as below
 event     agent -> broker -> frontend a Codex ``Event`` (msgpack), forwarded as it came;
                                       ``session`` names it, the broker sets ``seq``
 closed    agent -> broker             none; the agent has let go of ``session`` (shut down)
@@ -39,15 +39,22 @@ attach    frontend -> broker          none; ``session`` to attach to, ``seq`` th
                                       current turn); answered with ``attached``
 detach    frontend -> broker          none; stop sending ``session``'s events here
 lagged    broker -> frontend          none; ``session``'s events stopped at ``seq`` because
-                                      the frontend fell a window behind; they resume
-                                      (replayed from the log) as it acks
+                                      the frontend fell a window behind (or its queue was
+                                      full); they resume, replayed from the log and
+                                      journal, as it acks (or at the next heartbeat)
 sessions  frontend -> broker          none; answered with ``sessions`` (same ``corr``),
           broker -> frontend          :class:`SessionList`
 ========  ==========================  =====================================================
 
 ``attached`` carries a :class:`SessionInfo` body; its header ``seq`` is the last event
 *before* the first one this frontend will get (so the stream continues at ``seq + 1``,
-gap-free), ``n`` the session's newest event at that moment.
+gap-free), ``n`` the session's newest event at that moment. An ``attach`` past the newest
+event starts at the next one; one asking for events no longer kept starts at the oldest
+kept, and an unnumbered ``error`` event after ``attached`` says which are gone. Attaching
+again re-positions the frontend: what it receives before the new ``attached`` belongs to
+the old position. Should events a frontend has not been sent yet be dropped from the log
+and journal while it lags, it gets the same kind of notice ("events N..M of this session
+are no longer kept; continuing at M+1") and the stream goes on at M+1.
 
 Session flow control: an ``ack`` with ``session`` set (``corr`` empty) says the frontend
 has consumed ``session``'s events up to ``seq``, and ``n`` bytes of event bodies since
@@ -74,7 +81,8 @@ the pid of the command's sandbox supervisor, not of the command itself. Any mess
 from the broker counts as a sign of life for an executor, not only ``ping``.
 
 Frame counts are strict: ``hello``, ``run``, ``started``, ``out``, ``exit``, ``submit`` and
-``event`` carry exactly one body frame, every other kind none. A frontend must answer
+``event`` carry exactly one body frame, and so do the broker's ``attached`` and its
+``sessions`` answer; every other kind carries none. A frontend must answer
 ``ping`` with ``pong``; one that misses five while it has calls in flight is presumed gone
 and its calls are cancelled.
 
@@ -88,11 +96,20 @@ an empty ``session`` must carry ``configure_session``: the broker names a new se
 (uuid4), attaches the frontend, answers ``attached`` and forwards the submission to the
 agent with ``session`` set; the agent's session takes that id. Every ``event`` of a
 session goes to every frontend attached to it, with ``seq`` counting 1, 2, 3, ... per
-session, the body frame untouched. Submitting to a session attaches the frontend to it.
+session, the body frame untouched. Submitting to a session attaches the frontend to it
+(at its newest event, unless it is attached already).
 Submissions are forwarded in the order they come and never queued behind other work;
 when the agent is not running yet they wait (bounded) for it to say hello. What the broker
 itself has to say about a session (unknown session, no agent, the agent died) comes as an
-``event`` with an ``error`` message, ``seq`` 0 when the session does not exist.
+``event`` with an ``error`` message, ``seq`` 0 when the session does not exist or when
+it concerns one frontend only (events no longer kept, an approval answered already).
+
+Approvals: the first ``exec_approval`` / ``patch_approval`` answering a pending request
+(its ``id`` being the request's event id or ``call_id``) is forwarded, and the broker
+publishes a numbered ``approval_resolved`` event (the request's id; ``call_id``,
+``decision``, ``by`` = the answering frontend's name) to every attached frontend. A later
+answer to that request is not forwarded; only its sender gets an unnumbered ``error``
+naming who answered first. An answer matching no request is forwarded as it is.
 """
 
 from __future__ import annotations
