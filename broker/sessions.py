@@ -26,7 +26,9 @@ events s+1, s+2, ... in order, each exactly once, with no gap, however slowly it
 and whatever the other frontends do. The one exception is announced: when events it has
 not been sent yet are no longer kept (in neither the memory log nor the journal), it
 gets an unnumbered ``error`` event "events N..M of this session are no longer kept;
-continuing at M+1", and the stream goes on at M+1.
+continuing at M+1", and the stream goes on at M+1. (An ``attach`` asking for events no
+longer kept is attached at the oldest one kept, s + 1, and gets the same notice after
+``attached`` to say why.)
 
 How: a :class:`Subscription` is a cursor (the next seq to send) and a credit count (what
 the frontend has not acknowledged yet). A *live* subscription is at the head and is sent
