@@ -1,9 +1,11 @@
-"""The ``sluice`` command line: run, exec, sandbox, daemon.
+"""The ``sluice`` command line: run, exec, sessions, attach, bridge, sandbox, daemon.
 
 Imports are lazy: ``sluice run`` loads only the client (zmq, msgspec, the wire and the
 policy), so its start-up stays small next to the command it runs. ``sluice exec`` is
 handed, arguments and all, to :mod:`agent.exec_cli` (it needs the agent's configuration);
-``sluice sandbox`` to landlock_helper's command line.
+``sluice sessions``, ``sluice attach`` and ``sluice bridge`` (frontends for the sessions
+the daemon hosts) to :mod:`broker.attach_cli`; ``sluice sandbox`` to landlock_helper's
+command line.
 
 Exit codes of ``sluice run``: the command's own exit code; 124 when it timed out;
 128+N when it was killed by signal N; 130 / 143 / 129 when sluice itself got SIGINT /
@@ -99,6 +101,15 @@ def _parser():
             raise argparse.ArgumentTypeError(f"must be positive, got {value}")
         return value
 
+    def event_seq(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not an event sequence number: {text!r}") from None
+        if value < 0:
+            raise argparse.ArgumentTypeError(f"must be 0 (every event) or more, got {value}")
+        return value
+
     def policy_flags(p) -> None:
         p.add_argument("--sandbox", metavar="MODE", default="workspace-write",
                        help="read-only, workspace-write (default) or danger-full-access")
@@ -110,7 +121,7 @@ def _parser():
                        help="pass this variable through even if it looks secret; repeatable")
 
     parser = Parser(prog="sluice", description="Run commands sandboxed, streamed and interruptible through the sluice daemon.")
-    sub = parser.add_subparsers(dest="subcommand", metavar="{run,exec,sandbox,daemon}", parser_class=Parser)
+    sub = parser.add_subparsers(dest="subcommand", metavar="{run,exec,sessions,attach,bridge,sandbox,daemon}", parser_class=Parser)
 
     run = sub.add_parser("run", usage=USAGE_RUN, help="run a command through the daemon",
                          description="Run CMD in the sandbox through the daemon (started if needed), "
@@ -123,6 +134,35 @@ def _parser():
 
     # Listed for --help only: main() hands ``exec`` to agent.exec_cli before parsing.
     sub.add_parser("exec", help="give the agent a task and watch it work (see `sluice exec --help`)", add_help=False)
+
+    sessions = sub.add_parser("sessions", help="list the daemon's sessions",
+                              description="List the sessions the daemon hosts (exit 3 when no daemon is running).")
+    sessions.add_argument("--json", action="store_true", help="one JSON object per session per line")
+    add_connect_args(sessions)
+
+    attach = sub.add_parser("attach", help="follow a session, answer its approvals, give it input",
+                            description="Replay a session from the start of its current turn (or --since N), then "
+                                        "follow it live. On a terminal, lines typed are sent as input and approvals "
+                                        "are asked; Ctrl-C interrupts the turn, Ctrl-D detaches. Detaching never "
+                                        "stops the session.")
+    attach.add_argument("id", metavar="ID", help="the session's id, or any unique prefix of it")
+    attach.add_argument("--json", action="store_true",
+                        help="print Codex-shaped events, one JSON object per line (with seq); "
+                             "Submissions are read as JSON lines from stdin when it is not a terminal")
+    attach.add_argument("--since", metavar="N", type=event_seq, default=None,
+                        help="replay from event N (0: all) instead of the start of the current turn")
+    attach.add_argument("--until-idle", action="store_true",
+                        help="exit once the session is idle: 0 if its last turn completed, 1 if it failed, 130 if aborted")
+    add_connect_args(attach)
+
+    bridge = sub.add_parser("bridge", help="JSON lines both ways: Submissions on stdin, Events on stdout",
+                            description="Submissions in on stdin and Events out on stdout, one JSON object per line. "
+                                        "Without --session the first submission must be configure_session. "
+                                        "At the end of stdin: exits once the session is idle.")
+    bridge.add_argument("--session", metavar="ID", default=None, help="attach to this session (id or unique prefix)")
+    bridge.add_argument("--since", metavar="N", type=event_seq, default=None,
+                        help="with --session: replay from event N (0: all) instead of the start of the current turn")
+    add_connect_args(bridge)
 
     sandbox = sub.add_parser("sandbox", usage=USAGE_SANDBOX, help="run a command in the sandbox here, without the daemon",
                              description="Apply the sandbox policy and run CMD directly (no daemon).")
@@ -148,6 +188,10 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(argv)
         if args.subcommand == "run":
             return _run(args)
+        if args.subcommand in ("sessions", "attach", "bridge"):
+            from broker import attach_cli
+
+            return getattr(attach_cli, f"{args.subcommand}_main")(args)
         if args.subcommand == "sandbox":
             return _sandbox(args)
         if args.subcommand == "daemon":

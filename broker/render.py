@@ -329,6 +329,12 @@ class JsonRenderer(_Output):
     def prompt(self, text: str) -> None:
         self.err(text.encode("utf-8", "replace"))
 
+    # Questions go to stderr, events to stdout: a question is never shown again below them.
+    fresh_line = False
+
+    def echoed(self, newline: bool) -> None:
+        pass
+
     def error(self, message: str) -> None:
         self.event(Event(id="", msg=ErrorEvent(message)))
 
