@@ -3,7 +3,8 @@
 ::
 
     sluice exec [--model M] [--provider P] [--approval-policy P] [--sandbox MODE] [--cd DIR]
-                [--json] [--output-last-message FILE] [-c key=value]... [--session ID] PROMPT
+                [--json] [--output-last-message FILE] [-c key=value]... [--session ID] [--detach]
+                [--connect tcp://HOST:PORT --server-key FILE --key FILE] PROMPT
 
 The frontend resolves everything in its own process, against its own environment: the
 configuration (flags, then ``-c`` overrides, then ``~/.sluice/config.toml``, then the
@@ -13,7 +14,11 @@ starts (or reuses) the daemon, opens a session (``configure_session``), submits 
 (``-`` reads it from stdin), renders the events (:mod:`broker.render`) until the task
 ends, and shuts the session down (its rollout flushed). ``experimental_resume = "PATH"``
 (``-c experimental_resume=PATH``) resumes the conversation of a rollout file, as in Codex.
-``--session ID`` continues a session that is already open instead (left open at the end).
+``--session ID`` (an id or a unique prefix of one) continues a session that is already open
+instead: it follows the session live from there (no replay) and leaves it open at the end.
+``--detach`` starts the task and leaves it to the daemon: it prints the session id on
+stdout and exits 0 once the daemon has the task; ``sluice attach ID`` follows it (and
+answers its approvals, which wait for someone to attach).
 
 Approvals are asked on the terminal (``y`` yes, ``a`` always for this session, ``n`` no,
 ``abort`` to end the task); without a terminal on stdin they are denied, with a note.
@@ -37,7 +42,7 @@ import os
 import signal
 import sys
 
-from broker.cli import CliExit, print_error
+from broker.cli import CliExit, add_connect_args, connect_client, print_error
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -69,7 +74,11 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     p.add_argument("-o", "--output-last-message", metavar="FILE", help="write the agent's last message to FILE")
     p.add_argument("-c", "--config", metavar="key=value", action="append", default=[], dest="overrides",
                    help="override a config.toml setting (TOML value); repeatable")
-    p.add_argument("--session", metavar="ID", help="continue this open session instead of starting one")
+    p.add_argument("--session", metavar="ID",
+                   help="continue this open session (id or unique prefix) instead of starting one")
+    p.add_argument("--detach", action="store_true",
+                   help="start the task, print the session id and exit; `sluice attach ID` follows it")
+    add_connect_args(p)
     return p
 
 
@@ -77,6 +86,8 @@ def main(argv: list[str] | None = None, prog: str = "sluice exec") -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
         args = _parser(prog).parse_args(argv)
+        if args.detach and args.output_last_message:
+            raise _usage("--output-last-message needs the task's end; it does not go with --detach")
         prompt = _read_prompt(args.prompt)
         if args.session:
             op = None
@@ -185,10 +196,7 @@ class _Exec:
         from broker import client as C
         from broker.client_sessions import SessionError
 
-        try:
-            client = C.Client.connect(name="sluice exec")
-        except C.DaemonError as e:
-            return self._fail(str(e))
+        client = connect_client(self.args, name="sluice exec")
         self.render.me = client.peer_id
         with client, client.catch_signals((signal.SIGINT, signal.SIGTERM, signal.SIGHUP)):
             try:
@@ -209,7 +217,7 @@ class _Exec:
         from broker.protocol import TextInput, UserInput
 
         if self.op is None:
-            self.session = client.session(self.args.session)
+            self.session = client.session(self._resolve(client, self.args.session))
         else:
             self.session = client.open_session(self.op, sub_id="0")
             code = self._wait_configured()
@@ -217,12 +225,14 @@ class _Exec:
                 self._shutdown()
                 return code
         self.task_id = self.session.submit(UserInput([TextInput(prompt)]))
+        if self.args.detach:
+            return self._detach(client)
         code = None
         while code is None:
             try:
                 event = self.session.next_event()
             except Interrupted as e:
-                if e.signum == signal.SIGINT and self.can_ask and hasattr(self.render, "echoed"):
+                if e.signum == signal.SIGINT and self.can_ask:
                     self.render.echoed(False)  # after the ^C the terminal showed
                 if self.interrupted:
                     self.render.note("interrupted again: leaving")
@@ -237,6 +247,35 @@ class _Exec:
             self._shutdown()
         return code
 
+    def _resolve(self, client, text: str) -> str:
+        """The id of the session ``--session`` names (an id or a unique prefix)."""
+        import uuid
+
+        from broker.attach_cli import NoSuchSession, resolve_session
+
+        try:
+            return str(uuid.UUID(text))  # a whole id: the daemon itself says if it is unknown
+        except ValueError:
+            pass
+        try:
+            info = resolve_session(client, text)
+        except NoSuchSession as e:
+            raise _usage(str(e)) from None
+        self.cwd = self.cwd or info.cwd
+        return info.id
+
+    def _detach(self, client) -> int:
+        """Leave the task to the daemon once it has it; the session id on stdout."""
+        # The daemon answers in the order it is asked: once it has listed its sessions it
+        # has taken the submission too (closing the socket could otherwise drop it).
+        client.list_sessions()
+        from broker.cli import write_all
+
+        write_all(1, f"{self.session.id}\n".encode())
+        if not self.args.json:
+            self.render.note(f"the task goes on in the daemon; `sluice attach {self.session.id[:8]}` follows it")
+        return EXIT_OK
+
     def _wait_configured(self) -> int | None:
         from broker.client import Interrupted
 
@@ -249,7 +288,8 @@ class _Exec:
             if event is None:
                 self.render.error(f"the agent did not configure the session within {CONFIGURE_WAIT_S:g} s")
                 return EXIT_FAILED
-            self.render.event(event)
+            if not self.args.detach or _tag(event) == "error":
+                self.render.event(event)
             tag = _tag(event)
             if tag == "session_configured":
                 return None
@@ -324,8 +364,7 @@ class _Exec:
                         return ReviewDecision.DENIED
                     buffered += data
                 answer, _, buffered = buffered.partition(b"\n")
-                if hasattr(self.render, "echoed"):
-                    self.render.echoed(True)
+                self.render.echoed(True)
                 decision = parse_approval_answer(answer.decode("utf-8", "replace"))
                 if decision is not None:
                     return decision
