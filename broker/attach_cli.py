@@ -689,6 +689,9 @@ def _isatty(fd: int) -> bool:
 def bridge_main(args) -> int:
     """JSON lines both ways; see the module docstring and the README's protocol section."""
     render = JsonRenderer()
+    if args.since is not None and not args.session:
+        print_error("error: --since goes with --session ID (a new session has nothing to replay)")
+        return EXIT_USAGE
     try:
         client = connect(args, "sluice bridge", autostart=not args.session)
     except CliExit as e:
