@@ -11,6 +11,12 @@ agent processes in :mod:`broker.supervisor`; this module wires them to a ROUTER 
 an event loop and handles start and stop. The agent process is started on the first
 session submission, not with the daemon, so a daemon used only for ``sluice run`` never
 pays for it.
+
+With ``listen`` the daemon also binds a CurveZMQ ROUTER on tcp (:mod:`broker.zap`: the
+ZAP handler, bound first, and the allow-list). Both sockets feed the one router: network
+peers' identities get the :data:`broker.router.REMOTE` byte in front on the way in, which
+the transport strips on the way out, and a local peer that chose such an identity itself
+is ignored, so it can neither pass for a network peer nor skip the token.
 """
 
 from __future__ import annotations
@@ -25,8 +31,8 @@ import zmq
 
 from broker import wire
 from broker.journal import reset_directory
-from broker.logging import configure
-from broker.router import HEARTBEAT_S, Router
+from broker.logging import Throttle, configure
+from broker.router import HEARTBEAT_S, MISSED_HEARTBEATS, REMOTE, Router
 from broker.runtime import RuntimeDir, RuntimeDirError
 from broker.supervisor import AgentSupervisor, ExecutorPool
 from broker.zloop import ZSocket
@@ -34,6 +40,7 @@ from broker.zloop import ZSocket
 __all__ = ["DaemonAlreadyRunning", "RuntimeDirError", "serve"]
 
 log = structlog.get_logger(component="daemon")
+_throttle = Throttle(log)
 
 HWM = 100_000
 SHUTDOWN_GRACE_S = 3.0
@@ -50,12 +57,14 @@ class DaemonAlreadyRunning(RuntimeError):
         super().__init__(f"a sluice daemon is already running (pid {pid if pid else 'unknown'})")
 
 
-def serve(runtime: RuntimeDir, *, executors: int | None = None, log_json: bool | None = None) -> int:
+def serve(runtime: RuntimeDir, *, executors: int | None = None, log_json: bool | None = None, listen=None) -> int:
     """Run the daemon in the foreground until SIGTERM/SIGINT; returns the exit code.
 
     ``executors=None`` spawns one executor per CPU; ``0`` spawns none (executors may
-    still connect on their own). Raises :class:`DaemonAlreadyRunning` or
-    :class:`RuntimeDirError` before serving if the runtime dir is taken or unusable.
+    still connect on their own). ``listen`` (a :class:`broker.zap.Listen`) also accepts
+    peers over tcp. Raises :class:`DaemonAlreadyRunning` or :class:`RuntimeDirError`
+    before serving if the runtime dir is taken or unusable, :class:`broker.zap.ListenError`
+    if the tcp endpoint cannot be bound.
     """
     if executors is None:
         executors = os.cpu_count() or 1
@@ -64,7 +73,7 @@ def serve(runtime: RuntimeDir, *, executors: int | None = None, log_json: bool |
     lock_fd = _take_lock(runtime)
     try:
         configure(log_json)
-        daemon = _Daemon(runtime, executors)
+        daemon = _Daemon(runtime, executors, listen)
         try:
             daemon.bind()
             return asyncio.run(daemon.run())
@@ -117,11 +126,16 @@ def _journal_dir(runtime: RuntimeDir) -> str | None:
 
 
 class _Daemon:
-    def __init__(self, runtime: RuntimeDir, executors: int) -> None:
+    def __init__(self, runtime: RuntimeDir, executors: int, listen=None) -> None:
         self.runtime = runtime
         self.executors = executors
+        self.listen = listen
         self.ctx: zmq.Context | None = None
         self.sock: zmq.Socket | None = None
+        # With ``listen``: the CurveZMQ ROUTER on tcp, the endpoint it got, its ZAP handler.
+        self.tcp: zmq.Socket | None = None
+        self.tcp_endpoint = ""
+        self.zap = None
         self.token = ""
         self._bound = False
 
@@ -134,11 +148,7 @@ class _Daemon:
         self.token = rt.new_token()
         self.ctx = zmq.Context()
         sock = self.ctx.socket(zmq.ROUTER)
-        sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
-        sock.setsockopt(zmq.SNDHWM, HWM)
-        sock.setsockopt(zmq.RCVHWM, HWM)
-        sock.setsockopt(zmq.MAXMSGSIZE, wire.MAX_MESSAGE_SIZE)
-        sock.setsockopt(zmq.LINGER, 0)
+        _router_options(sock)
         self.sock = sock
         old_umask = os.umask(0o177)
         try:
@@ -149,10 +159,27 @@ class _Daemon:
             os.umask(old_umask)
         self._bound = True
         os.chmod(rt.socket_path, 0o600)
+        if self.listen is not None:
+            self._listen()
         tmp = rt.pid_path + ".new"
         with open(tmp, "w", encoding="ascii") as f:
             f.write(f"{os.getpid()}\n")
         os.replace(tmp, rt.pid_path)
+
+    def _listen(self) -> None:
+        from broker.zap import AllowList, ZapHandler, bind_listener, listener_socket
+
+        listen = self.listen
+        # The handler first: libzmq would let every client in while none is bound.
+        allow = AllowList(listen.allow_dir)
+        allow.refresh()
+        if not len(allow):
+            log.warning("the allow-list is empty: nobody can connect over tcp until a key is added", dir=listen.allow_dir)
+        self.zap = ZapHandler(self.ctx, allow)
+        sock = listener_socket(self.ctx, listen, heartbeat_s=HEARTBEAT_S, missed=MISSED_HEARTBEATS)
+        _router_options(sock)
+        self.tcp = sock
+        self.tcp_endpoint = bind_listener(sock, listen.endpoint)
 
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
@@ -161,17 +188,26 @@ class _Daemon:
             loop.add_signal_handler(signum, stop.set)
 
         router = Router(self.token, defer=loop.call_soon)
-        pool = ExecutorPool(self.runtime, self.executors, router.executor_died, loop)
+        pool = ExecutorPool(self.runtime, self.executors, router.executor_died, loop, hide=self._hidden())
         router.supervisor = pool
         agents = AgentSupervisor(self.runtime, router.agent_died, loop)
         router.agent_supervisor = agents
         router.sessions.starter = agents
         router.sessions.journal_dir = _journal_dir(self.runtime)
-        zsock = ZSocket(self.sock, router.on_message, loop)
+        zsock = ZSocket(self.sock, _local_only(router.on_message), loop)
         router.transport = zsock.send
+        tsock = handshakes = None
+        if self.tcp is not None:
+            from broker.zap import HandshakeLog
+
+            self.zap.start(loop)
+            handshakes = HandshakeLog(self.tcp, self.ctx, loop)
+            tsock = ZSocket(self.tcp, _from_network(router.on_message), loop)
+            router.transport = _transport(zsock.send, tsock.send)
         heartbeat = loop.create_task(self._heartbeat(router))
         pool.start()
-        log.info("daemon ready", endpoint=self.runtime.endpoint, pid=os.getpid(), executors=self.executors)
+        log.info("daemon ready", endpoint=self.runtime.endpoint, listen=self.tcp_endpoint or None, pid=os.getpid(),
+                 executors=self.executors)
 
         await stop.wait()
         log.info("shutting down")
@@ -184,8 +220,22 @@ class _Daemon:
         # Bounded: a frontend that does not read cannot hold up the exit.
         zsock.close(linger_ms=FINAL_LINGER_MS)
         self.sock = None
+        if tsock is not None:
+            handshakes.close()
+            tsock.close(linger_ms=FINAL_LINGER_MS)
+            self.tcp = None
+            self.zap.close()
+            self.zap = None
         log.info("daemon stopped")
         return 0
+
+    def _hidden(self) -> tuple[str, ...]:
+        """What commands must not see besides the runtime dir: sluice's key directory and
+        the daemon's own secret key, wherever it is."""
+        from broker.remote import default_keys_dir
+
+        keys = (default_keys_dir(),)
+        return keys + (self.listen.key_file,) if self.listen is not None else keys
 
     @staticmethod
     async def _heartbeat(router: Router) -> None:
@@ -198,6 +248,13 @@ class _Daemon:
         if self.sock is not None:
             self.sock.close(linger=0)
             self.sock = None
+        # The listener before its ZAP handler, never the other way round.
+        if self.tcp is not None:
+            self.tcp.close(linger=0)
+            self.tcp = None
+        if self.zap is not None:
+            self.zap.close()
+            self.zap = None
         if self.ctx is not None:
             self.ctx.term()
             self.ctx = None
@@ -207,3 +264,46 @@ class _Daemon:
                     os.unlink(path)
                 except FileNotFoundError:
                     pass
+
+
+def _router_options(sock: zmq.Socket) -> None:
+    """Bounded queues and messages, and non-blocking sends that fail for a vanished peer."""
+    sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+    sock.setsockopt(zmq.SNDHWM, HWM)
+    sock.setsockopt(zmq.RCVHWM, HWM)
+    sock.setsockopt(zmq.MAXMSGSIZE, wire.MAX_MESSAGE_SIZE)
+    sock.setsockopt(zmq.LINGER, 0)
+
+
+def _local_only(on_message):
+    """Messages from the ipc socket, minus those of a peer whose chosen identity would pass
+    for a network peer's (it could skip the token, or speak for a peer it is not)."""
+
+    def on_local(frames: list) -> None:
+        if frames[0].bytes[:1] != REMOTE:
+            on_message(frames)
+        else:
+            _throttle("warning", "local peer with a reserved routing id ignored")
+
+    return on_local
+
+
+def _from_network(on_message):
+    def on_remote(frames: list) -> None:
+        frames[0] = zmq.Frame(REMOTE + frames[0].bytes)
+        on_message(frames)
+
+    return on_remote
+
+
+def _transport(local_send, remote_send):
+    """The router's one send: to the tcp socket for :data:`REMOTE` identities, else ipc."""
+
+    def send(parts) -> None:
+        identity = parts[0]
+        if identity[:1] == REMOTE:
+            remote_send([identity[1:], *parts[1:]])
+        else:
+            local_send(parts)
+
+    return send

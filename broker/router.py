@@ -11,6 +11,13 @@ Peer loss is discovered in three ways, all ending in the same two paths
 EHOSTUNREACH (ROUTER_MANDATORY), a peer that stops answering pings, and, for executors
 and the agent the daemon spawned, the process exiting (reported by the supervisors).
 
+Peers come over the local ipc socket (authenticated by the token in their hello) or,
+when the daemon listens on tcp, over the network (authenticated by CurveZMQ and ZAP
+before any message reaches us, see :mod:`broker.zap`). The router tells them apart only
+by the :data:`REMOTE` byte the daemon puts in front of a network peer's identity; a
+network peer may be a frontend or an executor, never the agent, and is never taken for
+a process the daemon spawned.
+
 Session traffic (``submit``, ``event``, ``closed``, ``attach``, ``detach``, ``sessions`` and
 acks that name a session) is routed by :class:`broker.sessions.Sessions`, which the
 heartbeat also drives (to retry frontends whose queue was full). The agent peer that
@@ -64,6 +71,12 @@ FRAME_COUNT = {
     wire.SESSIONS: 1,
 }
 CALLER_ROLES = (wire.ROLE_FRONTEND, wire.ROLE_AGENT)
+# The daemon starts the routing identity of every peer that came over the network
+# (tcp, CurveZMQ) with this byte, and strips it when sending. libzmq's own identities
+# start with a zero byte, and the daemon drops local peers that picked this one.
+REMOTE = b"\x01"
+# What a peer that has not said hello (or was forgotten) is told; it says hello again.
+HELLO_FIRST = "send hello first"
 
 SHUTDOWN_MESSAGE = "the sluice daemon shut down before this command finished"
 
@@ -89,7 +102,8 @@ class _NoSupervisor:
 class Peer:
     """A DEALER that said a good hello. ``calls`` holds the calls it is party to."""
 
-    __slots__ = ("identity", "role", "name", "pid", "peer_id", "slots", "calls", "seen", "gone", "handlers", "sessions")
+    __slots__ = ("identity", "role", "name", "pid", "peer_id", "slots", "calls", "seen", "gone", "handlers", "sessions",
+                 "key")
 
     def __init__(self, identity: bytes, hello: wire.Hello, peer_id: str, tick: int, handlers: dict) -> None:
         self.identity = identity
@@ -105,6 +119,8 @@ class Peer:
         # Set the moment a send finds it unreachable; it is dropped on the next loop turn.
         self.gone = False
         self.handlers = handlers
+        # A peer that came over the network: its CurveZMQ public key (Z85), as ZAP let it in.
+        self.key = ""
 
     @property
     def free(self) -> int:
@@ -239,7 +255,7 @@ class Router:
     def _from_stranger(self, identity: bytes, head: wire.Header, frames: list) -> None:
         if head.kind != wire.HELLO:
             self._throttle("info", "message before hello dropped", kind=head.kind)
-            return self._send_stranger(identity, head.corr, "send hello first")
+            return self._send_stranger(identity, head.corr, HELLO_FIRST)
         if len(frames) != 3:
             return self._malformed(identity, "hello without exactly one body frame")
         try:
@@ -247,7 +263,19 @@ class Router:
         except wire.WireError as e:
             self._throttle("warning", "bad hello", reason=str(e))
             return self._send_stranger(identity, head.corr, f"bad hello: {e}")
-        if not hmac.compare_digest(hello.token.encode("utf-8", "replace"), self._token):
+        key = ""
+        if identity[:1] == REMOTE:
+            # Over the network the CurveZMQ handshake was the authentication; the token is not used.
+            key = _user_id(frames[1])
+            if not key:
+                self._throttle("warning", "remote peer without a CurveZMQ key refused", role=hello.role, name=hello.name)
+                return self._send_stranger(identity, head.corr, "authentication failed")
+            if hello.role == wire.ROLE_AGENT:
+                self._throttle("warning", "remote agent refused", key=key, name=hello.name)
+                return self._send_stranger(
+                    identity, head.corr, "the agent role is not available over the network; connect as a frontend or an executor"
+                )
+        elif not hmac.compare_digest(hello.token.encode("utf-8", "replace"), self._token):
             self._throttle("warning", "authentication failed", role=hello.role, pid=hello.pid, name=hello.name)
             return self._send_stranger(identity, head.corr, "authentication failed")
         if hello.version != wire.PROTOCOL_VERSION:
@@ -262,9 +290,9 @@ class Router:
             )
         if hello.role == wire.ROLE_EXECUTOR and hello.slots < 1:
             return self._send_stranger(identity, head.corr, "an executor must offer at least one slot")
-        self._register(identity, hello, head.corr)
+        self._register(identity, hello, head.corr, key)
 
-    def _register(self, identity: bytes, hello: wire.Hello, corr: str) -> None:
+    def _register(self, identity: bytes, hello: wire.Hello, corr: str, key: str = "") -> None:
         self._next_peer += 1
         peer_id = f"{hello.role}-{self._next_peer}"
         if hello.role == wire.ROLE_EXECUTOR:
@@ -275,7 +303,10 @@ class Router:
             peer = Peer(identity, hello, peer_id, self.tick, handlers)
             self.callers[identity] = peer
         self.peers[identity] = peer
-        if peer.role == wire.ROLE_EXECUTOR:
+        peer.key = key
+        if key:
+            spawned = False  # its pid is another host's: never matched to a process we spawned
+        elif peer.role == wire.ROLE_EXECUTOR:
             spawned = self.supervisor.claim(peer)
         elif peer.role == wire.ROLE_AGENT and self.agent_supervisor is not None:
             spawned = self.agent_supervisor.claim(peer)
@@ -283,7 +314,7 @@ class Router:
             spawned = False
         log.info(
             "peer joined", role=peer.role, name=peer.name, pid=peer.pid, peer_id=peer_id,
-            slots=peer.slots or None, spawned=spawned or None,
+            slots=peer.slots or None, spawned=spawned or None, key=key or None,
         )
         welcome = wire.Welcome(peer_id=peer_id, heartbeat_s=self.heartbeat_s)
         self._send(peer, [identity, *wire.message(wire.WELCOME, corr, welcome)])
@@ -393,7 +424,8 @@ class Router:
                 self.drop_executor(
                     executor,
                     f"executor {executor.name} stopped responding (no heartbeat for "
-                    f"{MISSED_HEARTBEATS * self.heartbeat_s:g} s) while running this command",
+                    f"{MISSED_HEARTBEATS * self.heartbeat_s:g} s) while running this command; "
+                    "the command was not re-run",
                 )
                 self.supervisor.kill(executor)
             else:
@@ -497,7 +529,9 @@ class Router:
         lost, self._lost = self._lost, []
         for peer in lost:
             if peer.role == wire.ROLE_EXECUTOR:
-                self.drop_executor(peer, f"executor {peer.name} became unreachable while running this command")
+                self.drop_executor(
+                    peer, f"executor {peer.name} became unreachable while running this command; the command was not re-run"
+                )
                 self.supervisor.kill(peer)
             else:
                 self.drop_caller(peer, "unreachable")
@@ -599,3 +633,11 @@ class Router:
             self.transport([identity, *wire.message(wire.ERROR, corr, wire.ErrorMsg(message))])
         except zmq.ZMQError:
             pass  # it left, or does not read: nothing we owe it
+
+
+def _user_id(frame) -> str:
+    """The User-Id libzmq attached to a message from the network: the peer's Z85 public key."""
+    try:
+        return frame.get("User-Id") or ""
+    except (AttributeError, zmq.ZMQError):
+        return ""

@@ -229,9 +229,12 @@ class ExecutorPool(ProcessPool):
         count: int,
         on_death: Callable[[object, str, str], None],
         loop: asyncio.AbstractEventLoop | None = None,
+        hide: tuple[str, ...] = (),
     ) -> None:
         super().__init__(runtime, on_death, loop)
         self.count = count
+        # Paths besides the runtime dir that commands must not see (the daemon's key files).
+        self.hide = tuple(hide)
 
     def start(self) -> None:
         for k in range(1, self.count + 1):
@@ -245,6 +248,7 @@ class ExecutorPool(ProcessPool):
             "--token-file", rt.token_path,
             "--name", name,
             "--hide", rt.path,
+            *(arg for path in self.hide for arg in ("--hide", path)),
             "--die-with-parent",
         ]
 

@@ -328,13 +328,14 @@ def test_ctrl_c_kills_the_command_and_resume_answers_the_dangling_call_aborted(f
     assert any(item.get("type") == "function_call" and item.get("call_id") == "c1" for item in recorded)
     assert KEY not in rollout.read_text()
 
+    rollouts = len(list((agent_home / "sessions").rglob("rollout-*.jsonl")))
     p = fe.run("-c", f'experimental_resume="{rollout}"', "--approval-policy", "never", "-C", str(work), "go on")
     assert p.returncode == 0, p.stderr
     assert p.stdout == "Picking up where we left off.\n"
     # The daemon's name for the new session stays (frontends attach to it); the
     # conversation goes on in the resumed rollout file.
     assert session_id_of(p.stderr) != session_id
-    assert len(list((agent_home / "sessions").rglob("rollout-*.jsonl"))) == 1
+    assert len(list((agent_home / "sessions").rglob("rollout-*.jsonl"))) == rollouts
     body = server.requests[-1]["json"]
     assert outputs_of(body)["c1"] == "aborted"
     assert body["input"][0] == user_item("wait a while") and body["input"][-1] == user_item("go on")

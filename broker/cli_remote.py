@@ -1,0 +1,89 @@
+"""The network half of the ``sluice`` command line: keys, ``daemon --listen``, ``sluice executor``.
+
+- ``sluice keys new NAME [--dir DIR]`` writes a CurveZMQ key pair (``NAME.key``, to share;
+  ``NAME.key_secret``, mode 0600, to keep) in ``$SLUICE_HOME/keys``, else ``~/.sluice/keys``.
+- ``sluice daemon --listen tcp://HOST:PORT --key FILE --allow DIR``: the flags are checked
+  here (:func:`listen_from_args`) so a mistake is one line before anything starts.
+- ``sluice executor --connect tcp://HOST:PORT --server-key FILE --key FILE`` runs an
+  executor on this host for a daemon elsewhere; it is handed, arguments and all, to
+  :mod:`executor` (the same program the daemon spawns locally).
+"""
+
+from __future__ import annotations
+
+import os
+
+from broker.cli import EXIT_USAGE, CliExit, print_error
+from broker.remote import default_keys_dir
+
+
+def add_keys_parser(sub) -> None:
+    keys = sub.add_parser("keys", help="make CurveZMQ key pairs for connecting over the network",
+                          description="sluice keys new NAME: write NAME.key (public, to share) and "
+                                      "NAME.key_secret (secret, mode 0600) for daemons, frontends and executors "
+                                      "that connect over tcp.")
+    actions = keys.add_subparsers(dest="keys_action", metavar="{new}", required=True)
+    new = actions.add_parser("new", help="write a new key pair", description="Write NAME.key and NAME.key_secret.")
+    new.add_argument("name", metavar="NAME", help="a plain file name, e.g. the host's name")
+    new.add_argument("--dir", metavar="DIR", default=None, help=f"where to write them (default: {default_keys_dir()})")
+
+
+def add_listen_args(parser) -> None:
+    parser.add_argument("--listen", metavar="tcp://HOST:PORT", default=None,
+                        help="also accept frontends and executors over the network (CurveZMQ); needs --key and --allow")
+    parser.add_argument("--key", metavar="FILE", default=None,
+                        help="with --listen: the daemon's key pair (NAME.key_secret from `sluice keys new NAME`)")
+    parser.add_argument("--allow", metavar="DIR", default=None,
+                        help="with --listen: a directory of the public keys (*.key) allowed to connect; "
+                             "re-read when it changes")
+
+
+def keys_main(args) -> int:
+    if args.keys_action != "new":
+        print_error("error: usage: sluice keys new NAME [--dir DIR]")
+        return EXIT_USAGE
+    from broker.remote import KeyFileError, load_public_key, new_key_pair
+
+    directory = os.path.abspath(args.dir) if args.dir else default_keys_dir()
+    try:
+        public_path, secret_path = new_key_pair(directory, args.name)
+    except KeyFileError as e:
+        print_error(f"error: {e}")
+        return EXIT_USAGE
+    except OSError as e:
+        print_error(f"error: cannot write keys in {directory}: {e.strerror}")
+        return 1
+    public = load_public_key(public_path).decode()
+    print(f"public key file: {public_path}  (share it: a daemon's --allow dir, or a client's --server-key)")
+    print(f"secret key file: {secret_path}  (keep it here: pass it as --key)")
+    print(f"public key: {public}", flush=True)
+    return 0
+
+
+def listen_from_args(args):
+    """A :class:`broker.zap.Listen` for ``sluice daemon``'s flags, or None without ``--listen``.
+
+    Mistakes are printed as one line and raised as :class:`CliExit`.
+    """
+    if not (args.listen or args.key or args.allow):
+        return None
+    from broker.zap import Listen, ListenError
+
+    try:
+        return Listen.from_args(args.listen, args.key, args.allow)
+    except ListenError as e:
+        print_error(f"error: {e}")
+        raise CliExit(EXIT_USAGE) from None
+
+
+def listen_argv(args) -> list[str]:
+    """The flags that hand ``--listen`` on to a daemon started in the background (cwd ``/``)."""
+    if not args.listen:
+        return []
+    return ["--listen", args.listen, "--key", os.path.abspath(args.key), "--allow", os.path.abspath(args.allow)]
+
+
+def executor_main(argv: list[str]) -> int:
+    from executor.__main__ import main
+
+    return main(argv, prog="sluice executor", error_prefix="sluice: error: ")
