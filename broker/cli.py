@@ -1,11 +1,12 @@
-"""The ``sluice`` command line: run, exec, sessions, attach, bridge, sandbox, daemon.
+"""The ``sluice`` command line: run, exec, sessions, attach, bridge, sandbox, daemon, keys, executor.
 
 Imports are lazy: ``sluice run`` loads only the client (zmq, msgspec, the wire and the
 policy), so its start-up stays small next to the command it runs. ``sluice exec`` is
 handed, arguments and all, to :mod:`agent.exec_cli` (it needs the agent's configuration);
 ``sluice sessions``, ``sluice attach`` and ``sluice bridge`` (frontends for the sessions
 the daemon hosts) to :mod:`broker.attach_cli`; ``sluice sandbox`` to landlock_helper's
-command line.
+command line. The network commands (``keys``, ``daemon --listen``, ``executor``) are in
+:mod:`broker.cli_remote`.
 
 Exit codes of ``sluice run``: the command's own exit code; 124 when it timed out;
 128+N when it was killed by signal N; 130 / 143 / 129 when sluice itself got SIGINT /
@@ -60,6 +61,21 @@ def add_connect_args(parser) -> None:
                         help="with --connect: your key pair (NAME.key_secret from `sluice keys new NAME`)")
 
 
+def remote_from_args(args):
+    """The :class:`broker.remote.Remote` that ``--connect/--server-key/--key`` name, or None
+    for the local daemon. Mistakes are printed as one line and raised as :class:`CliExit`."""
+    if getattr(args, "connect", None):
+        from broker.remote import KeyFileError, Remote
+
+        try:
+            return Remote.from_files(args.connect, args.server_key, args.key)
+        except KeyFileError as e:
+            raise CliExit(_fail(str(e), EXIT_USAGE)) from None
+    if getattr(args, "server_key", None) or getattr(args, "key", None):
+        raise CliExit(_fail("--server-key and --key go with --connect tcp://HOST:PORT", EXIT_USAGE))
+    return None
+
+
 def connect_client(args, *, name: str, autostart: bool = True):
     """A :class:`broker.client.Client` for the frontend command ``args`` came from.
 
@@ -68,16 +84,7 @@ def connect_client(args, *, name: str, autostart: bool = True):
     """
     from broker import client as C
 
-    remote = None
-    if getattr(args, "connect", None):
-        from broker.remote import KeyFileError, Remote
-
-        try:
-            remote = Remote.from_files(args.connect, args.server_key, args.key)
-        except KeyFileError as e:
-            raise CliExit(_fail(str(e), EXIT_USAGE)) from None
-    elif getattr(args, "server_key", None) or getattr(args, "key", None):
-        raise CliExit(_fail("--server-key and --key go with --connect tcp://HOST:PORT", EXIT_USAGE))
+    remote = remote_from_args(args)
     try:
         return C.Client.connect(autostart=autostart, remote=remote, name=name)
     except C.DaemonError as e:
@@ -110,6 +117,15 @@ def _parser():
             raise argparse.ArgumentTypeError(f"must be 0 (every event) or more, got {value}")
         return value
 
+    def count(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+        if value < 0:
+            raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
+        return value
+
     def policy_flags(p) -> None:
         p.add_argument("--sandbox", metavar="MODE", default="workspace-write",
                        help="read-only, workspace-write (default) or danger-full-access")
@@ -121,7 +137,7 @@ def _parser():
                        help="pass this variable through even if it looks secret; repeatable")
 
     parser = Parser(prog="sluice", description="Run commands sandboxed, streamed and interruptible through the sluice daemon.")
-    sub = parser.add_subparsers(dest="subcommand", metavar="{run,exec,sessions,attach,bridge,sandbox,daemon}", parser_class=Parser)
+    sub = parser.add_subparsers(dest="subcommand", metavar="{run,exec,sessions,attach,bridge,sandbox,daemon,keys,executor}", parser_class=Parser)
 
     run = sub.add_parser("run", usage=USAGE_RUN, help="run a command through the daemon",
                          description="Run CMD in the sandbox through the daemon (started if needed), "
@@ -130,6 +146,7 @@ def _parser():
     run.add_argument("--timeout-ms", metavar="N", type=positive_int, default=None,
                      help="kill the command after N milliseconds (exit 124)")
     run.add_argument("--json", action="store_true", help="print Codex-shaped events, one JSON object per line")
+    add_connect_args(run)
     run.add_argument("command", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
 
     # Listed for --help only: main() hands ``exec`` to agent.exec_cli before parsing.
@@ -173,9 +190,16 @@ def _parser():
                             description="Without an action: run the daemon in the foreground. "
                                         "start: in the background; stop: stop it; status: exit 0 if running, 3 if not.")
     daemon.add_argument("action", nargs="?", choices=("start", "stop", "status"), default=None)
-    daemon.add_argument("--executors", metavar="N", type=positive_int, default=None,
-                        help="executor processes (default: CPU count)")
+    daemon.add_argument("--executors", metavar="N", type=count, default=None,
+                        help="executor processes (default: CPU count; 0: only executors that connect themselves)")
     daemon.add_argument("--log-json", action="store_true", help="log JSON lines (default: JSON when not a terminal)")
+    from broker.cli_remote import add_keys_parser, add_listen_args
+
+    add_listen_args(daemon)
+    add_keys_parser(sub)
+    # Listed for --help only: main() hands ``executor`` to the executor program before parsing.
+    sub.add_parser("executor", help="run an executor here for a daemon on another host (see `sluice executor --help`)",
+                   add_help=False)
     return parser
 
 
@@ -183,6 +207,10 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv and argv[0] == "exec":
         return _exec(argv[1:])
+    if argv and argv[0] == "executor":
+        from broker.cli_remote import executor_main
+
+        return executor_main(argv[1:])
     try:
         parser = _parser()
         args = parser.parse_args(argv)
@@ -196,6 +224,10 @@ def main(argv: list[str] | None = None) -> int:
             return _sandbox(args)
         if args.subcommand == "daemon":
             return _daemon(args)
+        if args.subcommand == "keys":
+            from broker.cli_remote import keys_main
+
+            return keys_main(args)
         parser.print_help(sys.stderr)
         return EXIT_USAGE
     except CliExit as e:
@@ -241,8 +273,9 @@ def _run(args) -> int:
         return _fail(str(e), EXIT_USAGE)
 
     out = _JsonOutput(request) if args.json else _RawOutput()
+    remote = remote_from_args(args)
     try:
-        client = C.Client.connect()
+        client = C.Client.connect(remote=remote, name="sluice run")
     except C.DaemonError as e:
         out.error(str(e))
         return _fail(str(e), EXIT_SLUICE)
@@ -428,10 +461,12 @@ def _sandbox(args) -> int:
         helper_argv += ["--cwd", cwd]
     for name in args.env:
         helper_argv += ["--env", name]
+    from broker.remote import default_keys_dir
     from broker.runtime import RuntimeDir
 
-    # A daemon may be running for this user: its socket and token stay out of reach.
-    helper_argv += ["--hide", RuntimeDir.default().path]
+    # A daemon may be running for this user: its socket and token stay out of reach, and
+    # so do the user's CurveZMQ keys.
+    helper_argv += ["--hide", RuntimeDir.default().path, "--hide", default_keys_dir()]
     helper_argv += ["--", *command]
     from landlock_helper.__main__ import main as helper_main
 
@@ -442,17 +477,20 @@ def _sandbox(args) -> int:
 
 
 def _daemon(args) -> int:
+    from broker.cli_remote import listen_argv, listen_from_args
     from broker.runtime import RuntimeDir, RuntimeDirError
 
     runtime = RuntimeDir.default()
+    listen = listen_from_args(args) if args.action in (None, "start") else None
     if args.action is None:
         from broker.daemon import DaemonAlreadyRunning, serve
+        from broker.zap import ListenError
 
         try:
-            return serve(runtime, executors=args.executors, log_json=True if args.log_json else None)
+            return serve(runtime, executors=args.executors, log_json=True if args.log_json else None, listen=listen)
         except DaemonAlreadyRunning as e:
             return _fail(str(e) or f"a daemon is already running in {runtime.path}", 1)
-        except RuntimeDirError as e:
+        except (RuntimeDirError, ListenError) as e:
             return _fail(str(e), 1)
 
     from broker import client as C
@@ -480,6 +518,7 @@ def _daemon(args) -> int:
         extra += ["--executors", str(args.executors)]
     if args.log_json:
         extra.append("--log-json")
+    extra += listen_argv(args)
     try:
         pid = C.start_daemon(runtime, args=extra)
     except C.DaemonError as e:
