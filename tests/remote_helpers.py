@@ -1,0 +1,133 @@
+"""Shared by the network tests: key pairs, free ports, waiting, and log lines."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+
+import psutil
+
+from broker.remote import load_public_key, new_key_pair
+from tests.conftest import ROOT
+
+
+@dataclass
+class Keys:
+    """A daemon key pair, allowed client pairs (their .key in ``allow``) and a stranger."""
+
+    dir: str
+    allow: str
+
+    def pair(self, name: str, *, allowed: bool) -> tuple[str, str]:
+        public, secret = new_key_pair(self.dir, name)
+        if allowed:
+            self.allow_key(public)
+        return public, secret
+
+    def allow_key(self, public_path: str) -> None:
+        # Written under a temporary name and renamed in, as a careful admin would.
+        name = os.path.basename(public_path)
+        tmp = os.path.join(self.allow, f".{name}.tmp")
+        with open(public_path, "rb") as src, open(tmp, "wb") as dst:
+            dst.write(src.read())
+        os.replace(tmp, os.path.join(self.allow, name))
+
+    def public(self, name: str) -> str:
+        return load_public_key(os.path.join(self.dir, f"{name}.key")).decode()
+
+
+def make_keys(base: str) -> Keys:
+    keys = Keys(os.path.join(base, "keys"), os.path.join(base, "allow"))
+    os.makedirs(keys.allow, mode=0o700)
+    new_key_pair(keys.dir, "daemon")
+    keys.pair("client", allowed=True)
+    keys.pair("stranger", allowed=False)
+    return keys
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def listen_args(keys: Keys, endpoint: str) -> list[str]:
+    return ["--listen", endpoint, "--key", os.path.join(keys.dir, "daemon.key_secret"), "--allow", keys.allow]
+
+
+def connect_args(keys: Keys, endpoint: str, name: str = "client") -> list[str]:
+    return ["--connect", endpoint, "--server-key", os.path.join(keys.dir, "daemon.key"),
+            "--key", os.path.join(keys.dir, f"{name}.key_secret")]
+
+
+def wait_for(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.05)
+
+
+def log_events(text: str, event: str) -> list[dict]:
+    """The JSON log lines of ``text`` whose event is ``event``."""
+    found = []
+    for line in text.splitlines():
+        if f'"{event}"' not in line:
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if record.get("event") == event:
+            found.append(record)
+    return found
+
+
+def marker() -> str:
+    """A sleep duration no other process has on its command line: ``sleep MARKER``."""
+    return f"1000.{uuid.uuid4().int % 10**9:09d}"
+
+
+def sleepers(mark: str) -> list[psutil.Process]:
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        cmd = p.info["cmdline"] or []
+        if cmd[:1] == ["sleep"] and mark in cmd:
+            found.append(p)
+    return found
+
+
+def start_executor(argv_prefix: list[str], args: list[str], env: dict[str, str], log_path: str) -> subprocess.Popen:
+    """``sluice executor ARGS`` (behind ``argv_prefix``, e.g. ``ip netns exec B``), logging to ``log_path``."""
+    with open(log_path, "ab") as log:
+        return subprocess.Popen([*argv_prefix, sys.executable, "-m", "broker", "executor", *args], env=env,
+                                stdin=subprocess.DEVNULL, stdout=log, stderr=log, cwd=ROOT, start_new_session=True)
+
+
+def kill_tree(proc: subprocess.Popen, timeout: float = 10.0) -> int | None:
+    """SIGKILL ``proc`` and everything beneath it if it still runs; its exit status."""
+    if proc.poll() is None:
+        try:
+            tree = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+        except psutil.Error:
+            tree = []
+        for p in tree:
+            try:
+                p.kill()
+            except psutil.Error:
+                pass
+        psutil.wait_procs(tree, timeout=timeout)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return None
+    return proc.returncode
