@@ -268,6 +268,7 @@ def _run(args) -> int:
             network=args.network,
             env_passthrough=args.env,
             timeout_ms=args.timeout_ms,
+            check_paths=not args.connect,
         )
     except C.UsageError as e:
         return _fail(str(e), EXIT_USAGE)

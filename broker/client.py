@@ -240,8 +240,13 @@ def make_request(
     env_passthrough: Iterable[str] = (),
     timeout_ms: int | None = None,
     capture_limit: int = wire.DEFAULT_CAPTURE_LIMIT,
+    check_paths: bool = True,
 ) -> wire.RunRequest:
-    """Validate the arguments of :meth:`Client.submit`; raises :class:`UsageError`."""
+    """Validate the arguments of :meth:`Client.submit`; raises :class:`UsageError`.
+
+    ``check_paths=False`` skips checking that ``cwd`` and the writable paths exist here,
+    for a command bound for another host's executor (which checks them there).
+    """
     if isinstance(argv, (str, bytes)):
         raise UsageError("the command must be a list of arguments, not a string")
     argv = list(argv)
@@ -258,7 +263,7 @@ def make_request(
         except FileNotFoundError:
             raise UsageError("the current directory no longer exists; cd somewhere else or pass a cwd") from None
     cwd = os.path.abspath(cwd)
-    if not os.path.isdir(cwd):
+    if check_paths and not os.path.isdir(cwd):
         what = "is not a directory" if os.path.exists(cwd) else "does not exist"
         raise UsageError(f"working directory {cwd} {what}")
 
@@ -266,7 +271,7 @@ def make_request(
     for path in writable:
         if not isinstance(path, str) or not os.path.isabs(path):
             raise UsageError(f"writable path must be absolute: {path!r}")
-        if not os.path.exists(path):
+        if check_paths and not os.path.exists(path):
             raise UsageError(f"writable path does not exist: {path}")
         roots.append(path)
 

@@ -363,3 +363,12 @@ def test_daemon_stopped_mid_call_ends_the_call(daemon):
     else:
         assert r.returncode != 0 and (r.error or r.aborted or r.signal)
     c.close()
+
+
+def test_paths_for_another_host_are_not_checked_here():
+    with pytest.raises(UsageError, match="does not exist"):
+        make_request(["true"], cwd="/no/such/dir/here")
+    req = make_request(["true"], cwd="/no/such/dir/here", writable=["/elsewhere"], check_paths=False)
+    assert req.cwd == "/no/such/dir/here"
+    with pytest.raises(UsageError, match="absolute"):
+        make_request(["true"], cwd="/", writable=["relative"], check_paths=False)
