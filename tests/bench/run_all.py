@@ -1,4 +1,4 @@
-"""Run every benchmark of the execution path, print one table, optionally write JSON.
+"""Run every benchmark (the execution path, session fan-out), print one table, optionally write JSON.
 
     python tests/bench/run_all.py [--json PATH] [--quick] [--markdown]
 
@@ -27,6 +27,7 @@ BENCHMARKS = {
     "bench_concurrency": "concurrency",
     "bench_memory": "memory",
     "bench_cli": "cli-true",
+    "bench_fanout": "fanout",
 }
 
 
