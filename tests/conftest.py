@@ -38,6 +38,18 @@ START_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 15.0
 
 
+def wait_for(predicate, timeout: float = 10.0, what: str = "the condition", interval: float = 0.01):
+    """Poll ``predicate`` until it returns something true (returned), or fail after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+        time.sleep(interval)
+
+
 def short_tempdir(prefix: str = "sl-") -> str:
     path = tempfile.mkdtemp(prefix=prefix, dir="/tmp")
     os.chmod(path, 0o700)

@@ -55,17 +55,6 @@ def submission_line(sub_id: str, op) -> bytes:
     return encode_json(Submission(sub_id, op)) + b"\n"
 
 
-def wait_for(predicate, timeout: float = 20.0, what: str = "the condition"):
-    deadline = time.monotonic() + timeout
-    while True:
-        result = predicate()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.01)
-
-
 class JsonLines:
     """A process's stdout read as JSON event lines, as they come."""
 

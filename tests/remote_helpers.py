@@ -7,7 +7,6 @@ import os
 import socket
 import subprocess
 import sys
-import time
 import uuid
 from dataclasses import dataclass
 
@@ -64,17 +63,6 @@ def listen_args(keys: Keys, endpoint: str) -> list[str]:
 def connect_args(keys: Keys, endpoint: str, name: str = "client") -> list[str]:
     return ["--connect", endpoint, "--server-key", os.path.join(keys.dir, "daemon.key"),
             "--key", os.path.join(keys.dir, f"{name}.key_secret")]
-
-
-def wait_for(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.05)
 
 
 def log_events(text: str, event: str) -> list[dict]:

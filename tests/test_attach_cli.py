@@ -22,9 +22,9 @@ import psutil
 import pytest
 
 from broker.protocol import ExecApproval, ReviewDecision, TextInput, UserInput
-from tests.conftest import daemons, short_tempdir, sluice_argv, subprocess_env
+from tests.conftest import daemons, short_tempdir, sluice_argv, subprocess_env, wait_for
 from tests.fake_model import FakeModelServer, assistant, call, gated, response, user_item
-from tests.frontends import Frontends, JsonLines, configure_op, json_events, submission_line, tag, wait_for
+from tests.frontends import Frontends, JsonLines, configure_op, json_events, submission_line, tag
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -21,6 +21,7 @@ from broker.client import (
     make_request,
     stop_daemon,
 )
+from tests.conftest import wait_for
 
 
 def _procs_with_cmdline(cmdline: list[str]) -> list[psutil.Process]:
@@ -29,17 +30,6 @@ def _procs_with_cmdline(cmdline: list[str]) -> list[psutil.Process]:
         if p.info["cmdline"] == cmdline and p.info["status"] != psutil.STATUS_ZOMBIE:
             found.append(p)
     return found
-
-
-def _wait_for(predicate, timeout: float = 10.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.01)
 
 
 def _marker_sleep() -> list[str]:
@@ -208,7 +198,7 @@ def test_cancel_kills_the_whole_tree(client):
     marker = _marker_sleep()
     m = " ".join(marker)
     call = client.submit(["sh", "-c", f"{m} & setsid {m} & (trap '' TERM; {m}) & wait"])
-    _wait_for(lambda: client.poll(0.05) is not None and len(_procs_with_cmdline(marker)) == 3, what="the sleeps")
+    wait_for(lambda: client.poll(0.05) is not None and len(_procs_with_cmdline(marker)) == 3, what="the sleeps")
     assert call.started and not call.done
     client.cancel(call)
     r = client.wait(call, 15)
@@ -274,7 +264,7 @@ def test_wait_timeout_leaves_the_call_running(client):
 def test_signal_interrupts_a_wait_at_once(client):
     call = client.submit(["sleep", "30"])
     with client.catch_signals([signal.SIGUSR1]):
-        _wait_for(lambda: client.poll(0.05) is not None and call.started, what="start")
+        wait_for(lambda: client.poll(0.05) is not None and call.started, what="start")
         os.kill(os.getpid(), signal.SIGUSR1)
         t0 = time.monotonic()
         with pytest.raises(Interrupted) as e:
@@ -322,7 +312,7 @@ def test_policy_goes_on_the_wire(tmp_path):
 def test_daemon_killed_mid_call_fails_the_call(daemon):
     c = daemon.client()
     call = c.submit(["sleep", "30"])
-    _wait_for(lambda: c.poll(0.05) is not None and call.started, what="start")
+    wait_for(lambda: c.poll(0.05) is not None and call.started, what="start")
     os.kill(daemon.pid, signal.SIGKILL)
     t0 = time.monotonic()
     with pytest.raises(DaemonError) as e:
@@ -338,7 +328,7 @@ def test_daemon_killed_mid_call_fails_the_call(daemon):
 def test_hung_daemon_is_noticed_by_heartbeat(daemon):
     c = daemon.client()
     call = c.submit(["sleep", "60"])
-    _wait_for(lambda: c.poll(0.05) is not None and call.started, what="start")
+    wait_for(lambda: c.poll(0.05) is not None and call.started, what="start")
     os.kill(daemon.pid, signal.SIGSTOP)
     try:
         t0 = time.monotonic()
@@ -354,7 +344,7 @@ def test_hung_daemon_is_noticed_by_heartbeat(daemon):
 def test_daemon_stopped_mid_call_ends_the_call(daemon):
     c = daemon.client()
     call = c.submit(["sleep", "30"])
-    _wait_for(lambda: c.poll(0.05) is not None and call.started, what="start")
+    wait_for(lambda: c.poll(0.05) is not None and call.started, what="start")
     os.kill(daemon.pid, signal.SIGTERM)
     try:
         r = c.wait(call, 30)

@@ -28,6 +28,7 @@ import zmq
 from broker import wire
 from broker.daemon import DaemonAlreadyRunning, serve
 from broker.runtime import RuntimeDir
+from tests.conftest import wait_for
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -314,15 +315,6 @@ def executor(peer, slots: int = 2, name: str = "fake") -> Dealer:
 def take_run(ex: Dealer, corr: str | None = None, timeout: float = 5.0):
     head, req, frames = ex.expect(wire.RUN, corr, timeout)
     return head, req, frames
-
-
-def wait_for(predicate, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 # ------------------------------------------------------- runtime dir, lock

@@ -19,7 +19,7 @@ import uuid
 import pytest
 
 from broker.client import Client
-from tests.conftest import DaemonHandle, _wait_ready, daemons, short_tempdir, sluice_argv, subprocess_env
+from tests.conftest import DaemonHandle, _wait_ready, daemons, short_tempdir, sluice_argv, subprocess_env, wait_for
 from tests.remote_helpers import (
     connect_args,
     kill_tree,
@@ -29,7 +29,6 @@ from tests.remote_helpers import (
     marker,
     sleepers,
     start_executor,
-    wait_for,
 )
 
 PORT = 7700

@@ -22,7 +22,7 @@ import zmq
 from broker import wire
 from broker.client import Client
 from broker.remote import Remote, load_public_key
-from tests.conftest import daemons, short_tempdir, subprocess_env
+from tests.conftest import daemons, short_tempdir, subprocess_env, wait_for
 from tests.remote_helpers import (
     connect_args,
     free_port,
@@ -33,7 +33,6 @@ from tests.remote_helpers import (
     marker,
     sleepers,
     start_executor,
-    wait_for,
 )
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux sandbox")
