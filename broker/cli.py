@@ -99,32 +99,21 @@ def _parser():
             print_error(f"error: {message} (see `{self.prog} --help`)")
             raise CliExit(EXIT_USAGE)
 
-    def positive_int(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-        if value <= 0:
-            raise argparse.ArgumentTypeError(f"must be positive, got {value}")
-        return value
+    def whole_number(minimum: int, what: str = "a whole number", floor: str | None = None):
+        """An argparse type: an int of at least ``minimum``."""
+        def parse(text: str) -> int:
+            try:
+                value = int(text)
+            except ValueError:
+                raise argparse.ArgumentTypeError(f"not {what}: {text!r}") from None
+            if value < minimum:
+                raise argparse.ArgumentTypeError(f"must be {floor or minimum} or more, got {value}")
+            return value
+        return parse
 
-    def event_seq(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not an event sequence number: {text!r}") from None
-        if value < 0:
-            raise argparse.ArgumentTypeError(f"must be 0 (every event) or more, got {value}")
-        return value
-
-    def count(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-        if value < 0:
-            raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
-        return value
+    positive_int = whole_number(1)
+    event_seq = whole_number(0, "an event sequence number", "0 (every event)")
+    count = whole_number(0)
 
     def policy_flags(p) -> None:
         p.add_argument("--sandbox", metavar="MODE", default="workspace-write",
