@@ -610,7 +610,9 @@ class Router:
             self.transport(parts)
             return True
         except zmq.Again:
-            self._throttle("warning", "peer not reading: message dropped", peer=peer.name, role=peer.role)
+            # Its queue is full. The caller decides: session events are replayed later,
+            # anything else is lost to that peer.
+            self._throttle("warning", "peer not reading: its queue is full, message not sent", peer=peer.name, role=peer.role)
         except zmq.ZMQError as e:
             if e.errno == zmq.EHOSTUNREACH:
                 self._vanished(peer)
