@@ -194,13 +194,16 @@ def _parser():
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv and argv[0] == "exec":
-        return _exec(argv[1:])
-    if argv and argv[0] == "executor":
-        from broker.cli_remote import executor_main
-
-        return executor_main(argv[1:])
     try:
+        # Handed over, arguments and all, before parsing: they have parsers of their own.
+        if argv and argv[0] == "exec":
+            from agent.exec_cli import main as exec_main
+
+            return exec_main(argv[1:], prog="sluice exec")
+        if argv and argv[0] == "executor":
+            from broker.cli_remote import executor_main
+
+            return executor_main(argv[1:])
         parser = _parser()
         args = parser.parse_args(argv)
         if args.subcommand == "run":
@@ -406,22 +409,6 @@ class _JsonOutput:
                 formatted_output=aggregated,
             )
         )
-
-
-# -- sluice exec ------------------------------------------------------------------------
-
-
-def _exec(argv: list[str]) -> int:
-    try:
-        from agent.exec_cli import main as exec_main
-
-        return exec_main(argv, prog="sluice exec")
-    except KeyboardInterrupt:
-        return 130
-    except Exception as e:  # a bug, not a user mistake: still one line unless asked for more
-        if os.environ.get("SLUICE_DEBUG"):
-            raise
-        return _fail(f"internal error: {type(e).__name__}: {e} (set SLUICE_DEBUG=1 for a traceback)", EXIT_SLUICE)
 
 
 # -- sluice sandbox ---------------------------------------------------------------------
