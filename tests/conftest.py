@@ -50,6 +50,15 @@ def wait_for(predicate, timeout: float = 10.0, what: str = "the condition", inte
         time.sleep(interval)
 
 
+def live_processes(cmdline: list[str]) -> list[psutil.Process]:
+    """Processes running exactly ``cmdline`` (zombies count as dead: only not reaped yet)."""
+    found = []
+    for p in psutil.process_iter(["cmdline", "status"]):
+        if p.info["cmdline"] == cmdline and p.info["status"] != psutil.STATUS_ZOMBIE:
+            found.append(p)
+    return found
+
+
 def short_tempdir(prefix: str = "sl-") -> str:
     path = tempfile.mkdtemp(prefix=prefix, dir="/tmp")
     os.chmod(path, 0o700)

@@ -6,22 +6,28 @@ import asyncio
 import json
 import random
 
-import psutil
 import pytest
 
 from agent.exec_runner import BrokerRunner
-from broker.protocol import AskForApproval, ExecApproval, Interrupt, ReviewDecision, sandbox_policy_from_mode
-from tests.fake_model import FakeModelServer, Harness, assistant, call, outputs_of, response, tag
+from broker.protocol import (
+    AskForApproval,
+    ExecApproval,
+    Interrupt,
+    ReviewDecision,
+    sandbox_policy_from_mode,
+)
+from tests.conftest import live_processes
+from tests.fake_model import (
+    FakeModelServer,
+    Harness,
+    assistant,
+    call,
+    outputs_of,
+    response,
+    tag,
+)
 
 pytestmark = pytest.mark.timeout(90)
-
-
-def _alive(cmdline: list[str]) -> list[psutil.Process]:
-    found = []
-    for p in psutil.process_iter(["cmdline", "status"]):
-        if p.info["cmdline"] == cmdline and p.info["status"] != psutil.STATUS_ZOMBIE:
-            found.append(p)
-    return found
 
 
 def test_session_over_the_daemon(daemon_factory, tmp_path) -> None:
@@ -69,14 +75,14 @@ def test_session_over_the_daemon(daemon_factory, tmp_path) -> None:
 
                 sub_id = await h.say("wait a while")
                 await h.until(lambda e: e.id == sub_id and tag(e) == "exec_command_output_delta", timeout=30)
-                assert _alive(sleeper)
+                assert live_processes(sleeper)
                 await h.submit(Interrupt())
                 assert h.tags(sub_id, deltas=False)[-3:] == ["exec_command_end", "error", "turn_aborted"]
                 for _ in range(1000):
-                    if not _alive(sleeper):
+                    if not live_processes(sleeper):
                         break
                     await asyncio.sleep(0.01)
-                assert not _alive(sleeper), "the interrupted command's tree survived"
+                assert not live_processes(sleeper), "the interrupted command's tree survived"
             finally:
                 await runner.aclose()
 

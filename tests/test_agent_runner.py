@@ -6,12 +6,12 @@ import asyncio
 import os
 import random
 
-import psutil
 import pytest
 
 from agent.broker_link import BrokerLink, LinkError
 from agent.exec_runner import BrokerRunner, ExecResult, HeadTailBuffer
 from broker.protocol import ExecOutputStream, sandbox_policy_from_mode
+from tests.conftest import live_processes
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -71,14 +71,6 @@ def test_run_streams_output_and_sandbox_applies(module_daemon, tmp_path) -> None
     asyncio.run(main())
 
 
-def _alive(cmdline: list[str]) -> list[psutil.Process]:
-    found = []
-    for p in psutil.process_iter(["cmdline", "status"]):
-        if p.info["cmdline"] == cmdline and p.info["status"] != psutil.STATUS_ZOMBIE:
-            found.append(p)
-    return found
-
-
 def test_cancel_kills_the_tree_both_ways(module_daemon, tmp_path) -> None:
     cwd = str(tmp_path)
 
@@ -107,10 +99,10 @@ def test_cancel_kills_the_tree_both_ways(module_daemon, tmp_path) -> None:
             with pytest.raises(asyncio.CancelledError):
                 await task
             for _ in range(500):
-                if not _alive(marker) and not _alive(marker2):
+                if not live_processes(marker) and not live_processes(marker2):
                     break
                 await asyncio.sleep(0.01)
-            assert not _alive(marker) and not _alive(marker2)
+            assert not live_processes(marker) and not live_processes(marker2)
         finally:
             await runner.aclose()
 

@@ -11,23 +11,14 @@ import subprocess
 import sys
 import time
 
-import psutil
 import pytest
 
-from tests.conftest import short_tempdir, subprocess_env
+from tests.conftest import live_processes, short_tempdir, subprocess_env
 
 
 def _sleep_marker() -> tuple[str, list[str]]:
     arg = f"{random.randint(1000, 9999)}.{random.randint(100, 999)}"
     return f"sleep {arg}", ["sleep", arg]
-
-
-def _alive(cmdline: list[str]) -> list[psutil.Process]:
-    out = []
-    for p in psutil.process_iter(["cmdline", "status"]):
-        if p.info["cmdline"] == cmdline and p.info["status"] != psutil.STATUS_ZOMBIE:
-            out.append(p)
-    return out
 
 
 @pytest.fixture
@@ -157,7 +148,7 @@ def test_interrupt_cancels_the_tree(module_daemon, sluice, signum, code):
     )
     try:
         deadline = time.monotonic() + 20
-        while len(_alive(marker)) < 2:
+        while len(live_processes(marker)) < 2:
             assert p.poll() is None, p.communicate()
             assert time.monotonic() < deadline, "the sleeps never started"
             time.sleep(0.02)
@@ -170,7 +161,7 @@ def test_interrupt_cancels_the_tree(module_daemon, sluice, signum, code):
             p.kill()
     assert p.returncode == code, err
     assert b"Traceback" not in err
-    assert _alive(marker) == [], "a sleep survived the interrupt"
+    assert live_processes(marker) == [], "a sleep survived the interrupt"
     print(f"signal {signum} -> exit in {latency * 1000:.1f} ms")
 
 
@@ -184,7 +175,7 @@ def test_second_ctrl_c_still_waits_for_the_end(module_daemon, sluice):
     )
     try:
         deadline = time.monotonic() + 20
-        while not _alive(marker):
+        while not live_processes(marker):
             assert time.monotonic() < deadline
             time.sleep(0.02)
         p.send_signal(signal.SIGINT)
@@ -196,7 +187,7 @@ def test_second_ctrl_c_still_waits_for_the_end(module_daemon, sluice):
             p.kill()
     assert p.returncode == 130, err
     assert b"Traceback" not in err
-    assert _alive(marker) == []
+    assert live_processes(marker) == []
 
 
 @pytest.mark.timeout(30)

@@ -21,15 +21,7 @@ from broker.client import (
     make_request,
     stop_daemon,
 )
-from tests.conftest import wait_for
-
-
-def _procs_with_cmdline(cmdline: list[str]) -> list[psutil.Process]:
-    found = []
-    for p in psutil.process_iter(["cmdline", "status"]):
-        if p.info["cmdline"] == cmdline and p.info["status"] != psutil.STATUS_ZOMBIE:
-            found.append(p)
-    return found
+from tests.conftest import live_processes, wait_for
 
 
 def _marker_sleep() -> list[str]:
@@ -183,7 +175,7 @@ def test_timeout_is_124(client):
     r = client.run(marker, timeout_ms=300)
     assert r.timed_out and r.returncode == 124
     assert time.monotonic() - t0 < 10
-    assert not _procs_with_cmdline(marker)
+    assert not live_processes(marker)
 
 
 @pytest.mark.timeout(30)
@@ -198,13 +190,13 @@ def test_cancel_kills_the_whole_tree(client):
     marker = _marker_sleep()
     m = " ".join(marker)
     call = client.submit(["sh", "-c", f"{m} & setsid {m} & (trap '' TERM; {m}) & wait"])
-    wait_for(lambda: client.poll(0.05) is not None and len(_procs_with_cmdline(marker)) == 3, what="the sleeps")
+    wait_for(lambda: client.poll(0.05) is not None and len(live_processes(marker)) == 3, what="the sleeps")
     assert call.started and not call.done
     client.cancel(call)
     r = client.wait(call, 15)
     assert r.aborted and r.returncode == 130
     # The call ends only once its tree is dead: nothing may be left, not even briefly.
-    assert _procs_with_cmdline(marker) == []
+    assert live_processes(marker) == []
     client.cancel(call)  # a no-op once done
 
 

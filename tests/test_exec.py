@@ -24,7 +24,7 @@ import psutil
 import pytest
 
 from broker.protocol import decode_event_json
-from tests.conftest import daemons, short_tempdir, sluice_argv, subprocess_env
+from tests.conftest import daemons, live_processes, short_tempdir, sluice_argv, subprocess_env
 from tests.fake_model import (
     FakeModelServer,
     assistant,
@@ -129,13 +129,6 @@ def read_until(fd: int, needle: bytes, timeout: float = 20.0, seen: bytearray | 
             raise AssertionError(f"EOF before {needle!r} in {bytes(buf)[-2000:]!r}")
         buf += data
     return bytes(buf)
-
-
-def alive(cmdline: list[str]) -> bool:
-    for p in psutil.process_iter(["cmdline", "status"]):
-        if p.info["cmdline"] == cmdline and p.info["status"] != psutil.STATUS_ZOMBIE:
-            return True
-    return False
 
 
 def agent_pids(handle) -> list[int]:
@@ -300,10 +293,10 @@ def test_ctrl_c_kills_the_command_and_resume_answers_the_dangling_call_aborted(f
     try:
         seen = read_until(proc.stderr.fileno(), b"go\n")
         for _ in range(500):
-            if alive(sleeper):
+            if live_processes(sleeper):
                 break
             time.sleep(0.01)
-        assert alive(sleeper)
+        assert live_processes(sleeper)
         proc.send_signal(signal.SIGINT)
         assert proc.wait(20) == 130
         stderr = seen + proc.stderr.read()
@@ -316,10 +309,10 @@ def test_ctrl_c_kills_the_command_and_resume_answers_the_dangling_call_aborted(f
     text = stderr.decode()
     assert "interrupting" in text and "error: Turn interrupted" in text and "turn aborted (interrupted)" in text
     for _ in range(500):
-        if not alive(sleeper):
+        if not live_processes(sleeper):
             break
         time.sleep(0.01)
-    assert not alive(sleeper), "the interrupted command's tree survived"
+    assert not live_processes(sleeper), "the interrupted command's tree survived"
 
     session_id = session_id_of(text)
     (rollout,) = (agent_home / "sessions").rglob(f"rollout-*-{session_id}.jsonl")

@@ -25,6 +25,7 @@ import pytest
 
 from landlock_helper import SandboxPolicy, landlock
 from landlock_helper.spawn import SandboxError, spawn
+from tests.conftest import live_processes
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux sandbox")
 
@@ -424,23 +425,14 @@ def test_command_not_found_is_reported(workdir):
     assert "Traceback" not in r.stderr
 
 
-def _alive_with(marker: str) -> list[psutil.Process]:
-    """Live ``sleep MARKER`` processes (zombies count as dead: their parent just has not reaped yet)."""
-    out = []
-    for p in psutil.process_iter(["cmdline", "status"]):
-        if p.info["cmdline"] == ["sleep", marker] and p.info["status"] != psutil.STATUS_ZOMBIE:
-            out.append(p)
-    return out
-
-
 def test_background_processes_die_with_the_command(workdir):
     marker = "313.%d" % (time.monotonic_ns() % 100000)
     r = sandbox(f"sleep {marker} & setsid sleep {marker} & (sleep {marker} &) ; echo started", cwd=workdir)
     assert r.stdout.strip() == "started"
     deadline = time.monotonic() + 2
-    while _alive_with(marker) and time.monotonic() < deadline:
+    while live_processes(["sleep", marker]) and time.monotonic() < deadline:
         time.sleep(0.02)
-    assert _alive_with(marker) == []
+    assert live_processes(["sleep", marker]) == []
 
 
 def test_terminate_kills_whole_tree(workdir):
@@ -451,9 +443,9 @@ def test_terminate_kills_whole_tree(workdir):
     os.close(w)
     assert os.read(r, 10) == b"up\n"
     deadline = time.monotonic() + 5
-    while len(_alive_with(marker)) < 2 and time.monotonic() < deadline:
+    while len(live_processes(["sleep", marker])) < 2 and time.monotonic() < deadline:
         time.sleep(0.01)  # "up" can come before both sleeps have exec'd
-    assert len(_alive_with(marker)) == 2
+    assert len(live_processes(["sleep", marker])) == 2
     t0 = time.monotonic()
     proc.terminate()
     outcome = proc.wait(10)
@@ -461,7 +453,7 @@ def test_terminate_kills_whole_tree(workdir):
     proc.close()
     os.close(r)
     assert outcome.signal == signal.SIGTERM
-    assert _alive_with(marker) == []
+    assert live_processes(["sleep", marker]) == []
     assert elapsed < 5
 
 
@@ -470,7 +462,7 @@ def test_kill_tears_down_namespace_even_when_sigterm_ignored(workdir):
     proc = spawn(["sh", "-c", f"trap '' TERM; sleep {marker} & wait"], cwd=str(workdir), env=dict(os.environ),
                  policy=SandboxPolicy.from_mode("workspace-write"), stdout=1, stderr=2)
     deadline = time.monotonic() + 5
-    while not _alive_with(marker) and time.monotonic() < deadline:
+    while not live_processes(["sleep", marker]) and time.monotonic() < deadline:
         time.sleep(0.01)
     proc.terminate()
     assert proc.wait(0.3) is None  # ignored SIGTERM: still running
@@ -478,7 +470,7 @@ def test_kill_tears_down_namespace_even_when_sigterm_ignored(workdir):
     outcome = proc.wait(10)
     proc.close()
     assert outcome.signal == signal.SIGKILL
-    assert _alive_with(marker) == []
+    assert live_processes(["sleep", marker]) == []
 
 
 def test_many_quick_commands_all_report_their_status(workdir):
