@@ -111,10 +111,10 @@ def _check(argv, cwd, policy: SandboxPolicy) -> None:
             raise SandboxError(f"no seccomp filter for architecture {_libc.MACHINE!r}; refusing to run")
 
 
-def _encode_spec(argv, cwd, env, policy: SandboxPolicy) -> bytes:
+def _encode_spec(argv, cwd, env, policy: SandboxPolicy, sandbox_cwd: str | None = None) -> bytes:
     env = dict(env)
     env["PWD"] = cwd
-    spec = marshal.dumps(([str(a) for a in argv], cwd, env, policy.to_json()))
+    spec = marshal.dumps(([str(a) for a in argv], cwd, env, policy.to_json(), sandbox_cwd or cwd))
     if len(spec) > MAX_SPEC:
         raise SandboxError(f"command and environment too large ({len(spec)} bytes, at most {MAX_SPEC})")
     return spec
@@ -348,11 +348,13 @@ def _make_warm(template: _Template, *, reap: bool) -> _Warm:
 
 
 def spawn(argv, *, cwd, env, policy: SandboxPolicy, stdout: int, stderr: int, stdin: int | None = None,
-          hidden_paths=()) -> SandboxedProcess:
+          hidden_paths=(), sandbox_cwd: str | None = None) -> SandboxedProcess:
     """Start ``argv`` under ``policy`` in a sandbox made now; raises SandboxError.
 
     ``stdout``/``stderr`` (and ``stdin``; None means /dev/null) are fds the command gets
-    as its own; the caller may close its copies once this returns.
+    as its own; the caller may close its copies once this returns. ``cwd`` is where the
+    command runs; ``sandbox_cwd`` (default: ``cwd``) is what the policy's
+    ``disk-write-cwd`` means: the session's directory, never a model-chosen workdir.
     """
     if sys.platform == "darwin":  # pragma: no cover - exercised on macOS only
         from landlock_helper.darwin import spawn_seatbelt
@@ -360,7 +362,7 @@ def spawn(argv, *, cwd, env, policy: SandboxPolicy, stdout: int, stderr: int, st
         return spawn_seatbelt(argv, cwd=cwd, env=env, policy=policy, stdout=stdout, stderr=stderr,
                               stdin=stdin, hidden_paths=hidden_paths)
     _check(argv, cwd, policy)
-    spec = _encode_spec(argv, cwd, env, policy)
+    spec = _encode_spec(argv, cwd, env, policy, sandbox_cwd)
     return _make_warm(_Template.make(hidden_paths), reap=True).start(spec, stdin, stdout, stderr)
 
 
@@ -441,10 +443,10 @@ class Spawner:
             self._ask(missing)
 
     def spawn(self, argv, *, cwd, env, policy: SandboxPolicy, stdout: int, stderr: int,
-              stdin: int | None = None) -> SandboxedProcess:
+              stdin: int | None = None, sandbox_cwd: str | None = None) -> SandboxedProcess:
         """Like :func:`spawn`, in a warm sandbox (waiting for one only if none is ready)."""
         _check(argv, cwd, policy)
-        spec = _encode_spec(argv, cwd, env, policy)
+        spec = _encode_spec(argv, cwd, env, policy, sandbox_cwd)
         self.refill()
         while True:
             while not self._ready:
@@ -643,7 +645,7 @@ def _command(template: _Template, ctl: int) -> None:
     for level, kind, data in ancdata:
         if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
             fds += memoryview(data).cast("i")
-    argv, cwd, env, policy_json = marshal.loads(memoryview(buf)[:size])
+    argv, cwd, env, policy_json, sandbox_cwd = marshal.loads(memoryview(buf)[:size])
     try:
         policy = SandboxPolicy.from_json(policy_json)
         signal.pthread_sigmask(signal.SIG_SETMASK, ())
@@ -657,9 +659,9 @@ def _command(template: _Template, ctl: int) -> None:
         restricted = not policy.unrestricted
         if restricted:
             stage = "sandbox"
-            roots = [r for r in policy.writable_roots(cwd, env) if os.path.exists(r)]
+            roots = [r for r in policy.writable_roots(sandbox_cwd, env) if os.path.exists(r)]
             if not policy.full_write:
-                for path in policy.read_only_subpaths(cwd, env):
+                for path in policy.read_only_subpaths(sandbox_cwd, env):
                     namespaces.bind_read_only(path)
             ruleset = landlock.finish_ruleset(prepared, policy, roots)
         _close_fds_except({ctl, ruleset} - {None})
