@@ -316,6 +316,10 @@ class Call:
         self._finished = True
         duration = time.monotonic() - self.started_at
         out, err = self.streams
+        if outcome is not None and outcome.notes:
+            note = "".join(f"{line}\n" for line in outcome.notes).encode()
+            self._send([err.header, note])
+            err.capture.add(note)
         if outcome is None:
             exit_code = signal = None
             error = self.error or "the command's exit status is unavailable"

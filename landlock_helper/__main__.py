@@ -75,6 +75,8 @@ def main(argv: list[str] | None = None, prog: str = "python -m landlock_helper")
         signal.signal(sig, forward)
     outcome = proc.wait()
     proc.close()
+    for note in outcome.notes:
+        print(note, file=sys.stderr)
     if outcome.error:
         print(f"{prog}: {outcome.error}", file=sys.stderr)
     if outcome.signal is not None:

@@ -87,6 +87,7 @@ _GENERIC = {
     "fsconfig": 431,
     "fsmount": 432,
     "fspick": 433,
+    "openat2": 437,
     "mount_setattr": 442,
     "landlock_create_ruleset": 444,
     "landlock_add_rule": 445,

@@ -136,8 +136,8 @@ class LandlockPlan:
     handled_fs: int
     handled_net: int
     scoped: int
-    # (path, rights) pairs; paths that do not exist at apply time are skipped.
-    rules: tuple[tuple[str, int], ...]
+    # (path or fd, rights) pairs; paths that do not exist at apply time are skipped.
+    rules: tuple[tuple[str | int, int], ...]
 
 
 def _readable_top_level(all_fs: int) -> list[tuple[str, int]]:
@@ -202,14 +202,18 @@ def create_ruleset(p: LandlockPlan) -> int | None:
 
 
 def add_rules(ruleset_fd: int, handled_fs: int, rules) -> None:
-    """Add path-beneath rules; paths that do not exist are skipped (they grant nothing)."""
+    """Add path-beneath rules, each for a path or an open fd; paths that do not exist are
+    skipped (they grant nothing)."""
     add_rule = _libc.nr("landlock_add_rule")
     beneath = _PathBeneathAttr()
     for path, rights in rules:
-        try:
-            fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
-        except OSError:
-            continue
+        if isinstance(path, int):
+            fd = os.dup(path)  # a directory the sandbox already opened and checked
+        else:
+            try:
+                fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+            except OSError:
+                continue
         try:
             if not stat.S_ISDIR(os.fstat(fd).st_mode):
                 rights &= FILE_RIGHTS

@@ -35,6 +35,7 @@ readable the whole tree is dead and :meth:`~SandboxedProcess.poll` has the outco
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import marshal
 import os
@@ -45,7 +46,7 @@ import socket
 import sys
 from dataclasses import dataclass
 
-from landlock_helper import _libc, landlock, namespaces, seccomp
+from landlock_helper import _libc, landlock, mounts, namespaces, seccomp
 from landlock_helper.policy import SandboxPolicy
 
 # Largest spec (argv + env + policy) a caller may send; SEQPACKET needs it in one piece.
@@ -63,6 +64,8 @@ class Outcome:
     exit_code: int | None = None
     signal: int | None = None
     error: str | None = None
+    # Lines for a person about what the command left that sluice undid (a planted .git).
+    notes: tuple[str, ...] = ()
 
 
 _FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -74,6 +77,7 @@ class _Template:
     """What every sandbox of one caller shares, fixed before any is made."""
 
     hidden_paths: tuple[str, ...]
+    scratch: str | None  # the host dir that is /tmp inside; None: the host's view (danger-full-access)
     as_root: bool
     uid: int
     gid: int
@@ -81,19 +85,24 @@ class _Template:
     seccomp_progs: dict  # network allowed? -> compiled BPF program
 
     @classmethod
-    def make(cls, hidden_paths) -> _Template:
+    def make(cls, hidden_paths, *, restricted: bool = True) -> _Template:
         progs = {}
         if _libc.ARCH is not None:
             progs = {net: seccomp.compile_program(seccomp.build(net)) for net in (False, True)}
+        try:
+            scratch = mounts.scratch_dir() if restricted else None
+        except (OSError, mounts.PinError) as e:
+            raise SandboxError(f"cannot make the sandbox's /tmp: {_describe(e)}") from None
         return cls(
-            hidden_paths=tuple(os.path.abspath(p) for p in hidden_paths if os.path.lexists(p)),
+            hidden_paths=tuple(os.path.abspath(p) for p in hidden_paths), scratch=scratch,
             as_root=os.geteuid() == 0, uid=os.geteuid(), gid=os.getegid(),
             cap_last=namespaces.last_cap(), seccomp_progs=progs,
         )
 
 
-def _check(argv, cwd, policy: SandboxPolicy) -> None:
-    """What the caller can know is wrong before a sandbox is used (cheap, no fork)."""
+def _check(argv, cwd, policy: SandboxPolicy, sandbox_cwd: str | None, env) -> mounts.Plan | None:
+    """What the caller can know is wrong before a sandbox is used (cheap, no fork), and
+    the directories the sandbox is built from, resolved once, here (None: unrestricted)."""
     if not sys.platform.startswith("linux"):
         raise SandboxError(f"no sandbox for platform {sys.platform!r}; refusing to run unsandboxed")
     if not argv:
@@ -109,12 +118,18 @@ def _check(argv, cwd, policy: SandboxPolicy) -> None:
             raise SandboxError(str(e)) from None
         if _libc.ARCH is None:
             raise SandboxError(f"no seccomp filter for architecture {_libc.MACHINE!r}; refusing to run")
+        try:
+            return mounts.pin(policy, cwd, sandbox_cwd or cwd, env)
+        except (OSError, mounts.PinError) as e:
+            raise SandboxError(_describe(e)) from None
+    return None
 
 
-def _encode_spec(argv, cwd, env, policy: SandboxPolicy, sandbox_cwd: str | None = None) -> bytes:
+def _encode_spec(argv, cwd, env, policy: SandboxPolicy, plan: mounts.Plan | None) -> bytes:
     env = dict(env)
     env["PWD"] = cwd
-    spec = marshal.dumps(([str(a) for a in argv], cwd, env, policy.to_json(), sandbox_cwd or cwd))
+    spec = marshal.dumps(([str(a) for a in argv], cwd, env, policy.to_json(),
+                          None if plan is None else plan.to_spec()))
     if len(spec) > MAX_SPEC:
         raise SandboxError(f"command and environment too large ({len(spec)} bytes, at most {MAX_SPEC})")
     return spec
@@ -124,7 +139,7 @@ class SandboxedProcess:
     """A running sandboxed command; see the module docstring for the process layout."""
 
     def __init__(self, sup_pid: int, init_pid: int, ctl: socket.socket, early: list[bytes], *,
-                 reap: bool) -> None:
+                 reap: bool, repositories: tuple | None = None) -> None:
         self.pid = sup_pid
         self.init_pid = init_pid
         self._ctl = ctl
@@ -135,6 +150,7 @@ class SandboxedProcess:
         self._sup_done = False
         self._killed = False
         self._outcome: Outcome | None = None
+        self._repositories = repositories  # (plan, repository_state before the command)
 
     @property
     def done_fds(self) -> tuple[int, ...]:
@@ -167,8 +183,13 @@ class SandboxedProcess:
         if not all(_readable(fd) for fd in self.done_fds):
             return None
         self._lines += _drain(self._ctl)
-        self._outcome = _outcome(self._lines, self._killed)
-        return self._outcome
+        outcome = _outcome(self._lines, self._killed)
+        if self._repositories:
+            notes = mounts.quarantine_planted(*self._repositories)
+            if notes:
+                outcome = dataclasses.replace(outcome, notes=tuple(notes))
+        self._outcome = outcome
+        return outcome
 
     def wait(self, timeout: float | None = None) -> Outcome | None:
         """Block until :meth:`poll` has an outcome (or ``timeout`` seconds pass)."""
@@ -313,7 +334,7 @@ class _Warm:
             self.discard()
             raise SandboxError(failures[-1] if failures else "the sandbox died while being set up")
 
-    def start(self, spec: bytes, stdin, stdout, stderr) -> SandboxedProcess:
+    def start(self, spec: bytes, stdin, stdout, stderr, repositories=None) -> SandboxedProcess:
         self.wait_init_pid()
         fds = [stdout, stderr] if stdin is None else [stdout, stderr, stdin]
         try:
@@ -321,7 +342,8 @@ class _Warm:
         except OSError as e:
             self.discard()
             raise SandboxError(f"cannot hand the command to its sandbox: {e.strerror}") from None
-        return SandboxedProcess(self.sup_pid, self.init_pid, self.ctl, self.early, reap=self.reap)
+        return SandboxedProcess(self.sup_pid, self.init_pid, self.ctl, self.early, reap=self.reap,
+                                repositories=repositories)
 
     def discard(self) -> None:
         """Tear down an unused sandbox (its command process sees EOF and exits)."""
@@ -361,9 +383,11 @@ def spawn(argv, *, cwd, env, policy: SandboxPolicy, stdout: int, stderr: int, st
 
         return spawn_seatbelt(argv, cwd=cwd, env=env, policy=policy, stdout=stdout, stderr=stderr,
                               stdin=stdin, hidden_paths=hidden_paths)
-    _check(argv, cwd, policy)
-    spec = _encode_spec(argv, cwd, env, policy, sandbox_cwd)
-    return _make_warm(_Template.make(hidden_paths), reap=True).start(spec, stdin, stdout, stderr)
+    plan = _check(argv, cwd, policy, sandbox_cwd, env)
+    spec = _encode_spec(argv, cwd, env, policy, plan)
+    template = _Template.make(hidden_paths, restricted=plan is not None)
+    return _make_warm(template, reap=True).start(spec, stdin, stdout, stderr,
+                                                        (plan, mounts.repository_state(plan)))
 
 
 class Spawner:
@@ -444,9 +468,16 @@ class Spawner:
 
     def spawn(self, argv, *, cwd, env, policy: SandboxPolicy, stdout: int, stderr: int,
               stdin: int | None = None, sandbox_cwd: str | None = None) -> SandboxedProcess:
-        """Like :func:`spawn`, in a warm sandbox (waiting for one only if none is ready)."""
-        _check(argv, cwd, policy)
-        spec = _encode_spec(argv, cwd, env, policy, sandbox_cwd)
+        """Like :func:`spawn`, in a warm sandbox (waiting for one only if none is ready).
+
+        Warm sandboxes are read-only views; a danger-full-access command gets one of the
+        host's view, made on the spot.
+        """
+        plan = _check(argv, cwd, policy, sandbox_cwd, env)
+        spec = _encode_spec(argv, cwd, env, policy, plan)
+        if plan is None:
+            template = dataclasses.replace(self.template, scratch=None)
+            return _make_warm(template, reap=True).start(spec, stdin, stdout, stderr)
         self.refill()
         while True:
             while not self._ready:
@@ -457,7 +488,7 @@ class Spawner:
             if warm.usable():
                 break
             warm.discard()
-        proc = warm.start(spec, stdin, stdout, stderr)
+        proc = warm.start(spec, stdin, stdout, stderr, (plan, mounts.repository_state(plan)))
         self.refill()
         return proc
 
@@ -497,6 +528,8 @@ def _child_main(fn, report_fd: int | None, *args) -> None:
 
 
 def _describe(e: BaseException) -> str:
+    if isinstance(e, (mounts.PinError, SandboxError)):
+        return str(e)
     if isinstance(e, OSError) and e.strerror:
         return e.strerror if e.filename is None else f"{e.strerror}: {e.filename}"
     return f"{type(e).__name__}: {e}"
@@ -595,10 +628,10 @@ def _supervisor(template: _Template, parent: int, ctl: int) -> None:
 def _init(template: _Template, ctl: int) -> None:
     _die_with_parent(None)
     signal.pthread_sigmask(signal.SIG_BLOCK, _INIT_WAITED)
-    namespaces.setup_mounts(template.hidden_paths)
+    view = mounts.prepare(template.hidden_paths, template.scratch)
     child = os.fork()
     if child == 0:
-        _child_main(_command, ctl, template, ctl)
+        _child_main(_command, ctl, template, ctl, view)
     status = _reap_until(child)
     os.write(ctl, f"S {status}".encode())
     os._exit(0)
@@ -624,7 +657,7 @@ def _reap_until(main_child: int) -> int:
                 pass
 
 
-def _command(template: _Template, ctl: int) -> None:
+def _command(template: _Template, ctl: int, view: mounts.View | None) -> None:
     """Get ready, wait for the spec, apply the policy and exec."""
     os.set_inheritable(ctl, False)  # gone at exec: background jobs must not hold it
     # The slow part of Landlock, done while warm.
@@ -645,7 +678,7 @@ def _command(template: _Template, ctl: int) -> None:
     for level, kind, data in ancdata:
         if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
             fds += memoryview(data).cast("i")
-    argv, cwd, env, policy_json, sandbox_cwd = marshal.loads(memoryview(buf)[:size])
+    argv, cwd, env, policy_json, plan_spec = marshal.loads(memoryview(buf)[:size])
     try:
         policy = SandboxPolicy.from_json(policy_json)
         signal.pthread_sigmask(signal.SIG_SETMASK, ())
@@ -659,14 +692,16 @@ def _command(template: _Template, ctl: int) -> None:
         restricted = not policy.unrestricted
         if restricted:
             stage = "sandbox"
-            roots = [r for r in policy.writable_roots(sandbox_cwd, env) if os.path.exists(r)]
-            if not policy.full_write:
-                for path in policy.read_only_subpaths(sandbox_cwd, env):
-                    namespaces.bind_read_only(path)
-            ruleset = landlock.finish_ruleset(prepared, policy, roots)
+            if view is None or plan_spec is None:
+                raise SandboxError("a restricted command reached a sandbox with the host's view")
+            cwd_fd, root_fds = mounts.apply(view, mounts.Plan.from_spec(plan_spec))
+            ruleset = landlock.finish_ruleset(prepared, policy, root_fds)
+            stage = "chdir"
+            os.fchdir(cwd_fd)
+        else:
+            stage = "chdir"
+            os.chdir(cwd)
         _close_fds_except({ctl, ruleset} - {None})
-        stage = "chdir"
-        os.chdir(cwd)
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
         if restricted:
             stage = "sandbox"

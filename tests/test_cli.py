@@ -53,9 +53,9 @@ def test_echo_hello(run):
 
 
 @pytest.mark.timeout(30)
-def test_python_dash_m_broker_is_the_same_command(module_daemon):
+def test_python_dash_m_broker_is_the_same_command(module_daemon, tmp_path):
     p = subprocess.run([sys.executable, "-m", "broker", "run", "--", "echo", "hello"], env=module_daemon.env,
-                       capture_output=True, timeout=30, cwd="/")
+                       capture_output=True, timeout=30, cwd=tmp_path)
     assert (p.returncode, p.stdout) == (0, b"hello\n")
 
 

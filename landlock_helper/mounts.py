@@ -1,0 +1,579 @@
+"""The command's view of the filesystem, built in the sandbox's own mount namespace.
+
+What a command may change is decided twice: Landlock says which files it may write,
+and this view makes everything else read-only at the mount level, which also covers
+what Landlock has no right for (mode, owner, times, xattrs of files it can read).
+
+The trusted side (the executor, before it hands a command over) resolves the command's
+directory and writable roots once, to canonical paths with their device and inode
+(:func:`pin`). Inside the sandbox nothing is resolved by name again: each pinned path is
+opened without following any symlink and must be the very directory that was checked,
+or the command does not start. So swapping a directory for a symlink between two
+commands (or during one's start) changes nothing.
+
+The view is built in two steps, and nothing of it reaches the host (every mount is
+private to the sandbox's namespace):
+
+warm, by the sandbox's init before any command is known (:func:`prepare`)
+    a fresh /proc; a private /dev (a tmpfs with the harmless nodes bound from the host,
+    a devpts instance of its own, so no other terminal is visible, and its own
+    /dev/shm); an empty read-only tmpfs over every hidden path; sluice's own /tmp in
+    place of the host's (see :func:`scratch_dir`); then the whole tree read-only.
+per command, in the command's process before exec (:func:`apply`)
+    each writable root gets a read-write clone of itself mounted on top of it, which
+    also makes it a mount point: it cannot be renamed or removed, so the workspace keeps
+    its shape; ``.git`` and ``.sluice`` in each root and in its direct subdirectories
+    (and the targets of a ``.git`` symlink or ``gitdir:`` file inside a root) get a
+    read-only clone on top; /tmp goes read-only unless the policy writes temp folders.
+
+Host /tmp is never visible: it holds other programs' sockets (tmux, X11, ssh-agent),
+credentials (Kerberos ticket caches), other repositories and other sluice daemons'
+runtime dirs. A command's directory or writable root that lies in the host's /tmp is
+bound in at the same path. sluice's /tmp is one directory per user on the host, shared
+by every sandboxed command of that user, so one command's /tmp files are there for the
+next.
+
+Stdlib and ctypes only, like the rest of the sandbox layer.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import pwd
+import stat
+import time
+from dataclasses import dataclass
+
+from landlock_helper import _libc
+from landlock_helper.policy import GLOBAL_TEMP, PROTECTED_SUBDIRS, USER_TEMP, SandboxPolicy
+
+TMP = "/tmp"
+
+OPEN_TREE_CLONE = 1
+AT_FDCWD = -100
+AT_SYMLINK_NOFOLLOW = 0x100
+AT_EMPTY_PATH = 0x1000
+AT_RECURSIVE = 0x8000
+MOUNT_ATTR_RDONLY = 0x1
+MOVE_MOUNT_F_EMPTY_PATH = 0x4
+MOVE_MOUNT_T_EMPTY_PATH = 0x40
+RESOLVE_NO_MAGICLINKS = 0x02
+RESOLVE_NO_SYMLINKS = 0x04
+RESOLVE_BENEATH = 0x08
+
+# Device nodes bound into the private /dev; everything else of the host's /dev
+# (disks, other terminals, consoles, /dev/vcs*) does not exist inside.
+DEV_NODES = ("null", "zero", "full", "random", "urandom", "tty")
+DEV_LINKS = (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),
+             ("stderr", "/proc/self/fd/2"), ("ptmx", "pts/ptmx"))
+
+
+class PinError(ValueError):
+    """A directory cannot be used as asked (refused root, changed under us); for a person."""
+
+
+class _MountAttr(ctypes.Structure):
+    _fields_ = [("attr_set", ctypes.c_uint64), ("attr_clr", ctypes.c_uint64),
+                ("propagation", ctypes.c_uint64), ("userns_fd", ctypes.c_uint64)]
+
+
+class _OpenHow(ctypes.Structure):
+    _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64)]
+
+
+def _b(path: str) -> bytes:
+    return os.fsencode(path)
+
+
+def open_tree(dirfd: int, path: str, flags: int) -> int:
+    return _libc.syscall(_libc.nr("open_tree"), ctypes.c_int(dirfd), _b(path), ctypes.c_uint(flags))
+
+
+def move_mount(from_fd: int, to_fd: int) -> None:
+    _libc.syscall(_libc.nr("move_mount"), ctypes.c_int(from_fd), b"", ctypes.c_int(to_fd), b"",
+                  ctypes.c_uint(MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH))
+
+
+def mount_setattr(dirfd: int, path: str, flags: int, *, set_: int = 0, clear: int = 0) -> None:
+    attr = _MountAttr(set_, clear, 0, 0)
+    _libc.syscall(_libc.nr("mount_setattr"), ctypes.c_int(dirfd), _b(path), ctypes.c_uint(flags),
+                  ctypes.byref(attr), ctypes.c_size_t(ctypes.sizeof(attr)))
+
+
+def open_pinned(dirfd: int, path: str, *, beneath: bool = False, directory: bool = True) -> int:
+    """An O_PATH fd for ``path``, refusing every symlink on the way (openat2)."""
+    flags = os.O_PATH | os.O_CLOEXEC | (os.O_DIRECTORY if directory else os.O_NOFOLLOW)
+    how = _OpenHow(flags, 0, RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS | (RESOLVE_BENEATH if beneath else 0))
+    return _libc.syscall(_libc.nr("openat2"), ctypes.c_int(dirfd), _b(path), ctypes.byref(how),
+                         ctypes.c_size_t(ctypes.sizeof(how)))
+
+
+# -- the trusted side: what the sandbox will be built from ---------------------------------
+
+
+@dataclass(frozen=True)
+class Pin:
+    """A directory as the trusted side resolved it: canonical path, device, inode."""
+
+    path: str
+    dev: int
+    ino: int
+
+    @classmethod
+    def of(cls, path: str) -> Pin:
+        real = os.path.realpath(path)
+        st = os.stat(real)
+        if not stat.S_ISDIR(st.st_mode):
+            raise PinError(f"{path} is not a directory")
+        return cls(real, st.st_dev, st.st_ino)
+
+    def to_spec(self) -> tuple[str, int, int]:
+        return (self.path, self.dev, self.ino)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The mounts one command needs: its directory and its writable roots, pinned."""
+
+    cwd: Pin
+    roots: tuple[Pin, ...]
+    tmp_writable: bool
+
+    def to_spec(self) -> tuple:
+        return (self.cwd.to_spec(), [r.to_spec() for r in self.roots], self.tmp_writable)
+
+    @classmethod
+    def from_spec(cls, spec) -> Plan:
+        cwd, roots, tmp_writable = spec
+        return cls(Pin(*cwd), tuple(Pin(*r) for r in roots), tmp_writable)
+
+
+def refused_roots(env=None) -> set[str]:
+    """Directories never accepted as writable roots outside danger-full-access: / and the
+    user's home directory (and every directory above it, which would contain it)."""
+    env = os.environ if env is None else env
+    refused = {"/"}
+    homes = {env.get("HOME") or ""}
+    try:
+        homes.add(pwd.getpwuid(os.geteuid()).pw_dir)
+    except KeyError:
+        pass
+    for home in homes:
+        if not os.path.isabs(home):
+            continue
+        path = os.path.realpath(home)
+        while path != "/":
+            refused.add(path)
+            path = os.path.dirname(path)
+    return refused
+
+
+def in_tmp(path: str) -> bool:
+    return path == TMP or path.startswith(TMP + "/")
+
+
+def pin(policy: SandboxPolicy, cwd: str, sandbox_cwd: str, env) -> Plan:
+    """Resolve the command's directory and writable roots once (raises PinError).
+
+    ``/tmp`` itself (the global temp folder, or $TMPDIR when it is /tmp) is sluice's /tmp,
+    not a host directory. Roots that do not exist are left out, as Landlock would.
+    """
+    refused = refused_roots()
+    roots: list[Pin] = []
+    tmp_writable = False
+    for p in policy.permissions:
+        if p.kind == GLOBAL_TEMP:
+            tmp_writable = True
+    for root in policy.writable_roots(sandbox_cwd, env):
+        if not os.path.isdir(root):
+            continue
+        pinned = Pin.of(root)
+        if pinned.path == TMP:
+            tmp_writable = True
+            continue
+        if pinned.path in refused:
+            what = "the root directory" if pinned.path == "/" else "your home directory or a directory above it"
+            raise PinError(f"refusing to make {pinned.path} writable ({what}); run from a project directory, "
+                           "or use --sandbox read-only or danger-full-access")
+        if pinned not in roots:
+            roots.append(pinned)
+    # Outer roots first: an inner root is then bound on top of the outer one's clone.
+    roots.sort(key=lambda r: len(r.path))
+    if any(p.kind == USER_TEMP for p in policy.permissions) and env.get("TMPDIR", "").rstrip("/") == TMP:
+        tmp_writable = True
+    return Plan(Pin.of(cwd), tuple(roots), tmp_writable)
+
+
+def user_runtime_dirs(env=None) -> list[str]:
+    """Hidden from every restricted command: the user's runtime dir ($XDG_RUNTIME_DIR,
+    /run/user/UID), where the session bus, the desktop, key agents and sluice daemons
+    keep their sockets and tokens."""
+    env = os.environ if env is None else env
+    dirs = [f"/run/user/{os.geteuid()}"]
+    xdg = env.get("XDG_RUNTIME_DIR", "")
+    if os.path.isabs(xdg) and os.path.realpath(xdg) not in ("/", "/run", "/tmp"):
+        dirs.append(os.path.realpath(xdg))
+    return dirs
+
+
+# -- sluice's /tmp ------------------------------------------------------------------------
+
+
+def scratch_dir(uid: int | None = None) -> str:
+    """The host directory that is /tmp inside every sandbox of this user, made if needed.
+
+    It lies in the host's /tmp, where any local user may have put something first, so
+    it is created without following links and used only if it is a real directory of
+    ours with mode 0700.
+    """
+    uid = os.geteuid() if uid is None else uid
+    path = f"{TMP}/sluice-tmp-{uid}"
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        if st.st_uid != uid or stat.S_IMODE(st.st_mode) != 0o700:
+            raise PinError(f"{path} is not a private directory of uid {uid} (owner {st.st_uid}, "
+                           f"mode {stat.S_IMODE(st.st_mode):o}); remove it and try again")
+    finally:
+        os.close(fd)
+    return path
+
+
+# -- the sandbox side -------------------------------------------------------------------
+
+
+@dataclass
+class View:
+    """What the warm step leaves for the per-command step."""
+
+    host_tmp: int  # O_PATH fd of the host's /tmp, under sluice's
+    tmp: int  # O_PATH fd of sluice's /tmp mount
+    late_hidden: tuple[str, ...]  # hidden paths that did not exist when warm
+
+
+def prepare(hidden_paths, scratch: str | None) -> View | None:
+    """The warm step; runs as the sandbox's init, before the command is forked.
+
+    Without ``scratch`` (danger-full-access) the view stays the host's, read-write, with
+    only a fresh /proc, a private /dev/shm and the hidden paths.
+    """
+    m = _libc.mount
+    m(None, "/", None, _libc.MS_REC | _libc.MS_PRIVATE)
+    m("proc", "/proc", "proc", _libc.MS_NOSUID | _libc.MS_NODEV | _libc.MS_NOEXEC)
+    if scratch is None:
+        if os.path.isdir("/dev/shm"):
+            m("tmpfs", "/dev/shm", "tmpfs", _libc.MS_NOSUID | _libc.MS_NODEV, "mode=1777")
+        for path in hidden_paths:
+            _hide(path)
+        return None
+    _private_dev()
+    late = tuple(path for path in (*hidden_paths, *user_runtime_dirs()) if not _hide(path))
+    host_tmp = os.open(TMP, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    m(scratch, TMP, None, _libc.MS_BIND)
+    tmp = os.open(TMP, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    mount_setattr(AT_FDCWD, "/", AT_RECURSIVE, set_=MOUNT_ATTR_RDONLY)
+    for path in ("/dev/shm", "/dev/pts", TMP):
+        mount_setattr(AT_FDCWD, path, 0, clear=MOUNT_ATTR_RDONLY)
+    return View(host_tmp, tmp, late)
+
+
+def _private_dev() -> None:
+    m = _libc.mount
+    nodes = {}
+    for name in DEV_NODES:
+        try:
+            nodes[name] = open_tree(AT_FDCWD, f"/dev/{name}", OPEN_TREE_CLONE | os.O_CLOEXEC)
+        except OSError:
+            pass  # absent on this host: absent inside
+    m("tmpfs", "/dev", "tmpfs", _libc.MS_NOSUID | _libc.MS_NOEXEC, "mode=755,size=64k")
+    for name, fd in nodes.items():
+        os.close(os.open(f"/dev/{name}", os.O_CREAT | os.O_WRONLY | os.O_CLOEXEC, 0o600))
+        target = os.open(f"/dev/{name}", os.O_PATH | os.O_CLOEXEC)
+        try:
+            move_mount(fd, target)
+        finally:
+            os.close(target)
+            os.close(fd)
+    os.mkdir("/dev/pts", 0o755)
+    m("devpts", "/dev/pts", "devpts", _libc.MS_NOSUID | _libc.MS_NOEXEC, "newinstance,ptmxmode=0666,mode=620")
+    os.mkdir("/dev/shm", 0o1777)
+    m("tmpfs", "/dev/shm", "tmpfs", _libc.MS_NOSUID | _libc.MS_NODEV, "mode=1777")
+    for name, target in DEV_LINKS:
+        os.symlink(target, f"/dev/{name}")
+
+
+def _hide(path: str) -> bool:
+    """An empty, unreadable, read-only tmpfs over a directory, /dev/null over a file."""
+    m = _libc.mount
+    if os.path.isdir(path) and not os.path.islink(path):
+        m("tmpfs", path, "tmpfs",
+          _libc.MS_RDONLY | _libc.MS_NOSUID | _libc.MS_NODEV | _libc.MS_NOEXEC, "size=4k,mode=000")
+        return True
+    if os.path.lexists(path) and not os.path.islink(path):
+        m("/dev/null", path, None, _libc.MS_BIND)
+        return True
+    return False
+
+
+def _open_host(view: View, pinned: Pin) -> int:
+    """The pinned directory as the host has it (under sluice's /tmp for host /tmp paths)."""
+    if in_tmp(pinned.path):
+        return _open_checked(view.host_tmp, os.path.relpath(pinned.path, TMP), pinned, beneath=True)
+    return _open_checked(AT_FDCWD, pinned.path, pinned)
+
+
+def _mount_point(view: View, pinned: Pin, source: int) -> int:
+    """Where a clone of ``source`` goes: the path itself, or a directory made for it in
+    sluice's /tmp (never following a link another command may have planted there)."""
+    if not in_tmp(pinned.path):
+        return os.dup(source)
+    fd = os.dup(view.tmp)
+    for part in os.path.relpath(pinned.path, TMP).split("/"):
+        try:
+            os.mkdir(part, 0o755, dir_fd=fd)
+        except FileExistsError:
+            pass
+        try:
+            nxt = os.open(part, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+        except OSError as e:
+            os.close(fd)
+            raise PinError(f"cannot make {pinned.path} visible in the sandbox's /tmp: {e.strerror}") from None
+        os.close(fd)
+        fd = nxt
+    return fd
+
+
+def _clone_onto(source: int, target: int, *, writable: bool) -> None:
+    tree = open_tree(source, "", OPEN_TREE_CLONE | os.O_CLOEXEC | AT_EMPTY_PATH | AT_RECURSIVE)
+    try:
+        if writable:
+            try:
+                mount_setattr(tree, "", AT_EMPTY_PATH, clear=MOUNT_ATTR_RDONLY)
+            except PermissionError:
+                pass  # read-only on the host already (a locked mount): it stays so
+        else:
+            mount_setattr(tree, "", AT_EMPTY_PATH | AT_RECURSIVE, set_=MOUNT_ATTR_RDONLY)
+        move_mount(tree, target)
+    finally:
+        os.close(tree)
+
+
+def apply(view: View, plan: Plan) -> tuple[int, list[int]]:
+    """The per-command step: O_PATH fds of the command's directory (to fchdir) and of the
+    writable roots as mounted (for Landlock's rules), all checked against the plan.
+
+    Raises PinError when a pinned directory is not what the trusted side checked.
+    """
+    for root in plan.roots:
+        _bind(view, root, writable=True)
+    if not any(_within(plan.cwd.path, r.path) for r in plan.roots) and in_tmp(plan.cwd.path):
+        _bind(view, plan.cwd, writable=False)
+    for root in plan.roots:
+        _protect_repositories(root, plan.roots)
+    for path in view.late_hidden:
+        _hide(path)  # made since the sandbox was warmed: hidden now, wherever it is visible
+    if not plan.tmp_writable:
+        mount_setattr(view.tmp, "", AT_EMPTY_PATH, set_=MOUNT_ATTR_RDONLY)
+    # /tmp as the command's directory is sluice's /tmp, not the host's that was pinned.
+    fds = [os.dup(view.tmp)] if plan.cwd.path == TMP else []
+    try:
+        for pinned in (plan.cwd, *plan.roots)[len(fds):]:
+            fds.append(_open_checked(AT_FDCWD, pinned.path, pinned))
+    except BaseException:
+        for fd in fds:
+            os.close(fd)
+        raise
+    if plan.tmp_writable:
+        fds.append(os.dup(view.tmp))
+    return fds[0], fds[1:]
+
+
+def _open_checked(dirfd: int, path: str, pinned: Pin, *, beneath: bool = False) -> int:
+    try:
+        fd = open_pinned(dirfd, path, beneath=beneath)
+    except OSError as e:
+        raise PinError(f"{pinned.path} changed while the command was starting ({e.strerror})") from None
+    st = os.fstat(fd)
+    if (st.st_dev, st.st_ino) != (pinned.dev, pinned.ino):
+        os.close(fd)
+        raise PinError(f"{pinned.path} changed while the command was starting (another directory is there now)")
+    return fd
+
+
+def _bind(view: View, pinned: Pin, *, writable: bool) -> None:
+    source = _open_host(view, pinned)
+    try:
+        target = _mount_point(view, pinned, source)
+        try:
+            _clone_onto(source, target, writable=writable)
+        finally:
+            os.close(target)
+    finally:
+        os.close(source)
+
+
+def _within(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+def _protect_repositories(root: Pin, roots) -> None:
+    """Read-only clones over ``.git``/``.sluice`` in ``root`` and its direct subdirectories,
+    and over what a ``.git`` symlink or ``gitdir:`` file points to inside a writable root."""
+    try:
+        top = os.open(root.path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return
+    dirs = [(top, root.path)]
+    try:
+        try:
+            with os.scandir(top) as it:
+                for entry in it:
+                    if entry.name not in PROTECTED_SUBDIRS and entry.is_dir(follow_symlinks=False):
+                        try:
+                            dirs.append((open_pinned(top, entry.name, beneath=True), f"{root.path}/{entry.name}"))
+                        except OSError:
+                            pass
+        except OSError:
+            pass
+        for fd, path in dirs:
+            for name in PROTECTED_SUBDIRS:
+                _protect_entry(fd, path, name, roots)
+    finally:
+        for fd, _ in dirs:
+            os.close(fd)
+
+
+def _protect_entry(parent: int, parent_path: str, name: str, roots: list[Pin]) -> None:
+    try:
+        st = os.stat(name, dir_fd=parent, follow_symlinks=False)
+    except OSError:
+        return
+    path = os.path.join(parent_path, name)
+    targets = []
+    if stat.S_ISLNK(st.st_mode):
+        targets.append(os.path.realpath(path))
+    else:
+        _read_only_onto(parent, name, directory=stat.S_ISDIR(st.st_mode))
+        if stat.S_ISREG(st.st_mode) and name == ".git":
+            targets.append(_gitdir_of(path))
+    for target in targets:
+        if target and any(_within(target, r.path) for r in roots) and os.path.exists(target):
+            _read_only_onto(AT_FDCWD, target, directory=os.path.isdir(target))
+
+
+def _gitdir_of(git_file: str) -> str | None:
+    """The directory a ``.git`` file (worktrees, submodules) points to."""
+    try:
+        with open(git_file, "rb") as f:
+            first = f.read(4096).split(b"\n", 1)[0].decode(errors="replace")
+    except OSError:
+        return None
+    if not first.startswith("gitdir:"):
+        return None
+    return os.path.realpath(os.path.join(os.path.dirname(git_file), first[len("gitdir:"):].strip()))
+
+
+def _read_only_onto(dirfd: int, name: str, *, directory: bool) -> None:
+    try:
+        fd = open_pinned(dirfd, name, beneath=dirfd != AT_FDCWD, directory=directory)
+    except OSError:
+        return
+    try:
+        _clone_onto(fd, fd, writable=False)
+    finally:
+        os.close(fd)
+
+
+# -- after the command: what it planted where git looks ------------------------------------
+#
+# A writable root without a .git (or with a .git symlink, which can be removed) cannot be
+# kept from getting a new one by a mount: there is nothing to mount over. So the trusted
+# side notes what stands there before the command, and once the command's whole tree is
+# dead, moves aside anything new, before the user's next git command could run it.
+
+
+def repository_state(plan: Plan | None) -> dict:
+    """What stands at ``.git``/``.sluice`` in each writable root and in its direct
+    subdirectories now: {(root, relative path): identity}, absent entries left out."""
+    state: dict = {}
+    for root in plan.roots if plan is not None else ():
+        fd = _open_root(root)
+        if fd is None:
+            continue
+        try:
+            parents = [""]
+            try:
+                with os.scandir(fd) as it:
+                    parents += [e.name for e in it if e.name not in PROTECTED_SUBDIRS and e.is_dir(follow_symlinks=False)]
+            except OSError:
+                pass
+            for parent in parents:
+                for name in PROTECTED_SUBDIRS:
+                    rel = f"{parent}/{name}" if parent else name
+                    identity = _identity(fd, rel)
+                    if identity is not None:
+                        state[(root, rel)] = identity
+        finally:
+            os.close(fd)
+    return state
+
+
+def _open_root(root: Pin) -> int | None:
+    try:
+        fd = os.open(root.path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    st = os.fstat(fd)
+    if (st.st_dev, st.st_ino) != (root.dev, root.ino):
+        os.close(fd)
+        return None
+    return fd
+
+
+def _identity(fd: int, rel: str):
+    try:
+        st = os.stat(rel, dir_fd=fd, follow_symlinks=False)
+        link = os.readlink(rel, dir_fd=fd) if stat.S_ISLNK(st.st_mode) else None
+        return (st.st_dev, st.st_ino, stat.S_IFMT(st.st_mode), link)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        return ("unreadable", e.errno)
+
+
+def quarantine_planted(plan: Plan | None, before: dict) -> list[str]:
+    """Move aside every ``.git``/``.sluice`` that is new since ``before``
+    (:func:`repository_state`); one line for a person per entry moved."""
+    notes = []
+    for (root, rel), now in repository_state(plan).items():
+        was = before.get((root, rel))
+        if now == was:
+            continue
+        what = "created" if was is None else "replaced"
+        fd = _open_root(root)
+        if fd is None:
+            continue
+        parent, _, name = rel.rpartition("/")
+        aside = f"{name}.sluice-blocked-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+        where = f"{root.path}/{parent}" if parent else root.path
+        try:
+            pfd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd) \
+                if parent else os.dup(fd)
+            try:
+                os.rename(name, aside, src_dir_fd=pfd, dst_dir_fd=pfd)
+            finally:
+                os.close(pfd)
+            notes.append(f"sluice: the command {what} {where}/{name}, which a sandboxed command may not "
+                         f"(git would run what it holds); moved it to {where}/{aside}")
+        except OSError as e:
+            notes.append(f"sluice: the command {what} {where}/{name}, which a sandboxed command may not, "
+                         f"and it could not be moved aside ({e.strerror}): check it before running git there")
+        finally:
+            os.close(fd)
+    return notes
