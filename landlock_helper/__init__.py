@@ -15,9 +15,10 @@ Public API (stdlib + ctypes only; imports nothing else of sluice)::
     outcome = proc.poll()    # None while running; Outcome(exit_code|signal|error)
 
 On Linux each command gets its own PID and mount namespace (and a user namespace when
-not root), a fresh /proc, an empty read-only tmpfs over every hidden path, read-only
-binds over ``.git``/``.sluice`` in writable roots, then NO_NEW_PRIVS, dropped
-capabilities, Landlock and a seccomp filter. The namespace's init is ours: it reaps,
+not root) with a view of the filesystem that is read-only outside the writable roots (a
+fresh /proc, a private /dev and /tmp, hidden paths, read-only ``.git``/``.sluice``:
+see ``landlock_helper.mounts``), then NO_NEW_PRIVS, dropped capabilities, Landlock and
+a seccomp filter. The namespace's init is ours: it reaps,
 forwards SIGTERM to the whole namespace, and when the command exits it exits too, which
 makes the kernel kill everything the command left behind (setsid and double-forked
 escapees included). On macOS the same policy becomes a Seatbelt profile.

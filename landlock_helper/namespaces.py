@@ -1,12 +1,11 @@
-"""Namespaces, mounts and capabilities: the parts of the sandbox that are not Landlock.
+"""Namespaces and capabilities: the parts of the sandbox that are not Landlock or mounts.
 
 Each command gets a fresh PID namespace (so it sees, signals and ptraces only its own
 tree, and the kernel kills the whole tree when the namespace's init exits), a mount
-namespace (a /proc that shows only that tree, an empty read-only tmpfs over each hidden
-path such as the daemon's runtime dir, a private /dev/shm, read-only binds over
-``.git``/``.sluice``), a private SysV IPC namespace, and, when not root, a user
-namespace that maps the caller's uid and gid to themselves (needed to create the others
-without privilege; the command still runs as the caller).
+namespace (its view of the filesystem: see :mod:`landlock_helper.mounts`), a private
+SysV IPC namespace, and, when not root, a user namespace that maps the caller's uid and
+gid to themselves (needed to create the others without privilege; the command still
+runs as the caller).
 
 As root, the command keeps uid 0 but loses every capability: the bounding set is
 emptied before exec, so exec cannot grant any back.
@@ -26,17 +25,6 @@ class _CapHeader(ctypes.Structure):
 
 class _CapData(ctypes.Structure):
     _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
-
-
-_STATVFS_TO_MS = (
-    (os.ST_RDONLY, _libc.MS_RDONLY),
-    (os.ST_NOSUID, _libc.MS_NOSUID),
-    (os.ST_NODEV, _libc.MS_NODEV),
-    (os.ST_NOEXEC, _libc.MS_NOEXEC),
-    (os.ST_NOATIME, _libc.MS_NOATIME),
-    (os.ST_NODIRATIME, _libc.MS_NODIRATIME),
-    (os.ST_RELATIME, _libc.MS_RELATIME),
-)
 
 
 def unshare_flags(as_root: bool) -> int:
@@ -61,34 +49,6 @@ def _write(path: str, text: str) -> None:
         os.write(fd, text.encode())
     finally:
         os.close(fd)
-
-
-def _locked_flags(path: str) -> int:
-    """Mount flags a remount must keep (inside a user namespace the kernel insists)."""
-    f = os.statvfs(path).f_flag
-    return sum(ms for st, ms in _STATVFS_TO_MS if f & st)
-
-
-def setup_mounts(hidden_paths) -> None:
-    """Run as the new PID namespace's init, before the command is forked."""
-    m = _libc.mount
-    # Nothing we mount here may leak back to the host's mount namespace.
-    m(None, "/", None, _libc.MS_REC | _libc.MS_PRIVATE)
-    m("proc", "/proc", "proc", _libc.MS_NOSUID | _libc.MS_NODEV | _libc.MS_NOEXEC)
-    if os.path.isdir("/dev/shm"):
-        m("tmpfs", "/dev/shm", "tmpfs", _libc.MS_NOSUID | _libc.MS_NODEV, "mode=1777")
-    for path in hidden_paths:
-        if os.path.isdir(path):
-            m("tmpfs", path, "tmpfs",
-              _libc.MS_RDONLY | _libc.MS_NOSUID | _libc.MS_NODEV | _libc.MS_NOEXEC, "size=4k,mode=000")
-        elif os.path.lexists(path):
-            m("/dev/null", path, None, _libc.MS_BIND)
-
-
-def bind_read_only(path: str) -> None:
-    """Make ``path`` (and everything beneath) read-only in this mount namespace."""
-    _libc.mount(path, path, None, _libc.MS_BIND | _libc.MS_REC)
-    _libc.mount(None, path, None, _libc.MS_REMOUNT | _libc.MS_BIND | _libc.MS_RDONLY | _locked_flags(path))
 
 
 def last_cap() -> int:

@@ -8,16 +8,18 @@ A sandbox is three processes, each forked (never exec'd) so nothing is re-import
     (``PR_SET_PDEATHSIG``), and the init dies with the supervisor the same way, so a
     crashed executor never leaves a sandbox behind.
 ``init`` (pid 1 of the new PID namespace)
-    Mounts a fresh /proc, a private /dev/shm and an empty tmpfs over each hidden path,
-    forks the command process, reaps everything, turns SIGTERM into "SIGTERM to every
+    Builds the filesystem view (:func:`landlock_helper.mounts.prepare`: /proc, a private
+    /dev and /tmp, hidden paths, everything read-only), forks the command process, reaps everything, turns SIGTERM into "SIGTERM to every
     process in the namespace", and when the command exits reports its wait status and
     exits. The kernel then SIGKILLs whatever is left in the namespace (background jobs,
     setsid or double-forked escapees), and the init's pidfd turns readable only after
     all of them are gone.
 ``command``
     Prepares its Landlock ruleset, then waits for the command's spec. On receipt it
-    binds ``.git``/``.sluice`` read-only, drops capabilities, sets NO_NEW_PRIVS,
-    restricts itself with Landlock and seccomp, and execs.
+    binds the writable roots read-write and their ``.git``/``.sluice`` read-only, each
+    checked against what the caller pinned (:func:`landlock_helper.mounts.apply`), drops
+    capabilities, sets NO_NEW_PRIVS, restricts itself with Landlock and seccomp, and
+    execs. A danger-full-access command gets a sandbox with the host's view instead.
 
 All of that up to "waits for the spec" happens before anyone asks for a command, so a
 sandbox can be *warm*: :class:`Spawner` keeps a few warm sandboxes per executor, made
