@@ -382,3 +382,51 @@ def test_node_runs_and_writes_its_workspace(workdir):
     r = sandbox("node -e \"require('fs').writeFileSync('out.txt', 'node ok'); console.log('ran')\"", cwd=workdir)
     assert r.stdout.strip() == "ran", r.stderr
     assert (workdir / "out.txt").read_text() == "node ok"
+
+
+# --- control planes made after the command started ------------------------------------------
+
+
+def test_daemon_started_after_the_command_is_out_of_its_reach(daemon_factory, workdir):
+    """A sandboxed command that is already running when a daemon starts (its runtime dir
+    in the host's /tmp, made after the sandbox) finds neither its token nor its socket."""
+    go = workdir / "go"
+    probe = (
+        "import os, socket, time\n"
+        "while not os.path.exists('go'): time.sleep(0.01)\n"
+        "rt = open('go').read().strip()\n"
+        "print('dir', os.path.exists(rt))\n"
+        "try: print('token', open(rt + '/token').read())\n"
+        "except OSError as e: print('token refused', e.errno)\n"
+        "s = socket.socket(socket.AF_UNIX)\n"
+        "try: s.connect(rt + '/broker.sock'); print('socket connected')\n"
+        "except OSError as e: print('socket refused', e.errno)\n"
+    )
+    (workdir / "probe.py").write_text(probe)
+    argv = [sys.executable, "-m", "landlock_helper", "--cwd", str(workdir), "--", "/usr/bin/python3", "probe.py"]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        handle = daemon_factory.start(executors=1)
+        token = handle.runtime.read_token()
+        go.write_text(handle.runtime.path)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert token and token not in out
+    assert "dir False" in out and "token refused" in out and "socket refused" in out, out + err
+
+
+def test_danger_full_access_as_root_can_undo_the_cover(open_tmp, workdir):
+    """What the README says danger-full-access does not hide, shown: a root command in it
+    keeps its capabilities and can unmount what covers a hidden directory."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root")
+    hidden = open_tmp / "runtime"
+    hidden.mkdir()
+    (hidden / "token").write_text("s3cret")
+    r = sandbox(f"cat {hidden}/token; umount {hidden} && cat {hidden}/token", cwd=workdir,
+                flags=["--sandbox", "danger-full-access", "--hide", str(hidden)])
+    assert r.stdout == "s3cret", r.stderr
+    assert "No such file or directory" in r.stderr  # covered until unmounted
