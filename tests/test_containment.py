@@ -430,3 +430,16 @@ def test_danger_full_access_as_root_can_undo_the_cover(open_tmp, workdir):
                 flags=["--sandbox", "danger-full-access", "--hide", str(hidden)])
     assert r.stdout == "s3cret", r.stderr
     assert "No such file or directory" in r.stderr  # covered until unmounted
+
+
+def test_hidden_path_inside_a_writable_root_stays_hidden(as_user, nobody_env, workdir):
+    """An allow list or runtime dir that lies inside the workspace is still covered, though
+    the workspace itself is bound read-write on top of the view."""
+    hidden = workdir / "allow"
+    hidden.mkdir()
+    (hidden / "daemon.key").write_text("public key")
+    os.chmod(hidden, 0o777)
+    r = sandbox("ls -A allow; echo planted > allow/mine.key; echo end", cwd=workdir,
+                flags=["--hide", str(hidden)], user=as_user, nobody=nobody_env)
+    assert "daemon.key" not in r.stdout and r.stdout.strip() == "end", r.stderr
+    assert os.listdir(hidden) == ["daemon.key"]
