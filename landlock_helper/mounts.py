@@ -40,11 +40,12 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import functools
 import os
 import pwd
 import stat
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from landlock_helper import _libc
 from landlock_helper.policy import GLOBAL_TEMP, PROTECTED_SUBDIRS, USER_TEMP, SandboxPolicy
@@ -110,6 +111,20 @@ def open_pinned(dirfd: int, path: str, *, beneath: bool = False, directory: bool
                          ctypes.c_size_t(ctypes.sizeof(how)))
 
 
+def prime() -> None:
+    """Make each mount-API call once, harmlessly, in the process sandboxes are forked from:
+    ctypes sets a call up on first use, and paying that in every command's start costs
+    more (hundreds of microseconds) than the calls themselves."""
+    for call in (lambda: open_pinned(AT_FDCWD, "/"), lambda: open_tree(-1, "", AT_EMPTY_PATH),
+                 lambda: move_mount(-1, -1), lambda: mount_setattr(-1, "", AT_EMPTY_PATH)):
+        try:
+            fd = call()
+        except OSError:
+            continue
+        if isinstance(fd, int):
+            os.close(fd)
+
+
 # -- the trusted side: what the sandbox will be built from ---------------------------------
 
 
@@ -122,10 +137,10 @@ class Pin:
     ino: int
 
     @classmethod
-    def of(cls, path: str) -> Pin:
+    def of(cls, path: str, *, directory: bool = True) -> Pin:
         real = os.path.realpath(path)
         st = os.stat(real)
-        if not stat.S_ISDIR(st.st_mode):
+        if directory and not stat.S_ISDIR(st.st_mode):
             raise PinError(f"{path} is not a directory")
         return cls(real, st.st_dev, st.st_ino)
 
@@ -135,29 +150,39 @@ class Pin:
 
 @dataclass(frozen=True)
 class Plan:
-    """The mounts one command needs: its directory and its writable roots, pinned."""
+    """The mounts one command needs: its directory, its writable roots, and the
+    repositories in them to keep read-only, all pinned; plus (for the trusted side only,
+    never sent) what stood where git looks before the command."""
 
     cwd: Pin
     roots: tuple[Pin, ...]
     tmp_writable: bool
+    read_only: tuple[Pin, ...] = ()
+    before: dict = field(default_factory=dict, compare=False)
 
     def to_spec(self) -> tuple:
-        return (self.cwd.to_spec(), [r.to_spec() for r in self.roots], self.tmp_writable)
+        return (self.cwd.to_spec(), [r.to_spec() for r in self.roots], self.tmp_writable,
+                [r.to_spec() for r in self.read_only])
 
     @classmethod
     def from_spec(cls, spec) -> Plan:
-        cwd, roots, tmp_writable = spec
-        return cls(Pin(*cwd), tuple(Pin(*r) for r in roots), tmp_writable)
+        cwd, roots, tmp_writable, read_only = spec
+        return cls(Pin(*cwd), tuple(Pin(*r) for r in roots), tmp_writable, tuple(Pin(*r) for r in read_only))
 
 
-def refused_roots(env=None) -> set[str]:
+def refused_roots(env=None) -> frozenset[str]:
     """Directories never accepted as writable roots outside danger-full-access: / and the
     user's home directory (and every directory above it, which would contain it)."""
     env = os.environ if env is None else env
+    return _refused_roots(os.geteuid(), env.get("HOME") or "")
+
+
+@functools.lru_cache(maxsize=8)
+def _refused_roots(euid: int, home_env: str) -> frozenset[str]:
     refused = {"/"}
-    homes = {env.get("HOME") or ""}
+    homes = {home_env}
     try:
-        homes.add(pwd.getpwuid(os.geteuid()).pw_dir)
+        homes.add(pwd.getpwuid(euid).pw_dir)
     except KeyError:
         pass
     for home in homes:
@@ -167,7 +192,7 @@ def refused_roots(env=None) -> set[str]:
         while path != "/":
             refused.add(path)
             path = os.path.dirname(path)
-    return refused
+    return frozenset(refused)
 
 
 def in_tmp(path: str) -> bool:
@@ -203,7 +228,21 @@ def pin(policy: SandboxPolicy, cwd: str, sandbox_cwd: str, env) -> Plan:
     roots.sort(key=lambda r: len(r.path))
     if any(p.kind == USER_TEMP for p in policy.permissions) and env.get("TMPDIR", "").rstrip("/") == TMP:
         tmp_writable = True
-    return Plan(Pin.of(cwd), tuple(roots), tmp_writable)
+    before = {}
+    read_only: list[Pin] = []
+    for root in roots:
+        for rel, identity, target in _protected_entries(root):
+            before[(root, rel)] = identity
+            if identity[2] != stat.S_IFLNK:  # a link's target is protected instead, if it is ours
+                read_only.append(Pin(f"{root.path}/{rel}", identity[0], identity[1]))
+            if target and any(_within(target, r.path) for r in roots):
+                try:
+                    read_only.append(Pin.of(target, directory=False))
+                except OSError:
+                    pass
+    cwd_pin = Pin.of(cwd)
+    cwd_pin = next((r for r in roots if r == cwd_pin), cwd_pin)
+    return Plan(cwd_pin, tuple(roots), tmp_writable, tuple(dict.fromkeys(read_only)), before)
 
 
 def user_runtime_dirs(env=None) -> list[str]:
@@ -324,7 +363,7 @@ def _hide(path: str) -> bool:
 def _open_host(view: View, pinned: Pin) -> int:
     """The pinned directory as the host has it (under sluice's /tmp for host /tmp paths)."""
     if in_tmp(pinned.path):
-        return _open_checked(view.host_tmp, os.path.relpath(pinned.path, TMP), pinned, beneath=True)
+        return _open_checked(view.host_tmp, pinned.path[len(TMP) + 1:], pinned, beneath=True)
     return _open_checked(AT_FDCWD, pinned.path, pinned)
 
 
@@ -334,7 +373,7 @@ def _mount_point(view: View, pinned: Pin, source: int) -> int:
     if not in_tmp(pinned.path):
         return os.dup(source)
     fd = os.dup(view.tmp)
-    for part in os.path.relpath(pinned.path, TMP).split("/"):
+    for part in pinned.path[len(TMP) + 1:].split("/"):
         try:
             os.mkdir(part, 0o755, dir_fd=fd)
         except FileExistsError:
@@ -349,7 +388,9 @@ def _mount_point(view: View, pinned: Pin, source: int) -> int:
     return fd
 
 
-def _clone_onto(source: int, target: int, *, writable: bool) -> None:
+def _clone_onto(source: int, target: int, *, writable: bool) -> int:
+    """Mount a clone of ``source`` (and the mounts beneath it) on ``target``; returns an
+    O_PATH fd of the new mount's root."""
     tree = open_tree(source, "", OPEN_TREE_CLONE | os.O_CLOEXEC | AT_EMPTY_PATH | AT_RECURSIVE)
     try:
         if writable:
@@ -360,8 +401,10 @@ def _clone_onto(source: int, target: int, *, writable: bool) -> None:
         else:
             mount_setattr(tree, "", AT_EMPTY_PATH | AT_RECURSIVE, set_=MOUNT_ATTR_RDONLY)
         move_mount(tree, target)
-    finally:
+    except BaseException:
         os.close(tree)
+        raise
+    return tree
 
 
 def apply(view: View, plan: Plan) -> tuple[int, list[int]]:
@@ -370,28 +413,42 @@ def apply(view: View, plan: Plan) -> tuple[int, list[int]]:
 
     Raises PinError when a pinned directory is not what the trusted side checked.
     """
-    for root in plan.roots:
-        _bind(view, root, writable=True)
-    if not any(_within(plan.cwd.path, r.path) for r in plan.roots) and in_tmp(plan.cwd.path):
-        _bind(view, plan.cwd, writable=False)
-    for root in plan.roots:
-        _protect_repositories(root, plan.roots)
-    for path in view.late_hidden:
-        _hide(path)  # made since the sandbox was warmed: hidden now, wherever it is visible
-    if not plan.tmp_writable:
-        mount_setattr(view.tmp, "", AT_EMPTY_PATH, set_=MOUNT_ATTR_RDONLY)
-    # /tmp as the command's directory is sluice's /tmp, not the host's that was pinned.
-    fds = [os.dup(view.tmp)] if plan.cwd.path == TMP else []
+    roots: list[int] = []
+    cwd = None
     try:
-        for pinned in (plan.cwd, *plan.roots)[len(fds):]:
-            fds.append(_open_checked(AT_FDCWD, pinned.path, pinned))
+        for root in plan.roots:
+            roots.append(_bind(view, root, writable=True))
+        if plan.cwd.path == TMP:
+            cwd = os.dup(view.tmp)  # sluice's /tmp, not the host's that was pinned
+        else:
+            cwd = _open_cwd(view, plan, roots)
+        for pinned in plan.read_only:
+            _read_only_onto(pinned)
+        for path in view.late_hidden:
+            _hide(path)  # made since the sandbox was warmed: hidden now, wherever it is visible
+        if plan.tmp_writable:
+            roots.append(os.dup(view.tmp))
+        else:
+            mount_setattr(view.tmp, "", AT_EMPTY_PATH, set_=MOUNT_ATTR_RDONLY)
     except BaseException:
-        for fd in fds:
-            os.close(fd)
+        for fd in (*roots, cwd):
+            if fd is not None:
+                os.close(fd)
         raise
-    if plan.tmp_writable:
-        fds.append(os.dup(view.tmp))
-    return fds[0], fds[1:]
+    return cwd, roots
+
+
+def _open_cwd(view: View, plan: Plan, root_fds: list[int]) -> int:
+    """The command's directory: in a writable root, in sluice's /tmp (bound read-only),
+    or elsewhere in the read-only view."""
+    for root, fd in zip(plan.roots, root_fds):
+        if plan.cwd == root:
+            return os.dup(fd)
+        if _within(plan.cwd.path, root.path):
+            return _open_checked(fd, plan.cwd.path[len(root.path) + 1:], plan.cwd, beneath=True)
+    if in_tmp(plan.cwd.path):
+        return _bind(view, plan.cwd, writable=False)
+    return _open_checked(AT_FDCWD, plan.cwd.path, plan.cwd)
 
 
 def _open_checked(dirfd: int, path: str, pinned: Pin, *, beneath: bool = False) -> int:
@@ -406,12 +463,13 @@ def _open_checked(dirfd: int, path: str, pinned: Pin, *, beneath: bool = False) 
     return fd
 
 
-def _bind(view: View, pinned: Pin, *, writable: bool) -> None:
+def _bind(view: View, pinned: Pin, *, writable: bool) -> int:
+    """A clone of the pinned directory on top of itself; returns an O_PATH fd of it."""
     source = _open_host(view, pinned)
     try:
         target = _mount_point(view, pinned, source)
         try:
-            _clone_onto(source, target, writable=writable)
+            return _clone_onto(source, target, writable=writable)
         finally:
             os.close(target)
     finally:
@@ -422,49 +480,61 @@ def _within(path: str, root: str) -> bool:
     return path == root or path.startswith(root.rstrip("/") + "/")
 
 
-def _protect_repositories(root: Pin, roots) -> None:
-    """Read-only clones over ``.git``/``.sluice`` in ``root`` and its direct subdirectories,
-    and over what a ``.git`` symlink or ``gitdir:`` file points to inside a writable root."""
+def _read_only_onto(pinned: Pin) -> None:
+    """A read-only clone of a repository's directory (or ``.git`` file) over itself."""
     try:
-        top = os.open(root.path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError:
+        fd = open_pinned(AT_FDCWD, pinned.path, directory=False)
+    except OSError as e:
+        raise PinError(f"{pinned.path} changed while the command was starting ({e.strerror})") from None
+    try:
+        st = os.fstat(fd)
+        if (st.st_dev, st.st_ino) != (pinned.dev, pinned.ino):
+            raise PinError(f"{pinned.path} changed while the command was starting")
+        os.close(_clone_onto(fd, fd, writable=False))
+    finally:
+        os.close(fd)
+
+
+# -- after the command: what it planted where git looks ------------------------------------
+#
+# A writable root without a .git (or with a .git symlink, which can be removed) cannot be
+# kept from getting a new one by a mount: there is nothing to mount over. So the trusted
+# side notes what stands there before the command, and once the command's whole tree is
+# dead, moves aside anything new, before the user's next git command could run it.
+
+
+def _protected_entries(root: Pin):
+    """(relative path, identity, link target) of each ``.git``/``.sluice`` that stands in
+    ``root`` or in one of its direct subdirectories. The identity is (dev, ino, type,
+    link) for what is there; the target is where a ``.git`` symlink or ``gitdir:`` file
+    leads (None otherwise)."""
+    fd = _open_root(root)
+    if fd is None:
         return
-    dirs = [(top, root.path)]
     try:
+        parents = [""]
         try:
-            with os.scandir(top) as it:
-                for entry in it:
-                    if entry.name not in PROTECTED_SUBDIRS and entry.is_dir(follow_symlinks=False):
-                        try:
-                            dirs.append((open_pinned(top, entry.name, beneath=True), f"{root.path}/{entry.name}"))
-                        except OSError:
-                            pass
+            with os.scandir(fd) as it:
+                parents += [e.name for e in it if e.name not in PROTECTED_SUBDIRS and e.is_dir(follow_symlinks=False)]
         except OSError:
             pass
-        for fd, path in dirs:
+        for parent in parents:
             for name in PROTECTED_SUBDIRS:
-                _protect_entry(fd, path, name, roots)
+                rel = f"{parent}/{name}" if parent else name
+                try:
+                    st = os.stat(rel, dir_fd=fd, follow_symlinks=False)
+                except OSError:
+                    continue
+                path = f"{root.path}/{rel}"
+                kind = stat.S_IFMT(st.st_mode)
+                if kind == stat.S_IFLNK:
+                    link = os.readlink(rel, dir_fd=fd)
+                    yield rel, (st.st_dev, st.st_ino, kind, link), os.path.realpath(path)
+                else:
+                    target = _gitdir_of(path) if kind == stat.S_IFREG and name == ".git" else None
+                    yield rel, (st.st_dev, st.st_ino, kind, None), target
     finally:
-        for fd, _ in dirs:
-            os.close(fd)
-
-
-def _protect_entry(parent: int, parent_path: str, name: str, roots: list[Pin]) -> None:
-    try:
-        st = os.stat(name, dir_fd=parent, follow_symlinks=False)
-    except OSError:
-        return
-    path = os.path.join(parent_path, name)
-    targets = []
-    if stat.S_ISLNK(st.st_mode):
-        targets.append(os.path.realpath(path))
-    else:
-        _read_only_onto(parent, name, directory=stat.S_ISDIR(st.st_mode))
-        if stat.S_ISREG(st.st_mode) and name == ".git":
-            targets.append(_gitdir_of(path))
-    for target in targets:
-        if target and any(_within(target, r.path) for r in roots) and os.path.exists(target):
-            _read_only_onto(AT_FDCWD, target, directory=os.path.isdir(target))
+        os.close(fd)
 
 
 def _gitdir_of(git_file: str) -> str | None:
@@ -479,51 +549,6 @@ def _gitdir_of(git_file: str) -> str | None:
     return os.path.realpath(os.path.join(os.path.dirname(git_file), first[len("gitdir:"):].strip()))
 
 
-def _read_only_onto(dirfd: int, name: str, *, directory: bool) -> None:
-    try:
-        fd = open_pinned(dirfd, name, beneath=dirfd != AT_FDCWD, directory=directory)
-    except OSError:
-        return
-    try:
-        _clone_onto(fd, fd, writable=False)
-    finally:
-        os.close(fd)
-
-
-# -- after the command: what it planted where git looks ------------------------------------
-#
-# A writable root without a .git (or with a .git symlink, which can be removed) cannot be
-# kept from getting a new one by a mount: there is nothing to mount over. So the trusted
-# side notes what stands there before the command, and once the command's whole tree is
-# dead, moves aside anything new, before the user's next git command could run it.
-
-
-def repository_state(plan: Plan | None) -> dict:
-    """What stands at ``.git``/``.sluice`` in each writable root and in its direct
-    subdirectories now: {(root, relative path): identity}, absent entries left out."""
-    state: dict = {}
-    for root in plan.roots if plan is not None else ():
-        fd = _open_root(root)
-        if fd is None:
-            continue
-        try:
-            parents = [""]
-            try:
-                with os.scandir(fd) as it:
-                    parents += [e.name for e in it if e.name not in PROTECTED_SUBDIRS and e.is_dir(follow_symlinks=False)]
-            except OSError:
-                pass
-            for parent in parents:
-                for name in PROTECTED_SUBDIRS:
-                    rel = f"{parent}/{name}" if parent else name
-                    identity = _identity(fd, rel)
-                    if identity is not None:
-                        state[(root, rel)] = identity
-        finally:
-            os.close(fd)
-    return state
-
-
 def _open_root(root: Pin) -> int | None:
     try:
         fd = os.open(root.path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
@@ -536,22 +561,18 @@ def _open_root(root: Pin) -> int | None:
     return fd
 
 
-def _identity(fd: int, rel: str):
-    try:
-        st = os.stat(rel, dir_fd=fd, follow_symlinks=False)
-        link = os.readlink(rel, dir_fd=fd) if stat.S_ISLNK(st.st_mode) else None
-        return (st.st_dev, st.st_ino, stat.S_IFMT(st.st_mode), link)
-    except FileNotFoundError:
-        return None
-    except OSError as e:
-        return ("unreadable", e.errno)
-
-
-def quarantine_planted(plan: Plan | None, before: dict) -> list[str]:
-    """Move aside every ``.git``/``.sluice`` that is new since ``before``
-    (:func:`repository_state`); one line for a person per entry moved."""
+def quarantine_planted(plan: Plan | None) -> list[str]:
+    """Move aside every ``.git``/``.sluice`` that is new since the plan was made;
+    one line for a person per entry moved."""
     notes = []
-    for (root, rel), now in repository_state(plan).items():
+    for root in plan.roots if plan is not None else ():
+        notes += _quarantine(root, plan.before)
+    return notes
+
+
+def _quarantine(root: Pin, before: dict) -> list[str]:
+    notes = []
+    for rel, now, _ in list(_protected_entries(root)):
         was = before.get((root, rel))
         if now == was:
             continue

@@ -91,6 +91,7 @@ class _Template:
         progs = {}
         if _libc.ARCH is not None:
             progs = {net: seccomp.compile_program(seccomp.build(net)) for net in (False, True)}
+        mounts.prime()
         try:
             scratch = mounts.scratch_dir() if restricted else None
         except (OSError, mounts.PinError) as e:
@@ -141,7 +142,7 @@ class SandboxedProcess:
     """A running sandboxed command; see the module docstring for the process layout."""
 
     def __init__(self, sup_pid: int, init_pid: int, ctl: socket.socket, early: list[bytes], *,
-                 reap: bool, repositories: tuple | None = None) -> None:
+                 reap: bool, plan: mounts.Plan | None = None) -> None:
         self.pid = sup_pid
         self.init_pid = init_pid
         self._ctl = ctl
@@ -152,7 +153,7 @@ class SandboxedProcess:
         self._sup_done = False
         self._killed = False
         self._outcome: Outcome | None = None
-        self._repositories = repositories  # (plan, repository_state before the command)
+        self._plan = plan
 
     @property
     def done_fds(self) -> tuple[int, ...]:
@@ -186,8 +187,8 @@ class SandboxedProcess:
             return None
         self._lines += _drain(self._ctl)
         outcome = _outcome(self._lines, self._killed)
-        if self._repositories:
-            notes = mounts.quarantine_planted(*self._repositories)
+        if self._plan is not None:
+            notes = mounts.quarantine_planted(self._plan)
             if notes:
                 outcome = dataclasses.replace(outcome, notes=tuple(notes))
         self._outcome = outcome
@@ -336,7 +337,7 @@ class _Warm:
             self.discard()
             raise SandboxError(failures[-1] if failures else "the sandbox died while being set up")
 
-    def start(self, spec: bytes, stdin, stdout, stderr, repositories=None) -> SandboxedProcess:
+    def start(self, spec: bytes, stdin, stdout, stderr, plan: mounts.Plan | None = None) -> SandboxedProcess:
         self.wait_init_pid()
         fds = [stdout, stderr] if stdin is None else [stdout, stderr, stdin]
         try:
@@ -345,7 +346,7 @@ class _Warm:
             self.discard()
             raise SandboxError(f"cannot hand the command to its sandbox: {e.strerror}") from None
         return SandboxedProcess(self.sup_pid, self.init_pid, self.ctl, self.early, reap=self.reap,
-                                repositories=repositories)
+                                plan=plan)
 
     def discard(self) -> None:
         """Tear down an unused sandbox (its command process sees EOF and exits)."""
@@ -389,7 +390,7 @@ def spawn(argv, *, cwd, env, policy: SandboxPolicy, stdout: int, stderr: int, st
     spec = _encode_spec(argv, cwd, env, policy, plan)
     template = _Template.make(hidden_paths, restricted=plan is not None)
     return _make_warm(template, reap=True).start(spec, stdin, stdout, stderr,
-                                                        (plan, mounts.repository_state(plan)))
+                                                        plan)
 
 
 class Spawner:
@@ -490,7 +491,7 @@ class Spawner:
             if warm.usable():
                 break
             warm.discard()
-        proc = warm.start(spec, stdin, stdout, stderr, (plan, mounts.repository_state(plan)))
+        proc = warm.start(spec, stdin, stdout, stderr, plan)
         self.refill()
         return proc
 

@@ -443,3 +443,38 @@ def test_hidden_path_inside_a_writable_root_stays_hidden(as_user, nobody_env, wo
                 flags=["--hide", str(hidden)], user=as_user, nobody=nobody_env)
     assert "daemon.key" not in r.stdout and r.stdout.strip() == "end", r.stderr
     assert os.listdir(hidden) == ["daemon.key"]
+
+
+# --- sluice's /tmp cannot be squatted ------------------------------------------------------
+
+
+@pytest.mark.parametrize("squat", ["other owner", "open mode", "symlink"])
+def test_private_tmp_planted_by_someone_else_is_refused(squat, tmp_path):
+    """Another local user who makes /tmp/sluice-tmp-UID first (theirs, world-writable, or a
+    link to somewhere of theirs) gets no sandbox of ours to use it."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to play the other user")
+    uid = 40000 + os.getpid() % 20000  # a uid nobody uses, standing for the victim
+    path = f"/tmp/sluice-tmp-{uid}"
+    try:
+        if squat == "symlink":
+            os.symlink(str(tmp_path), path)
+        else:
+            os.mkdir(path, 0o777 if squat == "open mode" else 0o700)
+            os.chmod(path, 0o777 if squat == "open mode" else 0o700)
+            os.chown(path, uid if squat == "open mode" else 65534, -1)
+        with pytest.raises((mounts.PinError, OSError)):
+            mounts.scratch_dir(uid)
+        assert os.listdir(tmp_path) == []
+    finally:
+        if os.path.islink(path):
+            os.unlink(path)
+        else:
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def test_private_tmp_is_private_to_its_user():
+    path = mounts.scratch_dir()
+    st = os.lstat(path)
+    assert path == f"/tmp/sluice-tmp-{os.geteuid()}"
+    assert (st.st_uid, st.st_mode & 0o7777) == (os.geteuid(), 0o700)
