@@ -377,7 +377,12 @@ def _mount_point(view: View, pinned: Pin, source: int) -> int:
         try:
             os.mkdir(part, 0o755, dir_fd=fd)
         except FileExistsError:
-            pass
+            # Sluice's /tmp is the commands' own: a link or file an earlier command left
+            # where a directory must go is removed, not followed.
+            st = os.stat(part, dir_fd=fd, follow_symlinks=False)
+            if not stat.S_ISDIR(st.st_mode):
+                os.unlink(part, dir_fd=fd)
+                os.mkdir(part, 0o755, dir_fd=fd)
         try:
             nxt = os.open(part, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
         except OSError as e:

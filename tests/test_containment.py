@@ -478,3 +478,20 @@ def test_private_tmp_is_private_to_its_user():
     st = os.lstat(path)
     assert path == f"/tmp/sluice-tmp-{os.geteuid()}"
     assert (st.st_uid, st.st_mode & 0o7777) == (os.geteuid(), 0o700)
+
+
+def test_a_link_planted_in_sluices_tmp_does_not_redirect_a_workspace(open_tmp):
+    """An earlier command leaves, in sluice's /tmp, a symlink where a later command's
+    workspace (in the host's /tmp) must be shown; the later command still gets its own
+    workspace, not the link's target."""
+    ws = open_tmp / "later"
+    ws.mkdir()
+    elsewhere = tempfile.mkdtemp(prefix="sl-elsewhere-", dir="/var/tmp")
+    try:
+        first = sandbox(f"mkdir -p {open_tmp} && rm -rf {ws} && ln -s /etc {ws} && echo planted", cwd=elsewhere)
+    finally:
+        shutil.rmtree(elsewhere)
+    assert "planted" in first.stdout, first.stderr
+    r = sandbox("touch made && pwd && ls", cwd=ws)
+    assert r.stdout.split() == [str(ws), "made"], r.stderr
+    assert (ws / "made").exists() and not os.path.exists("/etc/made")
