@@ -175,16 +175,19 @@ class _Daemon:
         self._pid_ident = write_new(self.dir_fd, "daemon.pid", f"{os.getpid()}\n".encode())
 
     def _remove_stale_socket(self) -> None:
-        """Unlink a socket a dead daemon left (we hold the lock, so no daemon uses it), but
-        only a socket of ours: anything else there was not left by a daemon."""
+        """Unlink what a dead daemon left at the socket's name (we hold the lock, so no daemon
+        uses it): the entry itself, never what a link there points to, and only one of ours
+        that is not a directory (the same one we looked at: removed by identity)."""
         try:
             st = os.stat("broker.sock", dir_fd=self.dir_fd, follow_symlinks=False)
         except FileNotFoundError:
             return
-        if not stat.S_ISSOCK(st.st_mode) or st.st_uid != os.getuid():
-            raise RuntimeDirError(f"{self.runtime.socket_path} is not a socket a sluice daemon left "
-                                  f"({'a symbolic link' if stat.S_ISLNK(st.st_mode) else 'owner or type differ'}); "
-                                  "refusing to remove it: remove it yourself")
+        if stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
+            raise RuntimeDirError(f"{self.runtime.socket_path} is {'a directory' if stat.S_ISDIR(st.st_mode) else f'owned by uid {st.st_uid}'}, "
+                                  "not a socket a sluice daemon left; refusing to remove it: remove it yourself")
+        if not stat.S_ISSOCK(st.st_mode):
+            log.warning("removed something that was not a socket at the socket's name", path=self.runtime.socket_path,
+                        was="a symbolic link" if stat.S_ISLNK(st.st_mode) else "a file")
         remove(self.dir_fd, "broker.sock", (st.st_dev, st.st_ino))
 
     def _unix_listener(self) -> socket.socket:
