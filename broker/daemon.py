@@ -3,8 +3,9 @@
 Start-up order matters. The runtime dir is checked (:func:`broker.runtime.open_dir`: a
 directory of ours, mode 0700, reached through nothing someone else controls) and every
 file in it is then opened relative to that descriptor, never through a symlink. The flock
-on ``daemon.lock`` is taken before anything else in the runtime dir is touched, so a second daemon fails without disturbing the first (its
-socket, token and pid file stay as they are). Only the lock holder removes a stale
+on ``daemon.lock`` is taken before anything else in the runtime dir is touched, so a
+second daemon fails without disturbing the first (its socket, token and pid file stay as
+they are). Only the lock holder removes a stale
 socket, writes a fresh token, binds and finally writes the pid file, which therefore
 means "a daemon is up and serving".
 
@@ -183,7 +184,8 @@ class _Daemon:
         except FileNotFoundError:
             return
         if stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
-            raise RuntimeDirError(f"{self.runtime.socket_path} is {'a directory' if stat.S_ISDIR(st.st_mode) else f'owned by uid {st.st_uid}'}, "
+            what = "a directory" if stat.S_ISDIR(st.st_mode) else f"owned by uid {st.st_uid}"
+            raise RuntimeDirError(f"{self.runtime.socket_path} is {what}, "
                                   "not a socket a sluice daemon left; refusing to remove it: remove it yourself")
         if not stat.S_ISSOCK(st.st_mode):
             log.warning("removed something that was not a socket at the socket's name", path=self.runtime.socket_path,

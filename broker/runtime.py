@@ -156,7 +156,8 @@ def open_dir(path: str, *, create: bool = False) -> int:
             try:
                 nfd = os.open(name, flags | os.O_NOFOLLOW, dir_fd=fd)
             except OSError as e:
-                raise RuntimeDirError(f"runtime dir {path}: cannot open {here}: {_kind(st.st_mode) if e.errno in (errno.ENOTDIR, errno.ELOOP) else e.strerror}") from None
+                why = _kind(st.st_mode) if e.errno in (errno.ENOTDIR, errno.ELOOP) else e.strerror
+                raise RuntimeDirError(f"runtime dir {path}: cannot open {here}: {why}") from None
             fd = _swap(fd, nfd)
             where = here
             st = os.fstat(fd)  # what was opened is what counts, not what lstat saw
@@ -193,13 +194,15 @@ def _check_on_the_way(fd: int, where: str, path: str, uid: int) -> None:
 
 def _check_final(fd: int, st: os.stat_result, path: str, uid: int, made: bool) -> None:
     if st.st_uid != uid:
-        raise RuntimeDirError(f"runtime dir {path} belongs to uid {st.st_uid}, not to you (uid {uid}); refusing to use it "
+        raise RuntimeDirError(f"runtime dir {path} belongs to uid {st.st_uid}, not to you (uid {uid}); "
+                              "refusing to use it "
                               "(remove it, or set SLUICE_RUNTIME_DIR to a directory of yours)")
     if stat.S_IMODE(st.st_mode) & 0o777 != 0o700:
         if made:  # ours, just made, empty: an odd umask is all it can be
             os.fchmod(fd, 0o700)
             return
-        raise RuntimeDirError(f"runtime dir {path} has mode {stat.S_IMODE(st.st_mode):04o}, not 0700; refusing to use it "
+        raise RuntimeDirError(f"runtime dir {path} has mode {stat.S_IMODE(st.st_mode):04o}, not 0700; "
+                              "refusing to use it "
                               "(others may have put files in it: remove it, or set SLUICE_RUNTIME_DIR)")
 
 
@@ -225,7 +228,8 @@ def open_reused(dir_fd: int, name: str, flags: int, *, shown: str | None = None)
     try:
         fd = os.open(name, flags | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o600, dir_fd=dir_fd)
     except OSError as e:
-        raise RuntimeDirError(f"cannot open {shown}: {'it is a symbolic link' if e.errno == errno.ELOOP else e.strerror}") from None
+        why = "it is a symbolic link" if e.errno == errno.ELOOP else e.strerror
+        raise RuntimeDirError(f"cannot open {shown}: {why}") from None
     try:
         _check_own_file(fd, shown)
         os.set_blocking(fd, True)
