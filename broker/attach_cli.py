@@ -108,7 +108,11 @@ def connect(args, name: str, *, autostart: bool) -> Client:
     """A client for ``args`` (``--connect`` or the local daemon). Without ``autostart`` and
     with no local daemon running: one line and :class:`CliExit` 3."""
     if not autostart and not getattr(args, "connect", None):
-        status = daemon_status()
+        try:
+            status = daemon_status()
+        except DaemonError as e:  # a runtime dir not ours to trust
+            print_error(str(e))
+            raise CliExit(EXIT_SLUICE) from None
         if not status.running:
             print_error(f"no daemon is running (runtime dir {status.runtime_dir}), so there are no sessions")
             raise CliExit(EXIT_NOT_RUNNING)

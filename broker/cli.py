@@ -473,7 +473,10 @@ def _daemon(args) -> int:
     from broker import client as C
 
     if args.action == "status":
-        status = C.daemon_status(runtime)
+        try:
+            status = C.daemon_status(runtime)
+        except C.DaemonError as e:
+            return _fail(str(e), 1)
         print(f"sluice: {status.describe()}", flush=True)
         return 0 if status.running else EXIT_NOT_RUNNING
 
@@ -486,7 +489,10 @@ def _daemon(args) -> int:
         return 0
 
     # start
-    status = C.daemon_status(runtime)
+    try:
+        status = C.daemon_status(runtime)
+    except C.DaemonError as e:
+        return _fail(str(e), 1)
     if status.running:
         print(f"sluice: {status.describe()}", flush=True)
         return 0

@@ -38,6 +38,7 @@ import errno
 import itertools
 import os
 import signal
+import stat
 import sys
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -47,7 +48,7 @@ import msgspec
 import zmq
 
 from broker import wire
-from broker.runtime import RuntimeDir, RuntimeDirError
+from broker.runtime import RuntimeDir, RuntimeDirError, RuntimeDirMissing, open_reused, read_file
 
 __all__ = [
     "Call",
@@ -977,6 +978,8 @@ class DaemonStatus:
 
 
 def daemon_status(runtime: RuntimeDir | None = None) -> DaemonStatus:
+    """Whether a daemon runs in ``runtime``; DaemonError if the runtime dir is not one of
+    ours to trust (someone else's, too open, a symlink): its pid file means nothing."""
     runtime = runtime or RuntimeDir.default()
     pid = _daemon_pid(runtime)
     return DaemonStatus(pid is not None, pid, runtime.path, runtime.socket_path)
@@ -994,16 +997,15 @@ def start_daemon(
 ) -> int:
     """Start a daemon in the background and wait until it answers; returns its pid.
 
-    Its stdout/stderr are appended to the runtime dir's ``daemon.log``. If another
+    Its stdout/stderr are appended to the runtime dir's ``daemon.log`` (opened relative to
+    the checked dir, never through a link, only a file of ours with one link). If another
     daemon wins the race to the runtime dir's lock, that one is waited for instead.
-    Raises :class:`DaemonError` (with the last line of the log) if it dies.
+    Raises :class:`DaemonError` (with the last line of the log) if it dies, or if the
+    runtime dir or its log is not ours to use.
     """
     runtime = runtime or RuntimeDir.default()
     deadline = time.monotonic() + timeout
-    try:
-        runtime.ensure()
-    except RuntimeDirError as e:
-        raise DaemonError(str(e)) from None
+    dir_fd = _checked_dir(runtime, create=True)
     import subprocess
 
     from broker.runtime import without_secrets
@@ -1015,9 +1017,11 @@ def start_daemon(
     src = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     try:
-        log_fd = os.open(runtime.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
-    except OSError as e:
-        raise DaemonError(f"cannot open the daemon log {runtime.log_path}: {e.strerror}") from None
+        log_fd = open_reused(dir_fd, "daemon.log", os.O_WRONLY | os.O_APPEND, shown=runtime.log_path)
+    except RuntimeDirError as e:
+        raise DaemonError(f"the daemon log: {e}") from None
+    finally:
+        os.close(dir_fd)
     try:
         proc = subprocess.Popen(
             [sys.executable, "-m", "broker", "daemon", *args],
@@ -1051,20 +1055,28 @@ def _wait_serving(runtime: RuntimeDir, deadline: float, proc=None) -> int | None
     Without ``proc``: None if the daemon that was starting went away instead. With
     ``proc`` (the daemon we just spawned): DaemonError if it died and no other took over.
     """
-    delay = 0.002
-    while True:
-        pid = _serving_pid(runtime)
-        if pid is not None:
-            return pid
-        if _starting_pid(runtime) is None and (proc is None or proc.poll() is not None):
-            if proc is None:
-                return None
-            raise DaemonError(f"the daemon exited at start (status {proc.returncode}): {_last_log_line(runtime)}")
-        if time.monotonic() >= deadline:
-            raise DaemonError(f"the daemon did not start in time: {_last_log_line(runtime)}")
-        # Start-up takes a few hundred milliseconds; files are all there is to watch.
-        time.sleep(delay)
-        delay = min(delay * 2, 0.025)
+    dir_fd = _checked_dir(runtime)
+    if dir_fd is None:
+        if proc is None:
+            return None
+        raise DaemonError(f"the runtime dir {runtime.path} went away while the daemon was starting")
+    try:
+        delay = 0.002
+        while True:
+            pid = _serving_pid(dir_fd)
+            if pid is not None:
+                return pid
+            if _starting_pid(dir_fd) is None and (proc is None or proc.poll() is not None):
+                if proc is None:
+                    return None
+                raise DaemonError(f"the daemon exited at start (status {proc.returncode}): {_last_log_line(runtime)}")
+            if time.monotonic() >= deadline:
+                raise DaemonError(f"the daemon did not start in time: {_last_log_line(runtime)}")
+            # Start-up takes a few hundred milliseconds; files are all there is to watch.
+            time.sleep(delay)
+            delay = min(delay * 2, 0.025)
+    finally:
+        os.close(dir_fd)
 
 
 def stop_daemon(runtime: RuntimeDir | None = None, *, timeout: float = 10.0) -> int | None:
@@ -1115,35 +1127,56 @@ def _reap_started() -> None:
             _started.remove(p)
 
 
+def _checked_dir(runtime: RuntimeDir, *, create: bool = False) -> int | None:
+    """A descriptor of the runtime dir once it passed :func:`broker.runtime.open_dir`'s
+    checks; None if it does not exist (and not ``create``); DaemonError if it is not ours
+    to trust: a pid file or socket in someone else's dir means nothing, and signalling or
+    talking to what it names could hurt."""
+    try:
+        return runtime.open(create=create)
+    except RuntimeDirMissing:
+        return None
+    except RuntimeDirError as e:
+        raise DaemonError(str(e)) from None
+
+
 def _daemon_pid(runtime: RuntimeDir) -> int | None:
     """The pid of the daemon serving, or starting, in ``runtime``; None if there is none."""
-    return _serving_pid(runtime) or _starting_pid(runtime)
+    dir_fd = _checked_dir(runtime)
+    if dir_fd is None:
+        return None
+    try:
+        return _serving_pid(dir_fd) or _starting_pid(dir_fd)
+    finally:
+        os.close(dir_fd)
 
 
-def _serving_pid(runtime: RuntimeDir) -> int | None:
+def _serving_pid(dir_fd: int) -> int | None:
     # The daemon writes its pid file once bound (after a fresh token) and removes it on exit.
     _reap_started()
-    return _live_pid_in(runtime.pid_path)
+    return _live_pid_in(dir_fd, "daemon.pid")
 
 
-def _starting_pid(runtime: RuntimeDir) -> int | None:
+def _starting_pid(dir_fd: int) -> int | None:
     # The lock holder also writes its pid into the lock file, before anything else.
     # (Not /proc/locks: reading it waits for an RCU grace period, tens of milliseconds.)
-    return _live_pid_in(runtime.lock_path)
+    return _live_pid_in(dir_fd, "daemon.lock")
 
 
-def _live_pid_in(path: str) -> int | None:
-    """The pid in ``path`` if that process is alive and is the one that wrote the file.
+def _live_pid_in(dir_fd: int, name: str) -> int | None:
+    """The pid in the file ``name`` if that process is alive and is the one that wrote it.
 
     A file left by a daemon that was killed may name a pid since reused: a process
     that started after the file was written cannot have written it.
     """
-    try:
-        with open(path, "rb") as f:
-            written = os.fstat(f.fileno()).st_mtime
-            pid = int(f.read(32).strip() or 0)
-    except (OSError, ValueError):
+    got = read_file(dir_fd, name, 32)
+    if got is None:
         return None
+    try:
+        pid = int(got[0].strip() or 0)
+    except ValueError:
+        return None
+    written = got[1].st_mtime
     if pid <= 0:
         return None
     started = _start_time(pid)
@@ -1161,7 +1194,7 @@ def _start_time(pid: int) -> float | None:
     global _boot_time
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
+            raw = f.read()
     except FileNotFoundError:
         return None
     except OSError:  # no /proc (macOS): existence is all we can tell
@@ -1172,7 +1205,7 @@ def _start_time(pid: int) -> float | None:
         except PermissionError:
             pass
         return 0.0
-    fields = stat[stat.rindex(b")") + 2 :].split()  # fields from the 3rd (state) on
+    fields = raw[raw.rindex(b")") + 2 :].split()  # fields from the 3rd (state) on
     if fields[0] in (b"Z", b"X"):
         return None
     if _boot_time is None:
@@ -1190,15 +1223,34 @@ def _start_time(pid: int) -> float | None:
 
 
 def _last_log_line(runtime: RuntimeDir) -> str:
-    try:
-        with open(runtime.log_path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            size = f.tell()
-            f.seek(max(0, size - 8192))
-            lines = [ln for ln in f.read().decode("utf-8", "replace").splitlines() if ln.strip()]
-    except OSError:
+    tail = _log_tail(runtime)
+    if tail is None:
         return f"(no log at {runtime.log_path})"
+    lines = [ln for ln in tail.decode("utf-8", "replace").splitlines() if ln.strip()]
     return _one_line(lines[-1]) if lines else f"(empty log {runtime.log_path})"
+
+
+def _log_tail(runtime: RuntimeDir, size: int = 8192) -> bytes | None:
+    """The last ``size`` bytes of ``daemon.log``, read like every file in the runtime dir."""
+    try:
+        dir_fd = runtime.open()
+    except RuntimeDirError:
+        return None
+    try:
+        fd = os.open("daemon.log", os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
+    except OSError:
+        return None
+    finally:
+        os.close(dir_fd)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid():
+            return None
+        return os.pread(fd, size, max(0, st.st_size - size))
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
 
 
 def _one_line(text: str) -> str:

@@ -1,8 +1,11 @@
 """The sluice daemon: one asyncio process that owns the broker socket and the executors.
 
-Start-up order matters. The flock on ``daemon.lock`` is taken before anything else in the
-runtime dir is touched, so a second daemon fails without disturbing the first (its
-socket, token and pid file stay as they are). Only the lock holder removes a stale
+Start-up order matters. The runtime dir is checked (:func:`broker.runtime.open_dir`: a
+directory of ours, mode 0700, reached through nothing someone else controls) and every
+file in it is then opened relative to that descriptor, never through a symlink. The flock
+on ``daemon.lock`` is taken before anything else in the runtime dir is touched, so a
+second daemon fails without disturbing the first (its socket, token and pid file stay as
+they are). Only the lock holder removes a stale
 socket, writes a fresh token, binds and finally writes the pid file, which therefore
 means "a daemon is up and serving".
 
@@ -25,6 +28,8 @@ import asyncio
 import fcntl
 import os
 import signal
+import socket
+import stat
 
 import structlog
 import zmq
@@ -33,7 +38,7 @@ from broker import wire
 from broker.journal import reset_directory
 from broker.logging import Throttle, configure
 from broker.router import HEARTBEAT_S, MISSED_HEARTBEATS, REMOTE, Router
-from broker.runtime import RuntimeDir, RuntimeDirError
+from broker.runtime import RuntimeDir, RuntimeDirError, open_reused, read_file, remove, write_new
 from broker.supervisor import AgentSupervisor, ExecutorPool
 from broker.zloop import ZSocket
 
@@ -70,40 +75,48 @@ def serve(runtime: RuntimeDir, *, executors: int | None = None, log_json: bool |
         executors = os.cpu_count() or 1
     if executors < 0:
         raise ValueError("executors must be >= 0")
-    lock_fd = _take_lock(runtime)
-    try:
-        configure(log_json)
-        daemon = _Daemon(runtime, executors, listen)
-        try:
-            daemon.bind()
-            return asyncio.run(daemon.run())
-        finally:
-            daemon.cleanup()
-    finally:
-        os.close(lock_fd)  # releases the flock
-
-
-def _take_lock(runtime: RuntimeDir) -> int:
-    runtime.ensure()
     if len(runtime.socket_path.encode()) > _MAX_SOCKET_PATH:
         raise RuntimeDirError(
             f"runtime dir {runtime.path} is too long for a unix socket path; "
             "set SLUICE_RUNTIME_DIR to a shorter directory"
         )
+    dir_fd = runtime.open(create=True)
     try:
-        fd = os.open(runtime.lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    except OSError as e:
-        raise RuntimeDirError(f"cannot open {runtime.lock_path}: {e.strerror}") from None
+        lock_fd = _take_lock(runtime, dir_fd)
+        try:
+            configure(log_json)
+            daemon = _Daemon(runtime, dir_fd, executors, listen)
+            try:
+                daemon.bind()
+                return asyncio.run(daemon.run())
+            finally:
+                daemon.cleanup()
+        finally:
+            os.close(lock_fd)  # releases the flock
+    finally:
+        os.close(dir_fd)
+
+
+def _take_lock(runtime: RuntimeDir, dir_fd: int) -> int:
+    fd = open_reused(dir_fd, "daemon.lock", os.O_RDWR, shown=runtime.lock_path)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        pid = runtime.read_pid() or _read_pid_fd(fd)
+        pid = _read_pid(dir_fd) or _read_pid_fd(fd)
         os.close(fd)
         raise DaemonAlreadyRunning(pid) from None
     # Also in the lock file: the holder is identifiable before its pid file exists.
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
     return fd
+
+
+def _read_pid(dir_fd: int) -> int | None:
+    got = read_file(dir_fd, "daemon.pid", 32)
+    try:
+        return int(got[0].strip()) if got else None
+    except ValueError:
+        return None
 
 
 def _read_pid_fd(fd: int) -> int | None:
@@ -113,21 +126,26 @@ def _read_pid_fd(fd: int) -> int | None:
         return None
 
 
-def _journal_dir(runtime: RuntimeDir) -> str | None:
-    """``journal/`` in the runtime dir, emptied (journals do not outlive their daemon); None
-    when it cannot be made, and sessions replay from their memory logs only."""
-    path = os.path.join(runtime.path, "journal")
+def _journal_dir(runtime: RuntimeDir, dir_fd: int) -> int | None:
+    """A descriptor of ``journal/`` in the runtime dir, emptied (journals do not outlive their
+    daemon); None when it cannot be made, and sessions replay from their memory logs only."""
     try:
-        reset_directory(path)
+        return reset_directory("journal", dir_fd=dir_fd)
     except OSError as e:
-        log.warning("no session journal: replay is limited to the memory log", dir=path, error=e.strerror)
+        log.warning("no session journal: replay is limited to the memory log",
+                    dir=os.path.join(runtime.path, "journal"), error=e.strerror or str(e))
         return None
-    return path
 
 
 class _Daemon:
-    def __init__(self, runtime: RuntimeDir, executors: int, listen=None) -> None:
+    def __init__(self, runtime: RuntimeDir, dir_fd: int, executors: int, listen=None) -> None:
         self.runtime = runtime
+        # The checked runtime dir; every file in it is opened or removed relative to this.
+        self.dir_fd = dir_fd
+        # What we made there, (st_dev, st_ino), so that only those are removed at exit.
+        self._socket_ident: tuple[int, int] | None = None
+        self._pid_ident: tuple[int, int] | None = None
+        self._journal_fd: int | None = None
         self.executors = executors
         self.listen = listen
         self.ctx: zmq.Context | None = None
@@ -137,34 +155,64 @@ class _Daemon:
         self.tcp_endpoint = ""
         self.zap = None
         self.token = ""
-        self._bound = False
 
     def bind(self) -> None:
         rt = self.runtime
-        try:
-            os.unlink(rt.socket_path)  # stale: we hold the lock, so no daemon is using it
-        except FileNotFoundError:
-            pass
-        self.token = rt.new_token()
+        self._remove_stale_socket()
+        self.token = rt.new_token(self.dir_fd)
+        listening = self._unix_listener()
         self.ctx = zmq.Context()
         sock = self.ctx.socket(zmq.ROUTER)
         _router_options(sock)
         self.sock = sock
-        old_umask = os.umask(0o177)
+        # libzmq takes over the socket we bound (and closes it); it unlinks nothing itself.
+        sock.setsockopt(zmq.USE_FD, listening.detach())
         try:
             sock.bind(rt.endpoint)
         except zmq.ZMQError as e:
             raise RuntimeDirError(f"cannot listen on {rt.endpoint}: {e}") from None
-        finally:
-            os.umask(old_umask)
-        self._bound = True
-        os.chmod(rt.socket_path, 0o600)
         if self.listen is not None:
             self._listen()
-        tmp = rt.pid_path + ".new"
-        with open(tmp, "w", encoding="ascii") as f:
-            f.write(f"{os.getpid()}\n")
-        os.replace(tmp, rt.pid_path)
+        self._pid_ident = write_new(self.dir_fd, "daemon.pid", f"{os.getpid()}\n".encode())
+
+    def _remove_stale_socket(self) -> None:
+        """Unlink what a dead daemon left at the socket's name (we hold the lock, so no daemon
+        uses it): the entry itself, never what a link there points to, and only one of ours
+        that is not a directory (the same one we looked at: removed by identity)."""
+        try:
+            st = os.stat("broker.sock", dir_fd=self.dir_fd, follow_symlinks=False)
+        except FileNotFoundError:
+            return
+        if stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
+            what = "a directory" if stat.S_ISDIR(st.st_mode) else f"owned by uid {st.st_uid}"
+            raise RuntimeDirError(f"{self.runtime.socket_path} is {what}, "
+                                  "not a socket a sluice daemon left; refusing to remove it: remove it yourself")
+        if not stat.S_ISSOCK(st.st_mode):
+            log.warning("removed something that was not a socket at the socket's name", path=self.runtime.socket_path,
+                        was="a symbolic link" if stat.S_ISLNK(st.st_mode) else "a file")
+        remove(self.dir_fd, "broker.sock", (st.st_dev, st.st_ino))
+
+    def _unix_listener(self) -> socket.socket:
+        """A unix socket bound in the runtime dir, 0600. Bound through /proc/self/fd where
+        there is one, so the name is made in the directory that was checked, whatever
+        its path leads to now; bind never follows a link at the name itself."""
+        rt = self.runtime
+        address = rt.socket_path
+        if os.path.isdir(f"/proc/self/fd/{self.dir_fd}"):
+            address = f"/proc/self/fd/{self.dir_fd}/broker.sock"
+        listening = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        old_umask = os.umask(0o177)
+        try:
+            listening.bind(address)
+            listening.listen(100)
+        except OSError as e:
+            listening.close()
+            raise RuntimeDirError(f"cannot listen on {rt.endpoint}: {e.strerror or e}") from None
+        finally:
+            os.umask(old_umask)
+        st = os.stat("broker.sock", dir_fd=self.dir_fd, follow_symlinks=False)
+        self._socket_ident = (st.st_dev, st.st_ino)
+        return listening
 
     def _listen(self) -> None:
         from broker.zap import AllowList, ZapHandler, bind_listener, listener_socket
@@ -193,7 +241,7 @@ class _Daemon:
         agents = AgentSupervisor(self.runtime, router.agent_died, loop)
         router.agent_supervisor = agents
         router.sessions.starter = agents
-        router.sessions.journal_dir = _journal_dir(self.runtime)
+        self._journal_fd = router.sessions.journal_dir = _journal_dir(self.runtime, self.dir_fd)
         zsock = ZSocket(self.sock, _local_only(router.on_message), loop)
         router.transport = zsock.send
         tsock = handshakes = None
@@ -258,12 +306,16 @@ class _Daemon:
         if self.ctx is not None:
             self.ctx.term()
             self.ctx = None
-        if self._bound:
-            for path in (self.runtime.socket_path, self.runtime.pid_path):
-                try:
-                    os.unlink(path)
-                except FileNotFoundError:
-                    pass
+        # Only what this daemon made, by identity: a name replaced since is left alone.
+        if self._socket_ident is not None:
+            remove(self.dir_fd, "broker.sock", self._socket_ident)
+            self._socket_ident = None
+        if self._pid_ident is not None:
+            remove(self.dir_fd, "daemon.pid", self._pid_ident)
+            self._pid_ident = None
+        if self._journal_fd is not None:
+            os.close(self._journal_fd)
+            self._journal_fd = None
 
 
 def _router_options(sock: zmq.Socket) -> None:

@@ -5,7 +5,9 @@ every event is also appended here, as the body frame it came in (msgpack, never 
 so ``attach --since 0`` and a frontend catching up after falling behind get a gap-free
 stream however old the events they need. The journal lives in the daemon's runtime dir
 (``journal/``, 0700, emptied at daemon start, hidden from sandboxed commands like the
-rest of the runtime dir) and a session's files go when the session closes.
+rest of the runtime dir) and a session's files go when the session closes. Files are
+made and removed relative to a descriptor of that directory, never through a link: a
+segment is created new (``O_EXCL``) and only the file it still is gets unlinked.
 
 Layout: one file per segment, ``<session id>.<n>.events``, a sequence of records
 ``[u32 body length][u64 seq][body]`` (little-endian). Seqs are consecutive. When the
@@ -25,6 +27,7 @@ replay falls back to what the memory log holds.
 from __future__ import annotations
 
 import os
+import stat
 import struct
 
 import structlog
@@ -45,11 +48,13 @@ SUFFIX = ".events"
 
 
 class _Segment:
-    __slots__ = ("path", "fd", "first_seq", "last_seq", "size", "index")
+    __slots__ = ("path", "fd", "ident", "first_seq", "last_seq", "size", "index")
 
     def __init__(self, path: str, fd: int, first_seq: int) -> None:
         self.path = path
         self.fd = fd
+        st = os.fstat(fd)
+        self.ident = (st.st_dev, st.st_ino)
         self.first_seq = first_seq
         self.last_seq = first_seq - 1
         # Bytes on disk plus bytes still in the journal's write buffer.
@@ -61,10 +66,13 @@ class _Segment:
 class Journal:
     """Every event body of one session, on disk; see the module docstring."""
 
-    def __init__(self, directory: str, session_id: str, *, max_bytes: int = JOURNAL_BYTES) -> None:
+    def __init__(self, directory: str | int, session_id: str, *, max_bytes: int = JOURNAL_BYTES) -> None:
+        """``directory``: a path, or a descriptor of the directory (not closed here)."""
         if max_bytes < 2:
             raise ValueError("max_bytes must be at least 2")
         self.directory = directory
+        # Segment names are relative to this descriptor, or paths when there is none.
+        self._dir_fd = directory if isinstance(directory, int) else None
         self.session_id = session_id
         self.max_bytes = max_bytes
         self._segments: list[_Segment] = []
@@ -124,9 +132,18 @@ class Journal:
 
     def _rotate(self, first_seq: int) -> _Segment:
         self._flush()
-        path = os.path.join(self.directory, f"{self.session_id}.{self._next_segment}{SUFFIX}")
+        path = f"{self.session_id}.{self._next_segment}{SUFFIX}"
+        if self._dir_fd is None:
+            path = os.path.join(self.directory, path)
         self._next_segment += 1
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+        flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW
+        try:
+            fd = os.open(path, flags, 0o600, dir_fd=self._dir_fd)
+        except FileExistsError:
+            # Left over under this name (a reset that could not remove it): replace the
+            # entry, whatever it is, without writing through it.
+            os.unlink(path, dir_fd=self._dir_fd)
+            fd = os.open(path, flags, 0o600, dir_fd=self._dir_fd)
         self._segments.append(_Segment(path, fd, first_seq))
         while len(self._segments) > 2:
             self._drop(self._segments.pop(0))
@@ -219,7 +236,9 @@ class Journal:
             pass
         if delete:
             try:
-                os.unlink(segment.path)
+                st = os.stat(segment.path, dir_fd=self._dir_fd, follow_symlinks=False)
+                if (st.st_dev, st.st_ino) == segment.ident:  # still the file we made
+                    os.unlink(segment.path, dir_fd=self._dir_fd)
             except OSError:
                 pass
 
@@ -232,13 +251,33 @@ class Journal:
         return f"<Journal {self.session_id} [{self.first_seq}, {self.last_seq}] {self.size} bytes>"
 
 
-def reset_directory(path: str) -> None:
-    """Make ``path`` (mode 0700) and remove journal files a previous daemon left in it."""
-    os.makedirs(path, mode=0o700, exist_ok=True)
-    os.chmod(path, 0o700)
-    for name in os.listdir(path):
-        if name.endswith(SUFFIX):
+def reset_directory(path: str, *, dir_fd: int | None = None) -> int:
+    """Make ``path`` (relative to ``dir_fd`` if given) a directory (0700), remove the journal
+    files a previous daemon left in it and return a descriptor of it (the caller closes it).
+
+    An existing ``path`` must be a directory of ours, not a symlink (OSError otherwise).
+    Only the entries directly in it are removed, relative to its descriptor: unlinking
+    never follows a link or enters a subdirectory or another filesystem.
+    """
+    try:
+        os.mkdir(path, 0o700, dir_fd=dir_fd)
+    except FileExistsError:
+        pass
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+    try:
+        st = os.fstat(fd)
+        if st.st_uid != os.getuid():
+            raise OSError(0, f"{path} belongs to uid {st.st_uid}")
+        if stat.S_IMODE(st.st_mode) != 0o700:
+            os.fchmod(fd, 0o700)  # ours, through the descriptor: not through a link
+        with os.scandir(fd) as entries:
+            names = [e.name for e in entries if e.name.endswith(SUFFIX) and not e.is_dir(follow_symlinks=False)]
+        for name in names:
             try:
-                os.unlink(os.path.join(path, name))
+                os.unlink(name, dir_fd=fd)
             except OSError:
                 pass
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd

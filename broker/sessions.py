@@ -406,10 +406,11 @@ class Subscription:
 class Sessions:
     """The sessions of one daemon; the router calls the ``on_*`` methods.
 
-    ``journal_dir``: where sessions keep their journals (None: memory log only).
+    ``journal_dir``: where sessions keep their journals, a path or a directory descriptor
+    (None: memory log only).
     """
 
-    def __init__(self, router: Router, starter: AgentStarter | None = None, journal_dir: str | None = None) -> None:
+    def __init__(self, router: Router, starter: AgentStarter | None = None, journal_dir: str | int | None = None) -> None:
         self.router = router
         self.starter = starter
         self.journal_dir = journal_dir
@@ -496,7 +497,7 @@ class Sessions:
 
     def _create(self) -> Session:
         session_id = str(uuid.uuid4())
-        journal = Journal(self.journal_dir, session_id) if self.journal_dir else None
+        journal = Journal(self.journal_dir, session_id) if self.journal_dir is not None else None
         session = self.sessions[session_id] = Session(session_id, journal)
         return session
 

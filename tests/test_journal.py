@@ -83,9 +83,9 @@ def test_a_hole_turns_the_journal_off(tmp_path):
 
 def test_reset_directory(tmp_path):
     d = tmp_path / "journal"
-    J.reset_directory(str(d))
+    os.close(J.reset_directory(str(d)))
     (d / "old.0.events").write_bytes(b"x")
     (d / "keep.txt").write_bytes(b"x")
-    J.reset_directory(str(d))
+    os.close(J.reset_directory(str(d)))
     assert sorted(os.listdir(d)) == ["keep.txt"]
     assert (d.stat().st_mode & 0o777) == 0o700
