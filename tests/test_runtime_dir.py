@@ -128,7 +128,7 @@ def place():
 
 def run_sluice(sluice, runtime: RuntimeDir, *args: str, timeout: float = 60.0) -> subprocess.CompletedProcess:
     return subprocess.run([*sluice, *args], env=subprocess_env(runtime), stdin=subprocess.DEVNULL,
-                          capture_output=True, text=True, timeout=timeout, cwd="/")
+                          capture_output=True, text=True, timeout=timeout, cwd="/tmp")
 
 
 def assert_refused(proc: subprocess.CompletedProcess, *needles: str) -> None:
