@@ -168,6 +168,8 @@ def resolve_workdir(session_cwd: str, workdir: str | None) -> str:
     if "\0" in workdir:
         raise WorkdirError(f"workdir {workdir!r} contains a NUL byte")
     path = os.path.normpath(os.path.join(session_cwd, workdir))
+    if path.startswith("//"):  # POSIX keeps a leading "//"; here it means "/"
+        path = "/" + path.lstrip("/")
     try:
         mode = os.stat(path).st_mode
     except FileNotFoundError:
