@@ -2,8 +2,12 @@
 
 The session never spawns anything itself. It calls::
 
-    result = await runner.run(argv, cwd, sandbox_policy, timeout_ms, on_output, call_id=...)
+    result = await runner.run(argv, cwd, sandbox_policy, timeout_ms, on_output, call_id=...,
+                              sandbox_cwd=session_cwd)
 
+``cwd`` is where the command runs; ``sandbox_cwd`` (default: ``cwd``) is the directory
+the policy's ``disk-write-cwd`` makes writable. The session passes its own cwd there,
+so a ``workdir`` the model chose is a place to run, never a writable root.
 ``on_output(stream, chunk)`` gets each chunk of output as it arrives (``stream`` an
 :class:`~broker.protocol.ExecOutputStream`, ``chunk`` bytes), in order; ``run`` returns
 an :class:`ExecResult` once the command has ended. ``await runner.cancel(call_id)``
@@ -116,8 +120,10 @@ class CommandRunner(abc.ABC):
         *,
         call_id: str | None = None,
         env: Mapping[str, str] | None = None,
+        sandbox_cwd: str | None = None,
     ) -> ExecResult:
-        """Run ``argv`` in ``cwd`` under ``sandbox_policy`` and return how it ended."""
+        """Run ``argv`` in ``cwd`` under ``sandbox_policy`` (its ``disk-write-cwd`` being
+        ``sandbox_cwd``, default ``cwd``) and return how it ended."""
 
     @abc.abstractmethod
     async def cancel(self, call_id: str) -> None:
@@ -187,6 +193,7 @@ class BrokerRunner(CommandRunner):
         *,
         call_id: str | None = None,
         env: Mapping[str, str] | None = None,
+        sandbox_cwd: str | None = None,
     ) -> ExecResult:
         call_id = call_id or new_call_id()
         if call_id in self._running:
@@ -201,6 +208,7 @@ class BrokerRunner(CommandRunner):
             env=dict(self.env if env is None else env),
             timeout_ms=timeout_ms,
             capture_limit=self.capture_limit,
+            sandbox_cwd=sandbox_cwd or cwd,
         )
         future: asyncio.Future[ExecResult] = asyncio.get_running_loop().create_future()
         running = _Running(call_id, on_output, future, HeadTailBuffer(self.aggregate_limit))

@@ -192,6 +192,9 @@ def writable_roots_for(
     """The writable roots a sandbox of ``sandbox_policy`` in ``cwd`` gives, normalised,
     in the order the sandbox builds them (``/`` alone for full write access).
 
+    ``cwd`` is the session's (what the sandbox's ``disk-write-cwd`` means), never the
+    workdir a command runs in.
+
     ``env`` supplies $TMPDIR (the commands' environment; ours if None).
     """
     if sandbox_policy.has_full_disk_write_access():

@@ -6,7 +6,12 @@ Codex's ``handle_response_item``, ``handle_function_call``,
 
 A command (``shell``, ``container.exec``, a ``local_shell_call`` item):
 
-1. ``workdir`` resolves against the session cwd. An argv that invokes apply_patch
+1. ``workdir`` resolves against the session cwd (:func:`resolve_workdir`); one that is
+   not a directory is answered ``error: <why>`` and nothing runs. It is only where the
+   command runs: the sandbox's writable roots are the session's (its cwd and the roots
+   granted this session), wherever the command runs, so a workdir of ``/``, ``..`` or
+   ``.git`` is a read-only place (``.git`` stays read-only as a root's subdirectory).
+   An argv that invokes apply_patch
    (``["apply_patch", PATCH]`` or ``bash -lc "apply_patch <<'EOF' ..."``) is a patch (below);
    one whose patch does not parse or apply is answered ``error: <why>``.
 2. :func:`agent.safety.assess_command_safety` decides: run it in the sandbox, ask
@@ -36,6 +41,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import stat
 import time
 from typing import TYPE_CHECKING
 
@@ -146,15 +152,42 @@ async def handle_function_call(sess: Session, task: AgentTask, name: str, argume
     return ToolOutput(call_id, f"unsupported call: {name}")
 
 
-def _resolve_workdir(sess: Session, workdir: str | None) -> str:
-    cwd = sess.config.cwd
-    return os.path.normpath(os.path.join(cwd, workdir)) if workdir else cwd
+class WorkdirError(ValueError):
+    """The model's ``workdir`` is not a directory a command can run in; says why."""
+
+
+def resolve_workdir(session_cwd: str, workdir: str | None) -> str:
+    """Where a command with ``workdir`` runs: ``workdir`` resolved against ``session_cwd``
+    (absolute and normalised; the session cwd when there is none).
+
+    Raises :class:`WorkdirError` when that is not an existing directory. Where it runs
+    grants nothing: the sandbox's ``disk-write-cwd`` stays ``session_cwd``.
+    """
+    if not workdir:
+        return session_cwd
+    if "\0" in workdir:
+        raise WorkdirError(f"workdir {workdir!r} contains a NUL byte")
+    path = os.path.normpath(os.path.join(session_cwd, workdir))
+    if path.startswith("//"):  # POSIX keeps a leading "//"; here it means "/"
+        path = "/" + path.lstrip("/")
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        raise WorkdirError(f"workdir {workdir!r} does not exist ({path})") from None
+    except OSError as err:
+        raise WorkdirError(f"workdir {workdir!r} cannot be used ({path}): {err.strerror}") from None
+    if not stat.S_ISDIR(mode):
+        raise WorkdirError(f"workdir {workdir!r} is not a directory ({path})")
+    return path
 
 
 async def handle_exec(sess: Session, task: AgentTask, params: ShellParams, call_id: str) -> ToolOutput:
     config = sess.config
     argv = list(params.command)
-    cwd = _resolve_workdir(sess, params.workdir)
+    try:
+        cwd = resolve_workdir(config.cwd, params.workdir)
+    except WorkdirError as err:
+        return ToolOutput(call_id, f"error: {err}", success=False)
 
     patch = maybe_parse_apply_patch_verified(argv, cwd)
     if isinstance(patch, PatchError):
@@ -229,7 +262,9 @@ async def run_command(
     task.running_calls.add(run_id)
     started = time.monotonic()
     try:
-        result = await sess.runner.run(argv, cwd, policy, timeout_ms, on_output, call_id=run_id, env=sess.command_env)
+        # The session's cwd, never the workdir, is what disk-write-cwd makes writable.
+        result = await sess.runner.run(argv, cwd, policy, timeout_ms, on_output, call_id=run_id, env=sess.command_env,
+                                       sandbox_cwd=sess.config.cwd)
     except asyncio.CancelledError:
         sess.send(sub_id, ExecCommandEndEvent(
             call_id=call_id, stdout="", stderr="", aggregated_output="", exit_code=RC_ABORTED,

@@ -74,8 +74,10 @@ The window binds while a command runs. Once a cancelled, timed-out or shut-down
 command's tree is dead, the executor drains what is left in its pipes without waiting
 for acks (at most one pipe's capacity per stream), so its ``exit`` can always be sent.
 
-A run that is refused or cannot start (bad body or policy, missing cwd, no sandbox,
-executor shutting down) gets only an ``exit`` with ``error`` set, never a ``started``.
+A run's ``cwd`` is where the command runs; its ``sandbox_cwd`` (default: ``cwd``) is the
+directory the policy's ``disk-write-cwd`` means. A run that is refused or cannot start
+(bad body or policy, missing cwd, relative ``sandbox_cwd``, no sandbox, executor
+shutting down) gets only an ``exit`` with ``error`` set, never a ``started``.
 A command that was not found gets ``exit_code`` 127 *and* ``error``. ``Started.pid`` is
 the pid of the command's sandbox supervisor, not of the command itself. Any message
 from the broker counts as a sign of life for an executor, not only ``ping``.
@@ -208,6 +210,7 @@ class SandboxSpec(msgspec.Struct, frozen=True):
 
 class RunRequest(msgspec.Struct, frozen=True):
     argv: list[str]
+    # Where the command runs.
     cwd: str
     sandbox: SandboxSpec
     # The caller's environment; the executor drops secret-looking names from it
@@ -216,6 +219,10 @@ class RunRequest(msgspec.Struct, frozen=True):
     env_passthrough: list[str] = []
     timeout_ms: int | None = None
     capture_limit: int = DEFAULT_CAPTURE_LIMIT
+    # The directory the policy's ``disk-write-cwd`` makes writable (absolute); None: ``cwd``.
+    # The agent sets it to the session's cwd, so a model-chosen workdir is only where
+    # the command runs, never a writable root.
+    sandbox_cwd: str | None = None
 
 
 class Started(msgspec.Struct, frozen=True):

@@ -118,6 +118,9 @@ class Call:
             policy = SandboxPolicy.from_json({"permissions": list(req.sandbox.permissions)})
         except PolicyError as e:
             return self._fail(f"bad sandbox policy: {e}")
+        sandbox_cwd = req.sandbox_cwd or req.cwd
+        if not os.path.isabs(sandbox_cwd):
+            return self._fail(f"sandbox_cwd must be an absolute path: {sandbox_cwd}")
         env = filter_env(req.env or os.environ, req.env_passthrough)
         fds: list[int] = []
         try:
@@ -136,7 +139,9 @@ class Call:
                 pass  # over the per-user pipe budget: the default size still works
         self.started_at = time.monotonic()
         try:
-            self.proc = self.worker.spawn(req.argv, cwd=req.cwd, env=env, policy=policy, stdout=w_out, stderr=w_err)
+            # disk-write-cwd means sandbox_cwd (the session's directory), not where it runs.
+            self.proc = self.worker.spawn(req.argv, cwd=req.cwd, env=env, policy=policy, stdout=w_out, stderr=w_err,
+                                          sandbox_cwd=os.path.normpath(sandbox_cwd))
         except SandboxError as e:
             _close_all((r_out, r_err))
             return self._fail(one_line(e))

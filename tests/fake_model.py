@@ -145,6 +145,7 @@ class RunRecord:
     timeout_ms: int | None
     call_id: str
     env: Mapping[str, str] | None
+    sandbox_cwd: str | None = None
 
     @property
     def sandboxed(self) -> bool:
@@ -166,8 +167,9 @@ class FakeRunner(CommandRunner):
         self._cancel: dict[str, asyncio.Event] = {}
 
     async def run(self, argv, cwd, sandbox_policy, timeout_ms, on_output: OutputCallback | None = None, *,
-                  call_id=None, env=None) -> ExecResult:
-        record = RunRecord(list(argv), cwd, sandbox_policy, timeout_ms, call_id or f"run-{len(self.runs)}", env)
+                  call_id=None, env=None, sandbox_cwd=None) -> ExecResult:
+        record = RunRecord(list(argv), cwd, sandbox_policy, timeout_ms, call_id or f"run-{len(self.runs)}", env,
+                           sandbox_cwd)
         self.runs.append(record)
         spec = self.respond(list(argv), record.sandboxed)
         aggregated = HeadTailBuffer()

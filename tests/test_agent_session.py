@@ -164,6 +164,7 @@ def test_shell_call_streams_output_and_answers_the_model(server, tmp_path) -> No
     async def main():
         runner = FakeRunner(lambda argv, sandboxed: FakeExec(stdout="a\nb\n", stderr="warn\n"))
         h = Harness(server, runner, tmp_path)
+        (h.cwd / "sub").mkdir()
         await h.configure()
         sub_id = await h.say("list")
         assert (await h.done(sub_id)).msg.last_agent_message == "Two files."
@@ -187,6 +188,9 @@ def test_shell_call_streams_output_and_answers_the_model(server, tmp_path) -> No
         # ls is known-safe: sandboxed, with the model's timeout; the local shell call too.
         assert [r.sandboxed for r in runner.runs] == [True, True]
         assert [r.timeout_ms for r in runner.runs] == [5000, 1000]
+        # The workdir is where it runs; the sandbox's cwd root stays the session's.
+        assert [(r.cwd, r.sandbox_cwd) for r in runner.runs] == [(str(h.cwd / "sub"), str(h.cwd)),
+                                                                 (str(h.cwd), str(h.cwd))]
         assert h.of("exec_command_begin")[1].command == ["cat", "x"]
 
     run(main)
