@@ -118,7 +118,9 @@ from __future__ import annotations
 
 import msgspec
 
-PROTOCOL_VERSION = 1
+# 2: RunRequest.sandbox_cwd. An executor of version 1 would ignore it and make the
+# command's own directory (a model's workdir) writable, so versions must match.
+PROTOCOL_VERSION = 2
 
 HELLO = "hello"
 WELCOME = "welcome"

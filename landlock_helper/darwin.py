@@ -72,12 +72,14 @@ class SeatbeltProcess:
             self._tree_fd = None  # type: ignore[assignment]
 
 
-def spawn_seatbelt(argv, *, cwd, env, policy, stdout, stderr, stdin=None, hidden_paths=()) -> SeatbeltProcess:
+def spawn_seatbelt(argv, *, cwd, env, policy, stdout, stderr, stdin=None, hidden_paths=(),
+                   sandbox_cwd=None) -> SeatbeltProcess:
     if not argv:
         raise SandboxError("no command given")
     if not os.path.isdir(cwd):
         raise SandboxError(f"cwd does not exist or is not a directory: {cwd}")
-    full = seatbelt_argv(list(argv), policy, cwd, env, tuple(hidden_paths))
+    # The profile's writable cwd is the session's (sandbox_cwd), never where the command runs.
+    full = seatbelt_argv(list(argv), policy, sandbox_cwd or cwd, env, tuple(hidden_paths))
     tree_r, tree_w = os.pipe()  # both close-on-exec; the child re-enables tree_w
     pid = os.fork()
     if pid == 0:

@@ -423,18 +423,23 @@ def apply(view: View, plan: Plan) -> tuple[int, list[int]]:
     try:
         for root in plan.roots:
             roots.append(_bind(view, root, writable=True))
-        if plan.cwd.path == TMP:
-            cwd = os.dup(view.tmp)  # sluice's /tmp, not the host's that was pinned
-        else:
-            cwd = _open_cwd(view, plan, roots)
+        outside_roots = not any(_within(plan.cwd.path, r.path) for r in plan.roots)
+        if outside_roots and in_tmp(plan.cwd.path) and plan.cwd.path != TMP:
+            cwd = _bind(view, plan.cwd, writable=False)  # a read-only place to run, in sluice's /tmp
         for pinned in plan.read_only:
             _read_only_onto(pinned)
         for path in view.late_hidden:
             _hide(path)  # made since the sandbox was warmed: hidden now, wherever it is visible
+        if not plan.tmp_writable:
+            mount_setattr(view.tmp, "", AT_EMPTY_PATH, set_=MOUNT_ATTR_RDONLY)
+        # Only now, with every mount in place: a directory opened earlier would lie
+        # beneath a later mount (.git bound read-only) and keep its old rights.
+        if plan.cwd.path == TMP:
+            cwd = os.dup(view.tmp)  # sluice's /tmp, not the host's that was pinned
+        elif cwd is None:
+            cwd = _open_cwd(plan, roots)
         if plan.tmp_writable:
             roots.append(os.dup(view.tmp))
-        else:
-            mount_setattr(view.tmp, "", AT_EMPTY_PATH, set_=MOUNT_ATTR_RDONLY)
     except BaseException:
         for fd in (*roots, cwd):
             if fd is not None:
@@ -443,16 +448,13 @@ def apply(view: View, plan: Plan) -> tuple[int, list[int]]:
     return cwd, roots
 
 
-def _open_cwd(view: View, plan: Plan, root_fds: list[int]) -> int:
-    """The command's directory: in a writable root, in sluice's /tmp (bound read-only),
-    or elsewhere in the read-only view."""
+def _open_cwd(plan: Plan, root_fds: list[int]) -> int:
+    """The command's directory, in a writable root or elsewhere in the read-only view,
+    opened through whatever is mounted on the way."""
     for root, fd in zip(plan.roots, root_fds):
-        if plan.cwd == root:
-            return os.dup(fd)
         if _within(plan.cwd.path, root.path):
-            return _open_checked(fd, plan.cwd.path[len(root.path) + 1:], plan.cwd, beneath=True)
-    if in_tmp(plan.cwd.path):
-        return _bind(view, plan.cwd, writable=False)
+            rel = plan.cwd.path[len(root.path) + 1:] or "."
+            return _open_checked(fd, rel, plan.cwd, beneath=True)
     return _open_checked(AT_FDCWD, plan.cwd.path, plan.cwd)
 
 

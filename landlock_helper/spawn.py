@@ -385,7 +385,7 @@ def spawn(argv, *, cwd, env, policy: SandboxPolicy, stdout: int, stderr: int, st
         from landlock_helper.darwin import spawn_seatbelt
 
         return spawn_seatbelt(argv, cwd=cwd, env=env, policy=policy, stdout=stdout, stderr=stderr,
-                              stdin=stdin, hidden_paths=hidden_paths)
+                              stdin=stdin, hidden_paths=hidden_paths, sandbox_cwd=sandbox_cwd)
     plan = _check(argv, cwd, policy, sandbox_cwd, env)
     spec = _encode_spec(argv, cwd, env, policy, plan)
     template = _Template.make(hidden_paths, restricted=plan is not None)

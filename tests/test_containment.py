@@ -495,3 +495,13 @@ def test_a_link_planted_in_sluices_tmp_does_not_redirect_a_workspace(open_tmp):
     r = sandbox("touch made && pwd && ls", cwd=ws)
     assert r.stdout.split() == [str(ws), "made"], r.stderr
     assert (ws / "made").exists() and not os.path.exists("/etc/made")
+
+
+def test_running_inside_git_does_not_make_it_writable(as_user, nobody_env, workdir):
+    """The command's directory is opened after every mount is in place: running in .git
+    (which lies in a writable root) must not reach beneath its read-only cover."""
+    r = sandbox("echo hook > hooks-planted; echo x >> config; pwd; echo end", cwd=workdir / ".git",
+                user=as_user, nobody=nobody_env)
+    assert r.stdout.split() == [str(workdir / ".git"), "end"], r.stderr
+    assert sorted(os.listdir(workdir / ".git")) == ["config"]
+    assert (workdir / ".git" / "config").read_text() == "[core]\n"
