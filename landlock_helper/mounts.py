@@ -222,6 +222,9 @@ def pin(policy: SandboxPolicy, cwd: str, sandbox_cwd: str, env) -> Plan:
             what = "the root directory" if pinned.path == "/" else "your home directory or a directory above it"
             raise PinError(f"refusing to make {pinned.path} writable ({what}); run from a project directory, "
                            "or use --sandbox read-only or danger-full-access")
+        if any(part in PROTECTED_SUBDIRS for part in pinned.path.split("/")):
+            raise PinError(f"refusing to make {pinned.path} writable (it is inside a repository's .git or .sluice); "
+                           "use --sandbox read-only or danger-full-access")
         if pinned not in roots:
             roots.append(pinned)
     # Outer roots first: an inner root is then bound on top of the outer one's clone.

@@ -498,10 +498,12 @@ def test_a_link_planted_in_sluices_tmp_does_not_redirect_a_workspace(open_tmp):
 
 
 def test_running_inside_git_does_not_make_it_writable(as_user, nobody_env, workdir):
-    """The command's directory is opened after every mount is in place: running in .git
-    (which lies in a writable root) must not reach beneath its read-only cover."""
+    """.git is never a writable root; run in it read-only, the command's directory is
+    opened after every mount is in place and gets no more than the read-only view."""
+    r = sandbox("echo ran", cwd=workdir / ".git", user=as_user, nobody=nobody_env)
+    assert r.returncode == 2 and "inside a repository's .git" in r.stderr and "ran" not in r.stdout
     r = sandbox("echo hook > hooks-planted; echo x >> config; pwd; echo end", cwd=workdir / ".git",
-                user=as_user, nobody=nobody_env)
+                flags=["--sandbox", "read-only", "--writable", str(workdir)], user=as_user, nobody=nobody_env)
     assert r.stdout.split() == [str(workdir / ".git"), "end"], r.stderr
     assert sorted(os.listdir(workdir / ".git")) == ["config"]
     assert (workdir / ".git" / "config").read_text() == "[core]\n"
