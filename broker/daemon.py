@@ -33,7 +33,7 @@ from broker import wire
 from broker.journal import reset_directory
 from broker.logging import Throttle, configure
 from broker.router import HEARTBEAT_S, MISSED_HEARTBEATS, REMOTE, Router
-from broker.runtime import RuntimeDir, RuntimeDirError
+from broker.runtime import RuntimeDir, RuntimeDirError, ensure_sluice_home
 from broker.supervisor import AgentSupervisor, ExecutorPool
 from broker.zloop import ZSocket
 
@@ -73,6 +73,10 @@ def serve(runtime: RuntimeDir, *, executors: int | None = None, log_json: bool |
     lock_fd = _take_lock(runtime)
     try:
         configure(log_json)
+        # Before any executor starts: hiding it from commands needs it to exist.
+        problem = ensure_sluice_home()
+        if problem:
+            log.warning(f"{problem}; commands cannot be kept from creating it")
         daemon = _Daemon(runtime, executors, listen)
         try:
             daemon.bind()
@@ -230,12 +234,16 @@ class _Daemon:
         return 0
 
     def _hidden(self) -> tuple[str, ...]:
-        """What commands must not see besides the runtime dir: sluice's key directory and
-        the daemon's own secret key, wherever it is."""
+        """What commands must not see: the runtime dir, sluice's home (config, sessions,
+        keys), and with ``listen`` the daemon's secret key and its allow-list dir,
+        wherever they are."""
         from broker.remote import default_keys_dir
+        from broker.runtime import hidden_paths
 
-        keys = (default_keys_dir(),)
-        return keys + (self.listen.key_file,) if self.listen is not None else keys
+        paths = [self.runtime.path, default_keys_dir()]
+        if self.listen is not None:
+            paths += [self.listen.key_file, self.listen.allow_dir]
+        return hidden_paths(*paths)
 
     @staticmethod
     async def _heartbeat(router: Router) -> None:

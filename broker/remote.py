@@ -23,10 +23,10 @@ __all__ = ["KeyFileError", "Remote", "default_keys_dir", "load_public_key", "loa
 
 def default_keys_dir() -> str:
     """Where ``sluice keys new`` writes: ``$SLUICE_HOME/keys``, else ``~/.sluice/keys``.
-    Sandboxed commands never see it."""
-    home = os.environ.get("SLUICE_HOME")
-    base = os.path.expanduser(home) if home else os.path.join(os.path.expanduser("~"), ".sluice")
-    return os.path.join(base, "keys")
+    Sandboxed commands never see it (it is in sluice's home, which is hidden)."""
+    from broker.runtime import sluice_home
+
+    return os.path.join(sluice_home(), "keys")
 
 
 class KeyFileError(ValueError):
