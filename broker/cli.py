@@ -439,11 +439,16 @@ def _sandbox(args) -> int:
     for name in args.env:
         helper_argv += ["--env", name]
     from broker.remote import default_keys_dir
-    from broker.runtime import RuntimeDir
+    from broker.runtime import RuntimeDir, ensure_sluice_home, hidden_paths
 
     # A daemon may be running for this user: its socket and token stay out of reach, and
-    # so do the user's CurveZMQ keys.
-    helper_argv += ["--hide", RuntimeDir.default().path, "--hide", default_keys_dir()]
+    # so does sluice's home (config, sessions, CurveZMQ keys), made first if missing so
+    # that it can be hidden (and the command cannot make one of its own).
+    problem = ensure_sluice_home()
+    if problem:
+        print_error(f"warning: {problem}")
+    for path in hidden_paths(RuntimeDir.default().path, default_keys_dir()):
+        helper_argv += ["--hide", path]
     helper_argv += ["--", *command]
     from landlock_helper.__main__ import main as helper_main
 

@@ -2,8 +2,11 @@
 
 - ``sluice keys new NAME [--dir DIR]`` writes a CurveZMQ key pair (``NAME.key``, to share;
   ``NAME.key_secret``, mode 0600, to keep) in ``$SLUICE_HOME/keys``, else ``~/.sluice/keys``.
-- ``sluice daemon --listen tcp://HOST:PORT --key FILE --allow DIR``: the flags are checked
-  here (:func:`listen_from_args`) so a mistake is one line before anything starts.
+- ``sluice daemon --listen tcp://HOST:PORT --key FILE --allow DIR --allow-executors DIR``:
+  the flags are checked here (:func:`listen_from_args`) so a mistake is one line before
+  anything starts. ``--allow`` lists the keys that may join as frontends,
+  ``--allow-executors`` those that may join as executors; either may be left out (that
+  role is then not available over the network), not both.
 - ``sluice executor --connect tcp://HOST:PORT --server-key FILE --key FILE`` runs an
   executor on this host for a daemon elsewhere; it is handed, arguments and all, to
   :mod:`executor` (the same program the daemon spawns locally).
@@ -30,12 +33,17 @@ def add_keys_parser(sub) -> None:
 
 def add_listen_args(parser) -> None:
     parser.add_argument("--listen", metavar="tcp://HOST:PORT", default=None,
-                        help="also accept frontends and executors over the network (CurveZMQ); needs --key and --allow")
+                        help="also accept frontends and executors over the network (CurveZMQ); needs --key, "
+                             "and --allow and/or --allow-executors")
     parser.add_argument("--key", metavar="FILE", default=None,
                         help="with --listen: the daemon's key pair (NAME.key_secret from `sluice keys new NAME`)")
     parser.add_argument("--allow", metavar="DIR", default=None,
-                        help="with --listen: a directory of the public keys (*.key) allowed to connect; "
-                             "re-read when it changes")
+                        help="with --listen: a directory of the public keys (*.key) allowed to connect as "
+                             "frontends (run commands); re-read when it changes")
+    parser.add_argument("--allow-executors", metavar="DIR", default=None,
+                        help="with --listen: a directory of the public keys (*.key) allowed to connect as "
+                             "executors (receive commands to run); another directory than --allow; "
+                             "without it no executor can join over the network")
 
 
 def keys_main(args) -> int:
@@ -54,7 +62,8 @@ def keys_main(args) -> int:
         print_error(f"error: cannot write keys in {directory}: {e.strerror}")
         return 1
     public = load_public_key(public_path).decode()
-    print(f"public key file: {public_path}  (share it: a daemon's --allow dir, or a client's --server-key)")
+    print(f"public key file: {public_path}  (share it: a daemon's --allow or --allow-executors dir, "
+          "or a client's --server-key)")
     print(f"secret key file: {secret_path}  (keep it here: pass it as --key)")
     print(f"public key: {public}", flush=True)
     return 0
@@ -65,12 +74,12 @@ def listen_from_args(args):
 
     Mistakes are printed as one line and raised as :class:`CliExit`.
     """
-    if not (args.listen or args.key or args.allow):
+    if not (args.listen or args.key or args.allow or args.allow_executors):
         return None
     from broker.zap import Listen, ListenError
 
     try:
-        return Listen.from_args(args.listen, args.key, args.allow)
+        return Listen.from_args(args.listen, args.key, args.allow, args.allow_executors)
     except ListenError as e:
         print_error(f"error: {e}")
         raise CliExit(EXIT_USAGE) from None
@@ -80,7 +89,11 @@ def listen_argv(args) -> list[str]:
     """The flags that hand ``--listen`` on to a daemon started in the background (cwd ``/``)."""
     if not args.listen:
         return []
-    return ["--listen", args.listen, "--key", os.path.abspath(args.key), "--allow", os.path.abspath(args.allow)]
+    argv = ["--listen", args.listen, "--key", os.path.abspath(args.key)]
+    for flag, path in (("--allow", args.allow), ("--allow-executors", args.allow_executors)):
+        if path:
+            argv += [flag, os.path.abspath(path)]
+    return argv
 
 
 def executor_main(argv: list[str]) -> int:

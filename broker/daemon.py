@@ -16,10 +16,11 @@ session submission, not with the daemon, so a daemon used only for ``sluice run`
 pays for it.
 
 With ``listen`` the daemon also binds a CurveZMQ ROUTER on tcp (:mod:`broker.zap`: the
-ZAP handler, bound first, and the allow-list). Both sockets feed the one router: network
-peers' identities get the :data:`broker.router.REMOTE` byte in front on the way in, which
-the transport strips on the way out, and a local peer that chose such an identity itself
-is ignored, so it can neither pass for a network peer nor skip the token.
+ZAP handler, bound first, and the allow-lists, one per role). Both sockets feed the one
+router: network peers' identities get the :data:`broker.router.REMOTE` byte in front on
+the way in, which the transport strips on the way out, and a local peer that chose such
+an identity itself is ignored, so it can neither pass for a network peer nor skip the
+token.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from broker import wire
 from broker.journal import reset_directory
 from broker.logging import Throttle, configure
 from broker.router import HEARTBEAT_S, MISSED_HEARTBEATS, REMOTE, Router
-from broker.runtime import RuntimeDir, RuntimeDirError, open_reused, read_file, remove, write_new
+from broker.runtime import RuntimeDir, RuntimeDirError, ensure_sluice_home, open_reused, read_file, remove, write_new
 from broker.supervisor import AgentSupervisor, ExecutorPool
 from broker.zloop import ZSocket
 
@@ -85,6 +86,10 @@ def serve(runtime: RuntimeDir, *, executors: int | None = None, log_json: bool |
         lock_fd = _take_lock(runtime, dir_fd)
         try:
             configure(log_json)
+            # Before any executor starts: hiding it from commands needs it to exist.
+            problem = ensure_sluice_home()
+            if problem:
+                log.warning(f"{problem}; commands cannot be kept from creating it")
             daemon = _Daemon(runtime, dir_fd, executors, listen)
             try:
                 daemon.bind()
@@ -219,11 +224,18 @@ class _Daemon:
 
         listen = self.listen
         # The handler first: libzmq would let every client in while none is bound.
-        allow = AllowList(listen.allow_dir)
-        allow.refresh()
-        if not len(allow):
-            log.warning("the allow-list is empty: nobody can connect over tcp until a key is added", dir=listen.allow_dir)
-        self.zap = ZapHandler(self.ctx, allow)
+        lists = []
+        for role, directory in listen.allow_dirs.items():
+            allow = AllowList(directory, role)
+            allow.refresh()
+            if not len(allow):
+                log.warning(f"the {role} allow-list is empty: no {role} can connect over tcp until a key is added",
+                            dir=directory)
+            lists.append(allow)
+        for role in (wire.ROLE_FRONTEND, wire.ROLE_EXECUTOR):
+            if role not in listen.allow_dirs:
+                log.info(f"no {role} allow-list: no {role} can connect over tcp", role=role)
+        self.zap = ZapHandler(self.ctx, lists)
         sock = listener_socket(self.ctx, listen, heartbeat_s=HEARTBEAT_S, missed=MISSED_HEARTBEATS)
         _router_options(sock)
         self.tcp = sock
@@ -278,12 +290,16 @@ class _Daemon:
         return 0
 
     def _hidden(self) -> tuple[str, ...]:
-        """What commands must not see besides the runtime dir: sluice's key directory and
-        the daemon's own secret key, wherever it is."""
+        """What commands must not see: the runtime dir, sluice's home (config, sessions,
+        keys), and with ``listen`` the daemon's secret key and its allow-list dirs,
+        wherever they are."""
         from broker.remote import default_keys_dir
+        from broker.runtime import hidden_paths
 
-        keys = (default_keys_dir(),)
-        return keys + (self.listen.key_file,) if self.listen is not None else keys
+        paths = [self.runtime.path, default_keys_dir()]
+        if self.listen is not None:
+            paths += [self.listen.key_file, *self.listen.allow_dirs.values()]
+        return hidden_paths(*paths)
 
     @staticmethod
     async def _heartbeat(router: Router) -> None:

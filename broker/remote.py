@@ -16,43 +16,66 @@ cannot be talked to by an impostor) and its own key pair (``--key FILE``, the
 from __future__ import annotations
 
 import os
+import stat
 from dataclasses import dataclass
 
 __all__ = ["KeyFileError", "Remote", "default_keys_dir", "load_public_key", "load_secret_key", "new_key_pair"]
 
+# A key file is a few hundred bytes; anything much bigger is not one.
+_MAX_KEY_FILE = 64 * 1024
+
 
 def default_keys_dir() -> str:
     """Where ``sluice keys new`` writes: ``$SLUICE_HOME/keys``, else ``~/.sluice/keys``.
-    Sandboxed commands never see it."""
-    home = os.environ.get("SLUICE_HOME")
-    base = os.path.expanduser(home) if home else os.path.join(os.path.expanduser("~"), ".sluice")
-    return os.path.join(base, "keys")
+    Sandboxed commands never see it (it is in sluice's home, which is hidden)."""
+    from broker.runtime import sluice_home
+
+    return os.path.join(sluice_home(), "keys")
 
 
 class KeyFileError(ValueError):
     """A key file that is missing, unreadable or not a CurveZMQ key; ``str(e)`` is one line."""
 
 
-def _load(path: str) -> tuple[bytes | None, bytes | None]:
-    import zmq.auth
-
-    if not os.path.isfile(path):
-        raise KeyFileError(f"key file {path} does not exist")
+def _load(path: str, dir_fd: int | None = None) -> tuple[bytes | None, bytes | None]:
+    """(public, secret) from a key file in ZeroMQ's certificate format (what
+    ``zmq.auth.load_certificate`` reads); ``path`` relative to ``dir_fd`` if given."""
     try:
-        public, secret = zmq.auth.load_certificate(path)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
+    except FileNotFoundError:
+        raise KeyFileError(f"key file {path} does not exist") from None
     except OSError as e:
         raise KeyFileError(f"cannot read key file {path}: {e.strerror}") from None
-    except (ValueError, KeyError, IndexError, UnicodeDecodeError):
-        raise KeyFileError(f"{path} is not a CurveZMQ key file (make one with `sluice keys new NAME`)") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise KeyFileError(f"key file {path} is not a file")
+    with os.fdopen(fd, "rb") as f:
+        try:
+            data = f.read(_MAX_KEY_FILE)
+        except OSError as e:
+            raise KeyFileError(f"cannot read key file {path}: {e.strerror}") from None
+    public = secret = None
+    for line in data.splitlines():
+        line = line.strip()
+        if line.startswith(b"#") or b"=" not in line:
+            continue
+        value = line.split(b"=", 1)[1].strip(b" \t'\"")
+        if line.startswith(b"public-key"):
+            public = value
+        elif line.startswith(b"secret-key"):
+            secret = value
+    if public is None:
+        raise KeyFileError(f"{path} is not a CurveZMQ key file (make one with `sluice keys new NAME`)")
     for key in (public, secret):
         if key is not None and len(key) != 40:
             raise KeyFileError(f"{path} holds a malformed key (expected 40 Z85 characters)")
     return public, secret
 
 
-def load_public_key(path: str) -> bytes:
-    """The public key (Z85) in ``path`` (a ``.key`` or a ``.key_secret`` file)."""
-    public, _ = _load(path)
+def load_public_key(path: str, dir_fd: int | None = None) -> bytes:
+    """The public key (Z85) in ``path`` (a ``.key`` or a ``.key_secret`` file; relative to
+    the directory ``dir_fd`` if given)."""
+    public, _ = _load(path, dir_fd)
     if not public:
         raise KeyFileError(f"{path} holds no public key")
     return public

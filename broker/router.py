@@ -16,7 +16,10 @@ when the daemon listens on tcp, over the network (authenticated by CurveZMQ and 
 before any message reaches us, see :mod:`broker.zap`). The router tells them apart only
 by the :data:`REMOTE` byte the daemon puts in front of a network peer's identity; a
 network peer may be a frontend or an executor, never the agent, and is never taken for
-a process the daemon spawned.
+a process the daemon spawned. Which of the two it may be, ZAP decided by the allow-list
+that holds its key (``--allow`` for frontends, ``--allow-executors`` for executors) and
+attached to its messages: a hello asking for another role is refused, so a frontend's
+key can never receive commands, nor an executor's key send them.
 
 Session traffic (``submit``, ``event``, ``closed``, ``attach``, ``detach``, ``sessions`` and
 acks that name a session) is routed by :class:`broker.sessions.Sessions`, which the
@@ -38,6 +41,7 @@ import zmq
 from broker import wire
 from broker.logging import Throttle
 from broker.sessions import Sessions
+from broker.zap import ALLOW_FLAGS, ROLES_PROPERTY
 
 log = structlog.get_logger(component="router")
 
@@ -275,6 +279,9 @@ class Router:
                 return self._send_stranger(
                     identity, head.corr, "the agent role is not available over the network; connect as a frontend or an executor"
                 )
+            allowed = _property(frames[1], ROLES_PROPERTY).split(",")
+            if hello.role not in allowed:
+                return self._wrong_role(identity, head.corr, hello, key, _property(frames[1], "Peer-Address"), allowed)
         elif not hmac.compare_digest(hello.token.encode("utf-8", "replace"), self._token):
             self._throttle("warning", "authentication failed", role=hello.role, pid=hello.pid, name=hello.name)
             return self._send_stranger(identity, head.corr, "authentication failed")
@@ -291,6 +298,20 @@ class Router:
         if hello.role == wire.ROLE_EXECUTOR and hello.slots < 1:
             return self._send_stranger(identity, head.corr, "an executor must offer at least one slot")
         self._register(identity, hello, head.corr, key)
+
+    def _wrong_role(self, identity: bytes, corr: str, hello: wire.Hello, key: str, address: str,
+                    allowed: list[str]) -> None:
+        allowed = [role for role in allowed if role]
+        self._throttle("warning", "remote peer refused: its key is not allowed in that role", address=address,
+                       key=key, role=hello.role, allowed=allowed, name=hello.name)
+        flag = ALLOW_FLAGS.get(hello.role)
+        where = f"; to join as {hello.role}, its .key file must be in the daemon's {flag} directory" if flag else ""
+        if allowed:
+            message = (f"this key is allowed to join the daemon as {' and '.join(allowed)} only, "
+                       f"not as {hello.role!r}{where}")
+        else:
+            message = f"this key is not allowed to join the daemon as {hello.role!r}{where}"
+        self._send_stranger(identity, corr, message)
 
     def _register(self, identity: bytes, hello: wire.Hello, corr: str, key: str = "") -> None:
         self._next_peer += 1
@@ -639,7 +660,12 @@ class Router:
 
 def _user_id(frame) -> str:
     """The User-Id libzmq attached to a message from the network: the peer's Z85 public key."""
+    return _property(frame, "User-Id")
+
+
+def _property(frame, name: str) -> str:
+    """A metadata property libzmq attached to a message from the network ("" if none)."""
     try:
-        return frame.get("User-Id") or ""
+        return frame.get(name) or ""
     except (AttributeError, zmq.ZMQError):
         return ""

@@ -20,7 +20,8 @@ without following links (:func:`open_reused`, :func:`write_new`, :func:`read_fil
 is chmodded, chowned or deleted in a dir sluice did not make or does not own.
 
 Sandboxed commands never see this directory: the sandbox mounts an empty, read-only
-tmpfs over it.
+tmpfs over it. Nor do they see sluice's home (:func:`sluice_home`: config, sessions,
+keys) or the daemon's key file and allow-lists: :func:`hidden_paths` is the one list.
 """
 
 from __future__ import annotations
@@ -55,6 +56,40 @@ def without_secrets(environ: Mapping[str, str] | None = None) -> dict[str, str]:
         if upper.startswith("SLUICE_") or not any(marker in upper for marker in SECRET_MARKERS):
             env[name] = value
     return env
+
+
+def sluice_home() -> str:
+    """``$SLUICE_HOME``, else ``~/.sluice``: config, sessions (rollouts), history, keys."""
+    explicit = os.environ.get("SLUICE_HOME")
+    if explicit:
+        return os.path.abspath(os.path.expanduser(explicit))
+    return os.path.join(os.path.expanduser("~"), ".sluice")
+
+
+def ensure_sluice_home() -> str | None:
+    """Create sluice's home (0700) if it is missing, so that it can be hidden from
+    sandboxed commands from the start: hiding mounts over an existing path, and a keys
+    dir or config made later then lies inside the hidden one. Returns the error (one
+    line) if it cannot be made; an existing home is left as it is."""
+    path = sluice_home()
+    try:
+        os.makedirs(path, mode=0o700, exist_ok=True)
+    except OSError as e:
+        return f"cannot create sluice's home {path}: {e.strerror}"
+    return None
+
+
+def hidden_paths(*paths: str) -> tuple[str, ...]:
+    """What sandboxed commands must not see: ``paths`` (the runtime dir, the daemon's key
+    file and allow-list dirs, ...) plus sluice's home, each resolved once here (a symlink
+    swapped in later changes nothing), in order, without a path that lies inside another
+    one of the list (hiding the outer one hides it)."""
+    resolved: list[str] = []
+    for path in (*paths, sluice_home()):
+        real = os.path.realpath(path)
+        if real not in resolved:
+            resolved.append(real)
+    return tuple(p for p in resolved if not any(p != q and p.startswith(q.rstrip("/") + "/") for q in resolved))
 
 
 def default_runtime_dir() -> str:

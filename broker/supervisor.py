@@ -233,7 +233,8 @@ class ExecutorPool(ProcessPool):
     ) -> None:
         super().__init__(runtime, on_death, loop)
         self.count = count
-        # Paths besides the runtime dir that commands must not see (the daemon's key files).
+        # Paths besides the runtime dir that commands must not see (sluice's home, the
+        # daemon's key file and allow-lists).
         self.hide = tuple(hide)
 
     def start(self) -> None:
@@ -247,8 +248,7 @@ class ExecutorPool(ProcessPool):
             "--connect", rt.endpoint,
             "--token-file", rt.token_path,
             "--name", name,
-            "--hide", rt.path,
-            *(arg for path in self.hide for arg in ("--hide", path)),
+            *(arg for path in (rt.path, *(p for p in self.hide if p != rt.path)) for arg in ("--hide", path)),
             "--die-with-parent",
         ]
 

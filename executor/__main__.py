@@ -8,7 +8,7 @@ Two ways to join a broker:
   FILE --key FILE``, CurveZMQ instead of a token. A broker that goes silent, or forgets
   the executor, has its commands killed here and is joined again until it answers.
   SIGINT/SIGTERM end the commands, say bye and exit 0. Sandboxed commands see neither
-  the key files nor this host's sluice runtime dir.
+  the key file, nor sluice's home on this host, nor this host's sluice runtime dir.
 """
 
 from __future__ import annotations
@@ -107,13 +107,15 @@ def start_spawner(hidden: tuple[str, ...]):
     return Spawner(hidden)
 
 
-def remote_hidden(args) -> list[str]:
-    """What commands run for a remote broker must not see on this host: the key files,
-    sluice's key directory, and the runtime dir of a local daemon (its socket and token)."""
+def hidden(args, remote: bool) -> tuple[str, ...]:
+    """What commands must not see: the ``--hide`` paths, sluice's home (config, sessions,
+    keys) and, for a remote broker, this executor's key file and the runtime dir of a local
+    daemon (its socket and token)."""
     from broker.remote import default_keys_dir
-    from broker.runtime import default_runtime_dir
+    from broker.runtime import default_runtime_dir, hidden_paths
 
-    return [args.key, default_keys_dir(), default_runtime_dir()]
+    extra = [args.key, default_runtime_dir()] if remote else []
+    return hidden_paths(*args.hide, *extra, default_keys_dir())
 
 
 def main(argv: list[str] | None = None, prog: str = "python -m executor", error_prefix: str = "executor: ") -> int:
@@ -131,9 +133,14 @@ def main(argv: list[str] | None = None, prog: str = "python -m executor", error_
             die_with_parent()
     except StartupError as e:
         return fail(str(e))
-    hide = [*args.hide, *(remote_hidden(args) if remote else ())]
-    hidden = tuple(os.path.abspath(p) for p in hide)
-    spawner = start_spawner(hidden)
+    from broker.runtime import ensure_sluice_home
+
+    # Before the spawner: it hides only what exists when it starts.
+    problem = ensure_sluice_home()
+    if problem:
+        print(f"{prog}: warning: {problem}", file=sys.stderr)
+    hide = hidden(args, remote)
+    spawner = start_spawner(hide)
 
     from executor.log import configure
     from executor.worker import Worker
@@ -156,7 +163,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m executor", error_
         return fail(str(e))
     configure()
     name = args.name or f"{socket.gethostname()}:{os.getpid()}"
-    worker = Worker(args.connect, token, name=name, slots=args.slots, hidden_paths=hidden, spawner=spawner,
+    worker = Worker(args.connect, token, name=name, slots=args.slots, hidden_paths=hide, spawner=spawner,
                     remote=link)
     try:
         return asyncio.run(worker.run())

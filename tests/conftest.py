@@ -13,7 +13,9 @@ Runtime dirs are made with ``tempfile.mkdtemp(prefix="sl-", dir="/tmp")`` becaus
 socket path must fit in ~107 bytes; pytest's ``tmp_path`` is too deep.
 
 The whole session runs with ``SLUICE_RUNTIME_DIR`` pointing at a private dir, so no test
-can touch (or start) the daemon of the person running the tests.
+can touch (or start) the daemon of the person running the tests, and with ``SLUICE_HOME``
+pointing at another (daemons and executors create sluice's home when it is missing), so
+none touches the real ``~/.sluice``.
 """
 
 from __future__ import annotations
@@ -266,6 +268,22 @@ def _private_default_runtime_dir():
         else:
             os.environ["SLUICE_RUNTIME_DIR"] = old
         shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _private_sluice_home():
+    """Point sluice's home somewhere private (and initially missing) for the whole session."""
+    base = short_tempdir("sl-home-")
+    old = os.environ.get("SLUICE_HOME")
+    os.environ["SLUICE_HOME"] = os.path.join(base, "home")
+    try:
+        yield os.environ["SLUICE_HOME"]
+    finally:
+        if old is None:
+            os.environ.pop("SLUICE_HOME", None)
+        else:
+            os.environ["SLUICE_HOME"] = old
+        shutil.rmtree(base, ignore_errors=True)
 
 
 @pytest.fixture

@@ -18,34 +18,40 @@ from tests.conftest import ROOT
 
 @dataclass
 class Keys:
-    """A daemon key pair, allowed client pairs (their .key in ``allow``) and a stranger."""
+    """A daemon key pair, allowed pairs (their .key in ``allow`` for frontends, in
+    ``executors`` for executors) and a stranger: ``client`` may join as a frontend,
+    ``worker`` as an executor."""
 
     dir: str
     allow: str
+    executors: str
 
-    def pair(self, name: str, *, allowed: bool) -> tuple[str, str]:
+    def pair(self, name: str, *, allowed: bool, role: str = "frontend") -> tuple[str, str]:
         public, secret = new_key_pair(self.dir, name)
         if allowed:
-            self.allow_key(public)
+            self.allow_key(public, role)
         return public, secret
 
-    def allow_key(self, public_path: str) -> None:
+    def allow_key(self, public_path: str, role: str = "frontend") -> None:
         # Written under a temporary name and renamed in, as a careful admin would.
+        directory = self.executors if role == "executor" else self.allow
         name = os.path.basename(public_path)
-        tmp = os.path.join(self.allow, f".{name}.tmp")
+        tmp = os.path.join(directory, f".{name}.tmp")
         with open(public_path, "rb") as src, open(tmp, "wb") as dst:
             dst.write(src.read())
-        os.replace(tmp, os.path.join(self.allow, name))
+        os.replace(tmp, os.path.join(directory, name))
 
     def public(self, name: str) -> str:
         return load_public_key(os.path.join(self.dir, f"{name}.key")).decode()
 
 
 def make_keys(base: str) -> Keys:
-    keys = Keys(os.path.join(base, "keys"), os.path.join(base, "allow"))
+    keys = Keys(os.path.join(base, "keys"), os.path.join(base, "allow"), os.path.join(base, "allow-executors"))
     os.makedirs(keys.allow, mode=0o700)
+    os.makedirs(keys.executors, mode=0o700)
     new_key_pair(keys.dir, "daemon")
     keys.pair("client", allowed=True)
+    keys.pair("worker", allowed=True, role="executor")
     keys.pair("stranger", allowed=False)
     return keys
 
@@ -56,8 +62,10 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-def listen_args(keys: Keys, endpoint: str) -> list[str]:
-    return ["--listen", endpoint, "--key", os.path.join(keys.dir, "daemon.key_secret"), "--allow", keys.allow]
+def listen_args(keys: Keys, endpoint: str, *, executors: bool = True) -> list[str]:
+    """``--listen`` with the daemon's key, the frontends' allow dir and (``executors``) the executors'."""
+    args = ["--listen", endpoint, "--key", os.path.join(keys.dir, "daemon.key_secret"), "--allow", keys.allow]
+    return [*args, "--allow-executors", keys.executors] if executors else args
 
 
 def connect_args(keys: Keys, endpoint: str, name: str = "client") -> list[str]:

@@ -133,7 +133,7 @@ def test_remote_executor_in_another_namespace_fails_over_the_lost_link_and_rejoi
             daemon = _start_daemon_in(factory, hosts, keys, endpoint)
             env = subprocess_env(SLUICE_RUNTIME_DIR=os.path.join(base, "b-runtime"))
             ex_log = os.path.join(base, "executor.log")
-            ex = start_executor(hosts.exec_in(hosts.b), [*connect_args(keys, endpoint), "--name", "host-b"], env,
+            ex = start_executor(hosts.exec_in(hosts.b), [*connect_args(keys, endpoint, "worker"), "--name", "host-b"], env,
                                 ex_log)
             frontend = [*hosts.exec_in(hosts.a), *sluice_argv()]
 
@@ -147,7 +147,7 @@ def test_remote_executor_in_another_namespace_fails_over_the_lost_link_and_rejoi
             assert r.stdout == b"hello from b\ntouch=1\n", r
             assert not os.path.exists("/etc/sluice-netns-probe")
             joined = [e for e in log_events(daemon.log(), "peer joined") if e["name"] == "host-b"]
-            assert joined and joined[0]["key"] == keys.public("client") and joined[0]["role"] == "executor"
+            assert joined and joined[0]["key"] == keys.public("worker") and joined[0]["role"] == "executor"
             # The sluice command line in A, over ipc, reaches it too.
             r = subprocess.run([*frontend, "run", "--cwd", base, "--", "echo", "via ipc"], env=daemon.env,
                                capture_output=True, text=True, timeout=30)

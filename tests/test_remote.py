@@ -214,7 +214,8 @@ def test_a_key_added_to_the_allow_dir_is_accepted_without_restart(keys, net):
     keys.allow_key(public)
     with Client.connect(remote=remote, name="newcomer", timeout=5) as client:
         assert client.run(["echo", "welcome"], cwd="/tmp").stdout == b"welcome\n"
-    assert log_events(daemon.log(), "allow-list loaded")[-1]["keys"] == ["client", "newcomer"]
+    loaded = [e for e in log_events(daemon.log(), "allow-list loaded") if e["role"] == "frontend"]
+    assert loaded[-1]["keys"] == ["client", "newcomer"]
 
 
 @pytest.mark.timeout(30)
@@ -265,7 +266,7 @@ def pool(keys):
 
 
 def _executor_args(keys, endpoint: str, name: str) -> list[str]:
-    args = connect_args(keys, endpoint)
+    args = connect_args(keys, endpoint, "worker")
     return [*args, "--slots", "4", "--name", name]
 
 
@@ -283,7 +284,7 @@ def test_sluice_executor_runs_commands_sandboxed_and_drains_on_sigterm(keys, poo
         assert started[0].executor == "remote-1"
         assert not os.path.exists("/etc/sluice-remote-probe")
         # The executor's secret key is out of the command's reach (it reads as empty).
-        r = client.run(["cat", os.path.join(keys.dir, "client.key_secret")], cwd="/tmp")
+        r = client.run(["cat", os.path.join(keys.dir, "worker.key_secret")], cwd="/tmp")
         assert r.stdout == b"", r
 
         mark = marker()
