@@ -278,9 +278,12 @@ def test_an_allow_dir_swapped_under_the_daemon_is_not_trusted(factory, keys, bas
     endpoint = f"tcp://127.0.0.1:{free_port()}"
     daemon = factory.start(executors=1, args=listen_args(keys, endpoint), env=_home_env(base))
     stranger = os.path.join(keys.dir, "stranger.key")
-    r = daemon.client().run(["sh", "-c", f"mv {ws} {ws}-old && mkdir -p {allow} && cp {stranger} {allow}/ && echo swapped"],
-                            cwd="/tmp")
-    assert r.stdout == b"swapped\n", r
+    swap = f"mv {ws} {ws}-old && mkdir -p {allow} && cp {stranger} {allow}/ && echo swapped"
+    # A sandboxed command cannot even see it: the host's /tmp is not in its view.
+    r = daemon.client().run(["sh", "-c", swap], cwd="/tmp")
+    assert r.stdout == b"" and os.listdir(allow) == ["client.key"], r
+    # Whoever else can write there swaps it; the daemon keeps the one it checked.
+    subprocess.run(["sh", "-c", swap], check=True, capture_output=True)
     assert os.listdir(allow) == ["stranger.key"]
     r = _sluice(["run", *connect_args(keys, endpoint, "stranger"), "--", "echo", "in"])
     assert r.returncode == 125 and "refused our key" in _one_line(r.stderr)
