@@ -270,3 +270,30 @@ def test_set_comes_after_the_excludes_and_before_include_only() -> None:
 def test_include_only_alone() -> None:
     out = ShellEnvironmentPolicy(include_only=("PATH", "HOME", "GH_*")).apply(CALLER)
     assert out.env == {"PATH": "/usr/bin:/bin", "HOME": "/home/u"}   # GH_PAT went with the secrets
+
+
+# -- the log redaction uses the same rule ------------------------------------------------
+
+
+def test_log_redaction_uses_the_same_rule() -> None:
+    import io
+    import json
+
+    import structlog
+
+    from broker.logging import configure
+
+    saved = structlog.get_config()
+    stream = io.StringIO()
+    configure(json=True, level="info", stream=stream)
+    try:
+        structlog.get_logger("t").info(
+            "probe", token="t0k3n", api_key="k", gh_pat="p", error="cannot reach postgres://u:pw@db/x",
+            key="PUBLICKEYZ85", tokenizers_parallelism="false", author="ada", path="/tmp/x")
+    finally:
+        structlog.configure(**saved)
+    record = json.loads(stream.getvalue())
+    for field in ("token", "api_key", "gh_pat", "error"):
+        assert record[field] == "[redacted]", field
+    assert record["key"] == "PUBLICKEYZ85"        # CurveZMQ public keys are logged on purpose
+    assert record["tokenizers_parallelism"] == "false" and record["author"] == "ada" and record["path"] == "/tmp/x"
