@@ -246,6 +246,10 @@ def make_request(
 
     ``check_paths=False`` skips checking that ``cwd`` and the writable paths exist here,
     for a command bound for another host's executor (which checks them there).
+
+    ``env`` (default: ours) loses its secrets here, before it is sent
+    (:mod:`landlock_helper.env`), except the names in ``env_passthrough``;
+    ``landlock_helper.env.split_env(env, env_passthrough)[1]`` lists what goes.
     """
     if isinstance(argv, (str, bytes)):
         raise UsageError("the command must be a list of arguments, not a string")
@@ -275,6 +279,7 @@ def make_request(
             raise UsageError(f"writable path does not exist: {path}")
         roots.append(path)
 
+    from landlock_helper.env import split_env
     from landlock_helper.policy import PolicyError, SandboxPolicy
 
     try:
@@ -288,11 +293,15 @@ def make_request(
     if isinstance(capture_limit, bool) or not isinstance(capture_limit, int) or not 0 <= capture_limit <= MAX_CAPTURE_LIMIT:
         raise UsageError(f"capture limit must be between 0 and {MAX_CAPTURE_LIMIT} bytes, got {capture_limit!r}")
 
-    env = dict(os.environ if env is None else env)
     passthrough = list(env_passthrough)
     for name in passthrough:
         if not isinstance(name, str) or not name or "=" in name:
             raise UsageError(f"not an environment variable name: {name!r}")
+    if env is not None and not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+        raise UsageError("the environment must map names to strings")
+    # Filtered here, before it leaves this process: the daemon and the executor (maybe on
+    # another host) never see the caller's secrets, only what the command may have.
+    env, _ = split_env(os.environ if env is None else env, passthrough)
 
     return wire.RunRequest(
         argv=argv,

@@ -118,7 +118,8 @@ class Call:
             policy = SandboxPolicy.from_json({"permissions": list(req.sandbox.permissions)})
         except PolicyError as e:
             return self._fail(f"bad sandbox policy: {e}")
-        env = filter_env(req.env or os.environ, req.env_passthrough)
+        # Again, though the sender filtered it: a sender of another version, or none.
+        env = filter_env(os.environ if req.env is None else req.env, req.env_passthrough)
         fds: list[int] = []
         try:
             r_out, w_out = os.pipe2(os.O_CLOEXEC)

@@ -192,12 +192,12 @@ def filter_env(env: Mapping[str, str], passthrough: Iterable[str] = ()) -> dict[
     return split_env(env, passthrough)[0]
 
 
-def describe_dropped(dropped: Iterable[str], hint: str = "pass one through with --env NAME") -> str:
+def describe_dropped(dropped: Iterable[str], hint: str = "--env NAME passes one through") -> str:
     """One line naming the dropped variables (never their values)."""
     names = sorted(dropped)
     if not names:
-        return "no variable of the environment was dropped as secret"
-    return f"{len(names)} secret-looking variable{'s' if len(names) != 1 else ''} dropped: {', '.join(names)} ({hint})"
+        return "no variable dropped as secret"
+    return f"{len(names)} variable{'s' if len(names) != 1 else ''} dropped as secret: {', '.join(names)} ({hint})"
 
 
 # -- Codex's shell_environment_policy ---------------------------------------------------

@@ -198,9 +198,9 @@ def test_split_env_reports_names_not_values() -> None:
     assert kept == {"PATH": "/bin", "DB_PASS": "pw-value", "LANG": "C"}
     assert dropped == ["GH_PAT"]
     line = describe_dropped(split_env(env)[1])
-    assert line == "2 secret-looking variables dropped: DB_PASS, GH_PAT (pass one through with --env NAME)"
+    assert line == "2 variables dropped as secret: DB_PASS, GH_PAT (--env NAME passes one through)"
     assert "value" not in line
-    assert describe_dropped([]) == "no variable of the environment was dropped as secret"
+    assert describe_dropped([]) == "no variable dropped as secret"
 
 
 # -- shell_environment_policy, Codex's order ---------------------------------------------
