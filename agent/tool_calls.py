@@ -229,7 +229,8 @@ async def run_command(
     task.running_calls.add(run_id)
     started = time.monotonic()
     try:
-        result = await sess.runner.run(argv, cwd, policy, timeout_ms, on_output, call_id=run_id, env=sess.command_env)
+        result = await sess.runner.run(argv, cwd, policy, timeout_ms, on_output, call_id=run_id, env=sess.command_env,
+                                       env_passthrough=sess.command_env_passthrough)
     except asyncio.CancelledError:
         sess.send(sub_id, ExecCommandEndEvent(
             call_id=call_id, stdout="", stderr="", aggregated_output="", exit_code=RC_ABORTED,

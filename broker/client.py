@@ -514,9 +514,21 @@ class Client:
         return self._sessions
 
     def _submit(self, session_id: str, submission, *, corr: str = "") -> None:
-        from broker.protocol import encode_msgpack
+        from broker.protocol import ConfigureSession, encode_msgpack
 
         self._check_usable()
+        op = submission.op
+        if isinstance(op, ConfigureSession) and isinstance(op.env, dict):
+            # The commands' environment a program put in configure_session (sluice exec
+            # built it under its policy; a bridge program or a library user may not have):
+            # its secrets stay here, except the names it passes through on purpose.
+            import msgspec
+
+            from landlock_helper.env import filter_env
+
+            passthrough = op.env_passthrough if isinstance(op.env_passthrough, list) else ()
+            submission = msgspec.structs.replace(
+                submission, op=msgspec.structs.replace(op, env=filter_env(op.env, passthrough)))
         self._send([wire.header(wire.SUBMIT, corr, session=session_id), encode_msgpack(submission)], block=True)
 
     def _next_session_event(self, session, timeout: float | None, fds, interruptible: bool):

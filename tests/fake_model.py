@@ -19,7 +19,7 @@ import asyncio
 import json
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
@@ -145,6 +145,7 @@ class RunRecord:
     timeout_ms: int | None
     call_id: str
     env: Mapping[str, str] | None
+    env_passthrough: list[str] = field(default_factory=list)
 
     @property
     def sandboxed(self) -> bool:
@@ -166,8 +167,9 @@ class FakeRunner(CommandRunner):
         self._cancel: dict[str, asyncio.Event] = {}
 
     async def run(self, argv, cwd, sandbox_policy, timeout_ms, on_output: OutputCallback | None = None, *,
-                  call_id=None, env=None) -> ExecResult:
-        record = RunRecord(list(argv), cwd, sandbox_policy, timeout_ms, call_id or f"run-{len(self.runs)}", env)
+                  call_id=None, env=None, env_passthrough=()) -> ExecResult:
+        record = RunRecord(list(argv), cwd, sandbox_policy, timeout_ms, call_id or f"run-{len(self.runs)}", env,
+                           list(env_passthrough))
         self.runs.append(record)
         spec = self.respond(list(argv), record.sandboxed)
         aggregated = HeadTailBuffer()
