@@ -21,6 +21,7 @@ import psutil
 import pytest
 
 from broker.protocol import decode_event_json
+from landlock_helper.env import is_secret
 from tests.conftest import daemons, short_tempdir, sluice_argv, subprocess_env, wait_for
 from tests.fake_model import FakeModelServer, assistant, call, response
 
@@ -323,3 +324,33 @@ def test_exec_sends_no_secret_to_the_executor(recorded, server, tmp_path) -> Non
     # And the daemon's agent process never had them either.
     for p in handle.descendants():
         _assert_no_secret("\n".join(f"{k}={v}" for k, v in p.environ().items()))
+
+
+def test_bridge_drops_the_secrets_of_the_env_a_program_sends(recorded, server, sluice) -> None:
+    handle, recorder = recorded
+    server.script(response(call("shell", {"command": ["env"]}, "c1")), response(assistant("Done.")))
+    configure = {"id": "1", "op": {
+        "type": "configure_session", "model": "test-model", "approval_policy": "never", "cwd": "/tmp",
+        "provider": {"name": "scripted", "base_url": server.base_url, "wire_api": "responses"},
+        "sandbox_policy": {"permissions": ["disk-full-read-access"]},
+        "env": {"PATH": "/usr/bin:/bin", **SECRETS, **HARMLESS, "DB_PASS": "kept-on-purpose"},
+        "env_passthrough": ["DB_PASS"],
+    }}
+    task = {"id": "2", "op": {"type": "user_input", "items": [{"type": "text", "text": "show the environment"}]}}
+    r = subprocess.run([*sluice, "bridge"], input=f"{json.dumps(configure)}\n{json.dumps(task)}\n",
+                       env=subprocess_env(handle.runtime), capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    (request,) = recorder.requests()
+    _assert_no_secret(recorder.raw())
+    assert request["env"] == {"PATH": "/usr/bin:/bin", **HARMLESS, "DB_PASS": "kept-on-purpose"}
+    assert request["env_passthrough"] == ["DB_PASS"]
+
+    # A session opened without an environment: the agent's own, filtered before it is sent.
+    server.script(response(call("shell", {"command": ["env"]}, "c1")), response(assistant("Done.")))
+    del configure["op"]["env"], configure["op"]["env_passthrough"]
+    r = subprocess.run([*sluice, "bridge"], input=f"{json.dumps(configure)}\n{json.dumps(task)}\n",
+                       env=subprocess_env(handle.runtime), capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    _, request = recorder.requests()
+    assert "PATH" in request["env"] and request["env_passthrough"] == []
+    assert not [name for name, value in request["env"].items() if is_secret(name, value)]
