@@ -115,7 +115,8 @@ _SECRET_VALUE = re.compile(
         r"[A-Za-z][A-Za-z0-9+.-]*://[A-Za-z0-9_-]{20,}@",
         # key=value credentials in connection strings and query strings
         r"(?i:(?:^|[\s;&?,])(?:password|passwd|pwd|pass|secret|token|api[_-]?key|access[_-]?key|auth)\s*=\s*[^\s;&,])",
-        r"(?i:\b(?:bearer|basic)\s+[A-Za-z0-9._~+/=-]{16,})",
+        # Bearer/Basic credentials (a digit in it, so prose like "a basic configuration-tool" stays)
+        r"(?i:\b(?:bearer|basic)\s+)(?=[A-Za-z._~+/=-]*[0-9])[A-Za-z0-9._~+/=-]{16,}",
         _B + r"gh[pousr]_[A-Za-z0-9]{30,}",
         _B + r"github_pat_[A-Za-z0-9_]{20,}",
         _B + r"glpat-[A-Za-z0-9_-]{20,}",
