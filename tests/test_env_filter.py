@@ -301,3 +301,23 @@ def test_log_redaction_uses_the_same_rule() -> None:
         assert record[field] == "[redacted]", field
     assert record["key"] == "PUBLICKEYZ85"        # CurveZMQ public keys are logged on purpose
     assert record["tokenizers_parallelism"] == "false" and record["author"] == "ada" and record["path"] == "/tmp/x"
+
+
+def test_configure_session_env_is_sluices_own_optional_field() -> None:
+    from broker.protocol import (
+        ConfigureSession,
+        ModelProviderInfo,
+        Submission,
+        decode_submission_json,
+        encode_json,
+        sandbox_policy_from_mode,
+    )
+
+    base = dict(provider=ModelProviderInfo(name="p", base_url="http://127.0.0.1:9/v1"), model="m",
+                approval_policy="never", sandbox_policy=sandbox_policy_from_mode("read-only"), cwd="/tmp")
+    plain = encode_json(Submission(id="1", op=ConfigureSession(**base)))
+    assert b'"env"' not in plain                         # Codex's shape when unset
+    op = ConfigureSession(**base, env={"PATH": "/bin", "DEPLOY_TOKEN": "t-value"}, env_passthrough=["DEPLOY_TOKEN"])
+    assert "t-value" not in repr(op) and "env=<2 variables>" in repr(op)
+    again = decode_submission_json(encode_json(Submission(id="1", op=op))).op
+    assert again.env == op.env and again.env_passthrough == ["DEPLOY_TOKEN"]
