@@ -30,6 +30,13 @@ The file has Codex's ``config.toml`` shape. ``$SLUICE_HOME`` relocates ``~/.slui
     model = "qwen3-coder"
     model_provider = "local"
 
+    [shell_environment_policy]         # the environment of the agent's commands
+    inherit = "all"                    # all | core | none
+    ignore_default_excludes = false    # true: keep secret-looking variables too
+    exclude = ["AWS_*", "AZURE_*"]     # globs (* and ?), case-insensitive
+    set = { CI = "1" }                 # added after the excludes
+    include_only = []                  # non-empty: keep only the names matching these
+
 Two providers are built in: ``openai`` (the Responses API at ``$OPENAI_BASE_URL`` or
 https://api.openai.com/v1, key in ``$OPENAI_API_KEY``) and ``ollama`` (Chat Completions
 at http://localhost:11434/v1, no key). A ``[model_providers.openai]`` or ``ollama``
@@ -45,6 +52,10 @@ against its own environment: the base URL, the headers taken from environment
 variables and the API key are fixed there, so a daemon started earlier from another
 shell uses the caller's settings. The key travels as a :class:`Secret`, which never
 shows itself in ``repr``, ``str`` or log output.
+
+``shell_environment_policy`` is Codex's: ``sluice exec`` builds its commands'
+environment from its own with it (:class:`landlock_helper.env.ShellEnvironmentPolicy`),
+the secret rule of :mod:`landlock_helper.env` standing for Codex's default excludes.
 
 Every mistake a person can make here is a :class:`ConfigError` with a one-line message
 naming the file (and line, when it is known) or the variable to set.
@@ -73,6 +84,7 @@ from broker.protocol import (
     parse_approval_policy,
     sandbox_policy_from_mode,
 )
+from landlock_helper.env import INHERIT_CHOICES, ShellEnvironmentPolicy
 
 CONFIG_FILE_NAME = "config.toml"
 DEFAULT_MODEL = "gpt-5"
@@ -328,6 +340,7 @@ class Config:
     show_raw_agent_reasoning: bool = False
     profile: str | None = None
     model_providers: dict[str, ModelProviderInfo] = field(default_factory=dict)
+    shell_environment_policy: ShellEnvironmentPolicy = field(default_factory=ShellEnvironmentPolicy)
     raw: dict[str, Any] = field(default_factory=dict, repr=False)
     """The effective table, for keys this class does not model."""
     _file_table: dict[str, Any] = field(default_factory=dict, repr=False)
@@ -468,7 +481,54 @@ def _build(path: Path | None, text: str, file_table: dict[str, Any], overrides: 
     config.hide_agent_reasoning = get("hide_agent_reasoning", bool, False)
     config.show_raw_agent_reasoning = get("show_raw_agent_reasoning", bool, False)
     config.model_providers = _providers(table.get("model_providers"), env, where)
+    config.shell_environment_policy = _shell_environment_policy(table.get("shell_environment_policy"), where)
     return config
+
+
+_POLICY_KEYS = ("inherit", "ignore_default_excludes", "exclude", "set", "include_only", "experimental_use_profile")
+
+
+def _shell_environment_policy(section: Any, where: Any) -> ShellEnvironmentPolicy:
+    """``[shell_environment_policy]``, checked as strictly as the rest: a typo is an error,
+    not a policy silently not applied."""
+    if section is None:
+        return ShellEnvironmentPolicy()
+    name = "shell_environment_policy"
+    if not isinstance(section, dict):
+        raise ConfigError(f"{where(name)}: {name} must be a table")
+    for key in section:
+        if key not in _POLICY_KEYS:
+            raise ConfigError(f"{where(name, key)}: unknown key {name}.{key} (known: {', '.join(_POLICY_KEYS)})")
+    inherit = section.get("inherit", "all")
+    if inherit not in INHERIT_CHOICES:
+        raise ConfigError(f"{where(name, 'inherit')}: {name}.inherit must be one of {', '.join(INHERIT_CHOICES)}, "
+                          f"got {inherit!r}")
+    for key in ("ignore_default_excludes", "experimental_use_profile"):
+        if not isinstance(section.get(key, False), bool):
+            raise ConfigError(f"{where(name, key)}: {name}.{key} must be true or false")
+    patterns = {}
+    for key in ("exclude", "include_only"):
+        value = section.get(key, [])
+        if not (isinstance(value, list) and all(isinstance(p, str) for p in value)):
+            raise ConfigError(f"{where(name, key)}: {name}.{key} must be a list of patterns, e.g. [\"AWS_*\"]")
+        patterns[key] = tuple(value)
+    variables = section.get("set", {})
+    if not isinstance(variables, dict):
+        raise ConfigError(f"{where(name, 'set')}: {name}.set must be a table of NAME = \"value\"")
+    for key, value in variables.items():
+        if not isinstance(value, str):
+            raise ConfigError(f"{where(name, 'set', key)}: {name}.set.{key} must be a string, got {value!r}")
+        if not key or "=" in key or "\0" in key or "\0" in value:
+            raise ConfigError(f"{where(name, 'set', key)}: {name}.set: not an environment variable: {key!r}")
+    # experimental_use_profile (Codex: run commands through a login shell) is accepted and
+    # has no effect: commands run as given.
+    return ShellEnvironmentPolicy(
+        inherit=inherit,
+        ignore_default_excludes=section.get("ignore_default_excludes", False),
+        exclude=patterns["exclude"],
+        set=dict(variables),
+        include_only=patterns["include_only"],
+    )
 
 
 def _providers(section: Any, env: Mapping[str, str], where: Any) -> dict[str, ModelProviderInfo]:

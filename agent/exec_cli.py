@@ -9,7 +9,11 @@
 The frontend resolves everything in its own process, against its own environment: the
 configuration (flags, then ``-c`` overrides, then ``~/.sluice/config.toml``, then the
 defaults) and the model provider with its API key (:func:`agent.config.resolve_provider`),
-so a daemon started earlier from another shell uses this caller's settings. Then it
+so a daemon started earlier from another shell uses this caller's settings; and the
+environment of the agent's commands, built from this process's under
+``shell_environment_policy`` (secrets out, see :mod:`landlock_helper.env`) and sent with
+the session, so the daemon and the executors never get the caller's secrets
+(``--env-report`` names what the commands will not get). Then it
 starts (or reuses) the daemon, opens a session (``configure_session``), submits PROMPT
 (``-`` reads it from stdin), renders the events (:mod:`broker.render`) until the task
 ends, and shuts the session down (its rollout flushed). ``experimental_resume = "PATH"``
@@ -78,6 +82,8 @@ def _parser(prog: str) -> argparse.ArgumentParser:
                    help="continue this open session (id or unique prefix) instead of starting one")
     p.add_argument("--detach", action="store_true",
                    help="start the task, print the session id and exit; `sluice attach ID` follows it")
+    p.add_argument("--env-report", action="store_true",
+                   help="first say on stderr which variables the commands will not get (names only)")
     add_connect_args(p)
     return p
 
@@ -159,6 +165,11 @@ def _configure_op(args):
         resume = os.path.abspath(os.path.expanduser(resume))
         if not os.path.isfile(resume):
             raise _usage(f"experimental_resume: no rollout file at {resume}")
+    # The commands' environment is built here, from ours, under the user's
+    # shell_environment_policy: the secrets never leave this process.
+    commands_env = config.shell_environment_policy.apply(os.environ)
+    if args.env_report:
+        _env_report(commands_env)
     op = ConfigureSession(
         provider=provider.info,
         model=args.model or config.model,
@@ -170,9 +181,22 @@ def _configure_op(args):
         cwd=cwd,
         resume_path=resume if resume is not None else UNSET,
         api_key=provider.api_key.reveal() if provider.api_key is not None else UNSET,
+        env=commands_env.env,
+        env_passthrough=commands_env.passthrough or UNSET,
     )
     header = {"provider": provider.id, "approval": str(approval), "sandbox": mode, "cwd": cwd}
     return op, header
+
+
+def _env_report(commands_env) -> None:
+    """``--env-report``: the names (never the values) the commands will not get."""
+    from landlock_helper.env import describe_dropped
+
+    hint = "shell_environment_policy.ignore_default_excludes = true keeps them"
+    line = describe_dropped(commands_env.dropped_secret, hint)
+    if commands_env.left_out:
+        line += f"; left out by shell_environment_policy: {', '.join(commands_env.left_out)}"
+    print_error(f"environment: {line}")
 
 
 class _Exec:

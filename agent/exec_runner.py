@@ -31,7 +31,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import msgspec
@@ -43,6 +43,7 @@ from broker import wire
 from broker.client import new_call_id, shell_returncode
 from broker.protocol import ExecOutputStream, SandboxPolicy
 from broker.runtime import RuntimeDir
+from landlock_helper.env import filter_env
 
 log = structlog.get_logger("agent.exec_runner")
 
@@ -121,9 +122,13 @@ class CommandRunner(abc.ABC):
         call_id: str | None = None,
         env: Mapping[str, str] | None = None,
         sandbox_cwd: str | None = None,
+        env_passthrough: Iterable[str] = (),
     ) -> ExecResult:
         """Run ``argv`` in ``cwd`` under ``sandbox_policy`` (its ``disk-write-cwd`` being
-        ``sandbox_cwd``, default ``cwd``) and return how it ended."""
+        ``sandbox_cwd``, default ``cwd``) and return how it ended.
+
+        ``env`` (default: the runner's) loses its secrets before it goes anywhere, except
+        the names in ``env_passthrough``."""
 
     @abc.abstractmethod
     async def cancel(self, call_id: str) -> None:
@@ -194,6 +199,7 @@ class BrokerRunner(CommandRunner):
         call_id: str | None = None,
         env: Mapping[str, str] | None = None,
         sandbox_cwd: str | None = None,
+        env_passthrough: Iterable[str] = (),
     ) -> ExecResult:
         call_id = call_id or new_call_id()
         if call_id in self._running:
@@ -201,11 +207,14 @@ class BrokerRunner(CommandRunner):
         if self.link.broken is not None:
             return ExecResult(error=str(self.link.broken))
         permissions = msgspec.to_builtins(sandbox_policy)["permissions"]
+        passthrough = list(env_passthrough)
         request = wire.RunRequest(
             argv=list(argv),
             cwd=cwd,
             sandbox=wire.SandboxSpec(permissions=permissions),
-            env=dict(self.env if env is None else env),
+            # Filtered before it is sent: the executor may be on another host.
+            env=filter_env(self.env if env is None else env, passthrough),
+            env_passthrough=passthrough,
             timeout_ms=timeout_ms,
             capture_limit=self.capture_limit,
             sandbox_cwd=sandbox_cwd or cwd,

@@ -174,7 +174,11 @@ class Session:
         self.show_raw_agent_reasoning = show_raw_agent_reasoning
         self.base_instructions = base_instructions
         self.default_timeout_ms = default_timeout_ms
-        self.command_env = dict(command_env) if command_env is not None else None
+        # The commands' environment: what the frontend sent with configure_session, else
+        # this (None: the runner's, i.e. the agent's own), secrets filtered out by the runner.
+        self._default_command_env = dict(command_env) if command_env is not None else None
+        self.command_env = self._default_command_env
+        self.command_env_passthrough: list[str] = []
 
         # The daemon names the session (its routing key, what frontends attach to), and
         # that name then stays, even when the session resumes a rollout recorded under
@@ -403,6 +407,12 @@ class Session:
                     self.session_id = saved.session_id
                 restored = saved.items
 
+        if isinstance(op.env, dict):
+            self.command_env = dict(op.env)
+            self.command_env_passthrough = list(op.env_passthrough) if isinstance(op.env_passthrough, list) else []
+        else:
+            self.command_env = self._default_command_env
+            self.command_env_passthrough = []
         user = await asyncio.to_thread(user_instructions, op.instructions, cwd)
         sandbox_policy = op.sandbox_policy
         self.config = SessionConfig(

@@ -264,7 +264,7 @@ async def run_command(
     try:
         # The session's cwd, never the workdir, is what disk-write-cwd makes writable.
         result = await sess.runner.run(argv, cwd, policy, timeout_ms, on_output, call_id=run_id, env=sess.command_env,
-                                       sandbox_cwd=sess.config.cwd)
+                                       sandbox_cwd=sess.config.cwd, env_passthrough=sess.command_env_passthrough)
     except asyncio.CancelledError:
         sess.send(sub_id, ExecCommandEndEvent(
             call_id=call_id, stdout="", stderr="", aggregated_output="", exit_code=RC_ABORTED,

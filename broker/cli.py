@@ -124,6 +124,8 @@ def _parser():
         p.add_argument("--cwd", metavar="DIR", default=None, help="working directory (default: the current one)")
         p.add_argument("--env", metavar="NAME", action="append", default=[],
                        help="pass this variable through even if it looks secret; repeatable")
+        p.add_argument("--env-report", action="store_true",
+                       help="first say on stderr which variables are dropped as secret-looking (names only)")
 
     parser = Parser(prog="sluice", description="Run commands sandboxed, streamed and interruptible through the sluice daemon.")
     sub = parser.add_subparsers(dest="subcommand", metavar="{run,exec,sessions,attach,bridge,sandbox,daemon,keys,executor}", parser_class=Parser)
@@ -234,6 +236,14 @@ def main(argv: list[str] | None = None) -> int:
         return _fail(f"internal error: {type(e).__name__}: {e} (set SLUICE_DEBUG=1 for a traceback)", EXIT_SLUICE)
 
 
+def _env_report(passthrough: list[str]) -> None:
+    """``--env-report``: the names (never the values) of the variables the command will
+    not get, on stderr."""
+    from landlock_helper.env import describe_dropped, split_env
+
+    print_error(f"environment: {describe_dropped(split_env(os.environ, passthrough)[1])}")
+
+
 def _command(args, usage: str) -> list[str]:
     command = list(args.command)
     if command and command[0] == "--":
@@ -264,6 +274,8 @@ def _run(args) -> int:
         )
     except C.UsageError as e:
         return _fail(str(e), EXIT_USAGE)
+    if args.env_report:
+        _env_report(args.env)
 
     out = _JsonOutput(request) if args.json else _RawOutput()
     remote = remote_from_args(args)
@@ -438,6 +450,8 @@ def _sandbox(args) -> int:
         helper_argv += ["--cwd", cwd]
     for name in args.env:
         helper_argv += ["--env", name]
+    if args.env_report:
+        _env_report(args.env)
     from broker.remote import default_keys_dir
     from broker.runtime import RuntimeDir, ensure_sluice_home, hidden_paths
 

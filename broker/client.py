@@ -247,6 +247,10 @@ def make_request(
 
     ``check_paths=False`` skips checking that ``cwd`` and the writable paths exist here,
     for a command bound for another host's executor (which checks them there).
+
+    ``env`` (default: ours) loses its secrets here, before it is sent
+    (:mod:`landlock_helper.env`), except the names in ``env_passthrough``;
+    ``landlock_helper.env.split_env(env, env_passthrough)[1]`` lists what goes.
     """
     if isinstance(argv, (str, bytes)):
         raise UsageError("the command must be a list of arguments, not a string")
@@ -276,6 +280,7 @@ def make_request(
             raise UsageError(f"writable path does not exist: {path}")
         roots.append(path)
 
+    from landlock_helper.env import split_env
     from landlock_helper.policy import PolicyError, SandboxPolicy
 
     try:
@@ -289,11 +294,15 @@ def make_request(
     if isinstance(capture_limit, bool) or not isinstance(capture_limit, int) or not 0 <= capture_limit <= MAX_CAPTURE_LIMIT:
         raise UsageError(f"capture limit must be between 0 and {MAX_CAPTURE_LIMIT} bytes, got {capture_limit!r}")
 
-    env = dict(os.environ if env is None else env)
     passthrough = list(env_passthrough)
     for name in passthrough:
         if not isinstance(name, str) or not name or "=" in name:
             raise UsageError(f"not an environment variable name: {name!r}")
+    if env is not None and not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+        raise UsageError("the environment must map names to strings")
+    # Filtered here, before it leaves this process: the daemon and the executor (maybe on
+    # another host) never see the caller's secrets, only what the command may have.
+    env, _ = split_env(os.environ if env is None else env, passthrough)
 
     return wire.RunRequest(
         argv=argv,
@@ -506,9 +515,21 @@ class Client:
         return self._sessions
 
     def _submit(self, session_id: str, submission, *, corr: str = "") -> None:
-        from broker.protocol import encode_msgpack
+        from broker.protocol import ConfigureSession, encode_msgpack
 
         self._check_usable()
+        op = submission.op
+        if isinstance(op, ConfigureSession) and isinstance(op.env, dict):
+            # The commands' environment a program put in configure_session (sluice exec
+            # built it under its policy; a bridge program or a library user may not have):
+            # its secrets stay here, except the names it passes through on purpose.
+            import msgspec
+
+            from landlock_helper.env import filter_env
+
+            passthrough = op.env_passthrough if isinstance(op.env_passthrough, list) else ()
+            submission = msgspec.structs.replace(
+                submission, op=msgspec.structs.replace(op, env=filter_env(op.env, passthrough)))
         self._send([wire.header(wire.SUBMIT, corr, session=session_id), encode_msgpack(submission)], block=True)
 
     def _next_session_event(self, session, timeout: float | None, fds, interruptible: bool):

@@ -1,8 +1,11 @@
 """structlog set-up shared by the daemon and its helpers.
 
 JSON lines when stderr is not a terminal (a daemon's log is read by programs), a
-readable console format otherwise. Values under secret-looking keys are redacted by a
-processor, so a careless ``log.info(..., token=t)`` cannot leak the auth token.
+readable console format otherwise. A processor redacts the value of every field that
+sluice's one secret rule (:func:`landlock_helper.env.is_secret`, the rule that keeps
+secrets out of commands' environments) calls secret, by the field's name or by its value,
+so a careless ``log.info(..., token=t)`` cannot leak the auth token, nor
+``error=str(e)`` a URL with a password in it.
 
 Also :class:`Throttle`: a peer sending garbage in a tight loop must not be able to fill
 the disk through our log, so per-event rate limiting with a "suppressed N" summary.
@@ -18,14 +21,22 @@ from typing import Any, TextIO
 
 import structlog
 
-_SECRET_MARKERS = ("token", "secret", "password", "passwd", "api_key", "apikey", "authorization", "cookie")
+from landlock_helper.env import is_secret, is_secret_value
+
+# Fields that hold CurveZMQ public keys, logged on purpose (who connected, with which key):
+# public by design, though the rule would take a field called "key" for a secret.
+_PUBLIC_FIELDS = frozenset({"key", "keys"})
 _LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40, "critical": 50}
 
 
 def _redact_secrets(_logger: Any, _method: str, event: dict) -> dict:
-    for key in event:
-        lowered = key.lower()
-        if any(marker in lowered for marker in _SECRET_MARKERS):
+    for key, value in event.items():
+        text = value if isinstance(value, str) else None
+        if key in _PUBLIC_FIELDS:
+            secret = text is not None and is_secret_value(text)
+        else:
+            secret = is_secret(key, text)
+        if secret:
             event[key] = "[redacted]"
     return event
 

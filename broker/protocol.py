@@ -421,12 +421,26 @@ class ConfigureSession(_Op, tag="configure_session", kw_only=True):
     """sluice's own: the provider's API key as the frontend resolved it from its own
     environment (Codex reads it in-process). Never written when unset, hidden by
     ``repr``; the agent keeps it out of logs and rollout files."""
+    env: dict[str, str] | UnsetType = UNSET
+    """sluice's own: the environment of the session's commands, as the frontend built it
+    from its own under its ``shell_environment_policy`` (secrets already out). Unset: the
+    agent's own environment, filtered. Never written when unset; ``repr`` shows only how
+    many variables it holds."""
+    env_passthrough: list[str] | UnsetType = UNSET
+    """sluice's own: names in ``env`` that look secret but the user's policy keeps on
+    purpose (``set``, ``ignore_default_excludes``); the executor lets them through."""
 
     def __repr__(self) -> str:
-        fields = ", ".join(
-            f"{name}={'<hidden>' if name == 'api_key' and value is not UNSET else repr(value)}"
-            for name, value in ((f, getattr(self, f)) for f in self.__struct_fields__)
-        )
+        def shown(name: str, value: object) -> str:
+            if value is UNSET:
+                return repr(value)
+            if name == "api_key":
+                return "<hidden>"
+            if name == "env":
+                return f"<{len(value)} variables>"  # type: ignore[arg-type]
+            return repr(value)
+
+        fields = ", ".join(f"{f}={shown(f, getattr(self, f))}" for f in self.__struct_fields__)
         return f"ConfigureSession({fields})"
 
 

@@ -44,18 +44,17 @@ class RuntimeDirMissing(RuntimeDirError):
 
 
 def without_secrets(environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """``environ`` (default ours) minus secret-looking variables, sluice's own kept: the
-    environment for the daemon and its children. An API key exported in the shell that
-    happened to start the daemon has no business in it (each session's key comes from the
-    frontend that configured it)."""
-    from landlock_helper.env import SECRET_MARKERS
+    """``environ`` (default ours) minus secrets (:func:`landlock_helper.env.is_secret`),
+    sluice's own kept: the environment for the daemon and its children. An API key
+    exported in the shell that happened to start the daemon has no business in it (each
+    session's key comes from the frontend that configured it)."""
+    from landlock_helper.env import is_secret
 
-    env = {}
-    for name, value in (os.environ if environ is None else environ).items():
-        upper = name.upper()
-        if upper.startswith("SLUICE_") or not any(marker in upper for marker in SECRET_MARKERS):
-            env[name] = value
-    return env
+    return {
+        name: value
+        for name, value in (os.environ if environ is None else environ).items()
+        if name.upper().startswith("SLUICE_") or not is_secret(name, value)
+    }
 
 
 def sluice_home() -> str:

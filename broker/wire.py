@@ -215,9 +215,10 @@ class RunRequest(msgspec.Struct, frozen=True):
     # Where the command runs.
     cwd: str
     sandbox: SandboxSpec
-    # The caller's environment; the executor drops secret-looking names from it
-    # (landlock_helper.filter_env) except those in env_passthrough.
-    env: dict[str, str] = {}
+    # The command's environment, already without secrets: the sender filters it
+    # (landlock_helper.env) before it leaves its process, and the executor filters it again
+    # (except the names in env_passthrough). None: the executor's own environment, filtered.
+    env: dict[str, str] | None = None
     env_passthrough: list[str] = []
     timeout_ms: int | None = None
     capture_limit: int = DEFAULT_CAPTURE_LIMIT

@@ -121,7 +121,8 @@ class Call:
         sandbox_cwd = req.sandbox_cwd or req.cwd
         if not os.path.isabs(sandbox_cwd):
             return self._fail(f"sandbox_cwd must be an absolute path: {sandbox_cwd}")
-        env = filter_env(req.env or os.environ, req.env_passthrough)
+        # Again, though the sender filtered it: a sender of another version, or none.
+        env = filter_env(os.environ if req.env is None else req.env, req.env_passthrough)
         fds: list[int] = []
         try:
             r_out, w_out = os.pipe2(os.O_CLOEXEC)

@@ -19,7 +19,7 @@ import asyncio
 import json
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
@@ -146,6 +146,7 @@ class RunRecord:
     call_id: str
     env: Mapping[str, str] | None
     sandbox_cwd: str | None = None
+    env_passthrough: list[str] = field(default_factory=list)
 
     @property
     def sandboxed(self) -> bool:
@@ -167,9 +168,9 @@ class FakeRunner(CommandRunner):
         self._cancel: dict[str, asyncio.Event] = {}
 
     async def run(self, argv, cwd, sandbox_policy, timeout_ms, on_output: OutputCallback | None = None, *,
-                  call_id=None, env=None, sandbox_cwd=None) -> ExecResult:
+                  call_id=None, env=None, sandbox_cwd=None, env_passthrough=()) -> ExecResult:
         record = RunRecord(list(argv), cwd, sandbox_policy, timeout_ms, call_id or f"run-{len(self.runs)}", env,
-                           sandbox_cwd)
+                           sandbox_cwd, list(env_passthrough))
         self.runs.append(record)
         spec = self.respond(list(argv), record.sandboxed)
         aggregated = HeadTailBuffer()

@@ -263,3 +263,49 @@ def test_from_info_fills_defaults() -> None:
     assert resolved.url("/responses") == "http://h/v1/responses"
     with pytest.raises(ConfigError, match="has no base_url"):
         ResolvedProvider.from_info(ModelProviderInfo(name="p"))
+
+
+# -- shell_environment_policy ------------------------------------------------------------
+
+
+def test_shell_environment_policy_from_the_file_and_overrides(home: dict[str, str]) -> None:
+    from landlock_helper.env import ShellEnvironmentPolicy
+
+    assert load_config(env=home).shell_environment_policy == ShellEnvironmentPolicy()
+    write_config(home, '[shell_environment_policy]\ninherit = "core"\nignore_default_excludes = true\n'
+                       'exclude = ["AWS_*"]\nset = { CI = "1" }\ninclude_only = ["PATH", "CI"]\n'
+                       'experimental_use_profile = false\n')
+    policy = load_config(env=home).shell_environment_policy
+    assert policy == ShellEnvironmentPolicy(inherit="core", ignore_default_excludes=True, exclude=("AWS_*",),
+                                            set={"CI": "1"}, include_only=("PATH", "CI"))
+    over = load_config(env=home, overrides=[
+        "shell_environment_policy.inherit=none", "shell_environment_policy.set.EXTRA=x",
+        'shell_environment_policy.include_only=[]']).shell_environment_policy
+    assert over.inherit == "none" and over.set == {"CI": "1", "EXTRA": "x"} and over.include_only == ()
+    assert over.exclude == ("AWS_*",) and over.ignore_default_excludes is True
+    # A profile may carry one too, as any other key.
+    write_config(home, 'profile = "p"\n[profiles.p.shell_environment_policy]\ninherit = "core"\n')
+    assert load_config(env=home).shell_environment_policy.inherit == "core"
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ('[shell_environment_policy]\ninherit = "most"\n',
+     r":2: shell_environment_policy\.inherit must be one of all, core, none, got 'most'$"),
+    ('[shell_environment_policy]\nexlude = ["A*"]\n', r":2: unknown key shell_environment_policy\.exlude \(known: "),
+    ('[shell_environment_policy]\nexclude = "AWS_*"\n', r":2: shell_environment_policy\.exclude must be a list of patterns"),
+    ('[shell_environment_policy]\nignore_default_excludes = "yes"\n',
+     r":2: shell_environment_policy\.ignore_default_excludes must be true or false$"),
+    ('[shell_environment_policy]\nset = { RETRIES = 3 }\n', r"shell_environment_policy\.set\.RETRIES must be a string, got 3$"),
+    ('shell_environment_policy = "all"\n', r":1: shell_environment_policy must be a table$"),
+])
+def test_shell_environment_policy_mistakes_are_one_line(home: dict[str, str], text: str, expected: str) -> None:
+    path = write_config(home, text)
+    with pytest.raises(ConfigError) as caught:
+        load_config(env=home)
+    assert str(caught.value).startswith(str(path)) and "\n" not in str(caught.value)
+    assert re.search(expected, str(caught.value)), str(caught.value)
+
+
+def test_shell_environment_policy_override_mistake_names_the_flag(home: dict[str, str]) -> None:
+    with pytest.raises(ConfigError, match=r"^-c shell_environment_policy\.inherit: .*got 'some'$"):
+        load_config(env=home, overrides=["shell_environment_policy.inherit=some"])
