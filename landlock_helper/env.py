@@ -61,6 +61,7 @@ as its default excludes.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -138,8 +139,20 @@ def name_words(name: str) -> list[str]:
     return [w.upper() for w in _WORD.findall(name)]
 
 
+_STEM = re.compile("|".join(SECRET_STEMS))
+# What every value pattern above needs somewhere in the value: most values (paths,
+# names, flags) have none of it and skip the patterns.
+_VALUE_HINT = re.compile(r"://|=|gh[pousr]_|github_pat_|glpat-|xox[abposr]-|sk-|AKIA|ASIA|AIza|npm_|hf_|pypi-|eyJ"
+                         r"|-----BEGIN|(?i:bearer|basic)")
+
+
+# Every secret word, stem and ending as a substring: a name with none of them (most are)
+# needs no splitting into words.
+_ANY_PART = re.compile("|".join(sorted({*SECRET_WORDS, *SECRET_STEMS, *SECRET_SUFFIXES}, key=len, reverse=True)))
+
+
 def _secret_word(word: str) -> bool:
-    return word in SECRET_WORDS or any(s in word for s in SECRET_STEMS) or word.endswith(SECRET_SUFFIXES)
+    return word in SECRET_WORDS or word.endswith(SECRET_SUFFIXES) or _STEM.search(word) is not None
 
 
 def is_secret_name(name: str, value: str | None = None) -> bool:
@@ -151,7 +164,7 @@ def is_secret_name(name: str, value: str | None = None) -> bool:
     upper = name.upper()
     if upper in ALWAYS_DROPPED or upper.startswith(ALWAYS_DROPPED_PREFIXES):
         return True
-    if upper in NOT_SECRET_NAMES:
+    if upper in NOT_SECRET_NAMES or _ANY_PART.search(upper) is None:
         return False
     words = name_words(name)
     if not any(_secret_word(w) for w in words):
@@ -163,7 +176,7 @@ def is_secret_name(name: str, value: str | None = None) -> bool:
 
 def is_secret_value(value: str) -> bool:
     """Whether ``value`` carries a credential, whatever its name."""
-    return _SECRET_VALUE.search(value) is not None
+    return _VALUE_HINT.search(value) is not None and _SECRET_VALUE.search(value) is not None
 
 
 def is_secret(name: str, value: str | None = None) -> bool:
@@ -174,6 +187,12 @@ def is_secret(name: str, value: str | None = None) -> bool:
     return value is not None and is_secret_value(value)
 
 
+# An executor sees the same environment with every command, and the value patterns cost
+# about 10 us a variable: remember the answers for variables of a usual size.
+_is_secret_remembered = functools.lru_cache(maxsize=2048)(is_secret)
+_REMEMBERED_MAX = 4096
+
+
 def split_env(env: Mapping[str, str], passthrough: Iterable[str] = ()) -> tuple[dict[str, str], list[str]]:
     """``env`` without its secrets, except the names in ``passthrough``; and the names
     dropped, sorted (for telling a person, never with their values)."""
@@ -181,7 +200,8 @@ def split_env(env: Mapping[str, str], passthrough: Iterable[str] = ()) -> tuple[
     kept: dict[str, str] = {}
     dropped: list[str] = []
     for name, value in env.items():
-        if name in keep or not is_secret(name, value):
+        secret = (_is_secret_remembered if len(value) <= _REMEMBERED_MAX else is_secret)(name, value)
+        if name in keep or not secret:
             kept[name] = value
         else:
             dropped.append(name)
