@@ -45,7 +45,7 @@ import socket
 import sys
 from dataclasses import dataclass
 
-from landlock_helper import _libc, landlock, namespaces, seccomp
+from landlock_helper import _libc, landlock, namespaces, seccomp, unix_guard
 from landlock_helper.policy import SandboxPolicy
 
 # Largest spec (argv + env + policy) a caller may send; SEQPACKET needs it in one piece.
@@ -596,16 +596,23 @@ def _init(template: _Template, ctl: int) -> None:
     _die_with_parent(None)
     signal.pthread_sigmask(signal.SIG_BLOCK, _INIT_WAITED)
     namespaces.setup_mounts(template.hidden_paths)
+    # The command hands its seccomp listener over on this channel; we answer its connects.
+    guard, guard_end = unix_guard.Guard.open()
     child = os.fork()
     if child == 0:
-        _child_main(_command, ctl, template, ctl)
-    status = _reap_until(child)
+        _child_main(_command, ctl, template, ctl, guard_end)
+    os.close(guard_end)
+    # Not dumpable: nothing in the sandbox may read our memory or take our fds (the listener).
+    _libc.prctl(_libc.PR_SET_DUMPABLE, 0)
+    status = _reap_until(child, guard)
     os.write(ctl, f"S {status}".encode())
     os._exit(0)
 
 
-def _reap_until(main_child: int) -> int:
-    """Reap every process that ends up with us; return the main child's wait status."""
+def _reap_until(main_child: int, guard: unix_guard.Guard) -> int:
+    """Reap every process that ends up with us, answer the command's connects, turn
+    SIGTERM/SIGINT/SIGHUP into SIGTERM to the namespace; return the main child's wait status."""
+    signals = _libc.signalfd(_INIT_WAITED)
     while True:
         while True:
             try:
@@ -616,15 +623,27 @@ def _reap_until(main_child: int) -> int:
                 break
             if pid == main_child:
                 return status
-        info = signal.sigwaitinfo(_INIT_WAITED)
-        if info.si_signo != signal.SIGCHLD:
+        poller = select.poll()
+        for fd in (signals, *guard.fds()):
+            poller.register(fd, select.POLLIN)
+        for fd, events in poller.poll():
+            if fd != signals:
+                guard.ready(fd, events)
+                continue
             try:
-                os.kill(-1, signal.SIGTERM)  # everyone in this namespace except us
-            except ProcessLookupError:
-                pass
+                infos = os.read(signals, 16 * _libc.SIGNALFD_SIGINFO_SIZE)
+            except BlockingIOError:
+                continue
+            signos = {int.from_bytes(infos[i:i + 4], sys.byteorder)
+                      for i in range(0, len(infos), _libc.SIGNALFD_SIGINFO_SIZE)}
+            if signos - {signal.SIGCHLD}:
+                try:
+                    os.kill(-1, signal.SIGTERM)  # everyone in this namespace except us
+                except ProcessLookupError:
+                    pass
 
 
-def _command(template: _Template, ctl: int) -> None:
+def _command(template: _Template, ctl: int, guard_end: int) -> None:
     """Get ready, wait for the spec, apply the policy and exec."""
     os.set_inheritable(ctl, False)  # gone at exec: background jobs must not hold it
     # The slow part of Landlock, done while warm.
@@ -664,7 +683,7 @@ def _command(template: _Template, ctl: int) -> None:
                 for path in policy.read_only_subpaths(sandbox_cwd, env):
                     namespaces.bind_read_only(path)
             ruleset = landlock.finish_ruleset(prepared, policy, roots)
-        _close_fds_except({ctl, ruleset} - {None})
+        _close_fds_except({ctl, ruleset, guard_end} - {None})
         stage = "chdir"
         os.chdir(cwd)
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
@@ -675,7 +694,9 @@ def _command(template: _Template, ctl: int) -> None:
             namespaces.drop_capabilities(template.cap_last)
             _libc.prctl(_libc.PR_SET_NO_NEW_PRIVS, 1)
             landlock.restrict_self(ruleset)
-            seccomp.install(template.seccomp_progs[policy.network])
+            # Last before exec: the filter, its listener to the init (unix_guard), no copy kept.
+            unix_guard.hand_over(seccomp.install(template.seccomp_progs[policy.network]), guard_end,
+                                 policy.network)
         stage = "exec"
         os.execvpe(argv[0], argv, env)
     except OSError as e:
