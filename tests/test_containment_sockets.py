@@ -494,6 +494,18 @@ def bound_first():
 result("bound", bound_first)
 result("missing", lambda: socket.socket(socket.AF_UNIX).connect("nothing.sock"))
 
+def peer_pid():  # the init makes the connection: the server sees pid 1, the client sees the server
+    import struct
+    srv = socket.socket(socket.AF_UNIX)
+    srv.bind("pp.sock")
+    srv.listen()
+    c = socket.socket(socket.AF_UNIX)
+    c.connect("pp.sock")
+    a, _ = srv.accept()
+    ucred = lambda s: struct.unpack("iII", s.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+    return "%d %d" % (ucred(a)[0], ucred(c)[0] == os.getpid())
+result("peerpid", peer_pid)
+
 def socketpair():
     a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     a.sendall(b"s")
@@ -515,6 +527,7 @@ def test_own_unix_sockets_work_and_datagram_sockets_cannot_be_made(as_user, nobo
     assert res["isconn"] == "EISCONN"
     assert res["bound"] in ("EOPNOTSUPP", "ENOTSUP")  # one number on Linux  # documented: a socket bound before connect cannot be handed over
     assert res["missing"] == "ENOENT"
+    assert res["peerpid"] == "1 1"
     for name in ("dgram", "dgram_nonblock", "dgram_pair", "raw"):
         assert res[name] == "EPERM", name
 
