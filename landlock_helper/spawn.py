@@ -613,6 +613,8 @@ def _reap_until(main_child: int, guard: unix_guard.Guard) -> int:
     """Reap every process that ends up with us, answer the command's connects, turn
     SIGTERM/SIGINT/SIGHUP into SIGTERM to the namespace; return the main child's wait status."""
     signals = _libc.signalfd(_INIT_WAITED)
+    watched: list[int] = []
+    poller = select.poll()
     while True:
         while True:
             try:
@@ -623,9 +625,11 @@ def _reap_until(main_child: int, guard: unix_guard.Guard) -> int:
                 break
             if pid == main_child:
                 return status
-        poller = select.poll()
-        for fd in (signals, *guard.fds()):
-            poller.register(fd, select.POLLIN)
+        if watched != [signals, *guard.fds()]:  # the guard's fds change twice at most
+            watched = [signals, *guard.fds()]
+            poller = select.poll()
+            for fd in watched:
+                poller.register(fd, select.POLLIN)
         for fd, events in poller.poll():
             if fd != signals:
                 guard.ready(fd, events)

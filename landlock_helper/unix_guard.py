@@ -357,11 +357,16 @@ def _copy_options(src: socket.socket, dst: socket.socket) -> None:
 
 
 def _cloexec(tid: int, fd: int) -> bool:
+    """The close-on-exec flag of the caller's ``fd`` (its fdinfo "flags:" line, octal)."""
     try:
-        with open(f"/proc/{tid}/fdinfo/{fd}", "rb") as f:
-            for line in f:
-                if line.startswith(b"flags:"):
-                    return bool(int(line.split()[1], 8) & os.O_CLOEXEC)
+        info = os.open(f"/proc/{tid}/fdinfo/{fd}", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            text = os.read(info, 4096)
+        finally:
+            os.close(info)
+        for line in text.splitlines():
+            if line.startswith(b"flags:"):
+                return bool(int(line.split()[1], 8) & os.O_CLOEXEC)
     except (OSError, ValueError, IndexError):
         pass
     return False

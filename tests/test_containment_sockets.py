@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import signal
 import socket
 import stat
 import subprocess
@@ -663,3 +664,42 @@ def test_setuid_through_the_usual_tools_fails(as_user, nobody_env, workdir):
     assert "Operation not permitted" in r.stderr
     assert stat.S_IMODE(os.stat(workdir / "sh1").st_mode) == 0o755
     assert _setid_files(workdir) == []
+
+
+def test_init_keeps_forwarding_signals_while_a_connect_waits(workdir):
+    """A blocking connect waits in a thread of the init; its loop still reaps and forwards."""
+    import psutil
+
+    from landlock_helper import SandboxPolicy
+    from landlock_helper.spawn import spawn
+
+    code = ("import socket, subprocess\n"
+            "srv = socket.socket(socket.AF_UNIX); srv.bind('full.sock'); srv.listen(0)\n"
+            "socket.socket(socket.AF_UNIX).connect('full.sock')\n"  # the backlog is full now
+            "subprocess.run(['true'])\n"
+            "print('up', flush=True)\n"
+            "socket.socket(socket.AF_UNIX).connect('full.sock')\n"  # waits: nobody accepts
+            "print('connected', flush=True)\n")
+    r, w = os.pipe()
+    proc = spawn([sys.executable, "-c", code], cwd=str(workdir), env=dict(os.environ),
+                 policy=SandboxPolicy.from_mode("workspace-write"), stdout=w, stderr=2)
+    os.close(w)
+    try:
+        out = b""
+        while not out.endswith(b"\n"):
+            chunk = os.read(r, 10)
+            assert chunk, "the command ended early"
+            out += chunk
+        assert out == b"up\n"
+        init = psutil.Process(proc.init_pid)
+        wait_for(lambda: init.num_threads() >= 2, what="the init to wait for the connect in a thread")
+        assert proc.poll() is None
+        proc.terminate()
+        outcome = proc.wait(10)
+        assert outcome is not None and outcome.signal == signal.SIGTERM
+        assert os.read(r, 100) == b""  # never connected
+    finally:
+        proc.kill()
+        proc.wait(10)
+        proc.close()
+        os.close(r)
