@@ -11,13 +11,16 @@ A sandbox is three processes, each forked (never exec'd) so nothing is re-import
     Mounts a fresh /proc, a private /dev/shm and an empty tmpfs over each hidden path,
     forks the command process, reaps everything, turns SIGTERM into "SIGTERM to every
     process in the namespace", and when the command exits reports its wait status and
-    exits. The kernel then SIGKILLs whatever is left in the namespace (background jobs,
-    setsid or double-forked escapees), and the init's pidfd turns readable only after
-    all of them are gone.
+    exits. It also performs every ``connect`` of the command, through the seccomp
+    listener the command hands it before exec, refusing unix peers outside the sandbox
+    (:mod:`landlock_helper.unix_guard`). The kernel then SIGKILLs whatever is left in
+    the namespace (background jobs, setsid or double-forked escapees), and the init's
+    pidfd turns readable only after all of them are gone.
 ``command``
     Prepares its Landlock ruleset, then waits for the command's spec. On receipt it
     binds ``.git``/``.sluice`` read-only, drops capabilities, sets NO_NEW_PRIVS,
-    restricts itself with Landlock and seccomp, and execs.
+    restricts itself with Landlock and seccomp (handing the filter's listener to the
+    init), and execs.
 
 All of that up to "waits for the spec" happens before anyone asks for a command, so a
 sandbox can be *warm*: :class:`Spawner` keeps a few warm sandboxes per executor, made

@@ -703,3 +703,20 @@ def test_init_keeps_forwarding_signals_while_a_connect_waits(workdir):
         proc.wait(10)
         proc.close()
         os.close(r)
+
+
+@pytest.mark.parametrize("machine", sorted(_libc._ARCH_TABLES))
+def test_filter_builds_for_every_architecture(machine, monkeypatch):
+    """The numbers table of each architecture gives a well-formed program (jumps in range)."""
+    from landlock_helper import seccomp
+
+    monkeypatch.setattr(_libc, "ARCH", _libc._ARCH_TABLES[machine])
+    for network in (False, True):
+        prog = seccomp.build(network)
+        assert len(prog) < 4096
+        for i, (code, jt, jf, k) in enumerate(prog):
+            if code == seccomp.BPF_JA:
+                assert i + 1 + k < len(prog)
+            elif code & 0x07 == 0x05:  # BPF_JMP
+                assert i + 1 + jt < len(prog) and i + 1 + jf < len(prog)
+        assert prog[-1] == (seccomp.BPF_RET_K, 0, 0, seccomp.RET_ALLOW)
