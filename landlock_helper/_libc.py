@@ -53,6 +53,19 @@ _ARCH_TABLES = {
         "add_key": 248,
         "request_key": 249,
         "capset": 126,
+        "connect": 42,
+        "seccomp": 317,
+        # Calls that take a file mode (the setuid/setgid rule).
+        "chmod": 90,
+        "fchmod": 91,
+        "fchmodat": 268,
+        "open": 2,
+        "openat": 257,
+        "creat": 85,
+        "mkdir": 83,
+        "mkdirat": 258,
+        "mknod": 133,
+        "mknodat": 259,
     },
     "aarch64": {
         "audit_arch": 0xC00000B7,  # AUDIT_ARCH_AARCH64
@@ -75,6 +88,14 @@ _ARCH_TABLES = {
         "add_key": 217,
         "request_key": 218,
         "capset": 91,
+        "connect": 203,
+        "seccomp": 277,
+        # aarch64 has only the *at forms.
+        "fchmod": 52,
+        "fchmodat": 53,
+        "openat": 56,
+        "mkdirat": 34,
+        "mknodat": 33,
     },
 }
 _GENERIC = {
@@ -87,11 +108,14 @@ _GENERIC = {
     "fsconfig": 431,
     "fsmount": 432,
     "fspick": 433,
+    "pidfd_open": 434,
     "openat2": 437,
+    "pidfd_getfd": 438,
     "mount_setattr": 442,
     "landlock_create_ruleset": 444,
     "landlock_add_rule": 445,
     "landlock_restrict_self": 446,
+    "fchmodat2": 452,
 }
 
 ARCH = _ARCH_TABLES.get("aarch64" if MACHINE == "arm64" else MACHINE)
@@ -104,6 +128,11 @@ def nr(name: str) -> int:
     if ARCH is None:
         raise OSError(f"unsupported architecture {MACHINE!r}")
     return ARCH[name]
+
+
+def has(name: str) -> bool:
+    """Whether this machine has syscall ``name`` (aarch64 lacks open, chmod, mkdir, ...)."""
+    return name in _GENERIC or (ARCH is not None and name in ARCH)
 
 
 def syscall(number: int, *args) -> int:
@@ -144,6 +173,28 @@ def mount(source: str | None, target: str, fstype: str | None, flags: int, data:
         raise OSError(err, f"mount {target}: {os.strerror(err)}")
 
 
+_signalfd = _libc.signalfd
+_signalfd.restype = ctypes.c_int
+_signalfd.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
+SFD_NONBLOCK = os.O_NONBLOCK
+SFD_CLOEXEC = os.O_CLOEXEC
+SIGNALFD_SIGINFO_SIZE = 128
+
+
+def signalfd(signals) -> int:
+    """A non-blocking signalfd for ``signals`` (they must be blocked to be read from it)."""
+    words = ctypes.c_ulong * (128 // ctypes.sizeof(ctypes.c_ulong))  # glibc's sigset_t
+    mask = words()
+    bits = 8 * ctypes.sizeof(ctypes.c_ulong)
+    for sig in signals:
+        mask[(int(sig) - 1) // bits] |= 1 << ((int(sig) - 1) % bits)
+    fd = _signalfd(-1, ctypes.byref(mask), SFD_NONBLOCK | SFD_CLOEXEC)
+    if fd < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"signalfd: {os.strerror(err)}")
+    return fd
+
+
 def unshare(flags: int) -> None:
     if _unshare(flags) < 0:
         err = ctypes.get_errno()
@@ -152,6 +203,7 @@ def unshare(flags: int) -> None:
 
 # prctl options
 PR_SET_PDEATHSIG = 1
+PR_SET_DUMPABLE = 4
 PR_CAPBSET_DROP = 24
 PR_SET_NO_NEW_PRIVS = 38
 PR_GET_NO_NEW_PRIVS = 39

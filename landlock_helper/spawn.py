@@ -11,15 +11,18 @@ A sandbox is three processes, each forked (never exec'd) so nothing is re-import
     Builds the filesystem view (:func:`landlock_helper.mounts.prepare`: /proc, a private
     /dev and /tmp, hidden paths, everything read-only), forks the command process, reaps everything, turns SIGTERM into "SIGTERM to every
     process in the namespace", and when the command exits reports its wait status and
-    exits. The kernel then SIGKILLs whatever is left in the namespace (background jobs,
-    setsid or double-forked escapees), and the init's pidfd turns readable only after
-    all of them are gone.
+    exits. It also performs every ``connect`` of the command, through the seccomp
+    listener the command hands it before exec, refusing unix peers outside the sandbox
+    (:mod:`landlock_helper.unix_guard`). The kernel then SIGKILLs whatever is left in
+    the namespace (background jobs, setsid or double-forked escapees), and the init's
+    pidfd turns readable only after all of them are gone.
 ``command``
     Prepares its Landlock ruleset, then waits for the command's spec. On receipt it
     binds the writable roots read-write and their ``.git``/``.sluice`` read-only, each
     checked against what the caller pinned (:func:`landlock_helper.mounts.apply`), drops
-    capabilities, sets NO_NEW_PRIVS, restricts itself with Landlock and seccomp, and
-    execs. A danger-full-access command gets a sandbox with the host's view instead.
+    capabilities, sets NO_NEW_PRIVS, restricts itself with Landlock and seccomp (handing
+    the filter's listener to the init), and execs. A danger-full-access command gets a
+    sandbox with the host's view instead.
 
 All of that up to "waits for the spec" happens before anyone asks for a command, so a
 sandbox can be *warm*: :class:`Spawner` keeps a few warm sandboxes per executor, made
@@ -48,7 +51,7 @@ import socket
 import sys
 from dataclasses import dataclass
 
-from landlock_helper import _libc, landlock, mounts, namespaces, seccomp
+from landlock_helper import _libc, landlock, mounts, namespaces, seccomp, unix_guard
 from landlock_helper.policy import SandboxPolicy
 
 # Largest spec (argv + env + policy) a caller may send; SEQPACKET needs it in one piece.
@@ -632,16 +635,25 @@ def _init(template: _Template, ctl: int) -> None:
     _die_with_parent(None)
     signal.pthread_sigmask(signal.SIG_BLOCK, _INIT_WAITED)
     view = mounts.prepare(template.hidden_paths, template.scratch)
+    # The command hands its seccomp listener over on this channel; we answer its connects.
+    guard, guard_end = unix_guard.Guard.open()
     child = os.fork()
     if child == 0:
-        _child_main(_command, ctl, template, ctl, view)
-    status = _reap_until(child)
+        _child_main(_command, ctl, template, ctl, view, guard_end)
+    os.close(guard_end)
+    # Not dumpable: nothing in the sandbox may read our memory or take our fds (the listener).
+    _libc.prctl(_libc.PR_SET_DUMPABLE, 0)
+    status = _reap_until(child, guard)
     os.write(ctl, f"S {status}".encode())
     os._exit(0)
 
 
-def _reap_until(main_child: int) -> int:
-    """Reap every process that ends up with us; return the main child's wait status."""
+def _reap_until(main_child: int, guard: unix_guard.Guard) -> int:
+    """Reap every process that ends up with us, answer the command's connects, turn
+    SIGTERM/SIGINT/SIGHUP into SIGTERM to the namespace; return the main child's wait status."""
+    signals = _libc.signalfd(_INIT_WAITED)
+    watched: list[int] = []
+    poller = select.poll()
     while True:
         while True:
             try:
@@ -652,15 +664,29 @@ def _reap_until(main_child: int) -> int:
                 break
             if pid == main_child:
                 return status
-        info = signal.sigwaitinfo(_INIT_WAITED)
-        if info.si_signo != signal.SIGCHLD:
+        if watched != [signals, *guard.fds()]:  # the guard's fds change twice at most
+            watched = [signals, *guard.fds()]
+            poller = select.poll()
+            for fd in watched:
+                poller.register(fd, select.POLLIN)
+        for fd, events in poller.poll():
+            if fd != signals:
+                guard.ready(fd, events)
+                continue
             try:
-                os.kill(-1, signal.SIGTERM)  # everyone in this namespace except us
-            except ProcessLookupError:
-                pass
+                infos = os.read(signals, 16 * _libc.SIGNALFD_SIGINFO_SIZE)
+            except BlockingIOError:
+                continue
+            signos = {int.from_bytes(infos[i:i + 4], sys.byteorder)
+                      for i in range(0, len(infos), _libc.SIGNALFD_SIGINFO_SIZE)}
+            if signos - {signal.SIGCHLD}:
+                try:
+                    os.kill(-1, signal.SIGTERM)  # everyone in this namespace except us
+                except ProcessLookupError:
+                    pass
 
 
-def _command(template: _Template, ctl: int, view: mounts.View | None) -> None:
+def _command(template: _Template, ctl: int, view: mounts.View | None, guard_end: int) -> None:
     """Get ready, wait for the spec, apply the policy and exec."""
     os.set_inheritable(ctl, False)  # gone at exec: background jobs must not hold it
     # The slow part of Landlock, done while warm.
@@ -704,7 +730,7 @@ def _command(template: _Template, ctl: int, view: mounts.View | None) -> None:
         else:
             stage = "chdir"
             os.chdir(cwd)
-        _close_fds_except({ctl, ruleset} - {None})
+        _close_fds_except({ctl, ruleset, guard_end} - {None})
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
         if restricted:
             stage = "sandbox"
@@ -713,7 +739,9 @@ def _command(template: _Template, ctl: int, view: mounts.View | None) -> None:
             namespaces.drop_capabilities(template.cap_last)
             _libc.prctl(_libc.PR_SET_NO_NEW_PRIVS, 1)
             landlock.restrict_self(ruleset)
-            seccomp.install(template.seccomp_progs[policy.network])
+            # Last before exec: the filter, its listener to the init (unix_guard), no copy kept.
+            unix_guard.hand_over(seccomp.install(template.seccomp_progs[policy.network]), guard_end,
+                                 policy.network)
         stage = "exec"
         os.execvpe(argv[0], argv, env)
     except OSError as e:
