@@ -61,10 +61,22 @@ def live_processes(cmdline: list[str]) -> list[psutil.Process]:
     return found
 
 
+# Every directory short_tempdir made; whatever a test left of them goes at the session's end.
+_TEMPDIRS: list[str] = []
+
+
 def short_tempdir(prefix: str = "sl-") -> str:
     path = tempfile.mkdtemp(prefix=prefix, dir="/tmp")
     os.chmod(path, 0o700)
+    _TEMPDIRS.append(path)
     return path
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _no_tempdir_left_behind():
+    yield
+    for path in _TEMPDIRS:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def subprocess_env(runtime: RuntimeDir | None = None, **extra: str) -> dict[str, str]:

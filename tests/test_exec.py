@@ -13,6 +13,7 @@ import os
 import pty
 import random
 import select
+import shutil
 import signal
 import subprocess
 import sys
@@ -46,7 +47,9 @@ KEY = "sk-exec-test-3b8f61c2a9"
 
 @pytest.fixture(scope="module")
 def agent_home():
-    return Path(short_tempdir("sl-agent-home-"))
+    path = Path(short_tempdir("sl-agent-home-"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
