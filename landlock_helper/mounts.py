@@ -39,7 +39,6 @@ Stdlib and ctypes only, like the rest of the sandbox layer.
 from __future__ import annotations
 
 import ctypes
-import errno
 import functools
 import os
 import pwd

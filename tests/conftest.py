@@ -8,6 +8,8 @@
 - ``daemon``: one fresh daemon for the test. ``module_daemon``: one shared by a module.
 - ``sluice``: the argv prefix that runs the real command line (the installed ``sluice``
   script if there is one next to this Python, else ``python -m broker``).
+- ``as_user``, ``nobody_env``, ``open_tmp``, ``workdir``, ``outside``: the sandbox
+  harness's (tests/sandbox_harness.py), for running commands as root and as nobody.
 
 Runtime dirs are made with ``tempfile.mkdtemp(prefix="sl-", dir="/tmp")`` because an ipc
 socket path must fit in ~107 bytes; pytest's ``tmp_path`` is too deep.
@@ -34,6 +36,7 @@ import psutil
 import pytest
 
 from broker.runtime import RuntimeDir
+from tests.sandbox_harness import as_user, nobody_env, open_tmp, outside, workdir  # noqa: F401 (fixtures)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 START_TIMEOUT_S = 30.0

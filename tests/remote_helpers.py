@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import psutil
 
 from broker.remote import load_public_key, new_key_pair
-from tests.conftest import ROOT
+from tests.conftest import ROOT, sluice_argv, subprocess_env
 
 
 @dataclass
@@ -127,3 +127,17 @@ def kill_tree(proc: subprocess.Popen, timeout: float = 10.0) -> int | None:
         except subprocess.TimeoutExpired:
             return None
     return proc.returncode
+
+
+def run_sluice(args, env=None, timeout: float = 30) -> subprocess.CompletedProcess:
+    """``sluice ARGS...`` run to the end in /tmp, text output."""
+    return subprocess.run([*sluice_argv(), *args], capture_output=True, text=True, timeout=timeout,
+                          env=env or subprocess_env(), stdin=subprocess.DEVNULL, cwd="/tmp")
+
+
+def one_line(text: str) -> str:
+    """The one line of ``text`` (a refusal is one line, never a traceback)."""
+    lines = text.strip().splitlines()
+    assert len(lines) == 1, text
+    assert "Traceback" not in text
+    return lines[0]

@@ -36,7 +36,7 @@ import pytest
 
 from landlock_helper import SandboxPolicy, mounts
 from landlock_helper.spawn import SandboxError, Spawner, _check, _encode_spec, _make_warm, _Template
-from tests.test_sandbox import as_user, nobody_env, open_tmp, outside, sandbox, workdir  # noqa: F401
+from tests.sandbox_harness import sandbox
 
 pytestmark = [pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux sandbox"),
               pytest.mark.timeout(60)]
@@ -114,7 +114,7 @@ def test_read_only_mode_changes_nothing_even_in_its_directory(as_user, nobody_en
     target.write_text("original\n")
     os.chmod(target, 0o666)
     before = _snapshot(str(target))
-    r = sandbox(f"chmod 600 file; touch -d 2001-01-01 file; mv file moved; echo x > file; echo done",
+    r = sandbox("chmod 600 file; touch -d 2001-01-01 file; mv file moved; echo x > file; echo done",
                 cwd=workdir, flags=["--sandbox", "read-only"], user=as_user, nobody=nobody_env)
     assert r.stdout.strip() == "done", r.stderr
     assert _snapshot(str(target)) == before

@@ -36,7 +36,7 @@ import pytest
 
 from landlock_helper import _libc
 from tests.conftest import wait_for
-from tests.test_sandbox import NOBODY, as_user, nobody_env, open_tmp, outside, sandbox, workdir  # noqa: F401
+from tests.sandbox_harness import NOBODY, sandbox
 
 pytestmark = [pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux sandbox"),
               pytest.mark.timeout(90)]

@@ -31,6 +31,8 @@ from tests.remote_helpers import (
     log_events,
     make_keys,
     marker,
+    one_line,
+    run_sluice,
     sleepers,
     start_executor,
 )
@@ -60,16 +62,8 @@ def net(keys):
         yield factory.start(executors=1, args=listen_args(keys, endpoint)), endpoint
 
 
-def _sluice(sluice, args, env=None, timeout=30) -> subprocess.CompletedProcess:
-    return subprocess.run([*sluice, *args], capture_output=True, text=True, timeout=timeout,
-                          env=env or subprocess_env(), stdin=subprocess.DEVNULL, cwd="/tmp")
 
 
-def _one_line(text: str) -> str:
-    lines = text.strip().splitlines()
-    assert len(lines) == 1, text
-    assert "Traceback" not in text
-    return lines[0]
 
 
 # -- keys ------------------------------------------------------------------------------
@@ -79,7 +73,7 @@ def _one_line(text: str) -> str:
 def test_keys_new_writes_a_pair_and_refuses_to_overwrite(sluice, base):
     home = os.path.join(base, "home")
     env = subprocess_env(SLUICE_HOME=home)
-    r = _sluice(sluice, ["keys", "new", "laptop"], env)
+    r = run_sluice(["keys", "new", "laptop"], env)
     assert r.returncode == 0, r.stderr
     public_path = os.path.join(home, "keys", "laptop.key")
     secret_path = public_path + "_secret"
@@ -90,25 +84,25 @@ def test_keys_new_writes_a_pair_and_refuses_to_overwrite(sluice, base):
     with open(secret_path) as f:
         before = f.read()
 
-    again = _sluice(sluice, ["keys", "new", "laptop"], env)
+    again = run_sluice(["keys", "new", "laptop"], env)
     assert again.returncode == 2
-    assert "exists already" in _one_line(again.stderr)
+    assert "exists already" in one_line(again.stderr)
     with open(secret_path) as f:
         assert f.read() == before
 
     elsewhere = os.path.join(base, "elsewhere")
-    r = _sluice(sluice, ["keys", "new", "ci", "--dir", elsewhere], env)
+    r = run_sluice(["keys", "new", "ci", "--dir", elsewhere], env)
     assert r.returncode == 0 and os.path.exists(os.path.join(elsewhere, "ci.key_secret"))
 
     for bad in ("../escape", ".hidden", ""):
-        r = _sluice(sluice, ["keys", "new", bad], env)
+        r = run_sluice(["keys", "new", bad], env)
         assert r.returncode == 2
-        assert "bad key name" in _one_line(r.stderr)
+        assert "bad key name" in one_line(r.stderr)
     assert not os.path.exists(os.path.join(base, "escape.key"))
 
 
 @pytest.mark.timeout(30)
-def test_daemon_listen_mistakes_are_one_line(sluice, keys, base):
+def test_daemon_listen_mistakes_areone_line(sluice, keys, base):
     env = subprocess_env(SLUICE_RUNTIME_DIR=short_tempdir())
     secret = os.path.join(keys.dir, "daemon.key_secret")
     loose = os.path.join(base, "loose.key_secret")
@@ -124,15 +118,15 @@ def test_daemon_listen_mistakes_are_one_line(sluice, keys, base):
         (["--listen", "tcp://127.0.0.1:1", "--key", secret, "--allow", os.path.join(base, "none")], 2, "does not exist"),
     ]
     for args, code, words in cases:
-        r = _sluice(sluice, ["daemon", "--executors", "0", *args], env)
+        r = run_sluice(["daemon", "--executors", "0", *args], env)
         assert r.returncode == code, (args, r.stderr)
-        assert words in _one_line(r.stderr), r.stderr
+        assert words in one_line(r.stderr), r.stderr
 
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        r = _sluice(sluice, ["daemon", "--executors", "0", *listen_args(keys, f"tcp://127.0.0.1:{port}")], env)
+        r = run_sluice(["daemon", "--executors", "0", *listen_args(keys, f"tcp://127.0.0.1:{port}")], env)
     assert r.returncode == 1
     assert "Address already in use" in next(line for line in r.stderr.splitlines() if line.startswith("sluice:"))
 
@@ -143,7 +137,7 @@ def test_daemon_listen_mistakes_are_one_line(sluice, keys, base):
 @pytest.mark.timeout(30)
 def test_run_over_tcp_with_an_allowed_key(sluice, keys, net):
     daemon, endpoint = net
-    r = _sluice(sluice, ["run", *connect_args(keys, endpoint), "--", "echo", "hi"])
+    r = run_sluice(["run", *connect_args(keys, endpoint), "--", "echo", "hi"])
     assert r.returncode == 0, r.stderr
     assert r.stdout == "hi\n"
     key = keys.public("client")
@@ -158,10 +152,10 @@ def test_run_over_tcp_with_an_allowed_key(sluice, keys, net):
 def test_unknown_key_is_refused_at_once_and_logged(sluice, keys, net):
     daemon, endpoint = net
     t0 = time.monotonic()
-    r = _sluice(sluice, ["run", *connect_args(keys, endpoint, "stranger"), "--", "echo", "hi"])
+    r = run_sluice(["run", *connect_args(keys, endpoint, "stranger"), "--", "echo", "hi"])
     elapsed = time.monotonic() - t0
     assert r.returncode == 125 and r.stdout == ""
-    assert _one_line(r.stderr) == f"sluice: error: the daemon at {endpoint} refused our key (it is not in its allow-list)"
+    assert one_line(r.stderr) == f"sluice: error: the daemon at {endpoint} refused our key (it is not in its allow-list)"
     assert elapsed < 5, f"took {elapsed:.1f} s: the refusal should not wait for a timeout"
     key = keys.public("stranger")
     refusal = wait_for(lambda: [e for e in log_events(daemon.log(), "connection refused") if e.get("key") == key], 5,
@@ -171,13 +165,13 @@ def test_unknown_key_is_refused_at_once_and_logged(sluice, keys, net):
 
 
 @pytest.mark.timeout(30)
-def test_wrong_server_key_fails_the_handshake_with_one_line(sluice, keys, net):
+def test_wrong_server_key_fails_the_handshake_withone_line(sluice, keys, net):
     _, endpoint = net
     args = ["--connect", endpoint, "--server-key", os.path.join(keys.dir, "client.key"),
             "--key", os.path.join(keys.dir, "client.key_secret")]
-    r = _sluice(sluice, ["run", *args, "--", "true"])
+    r = run_sluice(["run", *args, "--", "true"])
     assert r.returncode == 125
-    assert "is --server-key that daemon's public key?" in _one_line(r.stderr)
+    assert "is --server-key that daemon's public key?" in one_line(r.stderr)
 
 
 @pytest.mark.timeout(30)
@@ -309,11 +303,11 @@ def test_sluice_executor_with_a_refused_key_exits_2_at_once(keys, net, base):
     r = subprocess.run([sys.executable, "-m", "broker", "executor", *args], capture_output=True, text=True,
                        env=subprocess_env(), timeout=20, stdin=subprocess.DEVNULL)
     assert r.returncode == 2
-    assert _one_line(r.stderr) == f"sluice: error: the daemon at {endpoint} refused our key (it is not in its allow-list)"
+    assert one_line(r.stderr) == f"sluice: error: the daemon at {endpoint} refused our key (it is not in its allow-list)"
     assert time.monotonic() - t0 < 10
     missing = subprocess.run([sys.executable, "-m", "broker", "executor", "--connect", endpoint, "--key", "/nonexistent"],
                              capture_output=True, text=True, env=subprocess_env(), timeout=20)
-    assert missing.returncode == 2 and "--server-key" in _one_line(missing.stderr)
+    assert missing.returncode == 2 and "--server-key" in one_line(missing.stderr)
 
 
 @pytest.mark.timeout(60)

@@ -30,6 +30,8 @@ from tests.remote_helpers import (
     listen_args,
     log_events,
     make_keys,
+    one_line,
+    run_sluice,
     start_executor,
 )
 
@@ -69,21 +71,13 @@ def _listening(factory, keys, base, *, executors: int = 0, allow_executors: bool
     return daemon, endpoint
 
 
-def _sluice(args, env=None, timeout=30) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "broker", *args], capture_output=True, text=True, timeout=timeout,
-                          env=env or subprocess_env(), stdin=subprocess.DEVNULL, cwd="/tmp")
 
 
-def _one_line(text: str) -> str:
-    lines = text.strip().splitlines()
-    assert len(lines) == 1, text
-    assert "Traceback" not in text
-    return lines[0]
 
 
 def _executor_once(keys, endpoint: str, name: str, env=None) -> subprocess.CompletedProcess:
     """``sluice executor`` with ``name``'s key pair, expected to give up by itself."""
-    return _sluice(["executor", *connect_args(keys, endpoint, name), "--name", name], env=env, timeout=20)
+    return run_sluice(["executor", *connect_args(keys, endpoint, name), "--name", name], env=env, timeout=20)
 
 
 def _refusals(daemon, key: str) -> list[dict]:
@@ -104,7 +98,7 @@ def test_a_frontend_key_cannot_join_as_an_executor(factory, keys, base):
     r = _executor_once(keys, endpoint, "client")
     assert time.monotonic() - t0 < 15, "a refusal must not be retried"
     assert r.returncode == 2
-    line = _one_line(r.stderr)
+    line = one_line(r.stderr)
     assert line.startswith("sluice: error: the broker refused this executor: ")
     assert "allowed to join the daemon as frontend only, not as 'executor'" in line
     assert "--allow-executors" in line
@@ -119,9 +113,9 @@ def test_a_frontend_key_cannot_join_as_an_executor(factory, keys, base):
 @pytest.mark.timeout(60)
 def test_an_executor_key_cannot_run_commands(factory, keys, base):
     daemon, endpoint = _listening(factory, keys, base)
-    r = _sluice(["run", *connect_args(keys, endpoint, "worker"), "--", "touch", os.path.join(base, "ran")])
+    r = run_sluice(["run", *connect_args(keys, endpoint, "worker"), "--", "touch", os.path.join(base, "ran")])
     assert r.returncode == 125 and r.stdout == ""
-    line = _one_line(r.stderr)
+    line = one_line(r.stderr)
     assert line.startswith(f"sluice: error: the daemon at {endpoint} refused the connection: ")
     assert "allowed to join the daemon as executor only, not as 'frontend'" in line
     assert "--allow directory" in line
@@ -140,17 +134,17 @@ def test_each_role_with_its_own_key_works_and_keys_added_later_count_for_their_r
         started.append(start_executor([], [*connect_args(keys, endpoint, "worker"), "--name", "worker"],
                                       subprocess_env(), log_path))
         wait_for(lambda: _joined(daemon, "worker"), 15, "the executor to join")
-        r = _sluice(["run", *connect_args(keys, endpoint, "client"), "--", "echo", "through worker"])
+        r = run_sluice(["run", *connect_args(keys, endpoint, "client"), "--", "echo", "through worker"])
         assert (r.returncode, r.stdout) == (0, "through worker\n"), r.stderr
 
         # Keys copied in while the daemon runs: each lets its key in as its role only.
         late_exec, _ = keys.pair("late-exec", allowed=True, role="executor")
         late_front, _ = keys.pair("late-front", allowed=True, role="frontend")
-        r = _sluice(["run", *connect_args(keys, endpoint, "late-exec"), "--", "true"])
-        assert r.returncode == 125 and "not as 'frontend'" in _one_line(r.stderr)
+        r = run_sluice(["run", *connect_args(keys, endpoint, "late-exec"), "--", "true"])
+        assert r.returncode == 125 and "not as 'frontend'" in one_line(r.stderr)
         r = _executor_once(keys, endpoint, "late-front")
-        assert r.returncode == 2 and "not as 'executor'" in _one_line(r.stderr)
-        r = _sluice(["run", *connect_args(keys, endpoint, "late-front"), "--", "echo", "late front"])
+        assert r.returncode == 2 and "not as 'executor'" in one_line(r.stderr)
+        r = run_sluice(["run", *connect_args(keys, endpoint, "late-front"), "--", "echo", "late front"])
         assert (r.returncode, r.stdout) == (0, "late front\n"), r.stderr
         started.append(start_executor([], [*connect_args(keys, endpoint, "late-exec"), "--name", "late-exec"],
                                       subprocess_env(), log_path))
@@ -163,7 +157,7 @@ def test_each_role_with_its_own_key_works_and_keys_added_later_count_for_their_r
         started.append(start_executor([], [*connect_args(keys, endpoint, "both"), "--name", "both"],
                                       subprocess_env(), log_path))
         wait_for(lambda: _joined(daemon, "both"), 15, "the executor with a key in both lists to join")
-        r = _sluice(["run", *connect_args(keys, endpoint, "both"), "--", "echo", "both"])
+        r = run_sluice(["run", *connect_args(keys, endpoint, "both"), "--", "echo", "both"])
         assert (r.returncode, r.stdout) == (0, "both\n"), r.stderr
         accepted = [e for e in log_events(daemon.log(), "connection accepted") if e["key"] == keys.public("both")]
         assert accepted and accepted[0]["roles"] == ["frontend", "executor"]
@@ -176,11 +170,11 @@ def test_each_role_with_its_own_key_works_and_keys_added_later_count_for_their_r
 def test_without_allow_executors_no_remote_executor_can_join(factory, keys, base):
     daemon, endpoint = _listening(factory, keys, base, executors=1, allow_executors=False)
     r = _executor_once(keys, endpoint, "client")
-    assert r.returncode == 2 and "allowed to join the daemon as frontend only" in _one_line(r.stderr)
+    assert r.returncode == 2 and "allowed to join the daemon as frontend only" in one_line(r.stderr)
     r = _executor_once(keys, endpoint, "worker")
     assert r.returncode == 2
-    assert _one_line(r.stderr) == f"sluice: error: the daemon at {endpoint} refused our key (it is not in its allow-list)"
-    r = _sluice(["run", *connect_args(keys, endpoint, "client"), "--", "echo", "local executor"])
+    assert one_line(r.stderr) == f"sluice: error: the daemon at {endpoint} refused our key (it is not in its allow-list)"
+    r = run_sluice(["run", *connect_args(keys, endpoint, "client"), "--", "echo", "local executor"])
     assert (r.returncode, r.stdout) == (0, "local executor\n"), r.stderr
     assert [e["role"] for e in log_events(daemon.log(), "allow-list loaded")] == ["frontend"]
 
@@ -191,8 +185,8 @@ def test_executors_only_daemon_refuses_frontends_over_tcp(factory, keys, base):
     args = ["--listen", endpoint, "--key", os.path.join(keys.dir, "daemon.key_secret"), "--allow-executors",
             keys.executors]
     daemon = factory.start(executors=0, args=args, env=_home_env(base))
-    r = _sluice(["run", *connect_args(keys, endpoint, "client"), "--", "true"])
-    assert r.returncode == 125 and "refused our key" in _one_line(r.stderr)
+    r = run_sluice(["run", *connect_args(keys, endpoint, "client"), "--", "true"])
+    assert r.returncode == 125 and "refused our key" in one_line(r.stderr)
     ex = start_executor([], [*connect_args(keys, endpoint, "worker"), "--name", "worker"], subprocess_env(),
                         os.path.join(base, "executor.log"))
     try:
@@ -206,7 +200,7 @@ def test_executors_only_daemon_refuses_frontends_over_tcp(factory, keys, base):
 
 
 @pytest.mark.timeout(60)
-def test_allow_dir_mistakes_are_refused_in_one_line(keys, base):
+def test_allow_dir_mistakes_are_refused_inone_line(keys, base):
     env = subprocess_env(SLUICE_RUNTIME_DIR=short_tempdir(), **_home_env(base))
     secret = os.path.join(keys.dir, "daemon.key_secret")
     listen = ["daemon", "--executors", "0", "--listen", "tcp://127.0.0.1:1", "--key", secret]
@@ -231,13 +225,13 @@ def test_allow_dir_mistakes_are_refused_in_one_line(keys, base):
             r = subprocess.run([sys.executable, "-m", "broker", *argv[:1], *action, *argv[1:]], capture_output=True,
                                text=True, timeout=30, env=env, stdin=subprocess.DEVNULL, cwd="/tmp")
             assert r.returncode == 2, (args, action, r.stderr)
-            assert words in _one_line(r.stderr), r.stderr
+            assert words in one_line(r.stderr), r.stderr
     if os.geteuid() == 0:
         os.chmod(loose, 0o700)
         os.chown(loose, 65534, 65534)
-        r = _sluice([*listen, "--allow", loose], env)
+        r = run_sluice([*listen, "--allow", loose], env)
         assert r.returncode == 2
-        assert "belongs to uid 65534, not to the daemon's user (uid 0)" in _one_line(r.stderr)
+        assert "belongs to uid 65534, not to the daemon's user (uid 0)" in one_line(r.stderr)
 
 
 @pytest.mark.timeout(60)
@@ -245,12 +239,12 @@ def test_an_allow_dir_or_key_file_others_could_write_lets_nobody_in(factory, key
     daemon, endpoint = _listening(factory, keys, base, executors=1)
 
     def run_as(name: str) -> subprocess.CompletedProcess:
-        return _sluice(["run", *connect_args(keys, endpoint, name), "--", "echo", "in"])
+        return run_sluice(["run", *connect_args(keys, endpoint, name), "--", "echo", "in"])
 
     assert run_as("client").returncode == 0
     os.chmod(keys.allow, 0o770)
     r = run_as("client")
-    assert r.returncode == 125 and "refused our key" in _one_line(r.stderr)
+    assert r.returncode == 125 and "refused our key" in one_line(r.stderr)
     unusable = [e for e in log_events(daemon.log(), "allow-list directory unusable; refusing every key")]
     assert unusable and "writable by group (mode 0770)" in unusable[-1]["why"] and unusable[-1]["role"] == "frontend"
     os.chmod(keys.allow, 0o700)
@@ -285,12 +279,12 @@ def test_an_allow_dir_swapped_under_the_daemon_is_not_trusted(factory, keys, bas
     # Whoever else can write there swaps it; the daemon keeps the one it checked.
     subprocess.run(["sh", "-c", swap], check=True, capture_output=True)
     assert os.listdir(allow) == ["stranger.key"]
-    r = _sluice(["run", *connect_args(keys, endpoint, "stranger"), "--", "echo", "in"])
-    assert r.returncode == 125 and "refused our key" in _one_line(r.stderr)
+    r = run_sluice(["run", *connect_args(keys, endpoint, "stranger"), "--", "echo", "in"])
+    assert r.returncode == 125 and "refused our key" in one_line(r.stderr)
     wait_for(lambda: log_events(daemon.log(), "the allow-list directory was moved or replaced; still reading the one "
                                               "opened at start (restart the daemon to use another)"), 5, "the warning")
     # The directory checked at start still decides.
-    r = _sluice(["run", *connect_args(keys, endpoint, "client"), "--", "echo", "in"])
+    r = run_sluice(["run", *connect_args(keys, endpoint, "client"), "--", "echo", "in"])
     assert (r.returncode, r.stdout) == (0, "in\n"), r.stderr
     keys.allow = original
 
@@ -306,10 +300,10 @@ def test_daemon_start_takes_allow_executors(keys, base, runtime_dir):
     ex = start_executor([], [*connect_args(keys, endpoint, "worker"), "--name", "worker"], subprocess_env(),
                         os.path.join(base, "executor.log"))
     try:
-        r = _sluice(["run", *connect_args(keys, endpoint, "client"), "--", "echo", "started"], env=env)
+        r = run_sluice(["run", *connect_args(keys, endpoint, "client"), "--", "echo", "started"], env=env)
         assert (r.returncode, r.stdout) == (0, "started\n"), r.stderr
         r = _executor_once(keys, endpoint, "client")
-        assert r.returncode == 2 and "not as 'executor'" in _one_line(r.stderr)
+        assert r.returncode == 2 and "not as 'executor'" in one_line(r.stderr)
     finally:
         kill_tree(ex)
 
@@ -346,7 +340,7 @@ def test_sandboxed_commands_see_no_key_material_of_the_daemon(factory, keys, bas
     # The daemon made sluice's home, private, before its executors started.
     assert stat.S_IMODE(os.stat(home).st_mode) == 0o700
     # A keys directory made after the daemon (and its executors) started.
-    r = _sluice(["keys", "new", "late"], env=subprocess_env(SLUICE_HOME=home))
+    r = run_sluice(["keys", "new", "late"], env=subprocess_env(SLUICE_HOME=home))
     assert r.returncode == 0, r.stderr
     with open(os.path.join(home, "config.toml"), "w") as f:
         f.write("# sluice config\n")
@@ -372,12 +366,12 @@ def test_sluice_sandbox_hides_sluice_home_and_makes_it_first(base):
     home = os.path.join(base, "home")
     env = subprocess_env(**_home_env(base))
     # Missing at first: made (0700) before the command runs, so it cannot plant one.
-    r = _sluice(["sandbox", "--writable", base, "--", "sh", "-c",
+    r = run_sluice(["sandbox", "--writable", base, "--", "sh", "-c",
                  f"mkdir -p {home}/keys 2>/dev/null; echo planted > {home}/config.toml; echo wrote=$?"], env=env)
     assert "wrote=0" not in r.stdout
     assert stat.S_IMODE(os.stat(home).st_mode) == 0o700 and os.listdir(home) == []
     new_key_pair(os.path.join(home, "keys"), "mine")
-    r = _sluice(["sandbox", "--writable", base, "--", "sh", "-c", _probe([home, os.path.join(home, "keys")])],
+    r = run_sluice(["sandbox", "--writable", base, "--", "sh", "-c", _probe([home, os.path.join(home, "keys")])],
                 env=env)
     assert not _secrets_in(r.stdout + r.stderr, home) and "mine.key" not in r.stdout, r.stdout
 
