@@ -59,17 +59,29 @@ def last_cap() -> int:
         return 40
 
 
-def drop_capabilities(cap_last: int) -> None:
-    """Empty the bounding, ambient, inheritable, permitted and effective sets."""
+def drop_bounding(cap_last: int) -> None:
+    """Empty the bounding set: no exec can grant a capability again. The caps in force
+    (the effective set) stay, so a warm sandbox does this before it knows its command."""
     for cap in range(cap_last + 1):
         try:
             _libc.prctl(_libc.PR_CAPBSET_DROP, cap)
         except OSError:
             pass  # EINVAL: the kernel does not know that cap
+
+
+def drop_capabilities(cap_last: int, *, bounding: bool = True) -> None:
+    """Empty the bounding (unless already done), ambient, inheritable, permitted and
+    effective sets."""
+    if bounding:
+        drop_bounding(cap_last)
     try:
         _libc.prctl(_libc.PR_CAP_AMBIENT, _libc.PR_CAP_AMBIENT_CLEAR_ALL)
     except OSError:
         pass
-    hdr = _CapHeader(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3
-    data = (_CapData * 2)()
+    hdr, data = capability_structs()
     _libc.syscall(_libc.nr("capset"), ctypes.byref(hdr), ctypes.byref(data))
+
+
+def capability_structs():
+    """capset's arguments for "no capability at all"."""
+    return _CapHeader(0x20080522, 0), (_CapData * 2)()  # _LINUX_CAPABILITY_VERSION_3
