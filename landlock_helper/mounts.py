@@ -137,10 +137,19 @@ class Pin:
 
     @classmethod
     def of(cls, path: str, *, directory: bool = True) -> Pin:
-        real = os.path.realpath(path)
-        st = os.stat(real)
-        if directory and not stat.S_ISDIR(st.st_mode):
-            raise PinError(f"{path} is not a directory")
+        """``path`` resolved (symlinks followed) once: the path, device and inode all come
+        from the one object opened, read back through /proc/self/fd."""
+        fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+        try:
+            st = os.fstat(fd)
+            if directory and not stat.S_ISDIR(st.st_mode):
+                raise PinError(f"{path} is not a directory")
+            try:
+                real = os.readlink(f"/proc/self/fd/{fd}")
+            except OSError:  # no /proc here
+                real = os.path.realpath(path)
+        finally:
+            os.close(fd)
         return cls(real, st.st_dev, st.st_ino)
 
     def to_spec(self) -> tuple[str, int, int]:
@@ -211,9 +220,13 @@ def pin(policy: SandboxPolicy, cwd: str, sandbox_cwd: str, env) -> Plan:
         if p.kind == GLOBAL_TEMP:
             tmp_writable = True
     for root in policy.writable_roots(sandbox_cwd, env):
-        if not os.path.isdir(root):
+        if root == TMP:
+            tmp_writable = True
             continue
-        pinned = Pin.of(root)
+        try:
+            pinned = Pin.of(root)
+        except (FileNotFoundError, NotADirectoryError, PinError):
+            continue
         if pinned.path == TMP:
             tmp_writable = True
             continue
@@ -242,8 +255,7 @@ def pin(policy: SandboxPolicy, cwd: str, sandbox_cwd: str, env) -> Plan:
                     read_only.append(Pin.of(target, directory=False))
                 except OSError:
                     pass
-    cwd_pin = Pin.of(cwd)
-    cwd_pin = next((r for r in roots if r == cwd_pin), cwd_pin)
+    cwd_pin = next((r for r in roots if r.path == cwd), None) or Pin.of(cwd)
     return Plan(cwd_pin, tuple(roots), tmp_writable, tuple(dict.fromkeys(read_only)), before)
 
 
