@@ -9,9 +9,9 @@ A sandbox is three processes, each forked (never exec'd) so nothing is re-import
     crashed executor never leaves a sandbox behind.
 ``init`` (pid 1 of the new PID namespace)
     Builds the filesystem view (:func:`landlock_helper.mounts.prepare`: /proc, a private
-    /dev and /tmp, hidden paths, everything read-only), forks the command process, reaps everything, turns SIGTERM into "SIGTERM to every
-    process in the namespace", and when the command exits reports its wait status and
-    exits. It also performs every ``connect`` of the command, through the seccomp
+    /dev and /tmp, hidden paths, everything read-only), forks the command process, reaps
+    everything, turns SIGTERM into "SIGTERM to every process in the namespace", and when
+    the command exits reports its wait status and exits. It also performs every ``connect`` of the command, through the seccomp
     listener the command hands it before exec, refusing unix peers outside the sandbox
     (:mod:`landlock_helper.unix_guard`). The kernel then SIGKILLs whatever is left in
     the namespace (background jobs, setsid or double-forked escapees), and the init's
@@ -392,8 +392,7 @@ def spawn(argv, *, cwd, env, policy: SandboxPolicy, stdout: int, stderr: int, st
     plan = _check(argv, cwd, policy, sandbox_cwd, env)
     spec = _encode_spec(argv, cwd, env, policy, plan)
     template = _Template.make(hidden_paths, restricted=plan is not None)
-    return _make_warm(template, reap=True).start(spec, stdin, stdout, stderr,
-                                                        plan)
+    return _make_warm(template, reap=True).start(spec, stdin, stdout, stderr, plan)
 
 
 class Spawner:
