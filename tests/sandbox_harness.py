@@ -21,6 +21,19 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NOBODY = 65534
 
 
+def _inner_python() -> str:
+    """A Python a sandboxed command can run. The host's /tmp is not in a sandbox's view, so
+    a virtual environment there (a checkout in /tmp) gives way to the interpreter it was
+    made from (the standard library only), else to the system's."""
+    for candidate in (sys.executable, os.path.realpath(sys.executable), "/usr/bin/python3"):
+        if not os.path.realpath(candidate).startswith("/tmp/") and os.access(candidate, os.X_OK):
+            return candidate
+    return sys.executable
+
+
+INNER_PYTHON = _inner_python()
+
+
 def _python_for_nobody() -> str | None:
     """An interpreter an unprivileged user can execute, or None."""
     for candidate in (sys.executable, "/usr/bin/python3"):

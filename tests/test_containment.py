@@ -36,7 +36,7 @@ import pytest
 
 from landlock_helper import SandboxPolicy, mounts
 from landlock_helper.spawn import SandboxError, Spawner, _check, _encode_spec, _make_warm, _Template
-from tests.sandbox_harness import sandbox
+from tests.sandbox_harness import INNER_PYTHON, sandbox
 
 pytestmark = [pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux sandbox"),
               pytest.mark.timeout(60)]
@@ -59,7 +59,7 @@ def _inner_python(as_user: str) -> str:
         return "/usr/bin/python3"
     if as_user != "root":
         pytest.skip("no Python an unprivileged command can run")
-    return sys.executable
+    return INNER_PYTHON
 
 
 def _metadata_attacks(where: str, python: str) -> str:

@@ -36,7 +36,7 @@ import pytest
 
 from landlock_helper import _libc
 from tests.conftest import wait_for
-from tests.sandbox_harness import NOBODY, sandbox
+from tests.sandbox_harness import INNER_PYTHON, NOBODY, sandbox
 
 pytestmark = [pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux sandbox"),
               pytest.mark.timeout(90)]
@@ -102,7 +102,7 @@ def _python(user, nobody) -> str:
         # The sandbox's user namespace maps no one else: a Python under a private home
         # (pyenv in /root) may be unreachable inside even where setpriv reached it outside.
         return "/usr/bin/python3" if os.access("/usr/bin/python3", os.X_OK) else nobody[0]
-    return sys.executable
+    return INNER_PYTHON
 
 
 def run_python(code: str, *, cwd, user="root", nobody=None, flags=(), name="probe.py"):
@@ -684,7 +684,7 @@ def test_init_keeps_forwarding_signals_while_a_connect_waits(workdir):
             "socket.socket(socket.AF_UNIX).connect('full.sock')\n"  # waits: nobody accepts
             "print('connected', flush=True)\n")
     r, w = os.pipe()
-    proc = spawn([sys.executable, "-c", code], cwd=str(workdir), env=dict(os.environ),
+    proc = spawn([INNER_PYTHON, "-c", code], cwd=str(workdir), env=dict(os.environ),
                  policy=SandboxPolicy.from_mode("workspace-write"), stdout=w, stderr=2)
     os.close(w)
     try:

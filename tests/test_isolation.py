@@ -8,6 +8,8 @@ import sys
 import psutil
 import pytest
 
+from tests.sandbox_harness import INNER_PYTHON
+
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux sandbox")
 
 
@@ -32,7 +34,7 @@ def test_runtime_dir_is_unreachable(dmn):
              f"try:\n    s.connect({rt.socket_path!r}); print('connected')\n"
              f"except OSError as e:\n    print('refused', e.errno)\n")
     r = _run(dmn, f"ls -A {rt.path}; echo listed=$?; cat {rt.token_path}; echo read=$?; "
-                  f"{sys.executable} -c \"{probe}\"")
+                  f"{INNER_PYTHON} -c \"{probe}\"")
     out = r.stdout.decode()
     token = rt.read_token()
     assert token and token not in out and token not in r.stderr.decode()

@@ -24,6 +24,7 @@ from agent.safety import (
     writable_roots_for,
 )
 from broker.protocol import AskForApproval, sandbox_policy_from_mode
+from tests.sandbox_harness import INNER_PYTHON
 
 UNTRUSTED, ON_FAILURE, ON_REQUEST, NEVER = (
     AskForApproval.UNTRUSTED,
@@ -673,7 +674,7 @@ def test_real_sandbox_denial_is_detected(tmp_path):
     plain = run("false")
     assert plain.returncode == 1
     assert not is_likely_sandbox_denied(plain.returncode, plain.stdout, plain.stderr, READ_ONLY)
-    offline = run(f"{sys.executable} -c 'import socket; socket.create_connection((\"192.0.2.1\", 80), 1)'")
+    offline = run(f"{INNER_PYTHON} -c 'import socket; socket.create_connection((\"192.0.2.1\", 80), 1)'")
     assert is_likely_sandbox_denied(offline.returncode, offline.stdout, offline.stderr, READ_ONLY)
 
 

@@ -25,7 +25,7 @@ import pytest
 from landlock_helper import SandboxPolicy, landlock
 from landlock_helper.spawn import SandboxError, spawn
 from tests.conftest import live_processes
-from tests.sandbox_harness import sandbox
+from tests.sandbox_harness import INNER_PYTHON, sandbox
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux sandbox")
 
@@ -146,7 +146,7 @@ def test_ptrace_and_process_vm_denied(workdir):
         print("uring", libc.syscall(425, 8, 0), ctypes.get_errno())
         os.kill(pid, 9)
     """)
-    r = sandbox(f"{sys.executable} -c '{code}'", cwd=workdir)
+    r = sandbox(f"{INNER_PYTHON} -c '{code}'", cwd=workdir)
     lines = dict((ln.split()[0], ln.split()[1:]) for ln in r.stdout.splitlines())
     assert lines["ptrace"] == ["-1", "1"], r.stderr
     assert lines["vm"] == ["-1", "1"]
@@ -245,7 +245,7 @@ def _net_probe(servers) -> str:
 def _run_probe(servers, workdir, flags):
     script = workdir / "probe.py"
     script.write_text(_net_probe(servers))
-    r = sandbox(f"{sys.executable} probe.py", cwd=workdir, flags=flags)
+    r = sandbox(f"{INNER_PYTHON} probe.py", cwd=workdir, flags=flags)
     return {ln.split()[0]: ln.split()[1] for ln in r.stdout.splitlines()}, r
 
 
@@ -274,7 +274,7 @@ def test_network_allowed_with_flag(servers, workdir):
 def test_unix_socket_in_workspace_works(workdir):
     code = ("import socket,os; s=socket.socket(socket.AF_UNIX); s.bind('s.sock'); s.listen(); "
             "c=socket.socket(socket.AF_UNIX); c.connect('s.sock'); c.send(b'hi'); a,_=s.accept(); print(a.recv(2))")
-    r = sandbox(f"{sys.executable} -c \"{code}\"", cwd=workdir)
+    r = sandbox(f"{INNER_PYTHON} -c \"{code}\"", cwd=workdir)
     assert r.stdout.strip() == "b'hi'", r.stderr
 
 
@@ -314,9 +314,11 @@ def _write_wheel(path: pathlib.Path) -> None:
 
 
 def test_python_and_pip_without_network(tmp_path):
+    if subprocess.run([INNER_PYTHON, "-m", "pip", "--version"], capture_output=True).returncode != 0:
+        pytest.skip(f"{INNER_PYTHON} has no pip")
     _write_wheel(tmp_path / "tinypkg-1.0-py3-none-any.whl")
-    r = sandbox(f"{sys.executable} -m pip install -q --no-index --target site tinypkg-1.0-py3-none-any.whl "
-                f"&& PYTHONPATH=site {sys.executable} -c 'import tinypkg; print(tinypkg.VALUE)'",
+    r = sandbox(f"{INNER_PYTHON} -m pip install -q --no-index --target site tinypkg-1.0-py3-none-any.whl "
+                f"&& PYTHONPATH=site {INNER_PYTHON} -c 'import tinypkg; print(tinypkg.VALUE)'",
                 cwd=tmp_path, env=dict(os.environ, PIP_DISABLE_PIP_VERSION_CHECK="1"), timeout=120)
     assert r.stdout.strip().endswith("42"), r.stderr
 
