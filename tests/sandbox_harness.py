@@ -26,7 +26,8 @@ def _inner_python() -> str:
     a virtual environment there (a checkout in /tmp) gives way to the interpreter it was
     made from (the standard library only), else to the system's."""
     for candidate in (sys.executable, os.path.realpath(sys.executable), "/usr/bin/python3"):
-        if not os.path.realpath(candidate).startswith("/tmp/") and os.access(candidate, os.X_OK):
+        seen_as = (os.path.abspath(candidate), os.path.realpath(candidate))
+        if not any(path.startswith("/tmp/") for path in seen_as) and os.access(candidate, os.X_OK):
             return candidate
     return sys.executable
 
