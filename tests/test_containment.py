@@ -36,6 +36,7 @@ import pytest
 
 from landlock_helper import SandboxPolicy, mounts
 from landlock_helper.spawn import SandboxError, Spawner, _check, _encode_spec, _make_warm, _Template
+from tests.conftest import sluice_argv
 from tests.sandbox_harness import INNER_PYTHON, sandbox
 
 pytestmark = [pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux sandbox"),
@@ -138,6 +139,11 @@ def test_host_tmp_is_not_visible_and_tmp_is_sluices_own(as_user, nobody_env, wor
         assert "No such file or directory" in r.stderr
         # What the command wrote to /tmp is in sluice's /tmp, never the host's.
         assert not [n for n in os.listdir("/tmp") if n.startswith("sl-own-")]
+        scratch = mounts.scratch_dir(0 if as_user == "root" else 65534)
+        own = [n for n in os.listdir(scratch) if n.startswith("sl-own-")]
+        assert own
+        for n in own:
+            os.unlink(os.path.join(scratch, n))
     finally:
         shutil.rmtree(host)
 
@@ -507,3 +513,18 @@ def test_running_inside_git_does_not_make_it_writable(as_user, nobody_env, workd
     assert r.stdout.split() == [str(workdir / ".git"), "end"], r.stderr
     assert sorted(os.listdir(workdir / ".git")) == ["config"]
     assert (workdir / ".git" / "config").read_text() == "[core]\n"
+
+
+def test_sluice_run_in_the_home_directory_says_why_in_one_line(daemon_factory, tmp_path):
+    """The executor refuses the home directory of the user it runs as."""
+    home = tmp_path / "home"
+    home.mkdir()
+    daemon = daemon_factory.start(executors=1, env={"HOME": str(home)})
+    env = dict(daemon.env, HOME=str(home))
+    r = subprocess.run([*sluice_argv(), "run", "--", "true"], cwd=home, env=env, capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode != 0 and r.stdout == ""
+    assert r.stderr.count("\n") == 1 and f"refusing to make {home} writable" in r.stderr, r.stderr
+    r = subprocess.run([*sluice_argv(), "run", "--sandbox", "read-only", "--", "pwd"], cwd=home, env=env,
+                       capture_output=True, text=True, timeout=60)
+    assert (r.returncode, r.stdout) == (0, f"{home}\n"), r.stderr
