@@ -67,8 +67,11 @@ FAKE_EXECUTOR = textwrap.dedent(
     ap.add_argument("--die-with-parent", action="store_true")
     args = ap.parse_args()
     mode = os.environ.get("FAKE_EXECUTOR_MODE", "")
+    parent = os.getppid()
     if args.die_with_parent:
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        if os.getppid() != parent:  # the parent died before the prctl took
+            os._exit(1)
     if mode == "crash":
         sys.exit(3)
     stopping = False
@@ -107,7 +110,11 @@ FAKE_EXECUTOR = textwrap.dedent(
             elif argv[0] == "sleep":
                 pending.add(head.corr)
             elif argv[0] == "hang":
-                time.sleep(3600)
+                # Answers nothing more, but never outlives its daemon (PDEATHSIG follows the
+                # thread that forked us, not the process).
+                while os.getppid() == parent:
+                    time.sleep(0.05)
+                os._exit(0)
             elif argv[0] == "die":
                 os._exit(7)
         elif head.kind == "cancel" and head.corr in pending:
