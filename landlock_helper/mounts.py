@@ -47,7 +47,7 @@ import time
 from dataclasses import dataclass, field
 
 from landlock_helper import _libc
-from landlock_helper.policy import GLOBAL_TEMP, PROTECTED_SUBDIRS, USER_TEMP, SandboxPolicy
+from landlock_helper.policy import PROTECTED_SUBDIRS, SandboxPolicy
 
 TMP = "/tmp"
 
@@ -216,9 +216,7 @@ def pin(policy: SandboxPolicy, cwd: str, sandbox_cwd: str, env) -> Plan:
     refused = refused_roots()
     roots: list[Pin] = []
     tmp_writable = False
-    for p in policy.permissions:
-        if p.kind == GLOBAL_TEMP:
-            tmp_writable = True
+    # The global temp folder, and $TMPDIR when it is /tmp, come out of writable_roots as /tmp.
     for root in policy.writable_roots(sandbox_cwd, env):
         if root == TMP:
             tmp_writable = True
@@ -241,8 +239,6 @@ def pin(policy: SandboxPolicy, cwd: str, sandbox_cwd: str, env) -> Plan:
             roots.append(pinned)
     # Outer roots first: an inner root is then bound on top of the outer one's clone.
     roots.sort(key=lambda r: len(r.path))
-    if any(p.kind == USER_TEMP for p in policy.permissions) and env.get("TMPDIR", "").rstrip("/") == TMP:
-        tmp_writable = True
     before = {}
     read_only: list[Pin] = []
     for root in roots:
@@ -472,15 +468,20 @@ def _open_cwd(plan: Plan, root_fds: list[int]) -> int:
     return _open_checked(AT_FDCWD, plan.cwd.path, plan.cwd)
 
 
-def _open_checked(dirfd: int, path: str, pinned: Pin, *, beneath: bool = False) -> int:
+def _is(fd: int, pinned: Pin) -> bool:
+    st = os.fstat(fd)
+    return (st.st_dev, st.st_ino) == (pinned.dev, pinned.ino)
+
+
+def _open_checked(dirfd: int, path: str, pinned: Pin, *, beneath: bool = False, directory: bool = True) -> int:
+    """``path`` opened without following symlinks; it must be what ``pinned`` says."""
     try:
-        fd = open_pinned(dirfd, path, beneath=beneath)
+        fd = open_pinned(dirfd, path, beneath=beneath, directory=directory)
     except OSError as e:
         raise PinError(f"{pinned.path} changed while the command was starting ({e.strerror})") from None
-    st = os.fstat(fd)
-    if (st.st_dev, st.st_ino) != (pinned.dev, pinned.ino):
+    if not _is(fd, pinned):
         os.close(fd)
-        raise PinError(f"{pinned.path} changed while the command was starting (another directory is there now)")
+        raise PinError(f"{pinned.path} changed while the command was starting (something else is there now)")
     return fd
 
 
@@ -503,14 +504,8 @@ def _within(path: str, root: str) -> bool:
 
 def _read_only_onto(pinned: Pin) -> None:
     """A read-only clone of a repository's directory (or ``.git`` file) over itself."""
+    fd = _open_checked(AT_FDCWD, pinned.path, pinned, directory=False)
     try:
-        fd = open_pinned(AT_FDCWD, pinned.path, directory=False)
-    except OSError as e:
-        raise PinError(f"{pinned.path} changed while the command was starting ({e.strerror})") from None
-    try:
-        st = os.fstat(fd)
-        if (st.st_dev, st.st_ino) != (pinned.dev, pinned.ino):
-            raise PinError(f"{pinned.path} changed while the command was starting")
         os.close(_clone_onto(fd, fd, writable=False))
     finally:
         os.close(fd)
@@ -575,8 +570,7 @@ def _open_root(root: Pin) -> int | None:
         fd = os.open(root.path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
         return None
-    st = os.fstat(fd)
-    if (st.st_dev, st.st_ino) != (root.dev, root.ino):
+    if not _is(fd, root):
         os.close(fd)
         return None
     return fd

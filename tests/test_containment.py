@@ -25,6 +25,7 @@ Each attack runs as root and, where the outcome could differ, as the unprivilege
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pathlib
 import shutil
@@ -125,12 +126,21 @@ def test_read_only_mode_changes_nothing_even_in_its_directory(as_user, nobody_en
 # --- what is visible --------------------------------------------------------------------
 
 
-def test_host_tmp_is_not_visible_and_tmp_is_sluices_own(as_user, nobody_env, workdir):
-    host = tempfile.mkdtemp(prefix="sl-host-", dir="/tmp")
+@contextlib.contextmanager
+def _dir_with_secret(under: str, prefix: str, name: str, text: str):
+    """A directory in ``under`` that anyone may read, holding one readable secret file."""
+    path = tempfile.mkdtemp(prefix=prefix, dir=under)
     try:
-        os.chmod(host, 0o755)
-        pathlib.Path(host, "ticket").write_text("krb5 secret\n")
-        os.chmod(os.path.join(host, "ticket"), 0o644)
+        os.chmod(path, 0o755)
+        pathlib.Path(path, name).write_text(text)
+        os.chmod(os.path.join(path, name), 0o644)
+        yield path
+    finally:
+        shutil.rmtree(path)
+
+
+def test_host_tmp_is_not_visible_and_tmp_is_sluices_own(as_user, nobody_env, workdir):
+    with _dir_with_secret("/tmp", "sl-host-", "ticket", "krb5 secret\n") as host:
         name = os.path.basename(host)
         r = sandbox(f"cat {host}/ticket; ls /tmp | grep -c {name}; echo mine > /tmp/sl-own-$$ && echo wrote",
                     cwd=workdir, user=as_user, nobody=nobody_env)
@@ -144,8 +154,6 @@ def test_host_tmp_is_not_visible_and_tmp_is_sluices_own(as_user, nobody_env, wor
         assert own
         for n in own:
             os.unlink(os.path.join(scratch, n))
-    finally:
-        shutil.rmtree(host)
 
 
 def test_tmp_persists_between_commands_of_one_user(workdir):
@@ -159,18 +167,12 @@ def test_tmp_persists_between_commands_of_one_user(workdir):
 
 
 def test_user_runtime_dir_is_hidden(as_user, nobody_env, workdir):
-    xdg = tempfile.mkdtemp(prefix="sl-xdg-", dir="/var/tmp")
-    try:
-        os.chmod(xdg, 0o755)
-        pathlib.Path(xdg, "bus-token").write_text("s3cret\n")
-        os.chmod(os.path.join(xdg, "bus-token"), 0o644)
+    with _dir_with_secret("/var/tmp", "sl-xdg-", "bus-token", "s3cret\n") as xdg:
         env = dict(os.environ, XDG_RUNTIME_DIR=xdg)
         r = sandbox(f"ls -A {xdg}; cat {xdg}/bus-token; echo end", cwd=workdir, env=env,
                     user=as_user, nobody=nobody_env)
         assert "s3cret" not in r.stdout and "bus-token" not in r.stdout
         assert r.stdout.strip().endswith("end")
-    finally:
-        shutil.rmtree(xdg)
 
 
 def test_hidden_path_made_after_the_sandbox_was_warmed_is_hidden(workdir):
