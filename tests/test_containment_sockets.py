@@ -190,10 +190,15 @@ def _tmux(sock: str, *args: str, user: str = "root", nobody=None, check: bool = 
     argv = ["tmux", "-f", "/dev/null", "-S", sock, *args]
     env = dict(os.environ)
     env.pop("TMUX", None)
+    # The server's panes run $SHELL; without it, tmux takes the user's login shell, and
+    # nobody's is nologin: the pane, its session and the server would end at once.
+    env["SHELL"] = "/bin/sh"
     if user == "nobody":
         argv = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", *argv]
         env["HOME"] = "/nonexistent"
-    return subprocess.run(argv, capture_output=True, text=True, env=env, timeout=20, check=check)
+    r = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=20)
+    assert not check or r.returncode == 0, f"tmux {' '.join(args)}: exit {r.returncode}: {r.stderr.strip()}"
+    return r
 
 
 @pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux")
