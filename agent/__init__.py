@@ -2,14 +2,14 @@
 
 It hosts Codex sessions: turns Submissions into Events, talks to the model over HTTP
 (httpx, SSE), and runs every command through the broker's executors. Imports
-broker.protocol and broker.client (and, for its link to the daemon, broker.wire,
-broker.runtime and broker.zloop), never the broker's or executor's internals.
+broker.wire.protocol and broker.client.connection (and, for its link to the daemon, broker.wire.frames,
+broker.net.runtime and broker.net.zloop), never the broker's or executor's internals.
 
 - :mod:`agent.__main__`: the process the daemon spawns; :mod:`agent.host` keeps one
   :class:`agent.session.Session` per session id the broker names, over one
   :class:`agent.broker_link.BrokerLink` shared with the
   :class:`agent.exec_runner.BrokerRunner` that runs the commands.
-- :mod:`agent.exec_cli` is a frontend, not part of the process: ``sluice exec``, which
+- :mod:`broker.cli.exec` is a frontend, not part of the process: ``sluice exec``, which
   resolves the configuration (:mod:`agent.config`) on the caller's side and talks to the
-  daemon through ``broker.client`` only.
+  daemon through ``broker.client.connection`` only.
 """

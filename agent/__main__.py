@@ -1,6 +1,6 @@
 """``python -m agent --connect ENDPOINT --token-file PATH [--die-with-parent]``: the agent process.
 
-The daemon starts exactly one (see ``broker.supervisor.AgentSupervisor``). It connects
+The daemon starts exactly one (see ``broker.daemon.supervisor.AgentSupervisor``). It connects
 as the ``agent`` peer, hosts every session the broker sends it (:mod:`agent.host`) and
 runs their commands on the daemon's executors over the same link
 (:class:`~agent.exec_runner.BrokerRunner`). It stops on SIGTERM / SIGINT (sessions
@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
             die_with_parent()
         except OSError as err:
             return fail(str(err))
-    from broker.logging import configure
+    from broker.net.logging import configure
 
     configure()
     return asyncio.run(serve(args.connect, args.token_file, args.name))

@@ -33,7 +33,7 @@ exist, be a regular file, and (for an update) be UTF-8 text; every chunk must ap
 Add target or Move destination must not be a directory, nor lie beneath a file. An Add
 of an existing file overwrites it, as a Move onto an existing file does. A patch with no
 hunks is refused. The result is an :class:`ApplyPatchAction`: the net change of every
-path as ``broker.protocol`` :class:`FileChange` values (what
+path as ``broker.wire.protocol`` :class:`FileChange` values (what
 ``apply_patch_approval_request`` and ``patch_apply_begin`` carry) and the final contents.
 
 :func:`apply_action` then makes the disk match: it first checks no target changed since
@@ -68,7 +68,7 @@ from agent.patch_parse import (
     parse_apply_patch_argv,
     parse_patch,
 )
-from broker.protocol import AddFileChange, DeleteFileChange, FileChange, UpdateFileChange
+from broker.wire.protocol import AddFileChange, DeleteFileChange, FileChange, UpdateFileChange
 
 __all__ = [
     "ApplyOutcome",

@@ -6,7 +6,7 @@ runtime dir's auth token) and waits for the welcome; ``runtime`` may also be a
 broker sends is handed to the handler registered for its kind (:meth:`BrokerLink.on`),
 from the event loop, with the frames as they came (``zmq.Frame``, not copied).
 
-The link keeps itself alive the way :mod:`broker.client` does: it answers ``ping``,
+The link keeps itself alive the way :mod:`broker.client.connection` does: it answers ``ping``,
 pings the broker after a heartbeat of silence, and gives up after
 :data:`DEAD_AFTER_HEARTBEATS` heartbeats without a word, when the socket file is gone,
 or when the socket reports a disconnect. Giving up calls every ``on_broken`` callback
@@ -27,9 +27,9 @@ from collections.abc import Callable
 import structlog
 import zmq
 
-from broker import wire
-from broker.runtime import RuntimeDir
-from broker.zloop import ZSocket
+from broker.wire import frames as wire
+from broker.net.runtime import RuntimeDir
+from broker.net.zloop import ZSocket
 
 log = structlog.get_logger("agent.broker_link")
 
@@ -43,7 +43,7 @@ Handler = Callable[[wire.Header, list[zmq.Frame]], None]
 class Target:
     """Where the daemon is: an endpoint and the file holding its auth token.
 
-    Has the attributes of :class:`~broker.runtime.RuntimeDir` the link uses, so either
+    Has the attributes of :class:`~broker.net.runtime.RuntimeDir` the link uses, so either
     can be passed to :meth:`BrokerLink.connect`.
     """
 
@@ -108,7 +108,7 @@ class BrokerLink:
             token = runtime.read_token()
             link = cls(runtime, _new_socket(runtime), role=role, name=name)
             try:
-                outcome = await link._hello(token, max(0.0, deadline - time.monotonic()))
+                outcome = await link.hello(token, max(0.0, deadline - time.monotonic()))
             except BaseException:
                 await link.aclose()
                 raise
@@ -125,7 +125,7 @@ class BrokerLink:
                 continue
             raise LinkError(f"the daemon refused the connection: {outcome}")
 
-    async def _hello(self, token: str, timeout: float) -> wire.Welcome | str | None:
+    async def hello(self, token: str, timeout: float) -> wire.Welcome | str | None:
         self._welcome = asyncio.get_running_loop().create_future()
         hello = wire.Hello(role=self.role, token=token, pid=os.getpid(), name=self.name)
         self.send(wire.message(wire.HELLO, body=hello))

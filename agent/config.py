@@ -75,7 +75,7 @@ from urllib.parse import urlencode
 
 import msgspec
 
-from broker.protocol import (
+from broker.wire.protocol import (
     SANDBOX_MODES,
     AskForApproval,
     ModelProviderInfo,

@@ -9,7 +9,7 @@ The session never spawns anything itself. It calls::
 the policy's ``disk-write-cwd`` makes writable. The session passes its own cwd there,
 so a ``workdir`` the model chose is a place to run, never a writable root.
 ``on_output(stream, chunk)`` gets each chunk of output as it arrives (``stream`` an
-:class:`~broker.protocol.ExecOutputStream`, ``chunk`` bytes), in order; ``run`` returns
+:class:`~broker.wire.protocol.ExecOutputStream`, ``chunk`` bytes), in order; ``run`` returns
 an :class:`ExecResult` once the command has ended. ``await runner.cancel(call_id)``
 kills the command's process tree; its ``run`` then returns with ``aborted`` set.
 Cancelling the task awaiting ``run`` cancels the command as well (and re-raises at once,
@@ -39,10 +39,10 @@ import structlog
 import zmq
 
 from agent.broker_link import BrokerLink, LinkError
-from broker import wire
-from broker.client import new_call_id, shell_returncode
-from broker.protocol import ExecOutputStream, SandboxPolicy
-from broker.runtime import RuntimeDir
+from broker.wire import frames as wire
+from broker.wire.results import new_call_id, shell_returncode
+from broker.wire.protocol import ExecOutputStream, SandboxPolicy
+from broker.net.runtime import RuntimeDir
 from landlock_helper.env import filter_env
 
 log = structlog.get_logger("agent.exec_runner")
@@ -103,7 +103,7 @@ class ExecResult:
 
     @property
     def returncode(self) -> int:
-        """One number, shell style (see broker.client.shell_returncode)."""
+        """One number, shell style (see broker.wire.results.shell_returncode)."""
         return shell_returncode(self)
 
 

@@ -26,7 +26,7 @@ from pathlib import Path
 import msgspec
 
 from agent.config import sluice_home
-from broker.protocol import HistoryEntry
+from broker.wire.protocol import HistoryEntry
 
 HISTORY_FILENAME = "history.jsonl"
 LOCK_RETRIES = 10

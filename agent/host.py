@@ -28,8 +28,8 @@ import zmq
 from agent.broker_link import BrokerLink, LinkError
 from agent.exec_runner import CommandRunner
 from agent.session import Session
-from broker import wire
-from broker.protocol import (
+from broker.wire import frames as wire
+from broker.wire.protocol import (
     ConfigureSession,
     ErrorEvent,
     Event,

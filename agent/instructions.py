@@ -23,7 +23,7 @@ from pathlib import Path
 import structlog
 
 from agent.safety import writable_roots_for
-from broker.protocol import AskForApproval, SandboxPolicy
+from broker.wire.protocol import AskForApproval, SandboxPolicy
 
 log = structlog.get_logger("agent.instructions")
 

@@ -24,7 +24,7 @@ from typing import Any
 
 import structlog
 
-from broker.protocol import ImageInput, InputItem, LocalImageInput, TextInput
+from broker.wire.protocol import ImageInput, InputItem, LocalImageInput, TextInput
 
 log = structlog.get_logger("agent.items")
 

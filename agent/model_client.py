@@ -28,7 +28,7 @@ get ``include: ["reasoning.encrypted_content"]``), headers ``Authorization: Bear
 stream's events carry a ``type``: ``response.created``, ``response.output_text.delta``,
 ``response.reasoning_summary_text.delta``, ``response.reasoning_text.delta``,
 ``response.output_item.done``, and the end: ``response.completed`` (its ``usage``
-becomes a :class:`~broker.protocol.TokenCountEvent`), ``response.failed`` (its
+becomes a :class:`~broker.wire.protocol.TokenCountEvent`), ``response.failed`` (its
 ``error.message``), ``response.incomplete`` or an ``error`` event. Others are ignored.
 
 ``wire_api = "chat"``: ``POST {base_url}/chat/completions``; see
@@ -84,7 +84,7 @@ import structlog
 from agent.chat_completions import ChatStreamAssembler, chat_messages, chat_tools
 from agent.config import ResolvedProvider
 from agent.sse import ServerSentEvent, SSEDecoder
-from broker.protocol import TokenCountEvent, WireApi
+from broker.wire.protocol import TokenCountEvent, WireApi
 
 log = structlog.get_logger("agent.model_client")
 
@@ -531,7 +531,7 @@ class ModelClient:
             await chunks.aclose()
 
     def _stream_error(self, error: dict[str, Any], fallback: str) -> Exception:
-        message = _one_line(str(error.get("message") or "")) or fallback
+        message = one_line(str(error.get("message") or "")) or fallback
         code = error.get("code") or error.get("type")
         code = str(code) if code else None
         message = self._scrub(message)
@@ -572,22 +572,22 @@ def _error_message(body: str) -> tuple[str, str | None]:
     try:
         data = json.loads(body)
     except ValueError:
-        return _one_line(body), None
+        return one_line(body), None
     if isinstance(data, dict):
         error = data.get("error", data)
         if isinstance(error, str):
-            return _one_line(error), None
+            return one_line(error), None
         if isinstance(error, dict):
             code = error.get("code") or error.get("type")
             message = error.get("message") or error.get("detail") or ""
-            return _one_line(str(message)), (str(code) if code else None)
-    return _one_line(body), None
+            return one_line(str(message)), (str(code) if code else None)
+    return one_line(body), None
 
 
-def _one_line(text: str, limit: int = 500) -> str:
+def one_line(text: str, limit: int = 500) -> str:
     text = " ".join(text.split())
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def _describe(err: httpx.HTTPError) -> str:
-    return _one_line(str(err)) or type(err).__name__
+    return one_line(str(err)) or type(err).__name__

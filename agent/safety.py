@@ -67,7 +67,7 @@ from typing import Protocol
 import msgspec
 
 from agent.safe_commands import is_known_safe_command
-from broker.protocol import AskForApproval, SandboxPolicy
+from broker.wire.protocol import AskForApproval, SandboxPolicy
 from landlock_helper.policy import SandboxPolicy as LandlockPolicy
 
 __all__ = [
@@ -343,7 +343,7 @@ def is_likely_sandbox_denied(
 
 
 class ExecResult(Protocol):
-    """How a command ended, e.g. ``broker.wire.ExitStatus``. Only ``exit_code``,
+    """How a command ended, e.g. ``broker.wire.frames.ExitStatus``. Only ``exit_code``,
     ``stdout`` and ``stderr`` are required; the rest are read when present."""
 
     exit_code: int | None

@@ -72,7 +72,7 @@ from agent.items import Item, input_texts
 from agent.model_client import DEFAULT_BACKOFF_BASE, ModelClient
 from agent.rollout import RolloutError, RolloutRecorder, sessions_dir
 from agent.turn import run_compact_task, run_task
-from broker.protocol import (
+from broker.wire.protocol import (
     DISK_WRITE_FOLDER,
     AddToHistory,
     AskForApproval,

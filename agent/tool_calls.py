@@ -76,8 +76,8 @@ from agent.tools import (
     parse_shell_arguments,
     shell_params_from_local_call,
 )
-from broker.client import RC_ABORTED, new_call_id
-from broker.protocol import (
+from broker.wire.results import new_call_id, EXIT_INTERRUPTED
+from broker.wire.protocol import (
     AgentMessageEvent,
     AgentReasoningEvent,
     AgentReasoningRawContentEvent,
@@ -267,7 +267,7 @@ async def run_command(
                                        sandbox_cwd=sess.config.cwd, env_passthrough=sess.command_env_passthrough)
     except asyncio.CancelledError:
         sess.send(sub_id, ExecCommandEndEvent(
-            call_id=call_id, stdout="", stderr="", aggregated_output="", exit_code=RC_ABORTED,
+            call_id=call_id, stdout="", stderr="", aggregated_output="", exit_code=EXIT_INTERRUPTED,
             duration=Duration.from_seconds(time.monotonic() - started), formatted_output=ABORTED,
         ))
         raise

@@ -37,7 +37,7 @@ from typing import Any
 
 import msgspec
 
-from broker.protocol import AskForApproval, PlanItem, PlanUpdateEvent, SandboxPolicy
+from broker.wire.protocol import AskForApproval, PlanItem, PlanUpdateEvent, SandboxPolicy
 
 SHELL = "shell"
 CONTAINER_EXEC = "container.exec"

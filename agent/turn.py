@@ -42,7 +42,7 @@ from agent.model_client import (
 from agent.notify import spawn_notifier, turn_complete_payload
 from agent.tool_calls import handle_response_item
 from agent.tools import ToolOutput, tools_for
-from broker.protocol import (
+from broker.wire.protocol import (
     AgentMessageDeltaEvent,
     AgentMessageEvent,
     AgentReasoningDeltaEvent,

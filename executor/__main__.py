@@ -111,8 +111,8 @@ def hidden(args, remote: bool) -> tuple[str, ...]:
     """What commands must not see: the ``--hide`` paths, sluice's home (config, sessions,
     keys) and, for a remote broker, this executor's key file and the runtime dir of a local
     daemon (its socket and token)."""
-    from broker.remote import default_keys_dir
-    from broker.runtime import default_runtime_dir, hidden_paths
+    from broker.net.keys import default_keys_dir
+    from broker.net.runtime import default_runtime_dir, hidden_paths
 
     extra = [args.key, default_runtime_dir()] if remote else []
     return hidden_paths(*args.hide, *extra, default_keys_dir())
@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m executor", error_
             die_with_parent()
     except StartupError as e:
         return fail(str(e))
-    from broker.runtime import ensure_sluice_home
+    from broker.net.runtime import ensure_sluice_home
 
     # Before the spawner: it hides only what exists when it starts.
     problem = ensure_sluice_home()
@@ -147,7 +147,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m executor", error_
 
     try:
         if remote:
-            from broker.remote import KeyFileError, Remote
+            from broker.net.keys import KeyFileError, Remote
 
             try:
                 link = Remote.from_files(args.connect, args.server_key, args.key)

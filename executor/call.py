@@ -14,10 +14,11 @@ from typing import TYPE_CHECKING
 
 import structlog
 
-from broker import wire
+from broker.wire import frames as wire
 from executor.capture import Capture
 from landlock_helper import PolicyError, SandboxPolicy, filter_env
 from landlock_helper.spawn import SandboxError
+from broker.wire.results import EXIT_TIMED_OUT
 
 if TYPE_CHECKING:
     from executor.worker import Worker
@@ -30,7 +31,6 @@ PIPE_SIZE = 1024 * 1024
 F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
 # SIGTERM first on cancel; SIGKILL after this many seconds if the tree still lives.
 CANCEL_GRACE_S = 0.5
-TIMEOUT_EXIT_CODE = 124
 # poll() should answer as soon as done_fds are readable; if it lags, retry this often.
 POLL_RETRY_S = 0.005
 POLL_RETRIES = 400
@@ -330,7 +330,7 @@ class Call:
             exit_code = signal = None
             error = self.error or "the command's exit status is unavailable"
         elif self.timed_out:
-            exit_code, signal = TIMEOUT_EXIT_CODE, None
+            exit_code, signal = EXIT_TIMED_OUT, None
             error = self.error or outcome.error
         else:
             exit_code, signal = outcome.exit_code, outcome.signal

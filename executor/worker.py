@@ -1,6 +1,6 @@
 """The executor worker: one DEALER to the broker, one asyncio loop, many sandboxed calls.
 
-Everything happens on one thread: the zmq socket (via :class:`broker.zloop.ZSocket`),
+Everything happens on one thread: the zmq socket (via :class:`broker.net.zloop.ZSocket`),
 every call's pipes and done_fds (``loop.add_reader``), timers and signals. Nothing here
 blocks, so a cancel is acted on as soon as it arrives, whatever else is streaming.
 
@@ -28,9 +28,9 @@ import structlog
 import zmq
 from zmq.utils.monitor import parse_monitor_message
 
-from broker import wire
-from broker.logging import Throttle
-from broker.zloop import ZSocket
+from broker.wire import frames as wire
+from broker.net.logging import Throttle
+from broker.net.zloop import ZSocket
 from executor.call import Call, one_line
 from executor.errors import StartupError
 
@@ -50,7 +50,7 @@ FINAL_LINGER_MS = 1000
 BACKLOG_RETRY_MIN_S = 0.001
 BACKLOG_RETRY_MAX_S = 0.05
 # Remote executors give up on a silent broker after as many heartbeats as the broker
-# gives an executor (broker.router.MISSED_HEARTBEATS), so both sides let go together.
+# gives an executor (broker.daemon.router.MISSED_HEARTBEATS), so both sides let go together.
 REMOTE_MISSED_HEARTBEATS = 5
 # While (re)joining: a fresh connection and hello this often until welcomed.
 REJOIN_EVERY_S = 5.0
@@ -58,7 +58,7 @@ REJOIN_EVERY_S = 5.0
 # is abandoned after this, so a host whose network comes back is seen within seconds.
 RECONNECT_IVL_MAX_MS = 2000
 CONNECT_TIMEOUT_MS = 2000
-# What the broker says to a peer it does not know (broker.router.HELLO_FIRST).
+# What the broker says to a peer it does not know (broker.daemon.router.HELLO_FIRST).
 HELLO_FIRST = "send hello first"
 _HANDSHAKE_EVENTS = (
     zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
@@ -71,7 +71,7 @@ class Worker:
                  spawner=None, remote=None) -> None:
         self.endpoint = endpoint
         self.token = token
-        # A broker.remote.Remote: join over tcp with CurveZMQ, and rejoin instead of exiting.
+        # A broker.net.keys.Remote: join over tcp with CurveZMQ, and rejoin instead of exiting.
         self.remote = remote
         self.name = name
         self.slots = slots

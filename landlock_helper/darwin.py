@@ -14,7 +14,7 @@ import select
 import signal
 
 from landlock_helper.seatbelt import seatbelt_argv
-from landlock_helper.spawn import Outcome, SandboxError
+from landlock_helper.outcome import Outcome, SandboxError
 
 
 class SeatbeltProcess:

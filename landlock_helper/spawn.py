@@ -52,25 +52,11 @@ import sys
 from dataclasses import dataclass
 
 from landlock_helper import _libc, landlock, mounts, namespaces, seccomp, unix_guard
+from landlock_helper.outcome import Outcome, SandboxError
 from landlock_helper.policy import SandboxPolicy
 
 # Largest spec (argv + env + policy) a caller may send; SEQPACKET needs it in one piece.
 MAX_SPEC = 4 * 1024 * 1024
-
-
-class SandboxError(RuntimeError):
-    """The sandbox cannot be set up (kernel too old, bad cwd, ...); message for a person."""
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """How a sandboxed command ended: an exit code, a killing signal, or an error."""
-
-    exit_code: int | None = None
-    signal: int | None = None
-    error: str | None = None
-    # Lines for a person about what the command left that sluice undid (a planted .git).
-    notes: tuple[str, ...] = ()
 
 
 _FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 import psutil
 import pytest
 
-from broker.runtime import RuntimeDir
+from broker.net.runtime import RuntimeDir
 from tests.sandbox_harness import as_user, nobody_env, open_tmp, outside, workdir  # noqa: F401 (fixtures)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -158,7 +158,7 @@ class DaemonHandle:
         return self.proc.pid
 
     def client(self, timeout: float = 10.0):
-        """A connected :class:`broker.client.Client` (closed at teardown)."""
+        """A connected :class:`broker.client.connection.Client` (closed at teardown)."""
         from broker.client import Client
 
         c = Client.connect(self.runtime, autostart=False, timeout=timeout)

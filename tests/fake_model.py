@@ -26,7 +26,7 @@ from typing import Any
 
 from agent.exec_runner import CommandRunner, ExecResult, HeadTailBuffer, OutputCallback
 from agent.session import Session
-from broker.protocol import (
+from broker.wire.protocol import (
     AskForApproval,
     ConfigureSession,
     Event,

@@ -20,7 +20,7 @@ import termios
 import time
 from pathlib import Path
 
-from broker.protocol import (
+from broker.wire.protocol import (
     AskForApproval,
     ConfigureSession,
     ModelProviderInfo,

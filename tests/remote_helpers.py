@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import psutil
 
-from broker.remote import load_public_key, new_key_pair
+from broker.net.keys import load_public_key, new_key_pair
 from tests.conftest import ROOT, sluice_argv, subprocess_env
 
 

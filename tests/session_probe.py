@@ -3,7 +3,7 @@
     python tests/session_probe.py RUNTIME_DIR SESSION_ID OUT_FILE [--since N]
 
 Run with this checkout on PYTHONPATH (the daemon fixture's environment has it). Attaches
-to the session (``--since`` as :meth:`broker.client.Client.attach` takes it, default 0),
+to the session (``--since`` as :meth:`broker.client.connection.Client.attach` takes it, default 0),
 prints ``attached`` on stdout once the daemon answered, then writes one JSON line per
 event to OUT_FILE: ``{"seq", "type", "id", "digest"}`` (the digest is a CRC
 of the event as msgpack, so two frontends' streams compare exactly without carrying the
@@ -19,8 +19,8 @@ import sys
 import zlib
 
 from broker.client import Client
-from broker.protocol import encode_msgpack
-from broker.runtime import RuntimeDir
+from broker.wire.protocol import encode_msgpack
+from broker.net.runtime import RuntimeDir
 
 EVENT_TIMEOUT_S = 60.0
 

@@ -9,7 +9,7 @@ import random
 import pytest
 
 from agent.exec_runner import BrokerRunner
-from broker.protocol import (
+from broker.wire.protocol import (
     AskForApproval,
     ExecApproval,
     Interrupt,

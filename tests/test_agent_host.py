@@ -7,8 +7,8 @@ import asyncio
 import pytest
 
 from agent.host import Outbox, SessionHost
-from broker import wire
-from broker.protocol import (
+from broker.wire import frames as wire
+from broker.wire.protocol import (
     AgentMessageDeltaEvent,
     AskForApproval,
     ConfigureSession,

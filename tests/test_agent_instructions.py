@@ -16,7 +16,7 @@ from agent.instructions import (
     user_instructions,
 )
 from agent.notify import spawn_notifier, turn_complete_payload
-from broker.protocol import AskForApproval, sandbox_policy_from_mode
+from broker.wire.protocol import AskForApproval, sandbox_policy_from_mode
 
 pytestmark = pytest.mark.timeout(20)
 

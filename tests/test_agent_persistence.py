@@ -15,7 +15,7 @@ import pytest
 
 from agent import history
 from agent.rollout import RolloutError, RolloutRecorder, read_rollout, rollout_path
-from broker.protocol import HistoryEntry
+from broker.wire.protocol import HistoryEntry
 
 pytestmark = pytest.mark.timeout(20)
 

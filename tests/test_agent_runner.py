@@ -10,7 +10,7 @@ import pytest
 
 from agent.broker_link import BrokerLink, LinkError
 from agent.exec_runner import BrokerRunner, ExecResult, HeadTailBuffer
-from broker.protocol import ExecOutputStream, sandbox_policy_from_mode
+from broker.wire.protocol import ExecOutputStream, sandbox_policy_from_mode
 from tests.conftest import live_processes
 
 pytestmark = pytest.mark.timeout(60)
@@ -110,7 +110,7 @@ def test_cancel_kills_the_tree_both_ways(module_daemon, tmp_path) -> None:
 
 
 def test_link_refuses_without_daemon(tmp_path) -> None:
-    from broker.runtime import RuntimeDir
+    from broker.net.runtime import RuntimeDir
 
     async def main() -> None:
         with pytest.raises(LinkError, match="no daemon is running"):

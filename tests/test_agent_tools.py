@@ -18,7 +18,7 @@ from agent.tools import (
     tools_for,
     truncate_for_model,
 )
-from broker.protocol import AskForApproval, ImageInput, LocalImageInput, TextInput, sandbox_policy_from_mode
+from broker.wire.protocol import AskForApproval, ImageInput, LocalImageInput, TextInput, sandbox_policy_from_mode
 
 pytestmark = pytest.mark.timeout(10)
 

@@ -32,7 +32,7 @@ from agent.patch_parse import (
     extract_heredoc_patch,
     parse_patch,
 )
-from broker.protocol import AddFileChange, DeleteFileChange, UpdateFileChange
+from broker.wire.protocol import AddFileChange, DeleteFileChange, UpdateFileChange
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -22,11 +22,11 @@ from pathlib import Path
 import pytest
 import zmq
 
-from broker import sessions as broker_sessions
-from broker import wire
+from broker.daemon import sessions as broker_sessions
+from broker.wire import frames as wire
 from broker.client import Client
-from broker.client_sessions import SessionError
-from broker.protocol import (
+from broker.client.sessions import SessionError
+from broker.wire.protocol import (
     AskForApproval,
     ExecApproval,
     GetHistoryEntryRequest,

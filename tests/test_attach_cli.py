@@ -21,7 +21,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from broker.protocol import ExecApproval, ReviewDecision, TextInput, UserInput
+from broker.wire.protocol import ExecApproval, ReviewDecision, TextInput, UserInput
 from tests.conftest import daemons, short_tempdir, sluice_argv, subprocess_env, wait_for
 from tests.fake_model import FakeModelServer, assistant, call, gated, response, user_item
 from tests.frontends import Frontends, JsonLines, configure_op, json_events, submission_line, tag

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from broker.protocol import Shutdown, TextInput, UserInput
+from broker.wire.protocol import Shutdown, TextInput, UserInput
 from tests.conftest import daemons, short_tempdir
 from tests.fake_model import FakeModelServer, assistant, response, user_item
 from tests.frontends import Frontends, JsonLines, configure_op, json_events, submission_line, tag

@@ -1,4 +1,4 @@
-"""broker.client against a real daemon, real executors and the real sandbox."""
+"""broker.client.connection against a real daemon, real executors and the real sandbox."""
 
 from __future__ import annotations
 
@@ -10,17 +10,8 @@ import time
 import psutil
 import pytest
 
-from broker import wire
-from broker.client import (
-    Client,
-    DaemonError,
-    Interrupted,
-    Result,
-    UsageError,
-    daemon_status,
-    make_request,
-    stop_daemon,
-)
+from broker.wire import frames as wire
+from broker.client import Client, daemon_status, DaemonError, Interrupted, make_request, Result, stop_daemon, UsageError
 from tests.conftest import live_processes, wait_for
 
 
@@ -69,7 +60,7 @@ def test_daemon_that_cannot_start_is_reported(runtime_dir):
     blocker = os.path.join(runtime_dir.path, "file")
     with open(blocker, "w") as f:
         f.write("x")
-    from broker.runtime import RuntimeDir
+    from broker.net.runtime import RuntimeDir
 
     with pytest.raises(DaemonError) as e:
         Client.connect(RuntimeDir(blocker), timeout=20)

@@ -21,7 +21,7 @@ from agent.config import (
     parse_overrides,
     resolve_provider,
 )
-from broker.protocol import AskForApproval, ModelProviderInfo, SandboxPermission, WireApi
+from broker.wire.protocol import AskForApproval, ModelProviderInfo, SandboxPermission, WireApi
 
 pytestmark = pytest.mark.timeout(10)
 

@@ -39,7 +39,7 @@ import pytest
 
 from agent.tool_calls import WorkdirError, resolve_workdir
 from broker.client import make_request
-from broker.protocol import (
+from broker.wire.protocol import (
     AskForApproval,
     ConfigureSession,
     ModelProviderInfo,

@@ -1,7 +1,7 @@
 """The daemon, driven as a real process over its real socket.
 
 Each test starts ``serve`` in a subprocess with a private runtime dir and talks to it with
-raw DEALER sockets speaking broker.wire, playing frontends and (mostly) executors. The
+raw DEALER sockets speaking broker.wire.frames, playing frontends and (mostly) executors. The
 supervisor is tested with a small fake executor program; the last tests use the real
 ``python -m executor`` when it exists.
 """
@@ -25,9 +25,9 @@ import psutil
 import pytest
 import zmq
 
-from broker import wire
-from broker.daemon import DaemonAlreadyRunning, serve
-from broker.runtime import RuntimeDir
+from broker.wire import frames as wire
+from broker.daemon.server import DaemonAlreadyRunning, serve
+from broker.net.runtime import RuntimeDir
 from tests.conftest import wait_for
 
 REPO = Path(__file__).resolve().parents[1]
@@ -35,9 +35,9 @@ REPO = Path(__file__).resolve().parents[1]
 DAEMON_SCRIPT = textwrap.dedent(
     """
     import sys
-    from broker import supervisor
-    from broker.daemon import DaemonAlreadyRunning, serve
-    from broker.runtime import RuntimeDir, RuntimeDirError
+    from broker.daemon import supervisor
+    from broker.daemon.server import DaemonAlreadyRunning, serve
+    from broker.net.runtime import RuntimeDir, RuntimeDirError
 
     count, fake = sys.argv[1], sys.argv[2]
     if fake:
@@ -57,7 +57,7 @@ FAKE_EXECUTOR = textwrap.dedent(
     """
     import argparse, ctypes, os, signal, sys, time
     import zmq
-    from broker import wire
+    from broker.wire import frames as wire
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--connect", required=True)

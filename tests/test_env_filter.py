@@ -285,7 +285,7 @@ def test_log_redaction_uses_the_same_rule() -> None:
 
     import structlog
 
-    from broker.logging import configure
+    from broker.net.logging import configure
 
     saved = structlog.get_config()
     stream = io.StringIO()
@@ -304,7 +304,7 @@ def test_log_redaction_uses_the_same_rule() -> None:
 
 
 def test_configure_session_env_is_sluices_own_optional_field() -> None:
-    from broker.protocol import (
+    from broker.wire.protocol import (
         ConfigureSession,
         ModelProviderInfo,
         Submission,

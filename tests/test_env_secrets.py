@@ -20,7 +20,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from broker.protocol import decode_event_json
+from broker.wire.protocol import decode_event_json
 from landlock_helper.env import is_secret
 from tests.conftest import daemons, short_tempdir, sluice_argv, subprocess_env, wait_for
 from tests.fake_model import FakeModelServer, assistant, call, response
@@ -56,8 +56,8 @@ RECORDER = textwrap.dedent(
     """
     import os, signal, sys
     import msgspec, zmq
-    from broker import wire
-    from broker.runtime import RuntimeDir
+    from broker.wire import frames as wire
+    from broker.net.runtime import RuntimeDir
 
     runtime, record, ready = RuntimeDir(sys.argv[1]), sys.argv[2], sys.argv[3]
     stopping = False

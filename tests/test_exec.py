@@ -24,7 +24,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from broker.protocol import decode_event_json
+from broker.wire.protocol import decode_event_json
 from tests.conftest import daemons, live_processes, short_tempdir, sluice_argv, subprocess_env
 from tests.fake_model import (
     FakeModelServer,
@@ -208,8 +208,8 @@ def test_json_lines_are_codex_events_with_seq_over_chat_completions(dmn, server,
 
 
 def test_exec_continues_an_open_session(dmn, fe, server, work) -> None:
-    from broker.protocol import AskForApproval, ConfigureSession, ModelProviderInfo, Shutdown, WireApi
-    from broker.protocol import sandbox_policy_from_mode
+    from broker.wire.protocol import AskForApproval, ConfigureSession, ModelProviderInfo, Shutdown, WireApi
+    from broker.wire.protocol import sandbox_policy_from_mode
 
     server.script(response(assistant("First.")), response(assistant("Second.")))
     client = dmn.client()

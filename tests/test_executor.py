@@ -21,7 +21,7 @@ import psutil
 import pytest
 import zmq
 
-from broker import wire
+from broker.wire import frames as wire
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 READ_ONLY = ["disk-full-read-access"]

@@ -1,4 +1,4 @@
-"""broker.journal: appends, reads from any seq, rotation keeps a contiguous range, failures."""
+"""broker.daemon.journal: appends, reads from any seq, rotation keeps a contiguous range, failures."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from broker import journal as J
+from broker.daemon import journal as J
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -39,7 +39,7 @@ from agent.model_client import (
     retry_message,
 )
 from agent.sse import SSEDecoder, ServerSentEvent
-from broker.protocol import ModelProviderInfo, TokenCountEvent, WireApi
+from broker.wire.protocol import ModelProviderInfo, TokenCountEvent, WireApi
 
 pytestmark = pytest.mark.timeout(20)
 

@@ -105,7 +105,7 @@ def _start_daemon_in(factory, hosts: Hosts, keys, endpoint: str) -> DaemonHandle
     """Like ``factory.start``, but the daemon process lives in namespace A."""
     path = short_tempdir()
     factory.dirs.append(path)
-    from broker.runtime import RuntimeDir
+    from broker.net.runtime import RuntimeDir
 
     runtime = RuntimeDir(path)
     env = subprocess_env(runtime)

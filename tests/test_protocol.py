@@ -10,7 +10,7 @@ import uuid
 import msgspec
 import pytest
 
-from broker.protocol import (
+from broker.wire.protocol import (
     AddFileChange,
     AddToHistory,
     AgentMessageDeltaEvent,

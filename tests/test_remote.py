@@ -19,9 +19,9 @@ import time
 import pytest
 import zmq
 
-from broker import wire
+from broker.wire import frames as wire
 from broker.client import Client
-from broker.remote import Remote, load_public_key
+from broker.net.keys import Remote, load_public_key
 from tests.conftest import daemons, short_tempdir, subprocess_env, wait_for
 from tests.remote_helpers import (
     connect_args,

@@ -21,7 +21,7 @@ import time
 
 import pytest
 
-from broker.remote import new_key_pair
+from broker.net.keys import new_key_pair
 from tests.conftest import ROOT, daemons, short_tempdir, subprocess_env, wait_for
 from tests.remote_helpers import (
     connect_args,

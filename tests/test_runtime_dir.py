@@ -35,9 +35,9 @@ from dataclasses import dataclass
 
 import pytest
 
-from broker import client as C
-from broker.journal import Journal, reset_directory
-from broker.runtime import (
+import broker.client as C
+from broker.daemon.journal import Journal, reset_directory
+from broker.net.runtime import (
     RuntimeDir,
     RuntimeDirError,
     RuntimeDirMissing,

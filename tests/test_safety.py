@@ -23,7 +23,7 @@ from agent.safety import (
     should_retry_unsandboxed,
     writable_roots_for,
 )
-from broker.protocol import AskForApproval, sandbox_policy_from_mode
+from broker.wire.protocol import AskForApproval, sandbox_policy_from_mode
 from tests.sandbox_harness import INNER_PYTHON
 
 UNTRUSTED, ON_FAILURE, ON_REQUEST, NEVER = (

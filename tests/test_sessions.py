@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from broker.client_sessions import SessionError
-from broker.protocol import (
+from broker.client.sessions import SessionError
+from broker.wire.protocol import (
     AddToHistory,
     AskForApproval,
     Compact,

@@ -17,10 +17,10 @@ import re
 import pytest
 import zmq
 
-from broker import sessions as sessions_module
-from broker import wire
-from broker.journal import Journal
-from broker.protocol import (
+from broker.daemon import sessions as sessions_module
+from broker.wire import frames as wire
+from broker.daemon.journal import Journal
+from broker.wire.protocol import (
     AgentMessageDeltaEvent,
     AskForApproval,
     ConfigureSession,
@@ -41,7 +41,7 @@ from broker.protocol import (
     encode_msgpack,
     sandbox_policy_from_mode,
 )
-from broker.router import IDLE_PING_EVERY, Router
+from broker.daemon.router import IDLE_PING_EVERY, Router
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -44,11 +44,11 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from broker import wire
-from broker.cli import EXIT_NOT_RUNNING, EXIT_SLUICE, EXIT_USAGE, CliExit, connect_client, print_error, write_all
-from broker.client import DaemonError, Interrupted, daemon_status
-from broker.client_sessions import SessionError
-from broker.protocol import (
+from broker.wire import frames as wire
+from broker.cli.main import EXIT_NOT_RUNNING, EXIT_SLUICE, EXIT_USAGE, CliExit, connect_client, print_error, write_all
+from broker.client import daemon_status, DaemonError, Interrupted
+from broker.client.sessions import SessionError
+from broker.wire.protocol import (
     ConfigureSession,
     ErrorEvent,
     Event,
@@ -59,15 +59,13 @@ from broker.protocol import (
     UserInput,
     decode_submission_json,
 )
-from broker.render import APPROVAL_PROMPT, HumanRenderer, JsonRenderer, describe_approval, parse_approval_answer
+from broker.cli.render import APPROVAL_PROMPT, HumanRenderer, JsonRenderer, describe_approval, parse_approval_answer
+from broker.wire.results import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK
 
 if TYPE_CHECKING:
     from broker.client import Client
-    from broker.client_sessions import ClientSession
+    from broker.client.sessions import ClientSession
 
-EXIT_OK = 0
-EXIT_FAILED = 1
-EXIT_INTERRUPTED = 130
 
 # A second Ctrl-C this soon after the one that interrupted the turn detaches.
 DOUBLE_CTRL_C_S = 1.0
@@ -328,7 +326,7 @@ class Attachment:
     ``bad_input_events``: a bad JSON line is also answered with an ``error`` event on stdout.
 
     :meth:`run` returns the exit status; the caller detaches. Raises
-    :class:`broker.client.DaemonError` when the daemon goes away.
+    :class:`broker.client.errors.DaemonError` when the daemon goes away.
     """
 
     def __init__(self, client: Client, session: ClientSession, render, *, input_mode: str,

@@ -15,7 +15,7 @@ environment of the agent's commands, built from this process's under
 the session, so the daemon and the executors never get the caller's secrets
 (``--env-report`` names what the commands will not get). Then it
 starts (or reuses) the daemon, opens a session (``configure_session``), submits PROMPT
-(``-`` reads it from stdin), renders the events (:mod:`broker.render`) until the task
+(``-`` reads it from stdin), renders the events (:mod:`broker.cli.render`) until the task
 ends, and shuts the session down (its rollout flushed). ``experimental_resume = "PATH"``
 (``-c experimental_resume=PATH``) resumes the conversation of a rollout file, as in Codex.
 ``--session ID`` (an id or a unique prefix of one) continues a session that is already open
@@ -35,7 +35,7 @@ agent or the daemon gone), 130 when interrupted, 2 for bad usage or configuratio
 missing API key included: the message names the variable to set).
 
 This module lives in ``agent`` because it needs the agent's configuration (providers,
-``config.toml``); ``broker.cli`` hands ``sluice exec`` to it without importing anything
+``config.toml``); ``broker.cli.main`` hands ``sluice exec`` to it without importing anything
 else of the agent, and it reaches the daemon only through ``broker.client``.
 """
 
@@ -46,12 +46,9 @@ import os
 import signal
 import sys
 
-from broker.cli import CliExit, add_connect_args, connect_client, print_error
+from broker.cli.main import CliExit, add_connect_args, connect_client, print_error
+from broker.wire.results import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
 
-EXIT_OK = 0
-EXIT_FAILED = 1
-EXIT_USAGE = 2
-EXIT_INTERRUPTED = 130
 # How long to wait for the session to shut down (rollout flushed) after the task.
 SHUTDOWN_WAIT_S = 5.0
 CONFIGURE_WAIT_S = 60.0
@@ -130,7 +127,7 @@ def _read_prompt(prompt: str | None) -> str:
 def _configure_op(args):
     """The ``configure_session`` op for this invocation, and the header line's facts."""
     from agent.config import ConfigError, load_config, resolve_provider
-    from broker.protocol import UNSET, ConfigureSession, parse_approval_policy, sandbox_policy_from_mode
+    from broker.wire.protocol import UNSET, ConfigureSession, parse_approval_policy, sandbox_policy_from_mode
 
     try:
         config = load_config(overrides=args.overrides)
@@ -203,7 +200,7 @@ class _Exec:
     """One run: connect, open (or join) the session, submit, render until the task ends."""
 
     def __init__(self, args, op, header: dict[str, str]) -> None:
-        from broker.render import HumanRenderer, JsonRenderer
+        from broker.cli.render import HumanRenderer, JsonRenderer
 
         self.args = args
         self.op = op
@@ -217,8 +214,8 @@ class _Exec:
         self.can_ask = _isatty(0)
 
     def run(self, prompt: str) -> int:
-        from broker import client as C
-        from broker.client_sessions import SessionError
+        import broker.client as C
+        from broker.client.sessions import SessionError
 
         client = connect_client(self.args, name="sluice exec")
         self.render.me = client.peer_id
@@ -238,7 +235,7 @@ class _Exec:
 
     def _run(self, client, prompt: str) -> int:
         from broker.client import Interrupted
-        from broker.protocol import TextInput, UserInput
+        from broker.wire.protocol import TextInput, UserInput
 
         if self.op is None:
             self.session = client.session(self._resolve(client, self.args.session))
@@ -275,7 +272,7 @@ class _Exec:
         """The id of the session ``--session`` names (an id or a unique prefix)."""
         import uuid
 
-        from broker.attach_cli import NoSuchSession, resolve_session
+        from broker.cli.attach import NoSuchSession, resolve_session
 
         try:
             return str(uuid.UUID(text))  # a whole id: the daemon itself says if it is unknown
@@ -293,7 +290,7 @@ class _Exec:
         # The daemon answers in the order it is asked: once it has listed its sessions it
         # has taken the submission too (closing the socket could otherwise drop it).
         client.list_sessions()
-        from broker.cli import write_all
+        from broker.cli.main import write_all
 
         write_all(1, f"{self.session.id}\n".encode())
         if not self.args.json:
@@ -344,8 +341,8 @@ class _Exec:
     # -- approvals ----------------------------------------------------------------------
 
     def _approve(self, event) -> None:
-        from broker.protocol import ExecApproval, PatchApproval, ReviewDecision
-        from broker.render import describe_approval
+        from broker.wire.protocol import ExecApproval, PatchApproval, ReviewDecision
+        from broker.cli.render import describe_approval
 
         what = describe_approval(event.msg, self.cwd)
         if not self.can_ask:
@@ -363,8 +360,8 @@ class _Exec:
     def _ask(self, question: str, call_id: str):
         """The decision typed at the terminal; None if another frontend answered first."""
         from broker.client import Interrupted
-        from broker.protocol import ReviewDecision
-        from broker.render import APPROVAL_PROMPT, parse_approval_answer
+        from broker.wire.protocol import ReviewDecision
+        from broker.cli.render import APPROVAL_PROMPT, parse_approval_answer
 
         self.render.line(question, "1;33")
         held = []
@@ -418,7 +415,7 @@ class _Exec:
     def _shutdown(self, *, wait: bool = True) -> None:
         """Shut the session down (rollout flushed); render what it says meanwhile."""
         from broker.client import DaemonError, Interrupted
-        from broker.protocol import Shutdown
+        from broker.wire.protocol import Shutdown
 
         import time
 

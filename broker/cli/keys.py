@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import os
 
-from broker.cli import EXIT_USAGE, CliExit, print_error
-from broker.remote import default_keys_dir
+from broker.cli.main import EXIT_USAGE, CliExit, print_error
+from broker.net.keys import default_keys_dir
 
 
 def add_keys_parser(sub) -> None:
@@ -50,7 +50,7 @@ def keys_main(args) -> int:
     if args.keys_action != "new":
         print_error("error: usage: sluice keys new NAME [--dir DIR]")
         return EXIT_USAGE
-    from broker.remote import KeyFileError, load_public_key, new_key_pair
+    from broker.net.keys import KeyFileError, load_public_key, new_key_pair
 
     directory = os.path.abspath(args.dir) if args.dir else default_keys_dir()
     try:
@@ -70,13 +70,13 @@ def keys_main(args) -> int:
 
 
 def listen_from_args(args):
-    """A :class:`broker.zap.Listen` for ``sluice daemon``'s flags, or None without ``--listen``.
+    """A :class:`broker.daemon.listener.Listen` for ``sluice daemon``'s flags, or None without ``--listen``.
 
     Mistakes are printed as one line and raised as :class:`CliExit`.
     """
     if not (args.listen or args.key or args.allow or args.allow_executors):
         return None
-    from broker.zap import Listen, ListenError
+    from broker.daemon.listener import Listen, ListenError
 
     try:
         return Listen.from_args(args.listen, args.key, args.allow, args.allow_executors)

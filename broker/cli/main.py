@@ -2,11 +2,11 @@
 
 Imports are lazy: ``sluice run`` loads only the client (zmq, msgspec, the wire and the
 policy), so its start-up stays small next to the command it runs. ``sluice exec`` is
-handed, arguments and all, to :mod:`agent.exec_cli` (it needs the agent's configuration);
+handed, arguments and all, to :mod:`broker.cli.exec` (it needs the agent's configuration);
 ``sluice sessions``, ``sluice attach`` and ``sluice bridge`` (frontends for the sessions
-the daemon hosts) to :mod:`broker.attach_cli`; ``sluice sandbox`` to landlock_helper's
+the daemon hosts) to :mod:`broker.cli.attach`; ``sluice sandbox`` to landlock_helper's
 command line. The network commands (``keys``, ``daemon --listen``, ``executor``) are in
-:mod:`broker.cli_remote`.
+:mod:`broker.cli.keys`.
 
 Exit codes of ``sluice run``: the command's own exit code; 124 when it timed out;
 128+N when it was killed by signal N; 130 / 143 / 129 when sluice itself got SIGINT /
@@ -20,12 +20,10 @@ from __future__ import annotations
 import os
 import sys
 
-EXIT_USAGE = 2
-EXIT_SLUICE = 125
+from broker.wire.results import EXIT_NOT_FOUND, EXIT_NOT_RUNNING, EXIT_SLUICE, EXIT_USAGE
+
 # How long ``sluice run`` waits for a cancelled call to end before giving up.
 CANCEL_WAIT_S = 5.0
-# ``sluice daemon status`` when no daemon is running (LSB status convention).
-EXIT_NOT_RUNNING = 3
 
 USAGE_RUN = "sluice run [options] -- CMD ARGS..."
 USAGE_SANDBOX = "sluice sandbox [options] -- CMD ARGS..."
@@ -62,10 +60,10 @@ def add_connect_args(parser) -> None:
 
 
 def remote_from_args(args):
-    """The :class:`broker.remote.Remote` that ``--connect/--server-key/--key`` name, or None
+    """The :class:`broker.net.keys.Remote` that ``--connect/--server-key/--key`` name, or None
     for the local daemon. Mistakes are printed as one line and raised as :class:`CliExit`."""
     if getattr(args, "connect", None):
-        from broker.remote import KeyFileError, Remote
+        from broker.net.keys import KeyFileError, Remote
 
         try:
             return Remote.from_files(args.connect, args.server_key, args.key)
@@ -77,12 +75,12 @@ def remote_from_args(args):
 
 
 def connect_client(args, *, name: str, autostart: bool = True):
-    """A :class:`broker.client.Client` for the frontend command ``args`` came from.
+    """A :class:`broker.client.connection.Client` for the frontend command ``args`` came from.
 
     The local daemon (started if needed and ``autostart``), or the one ``--connect``
     names. Failures are printed as one line and raised as :class:`CliExit`.
     """
-    from broker import client as C
+    import broker.client as C
 
     remote = remote_from_args(args)
     try:
@@ -140,7 +138,7 @@ def _parser():
     add_connect_args(run)
     run.add_argument("command", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
 
-    # Listed for --help only: main() hands ``exec`` to agent.exec_cli before parsing.
+    # Listed for --help only: main() hands ``exec`` to broker.cli.exec before parsing.
     sub.add_parser("exec", help="give the agent a task and watch it work (see `sluice exec --help`)", add_help=False)
 
     sessions = sub.add_parser("sessions", help="list the daemon's sessions",
@@ -184,7 +182,7 @@ def _parser():
     daemon.add_argument("--executors", metavar="N", type=count, default=None,
                         help="executor processes (default: CPU count; 0: only executors that connect themselves)")
     daemon.add_argument("--log-json", action="store_true", help="log JSON lines (default: JSON when not a terminal)")
-    from broker.cli_remote import add_keys_parser, add_listen_args
+    from broker.cli.keys import add_keys_parser, add_listen_args
 
     add_listen_args(daemon)
     add_keys_parser(sub)
@@ -199,11 +197,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         # Handed over, arguments and all, before parsing: they have parsers of their own.
         if argv and argv[0] == "exec":
-            from agent.exec_cli import main as exec_main
+            from broker.cli.exec import main as exec_main
 
             return exec_main(argv[1:], prog="sluice exec")
         if argv and argv[0] == "executor":
-            from broker.cli_remote import executor_main
+            from broker.cli.keys import executor_main
 
             return executor_main(argv[1:])
         parser = _parser()
@@ -211,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.subcommand == "run":
             return _run(args)
         if args.subcommand in ("sessions", "attach", "bridge"):
-            from broker import attach_cli
+            from broker.cli import attach as attach_cli
 
             return getattr(attach_cli, f"{args.subcommand}_main")(args)
         if args.subcommand == "sandbox":
@@ -219,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.subcommand == "daemon":
             return _daemon(args)
         if args.subcommand == "keys":
-            from broker.cli_remote import keys_main
+            from broker.cli.keys import keys_main
 
             return keys_main(args)
         parser.print_help(sys.stderr)
@@ -259,7 +257,7 @@ def _command(args, usage: str) -> list[str]:
 
 def _run(args) -> int:
     command = _command(args, USAGE_RUN)
-    from broker import client as C
+    import broker.client as C
 
     try:
         request = C.make_request(
@@ -311,7 +309,7 @@ def _run(args) -> int:
         return 141
     if result.error is not None:
         code = result.returncode
-        if code == C.RC_NOT_FOUND:
+        if code == EXIT_NOT_FOUND:
             print_error(f"command not found: {command[0]}")
         else:
             print_error(f"error: {result.error}")
@@ -378,8 +376,8 @@ class _JsonOutput:
     """Codex-shaped events, one JSON object per line on stdout."""
 
     def __init__(self, request) -> None:
-        from broker import protocol
-        from broker.client import new_call_id
+        from broker.wire import protocol
+        from broker.wire.results import new_call_id
 
         self.P = protocol
         self.request = request
@@ -452,8 +450,8 @@ def _sandbox(args) -> int:
         helper_argv += ["--env", name]
     if args.env_report:
         _env_report(args.env)
-    from broker.remote import default_keys_dir
-    from broker.runtime import RuntimeDir, ensure_sluice_home, hidden_paths
+    from broker.net.keys import default_keys_dir
+    from broker.net.runtime import RuntimeDir, ensure_sluice_home, hidden_paths
 
     # A daemon may be running for this user: its socket and token stay out of reach, and
     # so does sluice's home (config, sessions, CurveZMQ keys), made first if missing so
@@ -473,14 +471,14 @@ def _sandbox(args) -> int:
 
 
 def _daemon(args) -> int:
-    from broker.cli_remote import listen_argv, listen_from_args
-    from broker.runtime import RuntimeDir, RuntimeDirError
+    from broker.cli.keys import listen_argv, listen_from_args
+    from broker.net.runtime import RuntimeDir, RuntimeDirError
 
     runtime = RuntimeDir.default()
     listen = listen_from_args(args) if args.action in (None, "start") else None
     if args.action is None:
-        from broker.daemon import DaemonAlreadyRunning, serve
-        from broker.zap import ListenError
+        from broker.daemon.server import DaemonAlreadyRunning, serve
+        from broker.daemon.listener import ListenError
 
         try:
             return serve(runtime, executors=args.executors, log_json=True if args.log_json else None, listen=listen)
@@ -489,7 +487,7 @@ def _daemon(args) -> int:
         except (RuntimeDirError, ListenError) as e:
             return _fail(str(e), 1)
 
-    from broker import client as C
+    import broker.client as C
 
     if args.action == "status":
         try:

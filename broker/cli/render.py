@@ -7,7 +7,7 @@ a header, each command (``$ cmd``) with its output as it comes and how it ended,
 the plan, reasoning, retries and token usage. Plain ASCII, no colours when not a terminal.
 
 :class:`JsonRenderer`: one Codex-shaped event per line on stdout,
-``{"id":...,"msg":{...},"seq":N}``, exactly as :func:`broker.protocol.encode_json` writes
+``{"id":...,"msg":{...},"seq":N}``, exactly as :func:`broker.wire.protocol.encode_json` writes
 it (output chunks base64).
 
 Both write straight to the file descriptors (no buffering between an event and the
@@ -24,8 +24,8 @@ from __future__ import annotations
 import os
 import shlex
 
-from broker.cli import write_all
-from broker.protocol import (
+from broker.cli.main import write_all
+from broker.wire.protocol import (
     AddFileChange,
     ApplyPatchApprovalRequestEvent,
     ApprovalResolvedEvent,

@@ -1,9 +1,9 @@
-"""Sessions from the frontend side: what :class:`broker.client.Client` uses to talk to the agent.
+"""Sessions from the frontend side: what :class:`broker.client.connection.Client` uses to talk to the agent.
 
 ::
 
-    from broker.client import Client
-    from broker.protocol import ConfigureSession, TextInput, UserInput
+    from broker.client.connection import Client
+    from broker.wire.protocol import ConfigureSession, TextInput, UserInput
 
     with Client.connect(name="my tool") as client:
         session = client.open_session(ConfigureSession(...))   # the daemon names it
@@ -16,7 +16,7 @@
 
 A session's events arrive while the client is pumped (by :meth:`ClientSession.next_event`,
 or by any other wait of the client) and queue up in the session, each a
-:class:`broker.protocol.Event` with ``seq``, its position in the session's event log,
+:class:`broker.wire.protocol.Event` with ``seq``, its position in the session's event log,
 set by the broker (None for what the broker says outside the numbered stream: an
 unknown session, an approval someone else answered first, events no longer kept).
 
@@ -32,15 +32,15 @@ session attaches this client at its newest event if it was not attached.
 :meth:`ClientSession.detach` stops the events; the session goes on.
 
 Flow control: :meth:`ClientSession.next_event` acknowledges the events it hands out, every
-:data:`~broker.wire.SESSION_ACK_EVERY_EVENTS` events or
-:data:`~broker.wire.SESSION_ACK_EVERY_BYTES` bytes, without blocking (an ack that cannot go
+:data:`~broker.wire.frames.SESSION_ACK_EVERY_EVENTS` events or
+:data:`~broker.wire.frames.SESSION_ACK_EVERY_BYTES` bytes, without blocking (an ack that cannot go
 out now goes with a later event). A client that stops taking events falls a window behind:
 the daemon then stops sending (a ``lagged`` notice, counted in :attr:`ClientSession.lagged`)
 and resumes from its log and journal as events are taken again, so nothing is lost and
 neither the daemon nor the other frontends wait for it.
 
 Errors: :class:`SessionError` when the daemon refuses to create or attach to a session
-(its message is the error event's); :class:`broker.client.DaemonError` when the daemon goes
+(its message is the error event's); :class:`broker.client.errors.DaemonError` when the daemon goes
 away or does not answer in time.
 """
 
@@ -51,11 +51,12 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from broker import wire
+from broker.wire import frames as wire
 
 if TYPE_CHECKING:
-    from broker.client import Client, DaemonError
-    from broker.protocol import ConfigureSession, Event
+    from broker.client.connection import Client
+    from broker.client.errors import DaemonError
+    from broker.wire.protocol import ConfigureSession, Event
 
 __all__ = ["ClientSession", "SessionError"]
 
@@ -94,7 +95,7 @@ class ClientSession:
 
     def submit(self, op, sub_id: str | None = None) -> str:
         """Send an op to the session; returns the submission id its events will carry."""
-        from broker.protocol import Submission
+        from broker.wire.protocol import Submission
 
         sub_id = sub_id or self.new_sub_id()
         if self.id:
@@ -104,7 +105,7 @@ class ClientSession:
         return sub_id
 
     def interrupt(self) -> str:
-        from broker.protocol import Interrupt
+        from broker.wire.protocol import Interrupt
 
         return self.submit(Interrupt())
 
@@ -113,8 +114,8 @@ class ClientSession:
 
         ``fds`` are more file descriptors to watch: if one becomes readable first, it is
         returned instead (an ``int``), so a frontend can read its terminal meanwhile.
-        Raises :class:`broker.client.Interrupted` inside ``catch_signals`` and
-        :class:`broker.client.DaemonError` if the daemon went away.
+        Raises :class:`broker.client.errors.Interrupted` inside ``catch_signals`` and
+        :class:`broker.client.errors.DaemonError` if the daemon went away.
         """
         return self.client._next_session_event(self, timeout, fds, interruptible)
 
@@ -183,7 +184,7 @@ class SessionTable:
         self.lists: dict[str, wire.SessionList] = {}
         # corr -> the daemon's one-line reason for refusing that request.
         self.refusals: dict[str, str] = {}
-        from broker import protocol
+        from broker.wire import protocol
 
         self._protocol = protocol
 
@@ -256,7 +257,7 @@ class SessionTable:
 
 def _await_answer(client: Client, corr: str, answered: Callable[[], bool], timeout: float, what: str) -> None:
     """Pump ``client`` until ``answered()``; SessionError if the daemon refused ``corr``."""
-    from broker.client import DaemonError
+    from broker.client.errors import DaemonError
 
     table = client._session_table()
     deadline = time.monotonic() + timeout
@@ -274,8 +275,8 @@ def _await_answer(client: Client, corr: str, answered: Callable[[], bool], timeo
 
 def open_session(client: Client, op: ConfigureSession, *, sub_id: str = "0", timeout: float = 10.0) -> ClientSession:
     """Ask the daemon for a new session configured with ``op``; see :meth:`Client.open_session`."""
-    from broker.client import new_call_id
-    from broker.protocol import Submission
+    from broker.wire.results import new_call_id
+    from broker.wire.protocol import Submission
 
     table = client._session_table()
     session = ClientSession(client)
@@ -292,7 +293,8 @@ def open_session(client: Client, op: ConfigureSession, *, sub_id: str = "0", tim
 
 def attach(client: Client, session_id: str, *, since: int | None, timeout: float) -> ClientSession:
     """Subscribe to an existing session from ``since`` on; see :meth:`Client.attach`."""
-    from broker.client import UsageError, new_call_id
+    from broker.client.errors import UsageError
+    from broker.wire.results import new_call_id
 
     if since is not None and (isinstance(since, bool) or not isinstance(since, int) or since < 0):
         raise UsageError(f"since must be an event number (0 for all) or None, got {since!r}")
@@ -314,7 +316,7 @@ def attach(client: Client, session_id: str, *, since: int | None, timeout: float
 
 def list_sessions(client: Client, *, timeout: float) -> wire.SessionList:
     """The daemon's sessions; see :meth:`Client.list_sessions`."""
-    from broker.client import new_call_id
+    from broker.wire.results import new_call_id
 
     table = client._session_table()
     corr = new_call_id()

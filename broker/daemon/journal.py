@@ -1,6 +1,6 @@
 """A session's events on disk, so a frontend can replay further back than the memory log.
 
-The broker keeps the newest events of each session in memory (:mod:`broker.sessions`);
+The broker keeps the newest events of each session in memory (:mod:`broker.daemon.sessions`);
 every event is also appended here, as the body frame it came in (msgpack, never decoded),
 so ``attach --since 0`` and a frontend catching up after falling behind get a gap-free
 stream however old the events they need. The journal lives in the daemon's runtime dir

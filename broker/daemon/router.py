@@ -13,7 +13,7 @@ and the agent the daemon spawned, the process exiting (reported by the superviso
 
 Peers come over the local ipc socket (authenticated by the token in their hello) or,
 when the daemon listens on tcp, over the network (authenticated by CurveZMQ and ZAP
-before any message reaches us, see :mod:`broker.zap`). The router tells them apart only
+before any message reaches us, see :mod:`broker.daemon.listener`). The router tells them apart only
 by the :data:`REMOTE` byte the daemon puts in front of a network peer's identity; a
 network peer may be a frontend or an executor, never the agent, and is never taken for
 a process the daemon spawned. Which of the two it may be, ZAP decided by the allow-list
@@ -22,7 +22,7 @@ attached to its messages: a hello asking for another role is refused, so a front
 key can never receive commands, nor an executor's key send them.
 
 Session traffic (``submit``, ``event``, ``closed``, ``attach``, ``detach``, ``sessions`` and
-acks that name a session) is routed by :class:`broker.sessions.Sessions`, which the
+acks that name a session) is routed by :class:`broker.daemon.sessions.Sessions`, which the
 heartbeat also drives (to retry frontends whose queue was full). The agent peer that
 hosts the sessions is the one the agent supervisor spawned (matched by pid at hello) once
 it says ``serve``, and it is pinged like an executor: one that stops answering is killed.
@@ -38,10 +38,10 @@ from typing import Protocol
 import structlog
 import zmq
 
-from broker import wire
-from broker.logging import Throttle
-from broker.sessions import Sessions
-from broker.zap import ALLOW_FLAGS, ROLES_PROPERTY
+from broker.wire import frames as wire
+from broker.net.logging import Throttle
+from broker.daemon.sessions import Sessions
+from broker.daemon.listener import ALLOW_FLAGS, ROLES_PROPERTY
 
 log = structlog.get_logger(component="router")
 

@@ -1,6 +1,6 @@
 """The sluice daemon: one asyncio process that owns the broker socket and the executors.
 
-Start-up order matters. The runtime dir is checked (:func:`broker.runtime.open_dir`: a
+Start-up order matters. The runtime dir is checked (:func:`broker.net.runtime.open_dir`: a
 directory of ours, mode 0700, reached through nothing someone else controls) and every
 file in it is then opened relative to that descriptor, never through a symlink. The flock
 on ``daemon.lock`` is taken before anything else in the runtime dir is touched, so a
@@ -9,15 +9,15 @@ they are). Only the lock holder removes a stale
 socket, writes a fresh token, binds and finally writes the pid file, which therefore
 means "a daemon is up and serving".
 
-Routing is in :mod:`broker.router` (sessions in :mod:`broker.sessions`), the executor and
-agent processes in :mod:`broker.supervisor`; this module wires them to a ROUTER socket and
+Routing is in :mod:`broker.daemon.router` (sessions in :mod:`broker.daemon.sessions`), the executor and
+agent processes in :mod:`broker.daemon.supervisor`; this module wires them to a ROUTER socket and
 an event loop and handles start and stop. The agent process is started on the first
 session submission, not with the daemon, so a daemon used only for ``sluice run`` never
 pays for it.
 
-With ``listen`` the daemon also binds a CurveZMQ ROUTER on tcp (:mod:`broker.zap`: the
+With ``listen`` the daemon also binds a CurveZMQ ROUTER on tcp (:mod:`broker.daemon.listener`: the
 ZAP handler, bound first, and the allow-lists, one per role). Both sockets feed the one
-router: network peers' identities get the :data:`broker.router.REMOTE` byte in front on
+router: network peers' identities get the :data:`broker.daemon.router.REMOTE` byte in front on
 the way in, which the transport strips on the way out, and a local peer that chose such
 an identity itself is ignored, so it can neither pass for a network peer nor skip the
 token.
@@ -35,13 +35,13 @@ import stat
 import structlog
 import zmq
 
-from broker import wire
-from broker.journal import reset_directory
-from broker.logging import Throttle, configure
-from broker.router import HEARTBEAT_S, MISSED_HEARTBEATS, REMOTE, Router
-from broker.runtime import RuntimeDir, RuntimeDirError, ensure_sluice_home, open_reused, read_file, remove, write_new
-from broker.supervisor import AgentSupervisor, ExecutorPool
-from broker.zloop import ZSocket
+from broker.wire import frames as wire
+from broker.daemon.journal import reset_directory
+from broker.net.logging import Throttle, configure
+from broker.daemon.router import HEARTBEAT_S, MISSED_HEARTBEATS, REMOTE, Router
+from broker.net.runtime import RuntimeDir, RuntimeDirError, ensure_sluice_home, open_reused, read_file, remove, write_new
+from broker.daemon.supervisor import AgentSupervisor, ExecutorPool
+from broker.net.zloop import ZSocket
 
 __all__ = ["DaemonAlreadyRunning", "RuntimeDirError", "serve"]
 
@@ -67,9 +67,9 @@ def serve(runtime: RuntimeDir, *, executors: int | None = None, log_json: bool |
     """Run the daemon in the foreground until SIGTERM/SIGINT; returns the exit code.
 
     ``executors=None`` spawns one executor per CPU; ``0`` spawns none (executors may
-    still connect on their own). ``listen`` (a :class:`broker.zap.Listen`) also accepts
+    still connect on their own). ``listen`` (a :class:`broker.daemon.listener.Listen`) also accepts
     peers over tcp. Raises :class:`DaemonAlreadyRunning` or :class:`RuntimeDirError`
-    before serving if the runtime dir is taken or unusable, :class:`broker.zap.ListenError`
+    before serving if the runtime dir is taken or unusable, :class:`broker.daemon.listener.ListenError`
     if the tcp endpoint cannot be bound.
     """
     if executors is None:
@@ -220,7 +220,7 @@ class _Daemon:
         return listening
 
     def _listen(self) -> None:
-        from broker.zap import AllowList, ZapHandler, bind_listener, listener_socket
+        from broker.daemon.listener import AllowList, ZapHandler, bind_listener, listener_socket
 
         listen = self.listen
         # The handler first: libzmq would let every client in while none is bound.
@@ -258,7 +258,7 @@ class _Daemon:
         router.transport = zsock.send
         tsock = handshakes = None
         if self.tcp is not None:
-            from broker.zap import HandshakeLog
+            from broker.daemon.listener import HandshakeLog
 
             self.zap.start(loop)
             handshakes = HandshakeLog(self.tcp, self.ctx, loop)
@@ -293,8 +293,8 @@ class _Daemon:
         """What commands must not see: the runtime dir, sluice's home (config, sessions,
         keys), and with ``listen`` the daemon's secret key and its allow-list dirs,
         wherever they are."""
-        from broker.remote import default_keys_dir
-        from broker.runtime import hidden_paths
+        from broker.net.keys import default_keys_dir
+        from broker.net.runtime import hidden_paths
 
         paths = [self.runtime.path, default_keys_dir()]
         if self.listen is not None:

@@ -1,8 +1,8 @@
 """Sessions in the daemon: event numbering, the log and journal, who gets which events, approvals.
 
 The broker hosts every session in the one agent process it spawns (see
-:class:`broker.supervisor.AgentSupervisor`). This module is the bookkeeping around that,
-driven by the router (:mod:`broker.router`):
+:class:`broker.daemon.supervisor.AgentSupervisor`). This module is the bookkeeping around that,
+driven by the router (:mod:`broker.daemon.router`):
 
 - ``submit`` from a frontend: an empty session id with ``configure_session`` creates a
   session (uuid4); a known id continues one. A frontend not attached to the session yet
@@ -11,7 +11,7 @@ driven by the router (:mod:`broker.router`):
   the broker holds. While the agent is starting, submissions wait in a bounded list.
 - ``event`` from the agent: numbered with the session's next ``seq`` (in the header; the
   body frame is forwarded untouched), kept in a bounded memory log and in the session's
-  journal on disk (:mod:`broker.journal`), and sent to every attached frontend.
+  journal on disk (:mod:`broker.daemon.journal`), and sent to every attached frontend.
 - ``attach`` from a frontend: subscribe from a given event on (``attached``, then a
   replay of what it asked for); ``detach``: unsubscribe; ``sessions``: list them all.
 - ``closed`` from the agent: it let go of the session (after ``shutdown``); forgotten.
@@ -32,8 +32,8 @@ longer kept is attached at the oldest one kept, s + 1, and gets the same notice 
 
 How: a :class:`Subscription` is a cursor (the next seq to send) and a credit count (what
 the frontend has not acknowledged yet). A *live* subscription is at the head and is sent
-each event as it is published, while at most :data:`~broker.wire.SESSION_WINDOW_EVENTS`
-events / :data:`~broker.wire.SESSION_WINDOW_BYTES` bytes are unacknowledged. One that
+each event as it is published, while at most :data:`~broker.wire.frames.SESSION_WINDOW_EVENTS`
+events / :data:`~broker.wire.frames.SESSION_WINDOW_BYTES` bytes are unacknowledged. One that
 falls a window behind, or whose frontend's queue is full (``zmq.Again``), stops being
 live: it gets one ``lagged`` message and from then on is *pumped*, sent its next events
 from the memory log, else the journal, a bounded batch per loop turn and never past its
@@ -42,7 +42,7 @@ the head and is live again. Every send goes out at the cursor and moves it by on
 is what makes the stream gap-free and duplicate-free; a slow frontend costs the broker a
 cursor, never a queue, and never holds up the others.
 
-Session state (:class:`~broker.wire.SessionInfo`, for ``sluice sessions`` and ``attached``)
+Session state (:class:`~broker.wire.frames.SessionInfo`, for ``sluice sessions`` and ``attached``)
 follows the heads of the events that pass: ``task_started`` makes a session running,
 ``task_complete``, ``turn_aborted`` or an ``error`` of the running task idle, and an
 unanswered approval request waiting_for_approval. The first answer to an approval wins: it
@@ -70,12 +70,12 @@ from typing import TYPE_CHECKING, Protocol
 import msgspec
 import structlog
 
-from broker import wire
-from broker.journal import Journal
-from broker.logging import Throttle
+from broker.wire import frames as wire
+from broker.daemon.journal import Journal
+from broker.net.logging import Throttle
 
 if TYPE_CHECKING:
-    from broker.router import Peer, Router
+    from broker.daemon.router import Peer, Router
 
 log = structlog.get_logger(component="sessions")
 
@@ -155,14 +155,14 @@ def frontend_name(peer: Peer) -> str:
 
 def error_event(sub_id: str, message: str) -> bytes:
     """A Codex ``Event`` with an ``error`` message, as msgpack."""
-    from broker.protocol import ErrorEvent, Event, encode_msgpack
+    from broker.wire.protocol import ErrorEvent, Event, encode_msgpack
 
     return encode_msgpack(Event(id=sub_id, msg=ErrorEvent(message)))
 
 
 def approval_resolved_event(event_id: str, call_id: str, decision: str, by: str) -> bytes:
     """An ``approval_resolved`` event, as msgpack; ValueError if ``decision`` is not a ReviewDecision."""
-    from broker.protocol import (
+    from broker.wire.protocol import (
         ApprovalResolvedEvent,
         Event,
         ReviewDecision,
@@ -476,7 +476,7 @@ class Sessions:
         self._unsubscribe(peer, head.session)
 
     def on_list(self, peer: Peer, head: wire.Header, frames: list) -> None:
-        """Answer ``sessions`` with every session's :class:`~broker.wire.SessionInfo`."""
+        """Answer ``sessions`` with every session's :class:`~broker.wire.frames.SessionInfo`."""
         router = self.router
         listing = wire.SessionList(
             sessions=[session.info() for session in self.sessions.values()],

@@ -27,8 +27,7 @@ from collections.abc import Callable
 
 import structlog
 
-import broker
-from broker.runtime import RuntimeDir, without_secrets
+from broker.net.runtime import RuntimeDir, without_secrets
 
 log = structlog.get_logger(component="supervisor")
 
@@ -44,7 +43,7 @@ HELLO_TIMEOUT_S = 20.0
 
 # The checkout this broker was imported from, so ``-m executor`` finds the matching code
 # even when sluice is run from a source tree rather than installed.
-_SOURCE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(broker.__file__)))
+_SOURCE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def describe_status(returncode: int) -> str:

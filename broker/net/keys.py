@@ -28,7 +28,7 @@ _MAX_KEY_FILE = 64 * 1024
 def default_keys_dir() -> str:
     """Where ``sluice keys new`` writes: ``$SLUICE_HOME/keys``, else ``~/.sluice/keys``.
     Sandboxed commands never see it (it is in sluice's home, which is hidden)."""
-    from broker.runtime import sluice_home
+    from broker.net.runtime import sluice_home
 
     return os.path.join(sluice_home(), "keys")
 

@@ -8,7 +8,7 @@ is a directory of ours), else ``/tmp/sluice-<uid>``. It holds:
 - ``daemon.lock``: flocked by the running daemon, so a second one refuses to start.
 - ``daemon.pid``: the running daemon's pid (for ``sluice daemon stop|status``).
 - ``daemon.log``: the log of a daemon started in the background.
-- ``journal/``: the sessions' event journals (:mod:`broker.journal`).
+- ``journal/``: the sessions' event journals (:mod:`broker.daemon.journal`).
 
 The default lies in a world-writable directory, so another local user may have been
 there first: made the dir (theirs, or 0777), or a symlink to somewhere the daemon would

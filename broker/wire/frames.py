@@ -23,7 +23,7 @@ exit      exec -> broker -> frontend  :class:`ExitStatus` (``corr`` = call id)
 ping      either way                  none; answered with ``pong`` (liveness)
 pong      either way                  none
 bye       peer -> broker              none; the peer is leaving (executor drains first)
-submit    frontend -> broker -> agent a Codex ``Submission`` (msgpack, :mod:`broker.protocol`);
+submit    frontend -> broker -> agent a Codex ``Submission`` (msgpack, :mod:`broker.wire.protocol`);
                                       ``session`` names it, "" with ``configure_session``
                                       creates one; ``corr`` is echoed in ``attached``
 attached  broker -> frontend          :class:`SessionInfo`; ``session`` = the session the

@@ -46,7 +46,7 @@ def worker(runtime_path: str, session_id: str, mode: str) -> int:
     the daemon named at attach.
     """
     from broker.client import Client
-    from broker.runtime import RuntimeDir
+    from broker.net.runtime import RuntimeDir
 
     client = Client.connect(RuntimeDir(runtime_path), autostart=False, timeout=30.0, name=f"bench {mode}")
     if mode == "replay":
@@ -128,7 +128,7 @@ class Frontends:
 
 
 def open_session(daemon: Daemon, server):
-    from broker.protocol import (
+    from broker.wire.protocol import (
         AskForApproval,
         ConfigureSession,
         ModelProviderInfo,
@@ -150,7 +150,7 @@ def open_session(daemon: Daemon, server):
 
 def turn(server, session, events: int) -> None:
     """Script a turn of ``events`` text deltas and start it (the driver does not watch)."""
-    from broker.protocol import TextInput, UserInput
+    from broker.wire.protocol import TextInput, UserInput
     from tests.fake_model import assistant, response
 
     server.script(response(assistant("x" * events), deltas=["x"] * events))

@@ -36,8 +36,8 @@ if ROOT not in sys.path:
 
 import psutil  # noqa: E402
 
-from broker.client import Client  # noqa: E402
-from broker.runtime import RuntimeDir  # noqa: E402
+from broker.client.connection import Client  # noqa: E402
+from broker.net.runtime import RuntimeDir  # noqa: E402
 
 MiB = 1024 * 1024
 GiB = 1024 * MiB

@@ -1,0 +1,98 @@
+"""Checking the arguments of a run before anything is sent: :func:`make_request`."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping
+
+from broker.client.errors import UsageError
+from broker.wire import frames as wire
+
+# Largest capture limit we ask for: the exit message carries both captured streams and
+# must stay under the broker's message size limit.
+MAX_CAPTURE_LIMIT = wire.MAX_MESSAGE_SIZE // 4
+
+
+def make_request(
+    argv: Iterable[str],
+    *,
+    cwd: str | None = None,
+    sandbox: str = "workspace-write",
+    writable: Iterable[str] = (),
+    network: bool = False,
+    env: Mapping[str, str] | None = None,
+    env_passthrough: Iterable[str] = (),
+    timeout_ms: int | None = None,
+    capture_limit: int = wire.DEFAULT_CAPTURE_LIMIT,
+    check_paths: bool = True,
+) -> wire.RunRequest:
+    """Validate the arguments of :meth:`Client.submit`; raises :class:`UsageError`.
+
+    ``check_paths=False`` skips checking that ``cwd`` and the writable paths exist here,
+    for a command bound for another host's executor (which checks them there).
+
+    ``env`` (default: ours) loses its secrets here, before it is sent
+    (:mod:`landlock_helper.env`), except the names in ``env_passthrough``;
+    ``landlock_helper.env.split_env(env, env_passthrough)[1]`` lists what goes.
+    """
+    if isinstance(argv, (str, bytes)):
+        raise UsageError("the command must be a list of arguments, not a string")
+    argv = list(argv)
+    if not argv:
+        raise UsageError("missing command")
+    if not all(isinstance(a, str) for a in argv):
+        raise UsageError("every command argument must be a string")
+    if not argv[0]:
+        raise UsageError("the command name is empty")
+
+    if cwd is None:
+        try:
+            cwd = os.getcwd()
+        except FileNotFoundError:
+            raise UsageError("the current directory no longer exists; cd somewhere else or pass a cwd") from None
+    cwd = os.path.abspath(cwd)
+    if check_paths and not os.path.isdir(cwd):
+        what = "is not a directory" if os.path.exists(cwd) else "does not exist"
+        raise UsageError(f"working directory {cwd} {what}")
+
+    roots = []
+    for path in writable:
+        if not isinstance(path, str) or not os.path.isabs(path):
+            raise UsageError(f"writable path must be absolute: {path!r}")
+        if check_paths and not os.path.exists(path):
+            raise UsageError(f"writable path does not exist: {path}")
+        roots.append(path)
+
+    from landlock_helper.env import split_env
+    from landlock_helper.policy import PolicyError, SandboxPolicy
+
+    try:
+        policy = SandboxPolicy.from_mode(sandbox, writable_roots=roots, network=network)
+    except PolicyError as e:
+        raise UsageError(str(e)) from None
+
+    if timeout_ms is not None:
+        if isinstance(timeout_ms, bool) or not isinstance(timeout_ms, int) or timeout_ms <= 0:
+            raise UsageError(f"timeout must be a positive number of milliseconds, got {timeout_ms!r}")
+    if isinstance(capture_limit, bool) or not isinstance(capture_limit, int) or not 0 <= capture_limit <= MAX_CAPTURE_LIMIT:
+        raise UsageError(f"capture limit must be between 0 and {MAX_CAPTURE_LIMIT} bytes, got {capture_limit!r}")
+
+    passthrough = list(env_passthrough)
+    for name in passthrough:
+        if not isinstance(name, str) or not name or "=" in name:
+            raise UsageError(f"not an environment variable name: {name!r}")
+    if env is not None and not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+        raise UsageError("the environment must map names to strings")
+    # Filtered here, before it leaves this process: the daemon and the executor (maybe on
+    # another host) never see the caller's secrets, only what the command may have.
+    env, _ = split_env(os.environ if env is None else env, passthrough)
+
+    return wire.RunRequest(
+        argv=argv,
+        cwd=cwd,
+        sandbox=wire.SandboxSpec(permissions=policy.to_json()["permissions"]),
+        env=env,
+        env_passthrough=passthrough,
+        timeout_ms=timeout_ms,
+        capture_limit=capture_limit,
+    )
