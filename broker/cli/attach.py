@@ -45,20 +45,20 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from broker.wire import frames as wire
-from broker.cli.main import EXIT_NOT_RUNNING, EXIT_SLUICE, EXIT_USAGE, CliExit, connect_client, print_error, write_all
+from broker.cli.base import CliExit, connect_client, print_error, write_all
+from broker.wire.results import EXIT_NOT_RUNNING, EXIT_SLUICE, EXIT_USAGE
 from broker.client import daemon_status, DaemonError, Interrupted
 from broker.client.sessions import SessionError
 from broker.wire.protocol import (
     ConfigureSession,
     ErrorEvent,
     Event,
-    ExecApproval,
-    PatchApproval,
     ProtocolError,
     TextInput,
     UserInput,
     decode_submission_json,
 )
+from broker.cli.turns import APPROVAL_REQUESTS, TURN_EVENTS, approval_answer, isatty, tag_of, turn_end
 from broker.cli.render import APPROVAL_PROMPT, HumanRenderer, JsonRenderer, describe_approval, parse_approval_answer
 from broker.wire.results import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK
 
@@ -76,7 +76,6 @@ GONE_GRACE_S = 0.5
 MAX_LINE = wire.MAX_MESSAGE_SIZE
 
 # Codex's error before the turn_aborted of an interrupted turn: not a failure of its own.
-TURN_INTERRUPTED = "Turn interrupted"
 # Codex's answer to an op before configure_session.
 NO_SESSION = "No session initialized, expected 'ConfigureSession' as first Op"
 
@@ -84,19 +83,7 @@ INPUT_NONE = "none"
 INPUT_TERMINAL = "terminal"
 INPUT_JSON = "json"
 
-_REQUESTS = ("exec_approval_request", "apply_patch_approval_request")
-# Events only a running task emits: they name the turn when its task_started was not replayed.
-_TURN_EVENTS = frozenset({
-    "agent_message", "agent_message_delta", "agent_reasoning", "agent_reasoning_delta",
-    "agent_reasoning_raw_content", "agent_reasoning_raw_content_delta", "exec_command_begin",
-    "exec_command_output_delta", "exec_command_end", "patch_apply_begin", "patch_apply_end",
-    "turn_diff", "plan_update", "token_count", "background_event", *_REQUESTS,
-})
 _STATE_WORDS = {wire.STATE_IDLE: "idle", wire.STATE_RUNNING: "running", wire.STATE_WAITING: "waiting for approval"}
-
-
-def tag_of(event: Event) -> str:
-    return type(event.msg).__struct_config__.tag
 
 
 # -- connecting and finding a session ---------------------------------------------------
@@ -280,7 +267,7 @@ class SessionView:
         if tag == "task_started":
             self.running, self.turn, self.outcome = True, event.id, None
             return
-        if tag in _REQUESTS:
+        if tag in APPROVAL_REQUESTS:
             self.requests[event.msg.call_id] = event
         elif tag == "approval_resolved":
             self.requests.pop(event.msg.call_id, None)
@@ -291,18 +278,15 @@ class SessionView:
             return
         if self.turn is None:
             if tag in ("task_complete", "turn_aborted"):
-                self._ended(EXIT_OK if tag == "task_complete" else EXIT_INTERRUPTED)
-            elif tag in _TURN_EVENTS and event.id:
+                self._ended(turn_end(event))
+            elif tag in TURN_EVENTS and event.id:
                 self.turn = event.id
             return
         if event.id != self.turn:
             return
-        if tag == "task_complete":
-            self._ended(EXIT_OK)
-        elif tag == "turn_aborted":
-            self._ended(EXIT_INTERRUPTED)
-        elif tag == "error" and event.msg.message != TURN_INTERRUPTED:
-            self._ended(EXIT_FAILED)
+        outcome = turn_end(event)
+        if outcome is not None:
+            self._ended(outcome)
 
     def _ended(self, outcome: int | None) -> None:
         self.running = False
@@ -406,7 +390,7 @@ class Attachment:
         self.view.update(event)
         self._settle(event, tag)
         self.render.event(event)
-        if tag in _REQUESTS:
+        if tag in APPROVAL_REQUESTS:
             self._on_request(event)
         elif tag == "approval_resolved":
             self._forget_question(event.msg.call_id)
@@ -512,7 +496,7 @@ class Attachment:
             return
         event = self.questions.pop(0)
         self.asking = False
-        op = ExecApproval(event.id, decision) if tag_of(event) == "exec_approval_request" else PatchApproval(event.id, decision)
+        op = approval_answer(event, decision)
         self.session.submit(op)
         self._ask_next()
 
@@ -620,7 +604,7 @@ def attach_main(args) -> int:
             return _daemon_gone(render, str(e))
         if render is None:
             render = HumanRenderer({"cwd": info.cwd}, label="configured", me=client.peer_id)
-        stdin_is_terminal = _isatty(0)
+        stdin_is_terminal = isatty(0)
         if stdin_is_terminal:
             input_mode = INPUT_TERMINAL
         else:
@@ -676,13 +660,6 @@ def _daemon_gone(render, message: str) -> int:
         render.error(message)
     print_error(f"error: {message}")
     return EXIT_SLUICE
-
-
-def _isatty(fd: int) -> bool:
-    try:
-        return os.isatty(fd)
-    except OSError:
-        return False
 
 
 # -- sluice bridge ----------------------------------------------------------------------

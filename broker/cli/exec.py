@@ -45,8 +45,26 @@ import argparse
 import os
 import signal
 import sys
+import time
+import uuid
 
-from broker.cli.main import CliExit, add_connect_args, connect_client, print_error
+import broker.client as C
+from agent.config import ConfigError, load_config, resolve_provider
+from broker.cli.attach import NoSuchSession, resolve_session
+from broker.cli.base import CliExit, add_connect_args, connect_client, print_error, write_all
+from broker.cli.render import APPROVAL_PROMPT, HumanRenderer, JsonRenderer, describe_approval, parse_approval_answer
+from broker.cli.turns import APPROVAL_REQUESTS, approval_answer, isatty, tag_of, turn_end
+from broker.wire.protocol import (
+    UNSET,
+    ConfigureSession,
+    ReviewDecision,
+    Shutdown,
+    TextInput,
+    UserInput,
+    parse_approval_policy,
+    sandbox_policy_from_mode,
+)
+from landlock_helper.env import describe_dropped
 from broker.wire.results import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
 
 # How long to wait for the session to shut down (rollout flushed) after the task.
@@ -126,9 +144,6 @@ def _read_prompt(prompt: str | None) -> str:
 
 def _configure_op(args):
     """The ``configure_session`` op for this invocation, and the header line's facts."""
-    from agent.config import ConfigError, load_config, resolve_provider
-    from broker.wire.protocol import UNSET, ConfigureSession, parse_approval_policy, sandbox_policy_from_mode
-
     try:
         config = load_config(overrides=args.overrides)
         provider = resolve_provider(args.provider, config=config)
@@ -187,8 +202,6 @@ def _configure_op(args):
 
 def _env_report(commands_env) -> None:
     """``--env-report``: the names (never the values) the commands will not get."""
-    from landlock_helper.env import describe_dropped
-
     hint = "shell_environment_policy.ignore_default_excludes = true keeps them"
     line = describe_dropped(commands_env.dropped_secret, hint)
     if commands_env.left_out:
@@ -200,8 +213,6 @@ class _Exec:
     """One run: connect, open (or join) the session, submit, render until the task ends."""
 
     def __init__(self, args, op, header: dict[str, str]) -> None:
-        from broker.cli.render import HumanRenderer, JsonRenderer
-
         self.args = args
         self.op = op
         self.cwd = header.get("cwd", "")
@@ -211,18 +222,15 @@ class _Exec:
         self.task_id = ""
         # Our answers to approvals: what the daemon says about them is no turn's end.
         self.answers: set[str] = set()
-        self.can_ask = _isatty(0)
+        self.can_ask = isatty(0)
 
     def run(self, prompt: str) -> int:
-        import broker.client as C
-        from broker.client.sessions import SessionError
-
         client = connect_client(self.args, name="sluice exec")
         self.render.me = client.peer_id
         with client, client.catch_signals((signal.SIGINT, signal.SIGTERM, signal.SIGHUP)):
             try:
                 return self._run(client, prompt)
-            except (C.DaemonError, SessionError) as e:
+            except (C.DaemonError, C.SessionError) as e:
                 return self._fail(str(e))
             finally:
                 self.render.finish()
@@ -234,9 +242,6 @@ class _Exec:
         return EXIT_FAILED
 
     def _run(self, client, prompt: str) -> int:
-        from broker.client import Interrupted
-        from broker.wire.protocol import TextInput, UserInput
-
         if self.op is None:
             self.session = client.session(self._resolve(client, self.args.session))
         else:
@@ -252,7 +257,7 @@ class _Exec:
         while code is None:
             try:
                 event = self.session.next_event()
-            except Interrupted as e:
+            except C.Interrupted as e:
                 if e.signum == signal.SIGINT and self.can_ask:
                     self.render.echoed(False)  # after the ^C the terminal showed
                 if self.interrupted:
@@ -270,10 +275,6 @@ class _Exec:
 
     def _resolve(self, client, text: str) -> str:
         """The id of the session ``--session`` names (an id or a unique prefix)."""
-        import uuid
-
-        from broker.cli.attach import NoSuchSession, resolve_session
-
         try:
             return str(uuid.UUID(text))  # a whole id: the daemon itself says if it is unknown
         except ValueError:
@@ -290,28 +291,24 @@ class _Exec:
         # The daemon answers in the order it is asked: once it has listed its sessions it
         # has taken the submission too (closing the socket could otherwise drop it).
         client.list_sessions()
-        from broker.cli.main import write_all
-
         write_all(1, f"{self.session.id}\n".encode())
         if not self.args.json:
             self.render.note(f"the task goes on in the daemon; `sluice attach {self.session.id[:8]}` follows it")
         return EXIT_OK
 
     def _wait_configured(self) -> int | None:
-        from broker.client import Interrupted
-
         while True:
             try:
                 event = self.session.next_event(CONFIGURE_WAIT_S)
-            except Interrupted:
+            except C.Interrupted:
                 self.interrupted = True
                 return EXIT_INTERRUPTED
             if event is None:
                 self.render.error(f"the agent did not configure the session within {CONFIGURE_WAIT_S:g} s")
                 return EXIT_FAILED
-            if not self.args.detach or _tag(event) == "error":
+            if not self.args.detach or tag_of(event) == "error":
                 self.render.event(event)
-            tag = _tag(event)
+            tag = tag_of(event)
             if tag == "session_configured":
                 return None
             if tag == "error":
@@ -320,30 +317,23 @@ class _Exec:
     def _on_event(self, event) -> int | None:
         """Render ``event``; the exit code once the task is over, else None."""
         self.render.event(event)
-        tag = _tag(event)
+        tag = tag_of(event)
         ours = event.id == self.task_id or (self.op is None and event.id not in ("", *self.answers))
-        if tag in ("exec_approval_request", "apply_patch_approval_request"):
+        if tag in APPROVAL_REQUESTS:
             self._approve(event)
             return None
-        if tag == "error" and (ours or event.id == ""):
-            if event.msg.message == "Turn interrupted":
-                return None  # turn_aborted follows
-            return EXIT_FAILED
-        if not ours:
+        if not (ours or (tag == "error" and event.id == "")):
             return None
-        if tag == "task_complete":
+        code = turn_end(event)  # None for the interruption notice: turn_aborted follows
+        if code == EXIT_OK:
             self._write_last_message(event.msg.last_agent_message)
-            return EXIT_OK
-        if tag == "turn_aborted":
-            return EXIT_INTERRUPTED if self.interrupted else EXIT_FAILED
-        return None
+        elif code == EXIT_INTERRUPTED and not self.interrupted:
+            code = EXIT_FAILED  # aborted, and not by us
+        return code
 
     # -- approvals ----------------------------------------------------------------------
 
     def _approve(self, event) -> None:
-        from broker.wire.protocol import ExecApproval, PatchApproval, ReviewDecision
-        from broker.cli.render import describe_approval
-
         what = describe_approval(event.msg, self.cwd)
         if not self.can_ask:
             self.render.note(f"denied: the agent asked to {what}, and there is no terminal to ask; "
@@ -353,16 +343,10 @@ class _Exec:
             decision = self._ask(f"The agent asks to {what}.", event.msg.call_id)
             if decision is None:
                 return  # another frontend answered first
-        is_exec = _tag(event) == "exec_approval_request"
-        op = ExecApproval(event.id, decision) if is_exec else PatchApproval(event.id, decision)
-        self.answers.add(self.session.submit(op))
+        self.answers.add(self.session.submit(approval_answer(event, decision)))
 
     def _ask(self, question: str, call_id: str):
         """The decision typed at the terminal; None if another frontend answered first."""
-        from broker.client import Interrupted
-        from broker.wire.protocol import ReviewDecision
-        from broker.cli.render import APPROVAL_PROMPT, parse_approval_answer
-
         self.render.line(question, "1;33")
         held = []
         buffered = b""
@@ -374,7 +358,7 @@ class _Exec:
                     if got is None:
                         continue
                     if not isinstance(got, int):
-                        if _tag(got) == "approval_resolved" and got.msg.call_id == call_id:
+                        if tag_of(got) == "approval_resolved" and got.msg.call_id == call_id:
                             self.render.event(got)  # who answered, and what
                             return None
                         held.append(got)  # shown once the question is answered
@@ -389,7 +373,7 @@ class _Exec:
                 decision = parse_approval_answer(answer.decode("utf-8", "replace"))
                 if decision is not None:
                     return decision
-        except Interrupted:
+        except C.Interrupted:
             self.interrupted = True
             self.session.interrupt()
             self.render.note("interrupting")
@@ -414,14 +398,9 @@ class _Exec:
 
     def _shutdown(self, *, wait: bool = True) -> None:
         """Shut the session down (rollout flushed); render what it says meanwhile."""
-        from broker.client import DaemonError, Interrupted
-        from broker.wire.protocol import Shutdown
-
-        import time
-
         try:
             sub_id = self.session.submit(Shutdown())
-        except DaemonError:
+        except C.DaemonError:
             return
         if not wait:
             return
@@ -429,26 +408,15 @@ class _Exec:
         while (remaining := deadline - time.monotonic()) > 0:
             try:
                 event = self.session.next_event(remaining, interruptible=False)
-            except DaemonError:
+            except C.DaemonError:
                 return
-            except Interrupted:
+            except C.Interrupted:
                 return
             if event is None:
                 return
             if self.args.json:
                 self.render.event(event)
-            if event.id == sub_id and _tag(event) in ("shutdown_complete", "error"):
+            if event.id == sub_id and tag_of(event) in ("shutdown_complete", "error"):
                 return
-            if event.id == "" and _tag(event) == "error":
+            if event.id == "" and tag_of(event) == "error":
                 return
-
-
-def _tag(event) -> str:
-    return type(event.msg).__struct_config__.tag
-
-
-def _isatty(fd: int) -> bool:
-    try:
-        return os.isatty(fd)
-    except OSError:
-        return False

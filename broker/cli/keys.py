@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import os
 
-from broker.cli.main import EXIT_USAGE, CliExit, print_error
+from broker.cli.base import CliExit, print_error
+from broker.wire.results import EXIT_USAGE
 from broker.net.keys import default_keys_dir
 
 

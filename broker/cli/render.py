@@ -24,7 +24,7 @@ from __future__ import annotations
 import os
 import shlex
 
-from broker.cli.main import write_all
+from broker.cli.base import write_all
 from broker.wire.protocol import (
     AddFileChange,
     ApplyPatchApprovalRequestEvent,

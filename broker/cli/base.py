@@ -1,0 +1,107 @@
+"""What every ``sluice`` command shares: one-line errors, exit by exception, the
+``--connect`` options, writing to a descriptor, the command after ``--``.
+
+Imports stay light here (no zmq until a command connects): ``sluice sandbox`` and
+``sluice run`` both start from this module."""
+
+from __future__ import annotations
+
+import os
+import select
+import sys
+
+from broker.wire.results import EXIT_SLUICE, EXIT_USAGE
+
+USAGE_RUN = "sluice run [options] -- CMD ARGS..."
+USAGE_SANDBOX = "sluice sandbox [options] -- CMD ARGS..."
+
+
+class CliExit(Exception):
+    """Leave a CLI command with this exit code (its message was already printed)."""
+
+    def __init__(self, code: int) -> None:
+        self.code = code
+
+
+def print_error(message: str) -> None:
+    """One line on stderr, never a traceback."""
+    try:
+        sys.stderr.write(f"sluice: {message}\n")
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
+
+
+def fail(message: str, code: int) -> int:
+    print_error(f"error: {message}")
+    return code
+
+
+def add_connect_args(parser) -> None:
+    """``--connect tcp://HOST:PORT --server-key FILE --key FILE``: a remote daemon (CurveZMQ)."""
+    parser.add_argument("--connect", metavar="tcp://HOST:PORT", default=None,
+                        help="a daemon on another host (started with --listen) instead of the local one")
+    parser.add_argument("--server-key", metavar="FILE", default=None, help="with --connect: the daemon's public key file")
+    parser.add_argument("--key", metavar="FILE", default=None,
+                        help="with --connect: your key pair (NAME.key_secret from `sluice keys new NAME`)")
+
+
+def remote_from_args(args):
+    """The :class:`broker.net.keys.Remote` that ``--connect/--server-key/--key`` name, or None
+    for the local daemon. Mistakes are printed as one line and raised as :class:`CliExit`."""
+    if getattr(args, "connect", None):
+        from broker.net.keys import KeyFileError, Remote
+
+        try:
+            return Remote.from_files(args.connect, args.server_key, args.key)
+        except KeyFileError as e:
+            raise CliExit(fail(str(e), EXIT_USAGE)) from None
+    if getattr(args, "server_key", None) or getattr(args, "key", None):
+        raise CliExit(fail("--server-key and --key go with --connect tcp://HOST:PORT", EXIT_USAGE))
+    return None
+
+
+def connect_client(args, *, name: str, autostart: bool = True):
+    """A :class:`broker.client.connection.Client` for the frontend command ``args`` came from.
+
+    The local daemon (started if needed and ``autostart``), or the one ``--connect``
+    names. Failures are printed as one line and raised as :class:`CliExit`.
+    """
+    import broker.client as C
+
+    remote = remote_from_args(args)
+    try:
+        return C.Client.connect(autostart=autostart, remote=remote, name=name)
+    except C.DaemonError as e:
+        raise CliExit(fail(str(e), EXIT_SLUICE)) from None
+
+
+def write_all(fd: int, data) -> None:
+    """Write all of ``data`` to ``fd``, waiting out a non-blocking tty or pipe."""
+    while data:
+        try:
+            n = os.write(fd, data)
+        except BlockingIOError:  # a non-blocking tty or pipe handed to us: wait until writable
+            select.select([], [fd], [])
+            continue
+        if n == len(data):
+            return
+        data = memoryview(data)[n:]
+
+
+def env_report(passthrough: list[str]) -> None:
+    """``--env-report``: the names (never the values) of the variables the command will
+    not get, on stderr."""
+    from landlock_helper.env import describe_dropped, split_env
+
+    print_error(f"environment: {describe_dropped(split_env(os.environ, passthrough)[1])}")
+
+
+def command_of(args, usage: str) -> list[str]:
+    command = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        print_error(f"error: missing command; usage: {usage}")
+        raise CliExit(EXIT_USAGE)
+    return command

@@ -1,0 +1,159 @@
+"""``sluice run``: one command through the daemon, its output streamed as it comes
+(raw bytes, or Codex-shaped events with ``--json``), its exit code ours."""
+
+from __future__ import annotations
+
+import broker.client as C
+from broker.cli.base import USAGE_RUN, command_of, env_report, fail, print_error, remote_from_args, write_all
+from broker.wire import protocol
+from broker.wire.results import EXIT_NOT_FOUND, EXIT_SLUICE, EXIT_USAGE, new_call_id
+
+# How long ``sluice run`` waits for a cancelled call to end before giving up.
+CANCEL_WAIT_S = 5.0
+
+
+def run_main(args) -> int:
+    command = command_of(args, USAGE_RUN)
+
+    try:
+        request = C.make_request(
+            command,
+            cwd=args.cwd,
+            sandbox=args.sandbox,
+            writable=args.writable,
+            network=args.network,
+            env_passthrough=args.env,
+            timeout_ms=args.timeout_ms,
+            check_paths=not args.connect,
+        )
+    except C.UsageError as e:
+        return fail(str(e), EXIT_USAGE)
+    if args.env_report:
+        env_report(args.env)
+
+    out = _JsonOutput(request) if args.json else _RawOutput()
+    remote = remote_from_args(args)
+    try:
+        client = C.Client.connect(remote=remote, name="sluice run")
+    except C.DaemonError as e:
+        out.error(str(e))
+        return fail(str(e), EXIT_SLUICE)
+
+    signum = None
+    with client, client.catch_signals():
+        call = client.submit_request(request, call_id=out.call_id, on_output=out.on_output)
+        out.begin(client, call)
+        try:
+            try:
+                result = client.wait(call)
+            except C.Interrupted as e:
+                signum = e.signum
+                client.cancel(call)
+                # Further signals are noted but do not cut the wait short: the tree must die first.
+                result = client.wait(call, CANCEL_WAIT_S, interruptible=False)
+        except TimeoutError:
+            print_error(f"the command did not end within {CANCEL_WAIT_S:g} s of being cancelled; exiting anyway")
+            return 128 + signum if signum else EXIT_SLUICE
+        except C.DaemonError as e:
+            out.error(str(e))
+            return fail(str(e), EXIT_SLUICE)
+
+    out.end(result)
+    if signum is not None:
+        return 128 + signum
+    if out.stdout_closed:
+        return 141
+    if result.error is not None:
+        code = result.returncode
+        if code == EXIT_NOT_FOUND:
+            print_error(f"command not found: {command[0]}")
+        else:
+            print_error(f"error: {result.error}")
+        return code
+    if result.stdout_dropped or result.stderr_dropped:
+        pass  # streaming mode shows everything; the captured copy is what was capped
+    return result.returncode
+
+
+class _RawOutput:
+    """Bytes of the command's stdout/stderr to ours, as they come."""
+
+    call_id = None
+
+    def __init__(self) -> None:
+        self.stdout_closed = False
+        self._client = None
+        self._call = None
+
+    def begin(self, client, call) -> None:
+        self._client = client
+        self._call = call
+
+    def on_output(self, call, stream, chunk) -> None:
+        if stream == 2:
+            try:
+                write_all(2, chunk)
+            except OSError:
+                pass
+            return
+        if self.stdout_closed:
+            return
+        try:
+            write_all(1, chunk)
+        except BrokenPipeError:
+            # Like a command writing into a closed pipe: stop it.
+            self.stdout_closed = True
+            if self._client is not None:
+                self._client.cancel(call)
+
+    def error(self, message: str) -> None:
+        pass
+
+    def end(self, result) -> None:
+        pass
+
+
+class _JsonOutput:
+    """Codex-shaped events, one JSON object per line on stdout."""
+
+    def __init__(self, request) -> None:
+        self.P = protocol
+        self.request = request
+        self.call_id = new_call_id()
+        self.stdout_closed = False
+        self._names = {1: "stdout", 2: "stderr"}
+
+    def _emit(self, msg) -> None:
+        if self.stdout_closed:
+            return
+        try:
+            write_all(1, self.P.encode_json(self.P.Event(id=self.call_id, msg=msg)) + b"\n")
+        except BrokenPipeError:
+            self.stdout_closed = True
+
+    def begin(self, client, call) -> None:
+        self._emit(self.P.ExecCommandBeginEvent(call_id=self.call_id, command=list(self.request.argv), cwd=self.request.cwd))
+
+    def on_output(self, call, stream, chunk) -> None:
+        self._emit(self.P.ExecCommandOutputDeltaEvent(call_id=self.call_id, stream=self._names.get(stream, "stdout"), chunk=bytes(chunk)))
+
+    def error(self, message: str) -> None:
+        self._emit(self.P.ErrorEvent(message=message))
+
+    def end(self, result) -> None:
+        if result.error is not None:
+            self.error(result.error)
+        stdout = result.stdout.decode("utf-8", "replace")
+        stderr = result.stderr.decode("utf-8", "replace")
+        aggregated = stdout + stderr
+        self._emit(
+            self.P.ExecCommandEndEvent(
+                call_id=self.call_id,
+                stdout=stdout,
+                stderr=stderr,
+                aggregated_output=aggregated,
+                exit_code=result.returncode,
+                duration=self.P.Duration.from_seconds(result.duration_s),
+                formatted_output=aggregated,
+            )
+        )

@@ -1,0 +1,53 @@
+"""What the events of a session say, for every frontend command alike (exec, attach,
+bridge): an event's type, whether it ends a turn and with what exit status, the answer
+to an approval request, and whether a descriptor is a terminal to ask on."""
+
+from __future__ import annotations
+
+import os
+
+from broker.wire.protocol import Event, ExecApproval, PatchApproval, ReviewDecision
+from broker.wire.results import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK
+
+# The error event the agent sends when a turn is interrupted (turn_aborted follows it).
+TURN_INTERRUPTED = "Turn interrupted"
+APPROVAL_REQUESTS = ("exec_approval_request", "apply_patch_approval_request")
+# Events only a running task emits: they name the turn when its task_started was not seen.
+TURN_EVENTS = frozenset({
+    "agent_message", "agent_message_delta", "agent_reasoning", "agent_reasoning_delta",
+    "agent_reasoning_raw_content", "agent_reasoning_raw_content_delta", "exec_command_begin",
+    "exec_command_output_delta", "exec_command_end", "patch_apply_begin", "patch_apply_end",
+    "turn_diff", "plan_update", "token_count", "background_event", *APPROVAL_REQUESTS,
+})
+
+
+def tag_of(event: Event) -> str:
+    """The event's ``type`` as Codex spells it (``task_complete``, ``exec_command_begin``...)."""
+    return type(event.msg).__struct_config__.tag
+
+
+def turn_end(event: Event) -> int | None:
+    """How ``event`` ends its turn, as an exit status: 0 completed, 130 aborted, 1 failed
+    (an error other than the interruption notice); None if it does not end one."""
+    tag = tag_of(event)
+    if tag == "task_complete":
+        return EXIT_OK
+    if tag == "turn_aborted":
+        return EXIT_INTERRUPTED
+    if tag == "error" and event.msg.message != TURN_INTERRUPTED:
+        return EXIT_FAILED
+    return None
+
+
+def approval_answer(request: Event, decision: ReviewDecision) -> ExecApproval | PatchApproval:
+    """The Op that answers an approval request event with ``decision``."""
+    if tag_of(request) == "exec_approval_request":
+        return ExecApproval(request.id, decision)
+    return PatchApproval(request.id, decision)
+
+
+def isatty(fd: int) -> bool:
+    try:
+        return os.isatty(fd)
+    except OSError:
+        return False
