@@ -25,7 +25,7 @@ import zmq
 from broker.daemon import sessions as broker_sessions
 from broker.wire import frames as wire
 from broker.client import Client
-from broker.client.sessions import SessionError
+from broker.client import SessionError
 from broker.wire.protocol import (
     AskForApproval,
     ExecApproval,

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from broker.client.sessions import SessionError
+from broker.client import SessionError
 from broker.wire.protocol import (
     AddToHistory,
     AskForApproval,

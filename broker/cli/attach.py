@@ -48,7 +48,7 @@ from broker.wire import frames as wire
 from broker.cli.base import CliExit, connect_client, print_error, write_all
 from broker.wire.results import EXIT_NOT_RUNNING, EXIT_SLUICE, EXIT_USAGE
 from broker.client import daemon_status, DaemonError, Interrupted
-from broker.client.sessions import SessionError
+from broker.client import SessionError
 from broker.wire.protocol import (
     ConfigureSession,
     ErrorEvent,

@@ -14,9 +14,9 @@ and stopping the local daemon; what they raise derives from :class:`SluiceError`
 
 from broker.client.connection import Call, Client, Result
 from broker.client.control import DaemonStatus, daemon_status, start_daemon, stop_daemon
-from broker.client.errors import DaemonError, Interrupted, SluiceError, UsageError
+from broker.client.errors import DaemonError, Interrupted, SessionError, SluiceError, UsageError
 from broker.client.requests import make_request
-from broker.client.sessions import ClientSession, SessionError
+from broker.client.sessions import ClientSession
 
 __all__ = [
     "Call",

@@ -48,6 +48,7 @@ from broker.client.control import daemon_pid, one_line, wait_serving, start_daem
 from broker.client.errors import DaemonError, Interrupted, UsageError
 from broker.client.handshake import hello
 from broker.client.requests import make_request
+from broker.client.sessions import ClientSession, SessionTable, attach, list_sessions, open_session
 from broker.net.runtime import RuntimeDir
 from broker.wire import frames as wire
 from broker.wire.results import new_call_id, shell_returncode
@@ -277,11 +278,11 @@ class Client:
         call_id: str | None = None,
     ) -> Call:
         """Submit an already validated :class:`wire.RunRequest` (from :func:`make_request`)."""
-        self._check_usable()
+        self.check_usable()
         call = Call(call_id or new_call_id(), list(request.argv), request, on_output, on_started)
         if call.call_id in self._calls:
             raise UsageError(f"call id {call.call_id} is already in flight")
-        self._send([wire.header(wire.RUN, call.call_id), wire.encode(request)], block=True)
+        self.send_frames([wire.header(wire.RUN, call.call_id), wire.encode(request)], block=True)
         self._calls[call.call_id] = call
         return call
 
@@ -289,7 +290,7 @@ class Client:
         """Ask the daemon to kill the call's process tree; its result will say ``aborted``."""
         if call.done or self._broken is not None:
             return
-        self._send([wire.header(wire.CANCEL, call.call_id)], block=False)
+        self.send_frames([wire.header(wire.CANCEL, call.call_id)], block=False)
 
     # -- sessions -----------------------------------------------------------------------
 
@@ -301,9 +302,7 @@ class Client:
         :meth:`~broker.client.sessions.ClientSession.next_event`). Raises
         :class:`~broker.client.sessions.SessionError` if the daemon refuses.
         """
-        from broker.client.sessions import open_session
-
-        self._check_usable()
+        self.check_usable()
         return open_session(self, op, sub_id=sub_id, timeout=timeout)
 
     def attach(self, session_id: str, *, since: int | None = None, timeout: float = 10.0):
@@ -315,40 +314,32 @@ class Client:
         follows re-positions it. Raises :class:`~broker.client.sessions.SessionError` with
         the daemon's message for an unknown session, :class:`UsageError` for a bad ``since``.
         """
-        from broker.client.sessions import attach
-
-        self._check_usable()
+        self.check_usable()
         return attach(self, session_id, since=since, timeout=timeout)
 
     def list_sessions(self, timeout: float = 10.0) -> wire.SessionList:
         """Every session the daemon hosts (:class:`wire.SessionInfo`), and how many frontends
         and executors are connected."""
-        from broker.client.sessions import list_sessions
-
-        self._check_usable()
+        self.check_usable()
         return list_sessions(self, timeout=timeout)
 
     def session(self, session_id: str):
         """An existing session by id; submitting to it attaches this client."""
-        from broker.client.sessions import ClientSession
-
-        table = self._session_table()
+        table = self.session_table()
         found = table.by_id.get(session_id)
         if found is None:
             found = table.by_id[session_id] = ClientSession(self, session_id)
         return found
 
-    def _session_table(self):
+    def session_table(self):
         if self._sessions is None:
-            from broker.client.sessions import SessionTable
-
             self._sessions = SessionTable()
         return self._sessions
 
-    def _submit(self, session_id: str, submission, *, corr: str = "") -> None:
+    def send_submission(self, session_id: str, submission, *, corr: str = "") -> None:
         from broker.wire.protocol import ConfigureSession, encode_msgpack
 
-        self._check_usable()
+        self.check_usable()
         op = submission.op
         if isinstance(op, ConfigureSession) and isinstance(op.env, dict):
             # The commands' environment a program put in configure_session (sluice exec
@@ -361,9 +352,9 @@ class Client:
             passthrough = op.env_passthrough if isinstance(op.env_passthrough, list) else ()
             submission = msgspec.structs.replace(
                 submission, op=msgspec.structs.replace(op, env=filter_env(op.env, passthrough)))
-        self._send([wire.header(wire.SUBMIT, corr, session=session_id), encode_msgpack(submission)], block=True)
+        self.send_frames([wire.header(wire.SUBMIT, corr, session=session_id), encode_msgpack(submission)], block=True)
 
-    def _next_session_event(self, session, timeout: float | None, fds, interruptible: bool):
+    def next_session_event(self, session, timeout: float | None, fds, interruptible: bool):
         deadline = None if timeout is None else time.monotonic() + timeout
         fds = [fd for fd in fds if fd >= 0]
         for fd in fds:
@@ -376,7 +367,7 @@ class Client:
                     return event
                 if session.failure is not None:
                     raise session.failure
-                self._check_usable()
+                self.check_usable()
                 if interruptible and self._signals:
                     raise Interrupted(self._signals.popleft())
                 remaining = None
@@ -484,8 +475,8 @@ class Client:
         self._closed = True
         if self._broken is None:
             for call in list(self._calls.values()):
-                self._send([wire.header(wire.CANCEL, call.call_id)], block=False)
-            self._send([wire.header(wire.BYE)], block=False)
+                self.send_frames([wire.header(wire.CANCEL, call.call_id)], block=False)
+            self.send_frames([wire.header(wire.BYE)], block=False)
         with contextlib.suppress(zmq.ZMQError):
             self._sock.disable_monitor()
         self._monitor.close(linger=0)
@@ -506,13 +497,13 @@ class Client:
 
     # -- internals ----------------------------------------------------------------------
 
-    def _check_usable(self) -> None:
+    def check_usable(self) -> None:
         if self._closed:
             raise DaemonError("the client is closed")
         if self._broken is not None:
             raise self._broken
 
-    def _send(self, parts, *, block: bool) -> bool:
+    def send_frames(self, parts, *, block: bool) -> bool:
         try:
             if block:
                 # SNDTIMEO bounds it: a daemon that stopped reading becomes an error, not a hang.
@@ -636,7 +627,7 @@ class Client:
             if len(frames) >= 2 and self._sessions is not None:
                 self._sessions.on_sessions(h, frames[1].buffer)
         elif kind == wire.PING:
-            self._send([wire.header(wire.PONG)], block=False)
+            self.send_frames([wire.header(wire.PONG)], block=False)
         elif kind == wire.ERROR:
             message = "the daemon reported an error"
             if len(frames) >= 2:
@@ -656,7 +647,7 @@ class Client:
 
     def _ack(self, call: Call) -> None:
         # Acks are increments: bytes and chunks consumed since the previous ack.
-        if self._send([wire.header(wire.ACK, call.call_id, n=call._unacked_bytes, seq=call._unacked_chunks)], block=False):
+        if self.send_frames([wire.header(wire.ACK, call.call_id, n=call._unacked_bytes, seq=call._unacked_chunks)], block=False):
             call._unacked_bytes = 0
             call._unacked_chunks = 0
 
@@ -690,7 +681,7 @@ class Client:
         if not self._ping_sent or now - self._ping_sent >= hb:
             self._ping_sent = now
             self._first_ping = self._first_ping or now
-            self._send([wire.header(wire.PING)], block=False)
+            self.send_frames([wire.header(wire.PING)], block=False)
 
     def _break(self, error: DaemonError) -> None:
         if self._broken is None:

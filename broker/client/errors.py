@@ -15,8 +15,13 @@ class DaemonError(SluiceError):
     """The daemon cannot be started or reached, refused us, or went away."""
 
 
-class Interrupted(Exception):
-    """A signal caught by :meth:`Client.catch_signals` arrived while waiting."""
+class SessionError(SluiceError):
+    """The daemon refused to create or reach a session."""
+
+
+class Interrupted(SluiceError):
+    """A signal caught by :meth:`Client.catch_signals` arrived while waiting: not a failure,
+    but raised out of the wait like one, so it shares the root."""
 
     def __init__(self, signum: int) -> None:
         super().__init__(f"interrupted by signal {signum}")

@@ -51,18 +51,17 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from broker.client.errors import DaemonError, SessionError, UsageError
 from broker.wire import frames as wire
+from broker.wire.results import new_call_id
 
+# The Codex types (broker.wire.protocol) are imported where a session needs them: the
+# client imports this module, and `sluice run` should not pay for them.
 if TYPE_CHECKING:
     from broker.client.connection import Client
-    from broker.client.errors import DaemonError
     from broker.wire.protocol import ConfigureSession, Event
 
-__all__ = ["ClientSession", "SessionError"]
-
-
-class SessionError(Exception):
-    """The daemon refused to create or reach a session; ``str(e)`` is one line."""
+__all__ = ["ClientSession"]
 
 
 class ClientSession:
@@ -100,8 +99,8 @@ class ClientSession:
         sub_id = sub_id or self.new_sub_id()
         if self.id:
             # Submitting attaches us (again, after a detach): the events must find us.
-            self.client._session_table().by_id.setdefault(self.id, self)
-        self.client._submit(self.id, Submission(id=sub_id, op=op))
+            self.client.session_table().by_id.setdefault(self.id, self)
+        self.client.send_submission(self.id, Submission(id=sub_id, op=op))
         return sub_id
 
     def interrupt(self) -> str:
@@ -117,18 +116,18 @@ class ClientSession:
         Raises :class:`broker.client.errors.Interrupted` inside ``catch_signals`` and
         :class:`broker.client.errors.DaemonError` if the daemon went away.
         """
-        return self.client._next_session_event(self, timeout, fds, interruptible)
+        return self.client.next_session_event(self, timeout, fds, interruptible)
 
     def detach(self) -> None:
         """Stop this session's events coming here; the session goes on. Events already
         queued stay readable; submitting to the session attaches this client again."""
-        table = self.client._session_table()
+        table = self.client.session_table()
         if table.by_id.get(self.id) is self:
             del table.by_id[self.id]
         if self.attached:
             self.attached = False
             # Non-blocking: a detach never raises, not even for a daemon that has gone.
-            self.client._send([wire.header(wire.DETACH, session=self.id)], block=False)
+            self.client.send_frames([wire.header(wire.DETACH, session=self.id)], block=False)
         self._received.clear()
 
     def _restart(self, seq: int) -> None:
@@ -164,7 +163,7 @@ class ClientSession:
         if not self.attached:
             return
         hdr = wire.header(wire.ACK, session=self.id, seq=self._taken_seq, n=self._unacked_bytes)
-        if self.client._send([hdr], block=False):
+        if self.client.send_frames([hdr], block=False):
             self._unacked_events = 0
             self._unacked_bytes = 0
 
@@ -257,16 +256,14 @@ class SessionTable:
 
 def _await_answer(client: Client, corr: str, answered: Callable[[], bool], timeout: float, what: str) -> None:
     """Pump ``client`` until ``answered()``; SessionError if the daemon refused ``corr``."""
-    from broker.client.errors import DaemonError
-
-    table = client._session_table()
+    table = client.session_table()
     deadline = time.monotonic() + timeout
     while True:
         if corr in table.refusals:
             raise SessionError(table.refusals.pop(corr))
         if answered():
             return
-        client._check_usable()
+        client.check_usable()
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             raise DaemonError(f"the daemon did not answer {what} within {timeout:g} s")
@@ -275,15 +272,14 @@ def _await_answer(client: Client, corr: str, answered: Callable[[], bool], timeo
 
 def open_session(client: Client, op: ConfigureSession, *, sub_id: str = "0", timeout: float = 10.0) -> ClientSession:
     """Ask the daemon for a new session configured with ``op``; see :meth:`Client.open_session`."""
-    from broker.wire.results import new_call_id
     from broker.wire.protocol import Submission
 
-    table = client._session_table()
+    table = client.session_table()
     session = ClientSession(client)
     corr = new_call_id()
     table.creating[corr] = session
     try:
-        client._submit("", Submission(id=sub_id, op=op), corr=corr)
+        client.send_submission("", Submission(id=sub_id, op=op), corr=corr)
         _await_answer(client, corr, lambda: session.attached, timeout, "the new session")
     finally:
         table.creating.pop(corr, None)
@@ -293,20 +289,18 @@ def open_session(client: Client, op: ConfigureSession, *, sub_id: str = "0", tim
 
 def attach(client: Client, session_id: str, *, since: int | None, timeout: float) -> ClientSession:
     """Subscribe to an existing session from ``since`` on; see :meth:`Client.attach`."""
-    from broker.client.errors import UsageError
-    from broker.wire.results import new_call_id
 
     if since is not None and (isinstance(since, bool) or not isinstance(since, int) or since < 0):
         raise UsageError(f"since must be an event number (0 for all) or None, got {since!r}")
     if not session_id:
         raise UsageError("attach needs a session id")
-    table = client._session_table()
+    table = client.session_table()
     session = table.by_id.get(session_id) or ClientSession(client, session_id)
     corr = new_call_id()
     table.attaching[corr] = session
     try:
         seq = wire.SINCE_TURN if since is None else since
-        client._send([wire.header(wire.ATTACH, corr, session=session_id, seq=seq)], block=True)
+        client.send_frames([wire.header(wire.ATTACH, corr, session=session_id, seq=seq)], block=True)
         _await_answer(client, corr, lambda: corr not in table.attaching, timeout, f"attaching to session {session_id}")
     finally:
         table.attaching.pop(corr, None)
@@ -316,13 +310,12 @@ def attach(client: Client, session_id: str, *, since: int | None, timeout: float
 
 def list_sessions(client: Client, *, timeout: float) -> wire.SessionList:
     """The daemon's sessions; see :meth:`Client.list_sessions`."""
-    from broker.wire.results import new_call_id
 
-    table = client._session_table()
+    table = client.session_table()
     corr = new_call_id()
     table.listing.add(corr)
     try:
-        client._send([wire.header(wire.SESSIONS, corr)], block=True)
+        client.send_frames([wire.header(wire.SESSIONS, corr)], block=True)
         _await_answer(client, corr, lambda: corr in table.lists, timeout, "the session list")
         return table.lists.pop(corr)
     finally:
