@@ -142,7 +142,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m executor", error_
     hide = hidden(args, remote)
     spawner = start_spawner(hide)
 
-    from executor.log import configure
+    from broker.net.logging import configure
     from executor.worker import Worker
 
     try:
