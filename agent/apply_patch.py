@@ -69,6 +69,7 @@ from agent.patch_parse import (
     parse_patch,
 )
 from broker.wire.protocol import AddFileChange, DeleteFileChange, FileChange, UpdateFileChange
+from landlock_helper.policy import is_beneath, write_allowed
 
 __all__ = [
     "ApplyOutcome",
@@ -91,7 +92,6 @@ __all__ = [
 ]
 
 # Directories that stay read-only inside a writable root (as the sandbox keeps them).
-PROTECTED_DIR_NAMES = (".git", ".sluice")
 
 
 def maybe_parse_apply_patch(
@@ -599,30 +599,11 @@ def _real(path: str | os.PathLike[str]) -> str:
     return os.path.realpath(os.fspath(path))
 
 
-def _is_beneath(path: str, root: str) -> bool:
-    return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
-
-
-def paths_outside(
-    action: ApplyPatchAction,
-    writable_roots: Iterable[str | os.PathLike[str]],
-    protected: Iterable[str] = PROTECTED_DIR_NAMES,
-) -> list[Path]:
+def paths_outside(action: ApplyPatchAction, writable_roots: Iterable[str | os.PathLike[str]]) -> list[Path]:
     """The paths ``action`` writes that no writable root allows (symlinks resolved;
     ``.git`` and ``.sluice`` directly inside a root are not writable through it)."""
     roots = [_real(r) for r in writable_roots]
-    protected = tuple(protected)
-    outside: list[Path] = []
-    for path in action.written_paths():
-        real = _real(path)
-        allowed = any(
-            _is_beneath(real, root)
-            and not any(_is_beneath(real, os.path.join(root, name)) for name in protected)
-            for root in roots
-        )
-        if not allowed:
-            outside.append(Path(path))
-    return outside
+    return [Path(path) for path in action.written_paths() if not write_allowed(_real(path), roots)]
 
 
 def grant_root_for(paths: Iterable[str | os.PathLike[str]]) -> Path | None:
@@ -795,7 +776,7 @@ class TurnDiffTracker:
 
     def display_path(self, path: str) -> str:
         root = self._git_root(path)
-        if root is None and self.cwd is not None and _is_beneath(path, self.cwd):
+        if root is None and self.cwd is not None and is_beneath(path, self.cwd):
             root = self.cwd
         if root is None:
             return path

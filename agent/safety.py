@@ -69,6 +69,7 @@ import msgspec
 from agent.safe_commands import is_known_safe_command
 from broker.wire.protocol import AskForApproval, SandboxPolicy
 from landlock_helper.policy import SandboxPolicy as LandlockPolicy
+from landlock_helper.policy import write_allowed
 
 __all__ = [
     "RETRY_WITHOUT_SANDBOX_REASON",
@@ -90,7 +91,6 @@ __all__ = [
 RETRY_WITHOUT_SANDBOX_REASON = "command failed; retry without sandbox?"
 
 # Inside each writable root these stay read-only (the sandbox binds them read-only).
-PROTECTED_SUBDIRS = (".git", ".sluice")
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,25 +209,13 @@ def _resolve(path: str | os.PathLike[str], cwd: str) -> str:
     return os.path.realpath(os.path.join(cwd, os.fspath(path)))
 
 
-def _within(path: str, folder: str) -> bool:
-    return path == folder or path.startswith(folder.rstrip("/") + "/")
-
-
 def is_path_writable(
     path: str | os.PathLike[str], writable_roots: Iterable[str], cwd: str
 ) -> bool:
     """Whether writing ``path`` (relative to ``cwd``) stays inside a writable root and
     out of every root's ``.git`` and ``.sluice``. Symlinks are followed, so a link in
     the workspace that points elsewhere is judged by where it points."""
-    real = _resolve(path, cwd)
-    for root in writable_roots:
-        root = _resolve(root, cwd)
-        if not _within(real, root):
-            continue
-        if any(_within(real, os.path.join(root, name)) for name in PROTECTED_SUBDIRS):
-            continue
-        return True
-    return False
+    return write_allowed(_resolve(path, cwd), [_resolve(root, cwd) for root in writable_roots])
 
 
 def _grant_root(offending: Sequence[str]) -> str:

@@ -47,7 +47,7 @@ import time
 from dataclasses import dataclass, field
 
 from landlock_helper import _libc
-from landlock_helper.policy import PROTECTED_SUBDIRS, SandboxPolicy
+from landlock_helper.policy import PROTECTED_SUBDIRS, SandboxPolicy, is_beneath
 
 TMP = "/tmp"
 
@@ -246,7 +246,7 @@ def pin(policy: SandboxPolicy, cwd: str, sandbox_cwd: str, env) -> Plan:
             before[(root, rel)] = identity
             if identity[2] != stat.S_IFLNK:  # a link's target is protected instead, if it is ours
                 read_only.append(Pin(f"{root.path}/{rel}", identity[0], identity[1]))
-            if target and any(_within(target, r.path) for r in roots):
+            if target and any(is_beneath(target, r.path) for r in roots):
                 try:
                     read_only.append(Pin.of(target, directory=False))
                 except OSError:
@@ -433,7 +433,7 @@ def apply(view: View, plan: Plan) -> tuple[int, list[int]]:
     try:
         for root in plan.roots:
             roots.append(_bind(view, root, writable=True))
-        outside_roots = not any(_within(plan.cwd.path, r.path) for r in plan.roots)
+        outside_roots = not any(is_beneath(plan.cwd.path, r.path) for r in plan.roots)
         if outside_roots and in_tmp(plan.cwd.path) and plan.cwd.path != TMP:
             cwd = _bind(view, plan.cwd, writable=False)  # a read-only place to run, in sluice's /tmp
         for pinned in plan.read_only:
@@ -462,7 +462,7 @@ def _open_cwd(plan: Plan, root_fds: list[int]) -> int:
     """The command's directory, in a writable root or elsewhere in the read-only view,
     opened through whatever is mounted on the way."""
     for root, fd in zip(plan.roots, root_fds):
-        if _within(plan.cwd.path, root.path):
+        if is_beneath(plan.cwd.path, root.path):
             rel = plan.cwd.path[len(root.path) + 1:] or "."
             return _open_checked(fd, rel, plan.cwd, beneath=True)
     return _open_checked(AT_FDCWD, plan.cwd.path, plan.cwd)
@@ -496,10 +496,6 @@ def _bind(view: View, pinned: Pin, *, writable: bool) -> int:
             os.close(target)
     finally:
         os.close(source)
-
-
-def _within(path: str, root: str) -> bool:
-    return path == root or path.startswith(root.rstrip("/") + "/")
 
 
 def _read_only_onto(pinned: Pin) -> None:

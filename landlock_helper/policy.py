@@ -39,6 +39,19 @@ MODES = ("read-only", "workspace-write", "danger-full-access")
 PROTECTED_SUBDIRS = (".git", ".sluice")
 
 
+def is_beneath(path: str, root: str) -> bool:
+    """Whether ``path`` is ``root`` or inside it (both absolute and normalised; no
+    symlinks are resolved here)."""
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+def write_allowed(path: str, roots) -> bool:
+    """Whether a write to ``path`` lands inside one of the writable ``roots`` and out of
+    that root's protected subdirectories (all paths absolute, symlinks already resolved)."""
+    return any(is_beneath(path, root) and not any(is_beneath(path, os.path.join(root, name)) for name in PROTECTED_SUBDIRS)
+               for root in roots)
+
+
 class PolicyError(ValueError):
     """A policy that cannot be understood; the message is meant for a person."""
 

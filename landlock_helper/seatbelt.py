@@ -57,7 +57,7 @@ from __future__ import annotations
 
 import os
 
-from landlock_helper.policy import PolicyError, SandboxPolicy
+from landlock_helper.policy import PolicyError, SandboxPolicy, is_beneath
 
 SANDBOX_EXEC = "/usr/bin/sandbox-exec"
 
@@ -216,10 +216,6 @@ def _spellings(path: str) -> list[str]:
     return [given] if real == given else [given, real]
 
 
-def _is_within(path: str, root: str) -> bool:
-    return path == root or path.startswith(root.rstrip("/") + "/")
-
-
 class _Params:
     """Collects ``-DNAME=VALUE`` arguments; hands back ``(param "NAME")`` expressions."""
 
@@ -259,7 +255,7 @@ def _protected_parents(protected: list[str], roots: list[str]) -> list[str]:
     for path in protected:
         parent = os.path.dirname(path)
         while parent != os.path.dirname(parent):
-            if any(_is_within(parent, r) and parent != r for r in roots) and parent not in out:
+            if any(is_beneath(parent, r) and parent != r for r in roots) and parent not in out:
                 out.append(parent)
             parent = os.path.dirname(parent)
     return out
