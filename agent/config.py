@@ -76,14 +76,12 @@ from urllib.parse import urlencode
 import msgspec
 
 from broker.wire.protocol import (
-    SANDBOX_MODES,
     AskForApproval,
     ModelProviderInfo,
-    SandboxPolicy,
     WireApi,
     parse_approval_policy,
-    sandbox_policy_from_mode,
 )
+from landlock_helper.policy import MODES, SandboxPolicy
 from landlock_helper.env import INHERIT_CHOICES, ShellEnvironmentPolicy
 
 CONFIG_FILE_NAME = "config.toml"
@@ -355,7 +353,7 @@ class Config:
 
     def sandbox_policy(self) -> SandboxPolicy:
         try:
-            return sandbox_policy_from_mode(self.sandbox_mode, self.writable_roots, self.network_access)
+            return SandboxPolicy.from_mode(self.sandbox_mode, self.writable_roots, self.network_access)
         except ValueError as err:
             raise ConfigError(f"{self._where('sandbox_workspace_write', 'writable_roots')}: {err}") from None
 
@@ -456,8 +454,8 @@ def _build(path: Path | None, text: str, file_table: dict[str, Any], overrides: 
         except ValueError as err:
             raise ConfigError(f"{where('approval_policy')}: {err}") from None
     config.sandbox_mode = get("sandbox_mode", str, DEFAULT_SANDBOX_MODE)
-    if config.sandbox_mode not in SANDBOX_MODES:
-        choices = ", ".join(SANDBOX_MODES)
+    if config.sandbox_mode not in MODES:
+        choices = ", ".join(MODES)
         raise ConfigError(f"{where('sandbox_mode')}: unknown sandbox mode {config.sandbox_mode!r}; use one of {choices}")
     workspace = table.get("sandbox_workspace_write") or {}
     if not isinstance(workspace, dict):

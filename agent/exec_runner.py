@@ -206,12 +206,11 @@ class BrokerRunner(CommandRunner):
             raise ValueError(f"call id {call_id} is already running")
         if self.link.broken is not None:
             return ExecResult(error=str(self.link.broken))
-        permissions = msgspec.to_builtins(sandbox_policy)["permissions"]
         passthrough = list(env_passthrough)
         request = wire.RunRequest(
             argv=list(argv),
             cwd=cwd,
-            sandbox=wire.SandboxSpec(permissions=permissions),
+            sandbox=sandbox_policy,
             # Filtered before it is sent: the executor may be on another host.
             env=filter_env(self.env if env is None else env, passthrough),
             env_passthrough=passthrough,

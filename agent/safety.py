@@ -64,11 +64,9 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-import msgspec
 
 from agent.safe_commands import is_known_safe_command
 from broker.wire.protocol import AskForApproval, SandboxPolicy
-from landlock_helper.policy import SandboxPolicy as LandlockPolicy
 from landlock_helper.policy import write_allowed
 
 __all__ = [
@@ -199,9 +197,8 @@ def writable_roots_for(
     """
     if sandbox_policy.has_full_disk_write_access():
         return ["/"]
-    # The sandbox's own computation (landlock_helper.policy), so the two never disagree.
-    policy = LandlockPolicy.from_json(msgspec.to_builtins(sandbox_policy))
-    return policy.writable_roots(cwd, dict(os.environ if env is None else env))
+    # The sandbox computes them (landlock_helper.policy), so the two never disagree.
+    return sandbox_policy.writable_roots(cwd, dict(os.environ if env is None else env))
 
 
 def _resolve(path: str | os.PathLike[str], cwd: str) -> str:

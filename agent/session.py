@@ -73,12 +73,10 @@ from agent.model_client import DEFAULT_BACKOFF_BASE, ModelClient
 from agent.rollout import RolloutError, RolloutRecorder, sessions_dir
 from agent.turn import run_compact_task, run_task
 from broker.wire.protocol import (
-    DISK_WRITE_FOLDER,
     AddToHistory,
     AskForApproval,
     Compact,
     ConfigureSession,
-    DiskWriteFolder,
     ErrorEvent,
     Event,
     EventMsg,
@@ -89,15 +87,14 @@ from broker.wire.protocol import (
     Interrupt,
     PatchApproval,
     ReviewDecision,
-    SandboxPolicy,
     SessionConfiguredEvent,
     ShutdownCompleteEvent,
     Submission,
     TurnAbortedEvent,
     TurnAbortReason,
     UserInput,
-    sandbox_policy_from_mode,
 )
+from landlock_helper.policy import DiskWriteFolder, SandboxPolicy, WRITE_FOLDER
 
 log = structlog.get_logger("agent.session")
 
@@ -247,13 +244,13 @@ class Session:
         policy = self.config.sandbox_policy
         if not self.granted_roots or policy.has_full_disk_write_access():
             return policy
-        extra = [{DISK_WRITE_FOLDER: DiskWriteFolder(root)} for root in self.granted_roots]
+        extra = [{WRITE_FOLDER: DiskWriteFolder(root)} for root in self.granted_roots]
         permissions = list(policy.permissions) + [p for p in extra if p not in policy.permissions]
         return SandboxPolicy(permissions)
 
     @property
     def unsandboxed_policy(self) -> SandboxPolicy:
-        return sandbox_policy_from_mode("danger-full-access")
+        return SandboxPolicy.from_mode("danger-full-access")
 
     def grant_root(self, root: str) -> None:
         root = os.path.normpath(root)

@@ -16,7 +16,7 @@ import structlog
 
 from broker.wire import frames as wire
 from executor.capture import Capture
-from landlock_helper import PolicyError, SandboxPolicy, filter_env
+from landlock_helper import filter_env
 from landlock_helper.spawn import SandboxError
 from broker.wire.results import EXIT_TIMED_OUT
 
@@ -114,10 +114,7 @@ class Call:
         req = self.req
         if not req.argv:
             return self._fail("empty command")
-        try:
-            policy = SandboxPolicy.from_json({"permissions": list(req.sandbox.permissions)})
-        except PolicyError as e:
-            return self._fail(f"bad sandbox policy: {e}")
+        policy = req.sandbox  # checked as it was decoded
         sandbox_cwd = req.sandbox_cwd or req.cwd
         if not os.path.isabs(sandbox_cwd):
             return self._fail(f"sandbox_cwd must be an absolute path: {sandbox_cwd}")

@@ -20,20 +20,39 @@ Stdlib only: this module is imported between fork and exec and by ``sluice sandb
 
 from __future__ import annotations
 
+import enum
 import os
 from dataclasses import dataclass, field
+from typing import Literal
 
-FULL_READ = "disk-full-read-access"
-USER_TEMP = "disk-write-platform-user-temp-folder"
-GLOBAL_TEMP = "disk-write-platform-global-temp-folder"
-WRITE_CWD = "disk-write-cwd"
+
+class SandboxPermission(enum.StrEnum):
+    """The permissions that are bare strings; ``disk-write-folder`` is a
+    :class:`DiskWriteFolder` under that one key."""
+
+    DISK_FULL_READ_ACCESS = "disk-full-read-access"
+    DISK_WRITE_PLATFORM_USER_TEMP_FOLDER = "disk-write-platform-user-temp-folder"
+    DISK_WRITE_PLATFORM_GLOBAL_TEMP_FOLDER = "disk-write-platform-global-temp-folder"
+    DISK_WRITE_CWD = "disk-write-cwd"
+    DISK_FULL_WRITE_ACCESS = "disk-full-write-access"
+    NETWORK_FULL_ACCESS = "network-full-access"
+
+
+# Short names for the sandbox's own code.
+FULL_READ = SandboxPermission.DISK_FULL_READ_ACCESS
+USER_TEMP = SandboxPermission.DISK_WRITE_PLATFORM_USER_TEMP_FOLDER
+GLOBAL_TEMP = SandboxPermission.DISK_WRITE_PLATFORM_GLOBAL_TEMP_FOLDER
+WRITE_CWD = SandboxPermission.DISK_WRITE_CWD
+FULL_WRITE = SandboxPermission.DISK_FULL_WRITE_ACCESS
+NETWORK = SandboxPermission.NETWORK_FULL_ACCESS
 WRITE_FOLDER = "disk-write-folder"
-FULL_WRITE = "disk-full-write-access"
-NETWORK = "network-full-access"
-
-UNIT_PERMISSIONS = (FULL_READ, USER_TEMP, GLOBAL_TEMP, WRITE_CWD, FULL_WRITE, NETWORK)
 
 MODES = ("read-only", "workspace-write", "danger-full-access")
+_MODE_PERMISSIONS = {
+    "read-only": (FULL_READ,),
+    "workspace-write": (FULL_READ, USER_TEMP, GLOBAL_TEMP, WRITE_CWD),
+    "danger-full-access": (FULL_READ, FULL_WRITE, NETWORK),
+}
 
 # Directories that stay read-only even inside a writable root.
 PROTECTED_SUBDIRS = (".git", ".sluice")
@@ -56,43 +75,70 @@ class PolicyError(ValueError):
     """A policy that cannot be understood; the message is meant for a person."""
 
 
-@dataclass(frozen=True)
-class Permission:
-    """One Codex sandbox permission; ``folder`` is set only for ``disk-write-folder``."""
+class DiskWriteFolder(dict):
+    """Write access beneath one absolute folder: ``{"folder": "/srv/out"}``.
 
-    kind: str
-    folder: str | None = None
+    A dict (of one key) so that it is its own JSON, for the sandbox (stdlib only) and for
+    the wire's codecs alike."""
 
-    def __post_init__(self) -> None:
-        if self.kind == WRITE_FOLDER:
-            if not self.folder or not os.path.isabs(self.folder):
-                raise PolicyError(f"disk-write-folder needs an absolute folder, got {self.folder!r}")
-        elif self.kind not in UNIT_PERMISSIONS:
-            raise PolicyError(f"unknown sandbox permission {self.kind!r}")
-        elif self.folder is not None:
-            raise PolicyError(f"permission {self.kind!r} takes no folder")
+    def __init__(self, folder: str) -> None:
+        if not isinstance(folder, str) or not os.path.isabs(folder):
+            raise PolicyError(f"disk-write-folder needs an absolute folder, got {folder!r}")
+        super().__init__(folder=folder)
 
-    def to_json(self) -> str | dict:
-        if self.kind == WRITE_FOLDER:
-            return {WRITE_FOLDER: {"folder": self.folder}}
-        return self.kind
+    @property
+    def folder(self) -> str:
+        return self["folder"]
 
     @classmethod
-    def from_json(cls, value: object) -> Permission:
-        if isinstance(value, str):
-            return cls(value)
-        if isinstance(value, dict) and len(value) == 1 and WRITE_FOLDER in value:
-            inner = value[WRITE_FOLDER]
-            if isinstance(inner, dict) and isinstance(inner.get("folder"), str):
-                return cls(WRITE_FOLDER, inner["folder"])
-        raise PolicyError(f"not a sandbox permission: {value!r}")
+    def from_json(cls, value: object) -> DiskWriteFolder:
+        if not isinstance(value, dict) or set(value) != {"folder"}:
+            raise PolicyError(f'disk-write-folder is {{"folder": "/absolute/path"}}, got {value!r}')
+        return cls(value["folder"])
+
+
+# One entry of SandboxPolicy.permissions, as Codex spells it.
+PermissionEntry = SandboxPermission | dict[Literal["disk-write-folder"], DiskWriteFolder]
+
+
+def Permission(kind: str, folder: str | None = None) -> PermissionEntry:  # noqa: N802 - reads as a type
+    """The permission entry ``kind`` names (``folder`` only for ``disk-write-folder``)."""
+    if kind == WRITE_FOLDER:
+        return {WRITE_FOLDER: DiskWriteFolder(folder)}
+    if folder is not None:
+        raise PolicyError(f"permission {kind!r} takes no folder")
+    try:
+        return SandboxPermission(kind)
+    except ValueError:
+        raise PolicyError(f"unknown sandbox permission {kind!r}") from None
+
+
+def _entry_from_json(value: object) -> PermissionEntry:
+    if isinstance(value, str):
+        return Permission(value)
+    if isinstance(value, dict) and len(value) == 1 and WRITE_FOLDER in value:
+        return {WRITE_FOLDER: DiskWriteFolder.from_json(value[WRITE_FOLDER])}
+    raise PolicyError(f"not a sandbox permission: {value!r}")
 
 
 @dataclass(frozen=True)
 class SandboxPolicy:
-    """An ordered, de-duplicated set of permissions."""
+    """What a command may do: Codex's ``{"permissions": [...]}``, an ordered list of
+    :class:`SandboxPermission` values and ``{"disk-write-folder": DiskWriteFolder}``
+    entries. The one policy type of sluice: the protocol and the wire carry it as it is
+    (its fields are its JSON), the sandbox enforces it."""
 
-    permissions: tuple[Permission, ...] = field(default_factory=tuple)
+    permissions: list[PermissionEntry] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        entries = list(self.permissions)
+        for entry in entries:
+            if isinstance(entry, dict):
+                if len(entry) != 1 or not isinstance(entry.get(WRITE_FOLDER), DiskWriteFolder):
+                    raise PolicyError('a folder permission is {"disk-write-folder": {"folder": ...}}')
+            elif not isinstance(entry, SandboxPermission):
+                raise PolicyError(f"not a sandbox permission: {entry!r}")
+        object.__setattr__(self, "permissions", entries)
 
     # -- construction -------------------------------------------------------------
 
@@ -100,35 +146,29 @@ class SandboxPolicy:
     def from_mode(
         cls,
         mode: str,
-        *,
         writable_roots: tuple[str, ...] | list[str] = (),
         network: bool = False,
     ) -> SandboxPolicy:
-        """The policy for a mode name plus extra writable roots and network access."""
-        if mode == "read-only":
-            kinds = [FULL_READ]
-        elif mode == "workspace-write":
-            kinds = [FULL_READ, USER_TEMP, GLOBAL_TEMP, WRITE_CWD]
-        elif mode == "danger-full-access":
-            kinds = [FULL_READ, FULL_WRITE, NETWORK]
-        else:
+        """The policy for a mode a person typed, plus extra writable roots and network access."""
+        if mode not in _MODE_PERMISSIONS:
             raise PolicyError(f"unknown sandbox mode {mode!r}; expected one of {', '.join(MODES)}")
-        perms = [Permission(k) for k in kinds]
+        entries: list[PermissionEntry] = list(_MODE_PERMISSIONS[mode])
         for root in writable_roots:
             if not os.path.isabs(root):
                 raise PolicyError(f"writable root must be an absolute path, got {root!r}")
-            perms.append(Permission(WRITE_FOLDER, os.path.normpath(root)))
+            entries.append(Permission(WRITE_FOLDER, os.path.normpath(root)))
         if network:
-            perms.append(Permission(NETWORK))
-        return cls.of(perms)
+            entries.append(NETWORK)
+        return cls.of(entries)
 
     @classmethod
     def of(cls, permissions) -> SandboxPolicy:
-        seen: list[Permission] = []
+        """A policy of ``permissions``, duplicates dropped, order kept."""
+        seen: list[PermissionEntry] = []
         for p in permissions:
             if p not in seen:
                 seen.append(p)
-        return cls(tuple(seen))
+        return cls(seen)
 
     @classmethod
     def from_json(cls, value: object) -> SandboxPolicy:
@@ -137,38 +177,55 @@ class SandboxPolicy:
             return cls.from_mode(value)
         if not isinstance(value, dict) or not isinstance(value.get("permissions"), list):
             raise PolicyError('a sandbox policy is {"permissions": [...]} or a mode name')
-        return cls.of(Permission.from_json(p) for p in value["permissions"])
+        return cls.of(_entry_from_json(p) for p in value["permissions"])
 
     def to_json(self) -> dict:
-        return {"permissions": [p.to_json() for p in self.permissions]}
+        """Plain builtins (str, dict, list): what ``json`` and ``marshal`` take."""
+        return {"permissions": [{WRITE_FOLDER: dict(p[WRITE_FOLDER])} if isinstance(p, dict) else str(p)
+                                for p in self.permissions]}
 
     # -- questions ----------------------------------------------------------------
 
-    def _has(self, kind: str) -> bool:
-        return any(p.kind == kind for p in self.permissions)
-
     @property
     def full_read(self) -> bool:
-        return self._has(FULL_READ)
+        return FULL_READ in self.permissions
 
     @property
     def full_write(self) -> bool:
-        return self._has(FULL_WRITE)
+        return FULL_WRITE in self.permissions
 
     @property
     def network(self) -> bool:
-        return self._has(NETWORK)
+        return NETWORK in self.permissions
 
     @property
     def unrestricted(self) -> bool:
         return self.full_read and self.full_write and self.network
+
+    # Codex's names for the same questions.
+    def has_full_disk_read_access(self) -> bool:
+        return self.full_read
+
+    def has_full_disk_write_access(self) -> bool:
+        return self.full_write
+
+    def has_full_network_access(self) -> bool:
+        return self.network
+
+    def is_unrestricted(self) -> bool:
+        return self.unrestricted
+
+    @property
+    def writable_folders(self) -> list[str]:
+        """The folders of the ``disk-write-folder`` permissions, in order."""
+        return [p[WRITE_FOLDER].folder for p in self.permissions if isinstance(p, dict)]
 
     @property
     def mode(self) -> str:
         """The closest mode name, for display."""
         if self.unrestricted:
             return "danger-full-access"
-        if self._has(WRITE_CWD):
+        if WRITE_CWD in self.permissions:
             return "workspace-write"
         return "read-only"
 
@@ -181,19 +238,19 @@ class SandboxPolicy:
         env = os.environ if env is None else env
         roots: list[str] = []
         for p in self.permissions:
-            if p.kind == USER_TEMP:
+            if isinstance(p, dict):
+                roots.append(p[WRITE_FOLDER].folder)
+            elif p == USER_TEMP:
                 tmpdir = env.get("TMPDIR", "")
                 if os.path.isabs(tmpdir):
                     roots.append(tmpdir)
                     real = os.path.realpath(tmpdir)
                     if real != tmpdir:
                         roots.append(real)
-            elif p.kind == GLOBAL_TEMP:
+            elif p == GLOBAL_TEMP:
                 roots.append("/tmp")
-            elif p.kind == WRITE_CWD:
+            elif p == WRITE_CWD:
                 roots.append(cwd)
-            elif p.kind == WRITE_FOLDER:
-                roots.append(p.folder)  # type: ignore[arg-type]
         out: list[str] = []
         for r in roots:
             r = os.path.normpath(r)

@@ -32,13 +32,12 @@ from broker.wire.protocol import (
     Event,
     ExecOutputStream,
     ModelProviderInfo,
-    SandboxPolicy,
     Submission,
     TextInput,
     UserInput,
     WireApi,
-    sandbox_policy_from_mode,
 )
+from landlock_helper.policy import SandboxPolicy
 from tests.test_model_client import FakeModelServer, Step, sse, sse_frame, status
 
 __all__ = [
@@ -226,7 +225,7 @@ class Harness:
                                           wire_api=WireApi.RESPONSES),
             "model": "test-model",
             "approval_policy": AskForApproval.ON_REQUEST,
-            "sandbox_policy": sandbox_policy_from_mode("workspace-write"),
+            "sandbox_policy": SandboxPolicy.from_mode("workspace-write"),
             "cwd": str(self.cwd),
             "api_key": SESSION_API_KEY,
         }

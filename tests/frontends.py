@@ -28,8 +28,8 @@ from broker.wire.protocol import (
     WireApi,
     decode_event_json,
     encode_json,
-    sandbox_policy_from_mode,
 )
+from landlock_helper.policy import SandboxPolicy
 from tests.conftest import sluice_argv, subprocess_env
 
 KEY = "sk-frontends-test-7d1e40b2"
@@ -48,7 +48,7 @@ def configure_op(server, cwd: Path, *, approval: str = "never", sandbox: str = "
     return ConfigureSession(
         provider=ModelProviderInfo(name="scripted", base_url=server.base_url, wire_api=WireApi.RESPONSES),
         model="test-model", approval_policy=AskForApproval(approval),
-        sandbox_policy=sandbox_policy_from_mode(sandbox), cwd=str(cwd), api_key=KEY)
+        sandbox_policy=SandboxPolicy.from_mode(sandbox), cwd=str(cwd), api_key=KEY)
 
 
 def submission_line(sub_id: str, op) -> bytes:

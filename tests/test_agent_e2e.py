@@ -14,8 +14,8 @@ from broker.wire.protocol import (
     ExecApproval,
     Interrupt,
     ReviewDecision,
-    sandbox_policy_from_mode,
 )
+from landlock_helper.policy import SandboxPolicy
 from tests.conftest import live_processes
 from tests.fake_model import (
     FakeModelServer,
@@ -52,7 +52,7 @@ def test_session_over_the_daemon(daemon_factory, tmp_path) -> None:
                 h = Harness(server, runner, tmp_path)
                 (h.cwd / "a.txt").write_text("a")
                 (h.cwd / "b.txt").write_text("b")
-                await h.configure(sandbox_policy=sandbox_policy_from_mode("workspace-write"))
+                await h.configure(sandbox_policy=SandboxPolicy.from_mode("workspace-write"))
                 sub_id = await h.say("list the files here")
                 assert (await h.done(sub_id, timeout=30)).msg.last_agent_message == "Listed."
                 streamed = b"".join(d.chunk for d in h.of("exec_command_output_delta", sub_id))
@@ -61,7 +61,7 @@ def test_session_over_the_daemon(daemon_factory, tmp_path) -> None:
                 assert end.exit_code == 0 and end.stdout == "one\ntwo\na.txt\nb.txt\n" and end.stderr == "oops\n"
                 assert sorted(end.aggregated_output.splitlines()) == ["a.txt", "b.txt", "one", "oops", "two"]
 
-                await h.configure(sandbox_policy=sandbox_policy_from_mode("read-only"),
+                await h.configure(sandbox_policy=SandboxPolicy.from_mode("read-only"),
                                   approval_policy=AskForApproval.ON_FAILURE)
                 sub_id = await h.say("write a file")
                 request = await h.until(lambda e: e.id == sub_id and tag(e) == "exec_approval_request", timeout=30)

@@ -23,8 +23,8 @@ from broker.wire.protocol import (
     UserInput,
     decode_event_msgpack,
     encode_msgpack,
-    sandbox_policy_from_mode,
 )
+from landlock_helper.policy import SandboxPolicy
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -72,7 +72,7 @@ def submit(link: FakeLink, session: str, sub: Submission) -> None:
 def configure() -> ConfigureSession:
     return ConfigureSession(provider=ModelProviderInfo(name="p"), model="m", instructions=None,
                             approval_policy=AskForApproval.NEVER,
-                            sandbox_policy=sandbox_policy_from_mode("read-only"), cwd="/tmp")
+                            sandbox_policy=SandboxPolicy.from_mode("read-only"), cwd="/tmp")
 
 
 def delta(n: int) -> Event:

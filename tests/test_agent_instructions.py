@@ -16,7 +16,8 @@ from agent.instructions import (
     user_instructions,
 )
 from agent.notify import spawn_notifier, turn_complete_payload
-from broker.wire.protocol import AskForApproval, sandbox_policy_from_mode
+from broker.wire.protocol import AskForApproval
+from landlock_helper.policy import SandboxPolicy
 
 pytestmark = pytest.mark.timeout(20)
 
@@ -55,13 +56,13 @@ def test_user_instructions_joins_configured_and_project(tmp_path) -> None:
 
 
 def test_full_instructions_has_base_user_and_environment(tmp_path) -> None:
-    policy = sandbox_policy_from_mode("workspace-write")
+    policy = SandboxPolicy.from_mode("workspace-write")
     text = full_instructions("be brief", str(tmp_path), AskForApproval.ON_REQUEST, policy)
     assert text.startswith(BASE_INSTRUCTIONS)
     assert "\n\nbe brief\n\n" in text
     assert f"- working directory: {tmp_path}" in text and "- approval policy: on-request" in text
     assert str(tmp_path) in text.split("- sandbox: ")[1] and "- network access: restricted" in text
-    full = full_instructions(None, "/", AskForApproval.NEVER, sandbox_policy_from_mode("danger-full-access"))
+    full = full_instructions(None, "/", AskForApproval.NEVER, SandboxPolicy.from_mode("danger-full-access"))
     assert "no sandbox" in full and "network access: enabled" in full
 
 

@@ -10,13 +10,14 @@ import pytest
 
 from agent.broker_link import BrokerLink, LinkError
 from agent.exec_runner import BrokerRunner, ExecResult, HeadTailBuffer
-from broker.wire.protocol import ExecOutputStream, sandbox_policy_from_mode
+from broker.wire.protocol import ExecOutputStream
+from landlock_helper.policy import SandboxPolicy
 from tests.conftest import live_processes
 
 pytestmark = pytest.mark.timeout(60)
 
-READ_ONLY = sandbox_policy_from_mode("read-only")
-FULL = sandbox_policy_from_mode("danger-full-access")
+READ_ONLY = SandboxPolicy.from_mode("read-only")
+FULL = SandboxPolicy.from_mode("danger-full-access")
 
 
 def test_head_tail_buffer_keeps_both_ends() -> None:

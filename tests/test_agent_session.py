@@ -36,8 +36,8 @@ from broker.wire.protocol import (
     UserInput,
     WireApi,
     encode_json,
-    sandbox_policy_from_mode,
 )
+from landlock_helper.policy import SandboxPolicy
 from tests.fake_model import (
     SESSION_API_KEY as API_KEY,
     FakeExec,
@@ -266,7 +266,7 @@ CWD_ONLY = {"permissions": ["disk-full-read-access", "disk-write-cwd"]}
 
 
 def cwd_only_policy():
-    return msgspec.convert(CWD_ONLY, type=type(sandbox_policy_from_mode("read-only")))
+    return msgspec.convert(CWD_ONLY, type=type(SandboxPolicy.from_mode("read-only")))
 
 
 def add_file(path: str, text: str) -> str:

@@ -18,13 +18,14 @@ from agent.tools import (
     tools_for,
     truncate_for_model,
 )
-from broker.wire.protocol import AskForApproval, ImageInput, LocalImageInput, TextInput, sandbox_policy_from_mode
+from broker.wire.protocol import AskForApproval, ImageInput, LocalImageInput, TextInput
+from landlock_helper.policy import SandboxPolicy
 
 pytestmark = pytest.mark.timeout(10)
 
 
 def test_escalation_is_offered_only_under_on_request_with_a_sandbox() -> None:
-    sandboxed = sandbox_policy_from_mode("workspace-write")
+    sandboxed = SandboxPolicy.from_mode("workspace-write")
 
     def props(policy, sandbox):
         return set(tools_for(policy, sandbox)[0]["parameters"]["properties"])
@@ -33,7 +34,7 @@ def test_escalation_is_offered_only_under_on_request_with_a_sandbox() -> None:
     assert props(AskForApproval.ON_REQUEST, sandboxed) == base | {"with_escalated_permissions", "justification"}
     for policy in (AskForApproval.UNTRUSTED, AskForApproval.ON_FAILURE, AskForApproval.NEVER):
         assert props(policy, sandboxed) == base
-    assert props(AskForApproval.ON_REQUEST, sandbox_policy_from_mode("danger-full-access")) == base
+    assert props(AskForApproval.ON_REQUEST, SandboxPolicy.from_mode("danger-full-access")) == base
     tool = tools_for(AskForApproval.NEVER, sandboxed)[0]
     assert tool["type"] == "function" and tool["name"] == "shell" and tool["parameters"]["required"] == ["command"]
 

@@ -21,7 +21,8 @@ from agent.config import (
     parse_overrides,
     resolve_provider,
 )
-from broker.wire.protocol import AskForApproval, ModelProviderInfo, SandboxPermission, WireApi
+from broker.wire.protocol import AskForApproval, ModelProviderInfo, WireApi
+from landlock_helper.policy import SandboxPermission
 
 pytestmark = pytest.mark.timeout(10)
 

@@ -47,8 +47,8 @@ from broker.wire.protocol import (
     TextInput,
     UserInput,
     WireApi,
-    sandbox_policy_from_mode,
 )
+from landlock_helper.policy import SandboxPolicy
 from tests.conftest import daemons, short_tempdir
 from tests.fake_model import (
     FakeModelServer,
@@ -111,7 +111,7 @@ def configure_op(server: FakeModelServer, cwd: Path, approval: AskForApproval) -
     return ConfigureSession(
         provider=ModelProviderInfo(name="fake", base_url=server.base_url, env_key="FAKE_KEY",
                                    wire_api=WireApi.RESPONSES, stream_max_retries=1, request_max_retries=1),
-        model="test-model", approval_policy=approval, sandbox_policy=sandbox_policy_from_mode("workspace-write"),
+        model="test-model", approval_policy=approval, sandbox_policy=SandboxPolicy.from_mode("workspace-write"),
         cwd=str(cwd), api_key=KEY)
 
 

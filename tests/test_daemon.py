@@ -26,6 +26,7 @@ import pytest
 import zmq
 
 from broker.wire import frames as wire
+from landlock_helper.policy import SandboxPolicy
 from broker.daemon.server import DaemonAlreadyRunning, serve
 from broker.net.runtime import RuntimeDir
 from tests.conftest import wait_for
@@ -125,7 +126,7 @@ FAKE_EXECUTOR = textwrap.dedent(
 
 
 def run_request(*argv: str) -> wire.RunRequest:
-    return wire.RunRequest(argv=list(argv), cwd="/tmp", sandbox=wire.SandboxSpec(permissions=["disk-full-read-access"]))
+    return wire.RunRequest(argv=list(argv), cwd="/tmp", sandbox=SandboxPolicy.from_json({"permissions": ["disk-full-read-access"]}))
 
 
 # ---------------------------------------------------------------- harness
@@ -827,8 +828,8 @@ needs_executor = pytest.mark.skipif(
 
 def real_run(fe: Dealer, corr: str, *argv: str, timeout: float = 20.0):
     """Run through the real executor; returns (Started, ExitStatus, stdout bytes)."""
-    fe.send(wire.RUN, corr, wire.RunRequest(argv=list(argv), cwd="/tmp", sandbox=wire.SandboxSpec(
-        permissions=["disk-full-read-access", "disk-write-platform-global-temp-folder"])))
+    fe.send(wire.RUN, corr, wire.RunRequest(argv=list(argv), cwd="/tmp", sandbox=SandboxPolicy.from_json(
+        {"permissions": ["disk-full-read-access", "disk-write-platform-global-temp-folder"]})))
     started = None
     out = b""
     deadline = time.monotonic() + timeout
@@ -863,7 +864,7 @@ def test_real_executor_killed_mid_command_fails_the_call_within_a_second(daemons
     fe = frontend(peer)
     wait_for(lambda: len(d.executor_pids()) == 1, 20, "the executor")
     fe.send(wire.RUN, "long", wire.RunRequest(argv=["sleep", "30"], cwd="/tmp",
-                                              sandbox=wire.SandboxSpec(permissions=["disk-full-read-access"])))
+                                              sandbox=SandboxPolicy.from_json({"permissions": ["disk-full-read-access"]})))
     fe.expect(wire.STARTED, "long", timeout=20)
     [pid] = d.executor_pids()
     t0 = time.monotonic()

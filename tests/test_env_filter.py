@@ -310,11 +310,11 @@ def test_configure_session_env_is_sluices_own_optional_field() -> None:
         Submission,
         decode_submission_json,
         encode_json,
-        sandbox_policy_from_mode,
     )
+    from landlock_helper.policy import SandboxPolicy
 
     base = dict(provider=ModelProviderInfo(name="p", base_url="http://127.0.0.1:9/v1"), model="m",
-                approval_policy="never", sandbox_policy=sandbox_policy_from_mode("read-only"), cwd="/tmp")
+                approval_policy="never", sandbox_policy=SandboxPolicy.from_mode("read-only"), cwd="/tmp")
     plain = encode_json(Submission(id="1", op=ConfigureSession(**base)))
     assert b'"env"' not in plain                         # Codex's shape when unset
     op = ConfigureSession(**base, env={"PATH": "/bin", "DEPLOY_TOKEN": "t-value"}, env_passthrough=["DEPLOY_TOKEN"])

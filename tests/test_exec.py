@@ -209,14 +209,14 @@ def test_json_lines_are_codex_events_with_seq_over_chat_completions(dmn, server,
 
 def test_exec_continues_an_open_session(dmn, fe, server, work) -> None:
     from broker.wire.protocol import AskForApproval, ConfigureSession, ModelProviderInfo, Shutdown, WireApi
-    from broker.wire.protocol import sandbox_policy_from_mode
+    from landlock_helper.policy import SandboxPolicy
 
     server.script(response(assistant("First.")), response(assistant("Second.")))
     client = dmn.client()
     session = client.open_session(ConfigureSession(
         provider=ModelProviderInfo(name="fake", base_url=server.base_url, wire_api=WireApi.RESPONSES),
         model="test-model", approval_policy=AskForApproval.NEVER,
-        sandbox_policy=sandbox_policy_from_mode("read-only"), cwd=str(work)))
+        sandbox_policy=SandboxPolicy.from_mode("read-only"), cwd=str(work)))
     assert tag(session.next_event(20)) == "session_configured"
     for prompt, answer in (("one", "First.\n"), ("two", "Second.\n")):
         p = fe.run("--session", session.id, prompt)

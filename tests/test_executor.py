@@ -17,11 +17,13 @@ import tempfile
 import time
 import uuid
 
+import msgspec
 import psutil
 import pytest
 import zmq
 
 from broker.wire import frames as wire
+from landlock_helper.policy import SandboxPolicy
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 READ_ONLY = ["disk-full-read-access"]
@@ -124,9 +126,11 @@ class Broker:
 
     def run(self, argv: list[str], cwd: str = "/", permissions=READ_ONLY, **kw) -> str:
         corr = uuid.uuid4().hex
-        req = wire.RunRequest(argv=argv, cwd=cwd, sandbox=wire.SandboxSpec(permissions=list(permissions)), **kw)
+        # The policy goes as raw permissions, unchecked here: the executor is the one to refuse.
+        req = msgspec.to_builtins(wire.RunRequest(argv=argv, cwd=cwd, sandbox=SandboxPolicy(), **kw))
+        req["sandbox"] = {"permissions": list(permissions)}
         self.results[corr] = Result()
-        self.send(wire.RUN, corr, req)
+        self.send_raw(wire.header(wire.RUN, corr), msgspec.msgpack.encode(req))
         return corr
 
     def pump(self, timeout: float = 10.0, ack: bool = True) -> tuple[wire.Header, list[bytes]]:

@@ -26,7 +26,6 @@ from broker.wire.protocol import (
     Compact,
     ConfigureSession,
     DeleteFileChange,
-    DiskWriteFolder,
     Duration,
     ErrorEvent,
     Event,
@@ -54,8 +53,6 @@ from broker.wire.protocol import (
     PlanUpdateEvent,
     ProtocolError,
     ReviewDecision,
-    SandboxPermission,
-    SandboxPolicy,
     SessionConfiguredEvent,
     Shutdown,
     ShutdownCompleteEvent,
@@ -79,8 +76,8 @@ from broker.wire.protocol import (
     encode_json,
     encode_msgpack,
     parse_approval_policy,
-    sandbox_policy_from_mode,
 )
+from landlock_helper.policy import DiskWriteFolder, SandboxPermission, SandboxPolicy
 from landlock_helper import policy as landlock_policy
 
 pytestmark = pytest.mark.timeout(30)
@@ -630,7 +627,7 @@ def test_approval_policy_on_the_wire_is_strict():
 )
 @pytest.mark.parametrize("network", [False, True])
 def test_sandbox_policy_json_matches_landlock_helper(mode, writable_roots, network):
-    ours = sandbox_policy_from_mode(mode, writable_roots=writable_roots, network=network)
+    ours = SandboxPolicy.from_mode(mode, writable_roots=writable_roots, network=network)
     theirs = landlock_policy.SandboxPolicy.from_mode(
         mode, writable_roots=writable_roots, network=network
     )
@@ -639,28 +636,28 @@ def test_sandbox_policy_json_matches_landlock_helper(mode, writable_roots, netwo
 
 
 def test_sandbox_modes_spelled_out():
-    assert encode_json(sandbox_policy_from_mode("read-only")) == (
+    assert encode_json(SandboxPolicy.from_mode("read-only")) == (
         b'{"permissions":["disk-full-read-access"]}'
     )
-    assert encode_json(sandbox_policy_from_mode("workspace-write", ["/srv"])) == (
+    assert encode_json(SandboxPolicy.from_mode("workspace-write", ["/srv"])) == (
         b'{"permissions":["disk-full-read-access","disk-write-platform-user-temp-folder",'
         b'"disk-write-platform-global-temp-folder","disk-write-cwd",'
         b'{"disk-write-folder":{"folder":"/srv"}}]}'
     )
-    assert encode_json(sandbox_policy_from_mode("danger-full-access", network=True)) == (
+    assert encode_json(SandboxPolicy.from_mode("danger-full-access", network=True)) == (
         b'{"permissions":["disk-full-read-access","disk-full-write-access","network-full-access"]}'
     )
 
 
 def test_sandbox_policy_questions():
-    read_only = sandbox_policy_from_mode("read-only", ["/srv", "/data"])
+    read_only = SandboxPolicy.from_mode("read-only", ["/srv", "/data"])
     assert read_only.has_full_disk_read_access()
     assert not read_only.has_full_disk_write_access()
     assert not read_only.has_full_network_access()
     assert not read_only.is_unrestricted()
     assert read_only.writable_folders == ["/srv", "/data"]
-    assert sandbox_policy_from_mode("read-only", network=True).has_full_network_access()
-    assert sandbox_policy_from_mode("danger-full-access").is_unrestricted()
+    assert SandboxPolicy.from_mode("read-only", network=True).has_full_network_access()
+    assert SandboxPolicy.from_mode("danger-full-access").is_unrestricted()
 
 
 @pytest.mark.parametrize(
@@ -669,7 +666,7 @@ def test_sandbox_policy_questions():
 )
 def test_sandbox_policy_from_mode_refuses_with_one_line(mode, roots, needle):
     with pytest.raises(ValueError, match=needle) as info:
-        sandbox_policy_from_mode(mode, roots)
+        SandboxPolicy.from_mode(mode, roots)
     assert "\n" not in str(info.value)
 
 

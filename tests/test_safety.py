@@ -23,7 +23,8 @@ from agent.safety import (
     should_retry_unsandboxed,
     writable_roots_for,
 )
-from broker.wire.protocol import AskForApproval, sandbox_policy_from_mode
+from broker.wire.protocol import AskForApproval
+from landlock_helper.policy import SandboxPolicy
 from tests.sandbox_harness import INNER_PYTHON
 
 UNTRUSTED, ON_FAILURE, ON_REQUEST, NEVER = (
@@ -32,10 +33,10 @@ UNTRUSTED, ON_FAILURE, ON_REQUEST, NEVER = (
     AskForApproval.ON_REQUEST,
     AskForApproval.NEVER,
 )
-READ_ONLY = sandbox_policy_from_mode("read-only")
-WORKSPACE = sandbox_policy_from_mode("workspace-write")
-WORKSPACE_NET = sandbox_policy_from_mode("workspace-write", network=True)
-FULL = sandbox_policy_from_mode("danger-full-access")
+READ_ONLY = SandboxPolicy.from_mode("read-only")
+WORKSPACE = SandboxPolicy.from_mode("workspace-write")
+WORKSPACE_NET = SandboxPolicy.from_mode("workspace-write", network=True)
+FULL = SandboxPolicy.from_mode("danger-full-access")
 
 
 def bash(script: str) -> list[str]:
@@ -555,7 +556,7 @@ def test_writable_roots_for_policies(tmp_path):
     assert writable_roots_for(READ_ONLY, cwd, env) == []
     assert writable_roots_for(WORKSPACE, cwd, env) == ["/var/tmp/me", "/tmp", cwd]
     assert writable_roots_for(WORKSPACE, cwd, {}) == ["/tmp", cwd]
-    extra = sandbox_policy_from_mode("workspace-write", writable_roots=["/srv/data"])
+    extra = SandboxPolicy.from_mode("workspace-write", writable_roots=["/srv/data"])
     assert writable_roots_for(extra, cwd, {}) == ["/tmp", cwd, "/srv/data"]
     assert writable_roots_for(FULL, cwd, env) == ["/"]
 

@@ -27,8 +27,8 @@ from broker.wire.protocol import (
     TextInput,
     UserInput,
     WireApi,
-    sandbox_policy_from_mode,
 )
+from landlock_helper.policy import SandboxPolicy
 from tests.conftest import daemons, short_tempdir
 from tests.fake_model import FakeModelServer, assistant, call, gated, response, user_item
 
@@ -61,7 +61,7 @@ def configure_op(server: FakeModelServer, cwd: str, **fields) -> ConfigureSessio
                                       wire_api=WireApi.RESPONSES, stream_max_retries=2, request_max_retries=2),
         "model": "test-model",
         "approval_policy": AskForApproval.NEVER,
-        "sandbox_policy": sandbox_policy_from_mode("workspace-write"),
+        "sandbox_policy": SandboxPolicy.from_mode("workspace-write"),
         "cwd": cwd,
         "api_key": KEY,
     }

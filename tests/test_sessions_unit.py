@@ -39,8 +39,8 @@ from broker.wire.protocol import (
     decode_event_msgpack,
     decode_submission_msgpack,
     encode_msgpack,
-    sandbox_policy_from_mode,
 )
+from landlock_helper.policy import SandboxPolicy
 from broker.daemon.router import IDLE_PING_EVERY, Router
 
 pytestmark = pytest.mark.timeout(60)
@@ -126,7 +126,7 @@ class Daemon:
         op = ConfigureSession(
             provider=ModelProviderInfo(name="fake", base_url="http://127.0.0.1:9", env_key="K"),
             model="m", approval_policy=AskForApproval.ON_REQUEST,
-            sandbox_policy=sandbox_policy_from_mode("workspace-write"), cwd=cwd, api_key="sk-unit-secret",
+            sandbox_policy=SandboxPolicy.from_mode("workspace-write"), cwd=cwd, api_key="sk-unit-secret",
         )
         self.submit(frontend, "", Submission("0", op), corr="c-open")
         head, _ = self.messages(frontend)[-1]

@@ -62,8 +62,8 @@ from broker.wire.protocol import (
     TextInput,
     UserInput,
     parse_approval_policy,
-    sandbox_policy_from_mode,
 )
+from landlock_helper.policy import SandboxPolicy
 from landlock_helper.env import describe_dropped
 from broker.wire.results import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
 
@@ -159,7 +159,7 @@ def _configure_op(args):
     mode = args.sandbox or config.sandbox_mode
     workspace = mode == "workspace-write"
     try:
-        policy = sandbox_policy_from_mode(
+        policy = SandboxPolicy.from_mode(
             mode, config.writable_roots if workspace else (), config.network_access if workspace else False)
     except ValueError as e:
         raise _usage(str(e)) from None

@@ -90,7 +90,7 @@ def make_request(
     return wire.RunRequest(
         argv=argv,
         cwd=cwd,
-        sandbox=wire.SandboxSpec(permissions=policy.to_json()["permissions"]),
+        sandbox=policy,
         env=env,
         env_passthrough=passthrough,
         timeout_ms=timeout_ms,

@@ -118,6 +118,8 @@ from __future__ import annotations
 
 import msgspec
 
+from landlock_helper.policy import DiskWriteFolder, SandboxPolicy
+
 # 2: RunRequest.sandbox_cwd. An executor of version 1 would ignore it and make the
 # command's own directory (a model's workdir) writable, so versions must match.
 PROTOCOL_VERSION = 2
@@ -204,17 +206,11 @@ class ErrorMsg(msgspec.Struct, frozen=True):
     message: str
 
 
-class SandboxSpec(msgspec.Struct, frozen=True):
-    """A sandbox policy on the wire: Codex's ``{"permissions": [...]}`` JSON value."""
-
-    permissions: list = []
-
-
 class RunRequest(msgspec.Struct, frozen=True):
     argv: list[str]
     # Where the command runs.
     cwd: str
-    sandbox: SandboxSpec
+    sandbox: SandboxPolicy
     # The command's environment, already without secrets: the sender filters it
     # (landlock_helper.env) before it leaves its process, and the executor filters it again
     # (except the names in env_passthrough). None: the executor's own environment, filtered.
@@ -280,6 +276,14 @@ class SessionList(msgspec.Struct, frozen=True):
     executors: int = 0
 
 
+def dec_hook(type_: type, obj):
+    """msgspec's hook for the sandbox policy's folder permission (a dict of the sandbox's,
+    which imports no msgspec): the one type on the wire that is not msgspec's own."""
+    if type_ is DiskWriteFolder:
+        return DiskWriteFolder.from_json(obj)
+    raise NotImplementedError(f"cannot decode {type_.__name__}")
+
+
 _header_encoder = msgspec.msgpack.Encoder()
 _header_decoder = msgspec.msgpack.Decoder(Header)
 _encoder = msgspec.msgpack.Encoder()
@@ -287,7 +291,7 @@ _decoders = {
     HELLO: msgspec.msgpack.Decoder(Hello),
     WELCOME: msgspec.msgpack.Decoder(Welcome),
     ERROR: msgspec.msgpack.Decoder(ErrorMsg),
-    RUN: msgspec.msgpack.Decoder(RunRequest),
+    RUN: msgspec.msgpack.Decoder(RunRequest, dec_hook=dec_hook),
     STARTED: msgspec.msgpack.Decoder(Started),
     EXIT: msgspec.msgpack.Decoder(ExitStatus),
     ATTACHED: msgspec.msgpack.Decoder(SessionInfo),

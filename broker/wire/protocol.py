@@ -16,17 +16,18 @@ is written as ``null``. Structs whose every defaulted field is such a skipped on
 marks its skipped fields with ``msgspec.UNSET`` instead. A Struct with a defaulted
 field before a required one is keyword-only, so the field order stays Codex's.
 
-Policies are kebab-case strings (:class:`AskForApproval`, :class:`SandboxPermission`).
-Two Codex enums are serde *externally* tagged, a shape msgspec has no Struct union for:
+Policies are kebab-case strings (:class:`AskForApproval`; the sandbox permissions too).
+The sandbox policy is the sandbox's own type, :class:`landlock_helper.policy.SandboxPolicy`:
+a dataclass whose fields are Codex's JSON (a permission is a bare string or
+``{"disk-write-folder": {"folder": "/p"}}``), which msgspec encodes and validates like
+a Struct, its folder permission through :func:`broker.wire.frames.dec_hook`.
 
-- a sandbox permission is a bare string, or ``{"disk-write-folder": {"folder": "/p"}}``;
-  :class:`SandboxPolicy` holds them as a :class:`SandboxPermission` or a one-key dict
-  around :class:`DiskWriteFolder`, which msgspec validates natively;
-- a file change is ``"delete"``, ``{"add": {"content"}}`` or
-  ``{"update": {"unified_diff", "move_path"}}``; its variants (:class:`AddFileChange`,
-  :class:`DeleteFileChange`, :class:`UpdateFileChange`) are plain classes that the
-  codec functions below convert, so encode and decode through them, not through
-  ``msgspec.json`` directly.
+A file change, a Codex enum that serde tags *externally* (a shape msgspec has no Struct
+union for), is ``"delete"``, ``{"add": {"content"}}`` or
+``{"update": {"unified_diff", "move_path"}}``; its variants (:class:`AddFileChange`,
+:class:`DeleteFileChange`, :class:`UpdateFileChange`) are plain classes that the codec
+functions below convert, so encode and decode through them, not through ``msgspec.json``
+directly.
 
 JSON is for people and other programs: ``sluice run --json``, the stdio bridge and
 rollout files. Between sluice's own processes the same Structs travel as msgpack (maps
@@ -47,13 +48,15 @@ from __future__ import annotations
 
 import enum
 import math
-import os
 import re
 import uuid
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar
 
 import msgspec
 from msgspec import UNSET, UnsetType
+
+from broker.wire import frames
+from landlock_helper.policy import SandboxPolicy
 
 
 class ProtocolError(ValueError):
@@ -133,111 +136,6 @@ class TurnAbortReason(enum.StrEnum):
     INTERRUPTED = "interrupted"
     REPLACED = "replaced"
     """A new task took the running one's place."""
-
-
-# -- sandbox policy -------------------------------------------------------------------
-
-
-class SandboxPermission(enum.StrEnum):
-    """The permissions that are bare strings; ``disk-write-folder`` is :class:`DiskWriteFolder`."""
-
-    DISK_FULL_READ_ACCESS = "disk-full-read-access"
-    DISK_WRITE_PLATFORM_USER_TEMP_FOLDER = "disk-write-platform-user-temp-folder"
-    DISK_WRITE_PLATFORM_GLOBAL_TEMP_FOLDER = "disk-write-platform-global-temp-folder"
-    DISK_WRITE_CWD = "disk-write-cwd"
-    DISK_FULL_WRITE_ACCESS = "disk-full-write-access"
-    NETWORK_FULL_ACCESS = "network-full-access"
-
-
-DISK_WRITE_FOLDER = "disk-write-folder"
-
-
-class DiskWriteFolder(msgspec.Struct):
-    """Write access beneath one absolute folder."""
-
-    folder: str
-
-    def __post_init__(self) -> None:
-        if not os.path.isabs(self.folder):
-            raise ValueError(f"disk-write-folder needs an absolute folder, got {self.folder!r}")
-
-
-# One entry of SandboxPolicy.permissions: a unit permission or {"disk-write-folder": ...}.
-Permission = SandboxPermission | dict[Literal["disk-write-folder"], DiskWriteFolder]
-
-SANDBOX_MODES = ("read-only", "workspace-write", "danger-full-access")
-
-_MODE_PERMISSIONS = {
-    "read-only": (SandboxPermission.DISK_FULL_READ_ACCESS,),
-    "workspace-write": (
-        SandboxPermission.DISK_FULL_READ_ACCESS,
-        SandboxPermission.DISK_WRITE_PLATFORM_USER_TEMP_FOLDER,
-        SandboxPermission.DISK_WRITE_PLATFORM_GLOBAL_TEMP_FOLDER,
-        SandboxPermission.DISK_WRITE_CWD,
-    ),
-    "danger-full-access": (
-        SandboxPermission.DISK_FULL_READ_ACCESS,
-        SandboxPermission.DISK_FULL_WRITE_ACCESS,
-        SandboxPermission.NETWORK_FULL_ACCESS,
-    ),
-}
-
-
-class SandboxPolicy(msgspec.Struct):
-    """What a command may do: ``{"permissions": [...]}``, in Codex's spelling."""
-
-    permissions: list[Permission]
-
-    def __post_init__(self) -> None:
-        for permission in self.permissions:
-            if isinstance(permission, dict) and len(permission) != 1:
-                raise ValueError('a folder permission is {"disk-write-folder": {"folder": ...}}')
-
-    def has_full_disk_read_access(self) -> bool:
-        return SandboxPermission.DISK_FULL_READ_ACCESS in self.permissions
-
-    def has_full_disk_write_access(self) -> bool:
-        return SandboxPermission.DISK_FULL_WRITE_ACCESS in self.permissions
-
-    def has_full_network_access(self) -> bool:
-        return SandboxPermission.NETWORK_FULL_ACCESS in self.permissions
-
-    def is_unrestricted(self) -> bool:
-        return (
-            self.has_full_disk_read_access()
-            and self.has_full_disk_write_access()
-            and self.has_full_network_access()
-        )
-
-    @property
-    def writable_folders(self) -> list[str]:
-        """The folders of the ``disk-write-folder`` permissions, in order."""
-        return [p[DISK_WRITE_FOLDER].folder for p in self.permissions if isinstance(p, dict)]
-
-
-def sandbox_policy_from_mode(
-    mode: str, writable_roots: tuple[str, ...] | list[str] = (), network: bool = False
-) -> SandboxPolicy:
-    """The policy for a mode a person typed, plus extra writable roots and network access.
-
-    The permissions come out in the order ``landlock_helper.policy`` builds them, without
-    duplicates, so both write the same JSON.
-    """
-    if mode not in _MODE_PERMISSIONS:
-        choices = ", ".join(SANDBOX_MODES)
-        raise ValueError(f"unknown sandbox mode {mode!r}; expected one of {choices}")
-    permissions: list[Permission] = list(_MODE_PERMISSIONS[mode])
-    for root in writable_roots:
-        if not os.path.isabs(root):
-            raise ValueError(f"writable root must be an absolute path, got {root!r}")
-        permissions.append({DISK_WRITE_FOLDER: DiskWriteFolder(os.path.normpath(root))})
-    if network:
-        permissions.append(SandboxPermission.NETWORK_FULL_ACCESS)
-    unique: list[Permission] = []
-    for permission in permissions:
-        if permission not in unique:
-            unique.append(permission)
-    return SandboxPolicy(unique)
 
 
 # -- file changes (serde externally tagged, converted by the codec hooks) -------------
@@ -719,7 +617,7 @@ def _enc_hook(obj: Any) -> Any:
 def _dec_hook(type_: type, obj: Any) -> Any:
     if type_ is FileChange:
         return FileChange.from_builtins(obj)
-    raise NotImplementedError(f"cannot decode {type_.__name__} from protocol")
+    return frames.dec_hook(type_, obj)  # the sandbox policy's folder permission
 
 
 _json_encoder = msgspec.json.Encoder(enc_hook=_enc_hook)

@@ -133,13 +133,13 @@ def open_session(daemon: Daemon, server):
         ConfigureSession,
         ModelProviderInfo,
         WireApi,
-        sandbox_policy_from_mode,
     )
+    from landlock_helper.policy import SandboxPolicy
 
     client = daemon.client()
     op = ConfigureSession(
         provider=ModelProviderInfo(name="bench", base_url=server.base_url, env_key="BENCH_KEY", wire_api=WireApi.RESPONSES),
-        model="bench-model", approval_policy=AskForApproval.NEVER, sandbox_policy=sandbox_policy_from_mode("read-only"),
+        model="bench-model", approval_policy=AskForApproval.NEVER, sandbox_policy=SandboxPolicy.from_mode("read-only"),
         cwd=ROOT, api_key="sk-bench",
     )
     session = client.open_session(op)
