@@ -40,7 +40,7 @@ import zmq
 
 from agent.broker_link import BrokerLink, LinkError
 from broker.wire import frames as wire
-from broker.wire.results import new_call_id, shell_returncode
+from broker.wire.results import new_call_id
 from broker.wire.protocol import ExecOutputStream, SandboxPolicy
 from broker.net.runtime import RuntimeDir
 from landlock_helper.env import filter_env
@@ -83,28 +83,12 @@ class HeadTailBuffer:
         return bytes(self._head + self._tail)
 
 
-@dataclass(slots=True)
-class ExecResult:
-    """How a command ended; ``error`` is set when it never ran (or its executor failed)."""
+class ExecResult(wire.ExitStatus, frozen=True, kw_only=True):
+    """How a command ended (:class:`broker.wire.frames.ExitStatus`; ``error`` is set when
+    it never ran or its executor failed), with the output as the model sees it."""
 
-    exit_code: int | None = None
-    signal: int | None = None
-    timed_out: bool = False
-    aborted: bool = False
-    duration_s: float = 0.0
-    stdout: bytes = b""
-    stderr: bytes = b""
-    stdout_dropped: int = 0
-    stderr_dropped: int = 0
-    """Bytes beyond the capture limit, not in ``stdout`` / ``stderr``."""
     aggregated: bytes = b""
     aggregated_omitted: int = 0
-    error: str | None = None
-
-    @property
-    def returncode(self) -> int:
-        """One number, shell style (see broker.wire.results.shell_returncode)."""
-        return shell_returncode(self)
 
 
 class CommandRunner(abc.ABC):
@@ -306,6 +290,6 @@ class BrokerRunner(CommandRunner):
                 self._finish(running, ExecResult(error=str(error)))
 
     def _finish(self, running: _Running, result: ExecResult) -> None:
-        result.aggregated = running.aggregated.getvalue()
-        result.aggregated_omitted = running.aggregated.omitted
+        result = msgspec.structs.replace(result, aggregated=running.aggregated.getvalue(),
+                                         aggregated_omitted=running.aggregated.omitted)
         running.future.set_result(result)

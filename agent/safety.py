@@ -62,10 +62,9 @@ import re
 import signal as _signal
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
-
 
 from agent.safe_commands import is_known_safe_command
+from broker.wire.frames import ExitStatus
 from broker.wire.protocol import AskForApproval, SandboxPolicy
 from landlock_helper.policy import write_allowed
 
@@ -73,7 +72,6 @@ __all__ = [
     "RETRY_WITHOUT_SANDBOX_REASON",
     "AskUser",
     "AutoApprove",
-    "ExecResult",
     "Reject",
     "Safety",
     "assess_command_safety",
@@ -327,17 +325,8 @@ def is_likely_sandbox_denied(
     return not network and _NET_DENIAL.search(text) is not None
 
 
-class ExecResult(Protocol):
-    """How a command ended, e.g. ``broker.wire.frames.ExitStatus``. Only ``exit_code``,
-    ``stdout`` and ``stderr`` are required; the rest are read when present."""
-
-    exit_code: int | None
-    stdout: bytes | str
-    stderr: bytes | str
-
-
 def should_retry_unsandboxed(
-    result: ExecResult,
+    result: ExitStatus,
     approval_policy: AskForApproval,
     sandbox_policy: SandboxPolicy | None = None,
     *,

@@ -39,7 +39,6 @@ import os
 import signal
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
 
 import msgspec
 import zmq
@@ -51,7 +50,7 @@ from broker.client.requests import make_request
 from broker.client.sessions import ClientSession, SessionTable, attach, list_sessions, open_session
 from broker.net.runtime import RuntimeDir
 from broker.wire import frames as wire
-from broker.wire.results import new_call_id, shell_returncode
+from broker.wire.results import new_call_id
 
 # A daemon presumed dead after this many heartbeats without any message from it.
 DEAD_AFTER_HEARTBEATS = 5
@@ -62,42 +61,13 @@ DRAIN_BATCH = 512
 # -- results ----------------------------------------------------------------------------
 
 
-@dataclass(slots=True)
-class Result:
-    """How a call ended.
+class Result(wire.ExitStatus, frozen=True, kw_only=True):
+    """How a call ended (:class:`broker.wire.frames.ExitStatus`, with ``returncode``
+    folding it into one shell-style number: 124 timed out, 130 cancelled, 128+N killed by
+    signal N, 125-127 when it never ran, else the exit code), and which call it was."""
 
-    ``returncode`` folds it into one number, shell style:
-
-    - 124 when the call timed out (``timeout_ms``),
-    - 130 when it was cancelled (:meth:`Client.cancel`),
-    - 128+N when the command was killed by signal N,
-    - when the command never ran (``error`` is set): the code the sandbox gave
-      (127 not found, 126 cannot execute or sandbox set-up failed), else 127 if the
-      error says "not found", 126 for "permission denied", 125 for any other failure
-      (executor, daemon),
-    - otherwise the command's exit code.
-    """
-
-    call_id: str
-    argv: list[str]
-    exit_code: int | None = None
-    signal: int | None = None
-    timed_out: bool = False
-    aborted: bool = False
-    duration_s: float = 0.0
-    stdout: bytes = b""
-    stderr: bytes = b""
-    stdout_dropped: int = 0
-    stderr_dropped: int = 0
-    error: str | None = None
-
-    @property
-    def returncode(self) -> int:
-        return shell_returncode(self)
-
-    @property
-    def ok(self) -> bool:
-        return self.returncode == 0
+    call_id: str = ""
+    argv: list[str] = []
 
 
 OutputCallback = Callable[["Call", int, memoryview], object]
@@ -598,10 +568,9 @@ class Client:
             try:
                 st = wire.decode(wire.EXIT, frames[1].buffer)
             except wire.WireError as e:
-                call.result = Result(call.call_id, call.argv, error=f"unreadable exit status: {e}")
+                call.result = Result(call_id=call.call_id, argv=call.argv, error=f"unreadable exit status: {e}")
                 return
-            # Result carries ExitStatus's fields under the same names.
-            call.result = Result(call.call_id, call.argv, **msgspec.structs.asdict(st))
+            call.result = Result(call_id=call.call_id, argv=call.argv, **msgspec.structs.asdict(st))
         elif kind == wire.STARTED:
             call = self._calls.get(h.corr)
             if call is None or len(frames) < 2:
@@ -635,7 +604,7 @@ class Client:
                     message = wire.decode(wire.ERROR, frames[1].buffer).message
             call = self._calls.pop(h.corr, None) if h.corr else None
             if call is not None:
-                call.result = Result(call.call_id, call.argv, error=message)
+                call.result = Result(call_id=call.call_id, argv=call.argv, error=message)
             elif h.corr:
                 # A session request of ours, e.g. refused by a daemon too old to know it.
                 if self._sessions is not None:

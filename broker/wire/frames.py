@@ -118,6 +118,7 @@ from __future__ import annotations
 
 import msgspec
 
+from broker.wire.results import shell_returncode
 from landlock_helper.policy import DiskWriteFolder, SandboxPolicy
 
 # 2: RunRequest.sandbox_cwd. An executor of version 1 would ignore it and make the
@@ -230,7 +231,10 @@ class Started(msgspec.Struct, frozen=True):
 
 
 class ExitStatus(msgspec.Struct, frozen=True):
-    """How a call ended. Exactly one of exit_code / signal is set unless ``error`` is."""
+    """How a command ended: the one outcome type of sluice. The executor sends it, the
+    client's :class:`broker.client.Result` and the agent's ``ExecResult`` are it with the
+    call's identity or the interleaved output added. Exactly one of exit_code / signal is
+    set unless ``error`` is."""
 
     exit_code: int | None = None
     signal: int | None = None
@@ -243,6 +247,15 @@ class ExitStatus(msgspec.Struct, frozen=True):
     stderr_dropped: int = 0
     # Set when the command never ran or its executor failed; a person can read it.
     error: str | None = None
+
+    @property
+    def returncode(self) -> int:
+        """One number, shell style: see :func:`broker.wire.results.shell_returncode`."""
+        return shell_returncode(self)
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0
 
 
 # Session states, as ``SessionInfo.state`` spells them.
