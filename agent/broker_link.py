@@ -6,10 +6,10 @@ runtime dir's auth token) and waits for the welcome; ``runtime`` may also be a
 broker sends is handed to the handler registered for its kind (:meth:`BrokerLink.on`),
 from the event loop, with the frames as they came (``zmq.Frame``, not copied).
 
-The link keeps itself alive the way :mod:`broker.client.connection` does: it answers ``ping``,
-pings the broker after a heartbeat of silence, and gives up after
-:data:`DEAD_AFTER_HEARTBEATS` heartbeats without a word, when the socket file is gone,
-or when the socket reports a disconnect. Giving up calls every ``on_broken`` callback
+The link keeps itself alive by the rules every peer follows (:mod:`broker.net.peer`):
+it answers ``ping``, pings the broker after a heartbeat of silence, and gives up when
+those pings go unanswered (:class:`broker.net.peer.Liveness`), when the socket file is
+gone, or when the socket reports a disconnect. Giving up calls every ``on_broken`` callback
 once with a :class:`LinkError` saying why; nothing raises into the loop.
 
 Sends never block the loop: :meth:`send` is non-blocking, :meth:`send_wait` retries a
@@ -27,14 +27,13 @@ from collections.abc import Callable
 import structlog
 import zmq
 
+from broker.net import peer
 from broker.wire import frames as wire
 from broker.net.runtime import RuntimeDir
 from broker.net.zloop import ZSocket
 
 log = structlog.get_logger("agent.broker_link")
 
-# A daemon presumed dead after this many heartbeats without any message from it.
-DEAD_AFTER_HEARTBEATS = 5
 SEND_TIMEOUT_S = 10.0
 
 Handler = Callable[[wire.Header, list[zmq.Frame]], None]
@@ -80,8 +79,7 @@ class BrokerLink:
         self._sock = sock
         self._handlers: dict[str, Handler] = {wire.PING: self._on_ping}
         self._welcome: asyncio.Future[wire.Welcome | str] | None = None
-        self._last_rx = time.monotonic()
-        self._ping_sent = 0.0
+        self._liveness = peer.Liveness()
         self._closed = False
         self._zsock = ZSocket(sock, self._on_message)
         self._monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
@@ -127,8 +125,7 @@ class BrokerLink:
 
     async def hello(self, token: str, timeout: float) -> wire.Welcome | str | None:
         self._welcome = asyncio.get_running_loop().create_future()
-        hello = wire.Hello(role=self.role, token=token, pid=os.getpid(), name=self.name)
-        self.send(wire.message(wire.HELLO, body=hello))
+        self.send(peer.hello(self.role, token, self.name))
         try:
             async with asyncio.timeout(timeout):
                 return await self._welcome
@@ -144,22 +141,15 @@ class BrokerLink:
         self._handlers[kind] = handler
 
     def _on_message(self, frames: list[zmq.Frame]) -> None:
-        self._last_rx = time.monotonic()
-        self._ping_sent = 0.0
+        self._liveness.heard()
         try:
             head = wire.decode_header(frames[0].buffer)
         except wire.WireError:
             return
         if self._welcome is not None and not self._welcome.done():
-            if head.kind == wire.WELCOME and len(frames) > 1:
-                with contextlib.suppress(wire.WireError):
-                    self._welcome.set_result(wire.decode(wire.WELCOME, frames[1].buffer))
-            elif head.kind == wire.ERROR:
-                message = "refused"
-                if len(frames) > 1:
-                    with contextlib.suppress(wire.WireError):
-                        message = wire.decode(wire.ERROR, frames[1].buffer).message
-                self._welcome.set_result(message)
+            outcome = peer.reply_to_hello(head.kind, frames[1].buffer if len(frames) > 1 else None)
+            if outcome is not None:
+                self._welcome.set_result(outcome)
             return
         if head.kind == wire.ERROR and not head.corr:
             # Not about one call: the daemon no longer knows us (e.g. it restarted).
@@ -222,15 +212,15 @@ class BrokerLink:
     async def _watch(self) -> None:
         while not self._closed and self.broken is None:
             await asyncio.sleep(self.heartbeat_s)
-            silence = time.monotonic() - self._last_rx
-            if silence < self.heartbeat_s:
+            if self._liveness.silence() < self.heartbeat_s:
                 continue
             if self.runtime.socket_path is not None and not os.path.exists(self.runtime.socket_path):
                 self._break(LinkError("the daemon's socket is gone (the daemon exited)"))
-            elif silence > DEAD_AFTER_HEARTBEATS * self.heartbeat_s:
-                self._break(LinkError(f"the daemon stopped answering (nothing for {silence:.1f} s)"))
-            elif not self._ping_sent or time.monotonic() - self._ping_sent >= self.heartbeat_s:
-                self._ping_sent = time.monotonic()
+                continue
+            due = self._liveness.check(self.heartbeat_s)
+            if due == peer.DEAD:
+                self._break(LinkError(f"the daemon stopped answering (nothing for {self._liveness.silence():.1f} s)"))
+            elif due == peer.PING:
                 self.send([wire.header(wire.PING)])
 
     def _break(self, error: LinkError) -> None:
@@ -271,10 +261,6 @@ class BrokerLink:
 
 
 def _new_socket(runtime: RuntimeDir | Target) -> zmq.Socket:
-    sock = zmq.Context.instance().socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.setsockopt(zmq.RCVHWM, 1 << 20)
-    sock.setsockopt(zmq.SNDHWM, 1 << 16)
-    sock.setsockopt(zmq.MAXMSGSIZE, wire.MAX_MESSAGE_SIZE)
+    sock = peer.dealer(zmq.Context.instance(), sndhwm=1 << 16, rcvhwm=1 << 20)
     sock.connect(runtime.endpoint)
     return sock

@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import itertools
-import os
 import signal
 import time
 
@@ -28,6 +27,7 @@ import structlog
 import zmq
 from zmq.utils.monitor import parse_monitor_message
 
+from broker.net import peer
 from broker.wire import frames as wire
 from broker.net.logging import Throttle
 from broker.net.zloop import ZSocket
@@ -49,20 +49,12 @@ SHUTDOWN_DEADLINE_S = 5.0
 FINAL_LINGER_MS = 1000
 BACKLOG_RETRY_MIN_S = 0.001
 BACKLOG_RETRY_MAX_S = 0.05
-# Remote executors give up on a silent broker after as many heartbeats as the broker
-# gives an executor (broker.daemon.router.MISSED_HEARTBEATS), so both sides let go together.
-REMOTE_MISSED_HEARTBEATS = 5
 # While (re)joining: a fresh connection and hello this often until welcomed.
 REJOIN_EVERY_S = 5.0
 # tcp reconnects back off to this, and a connect() that hangs (SYNs into a dead link)
 # is abandoned after this, so a host whose network comes back is seen within seconds.
 RECONNECT_IVL_MAX_MS = 2000
 CONNECT_TIMEOUT_MS = 2000
-# What the broker says to a peer it does not know (broker.daemon.router.HELLO_FIRST).
-HELLO_FIRST = "send hello first"
-_HANDSHAKE_EVENTS = (
-    zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
-)
 _monitor_ids = itertools.count(1)
 
 
@@ -96,7 +88,8 @@ class Worker:
         self._attempts = 0
         self._throttle = Throttle(log)
         self.heartbeat_s = 1.0
-        self.last_heard = 0.0
+        # Remote executors give up on a silent broker by the rule every peer follows.
+        self._liveness = peer.Liveness()
         self.exit_linger_ms = 0
         self._backlog: collections.deque = collections.deque()
         self._backlog_delay = BACKLOG_RETRY_MIN_S
@@ -142,18 +135,13 @@ class Worker:
 
     def _connect(self) -> None:
         """A fresh DEALER to the broker, and our hello on it."""
-        sock = self.ctx.socket(zmq.DEALER)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.SNDHWM, SNDHWM)
-        sock.setsockopt(zmq.RCVHWM, RCVHWM)
-        sock.setsockopt(zmq.MAXMSGSIZE, wire.MAX_MESSAGE_SIZE)
+        sock = peer.dealer(self.ctx, sndhwm=SNDHWM, rcvhwm=RCVHWM, remote=self.remote)
         if self.remote is not None:
-            self.remote.apply(sock)
             sock.setsockopt(zmq.RECONNECT_IVL_MAX, RECONNECT_IVL_MAX_MS)
             sock.setsockopt(zmq.CONNECT_TIMEOUT, CONNECT_TIMEOUT_MS)
             # Before connecting, so no handshake outcome is missed.
             address = f"inproc://executor-monitor-{next(_monitor_ids)}"
-            sock.monitor(address, _HANDSHAKE_EVENTS)
+            sock.monitor(address, peer.HANDSHAKE_FAILED_EVENTS)
             pair = self.ctx.socket(zmq.PAIR)
             pair.setsockopt(zmq.LINGER, 0)
             pair.connect(address)
@@ -165,8 +153,7 @@ class Worker:
             raise StartupError(f"cannot connect to {self.endpoint}: {e.strerror}") from None
         self.sock = sock
         self.zs = ZSocket(sock, self._on_message, self.loop)
-        hello = wire.Hello(role=wire.ROLE_EXECUTOR, token=self.token, pid=os.getpid(), name=self.name, slots=self.slots)
-        self.send(wire.message(wire.HELLO, body=hello))
+        self.send(peer.hello(wire.ROLE_EXECUTOR, self.token, self.name, slots=self.slots))
         if self.remote is not None:
             self._retry = self.loop.call_later(REJOIN_EVERY_S, self._join_again)
 
@@ -269,7 +256,7 @@ class Worker:
         self._stop(0, "executor shutting down", bye=self.joined)
 
     def _broker_lost(self) -> None:
-        log.error("no word from the broker; presuming it gone", silent_s=round(time.monotonic() - self.last_heard, 1))
+        log.error("no word from the broker; presuming it gone", silent_s=round(self._liveness.silence(), 1))
         self._stop(1, "executor lost its broker", bye=False)
 
     def _stop(self, code: int, reason: str, *, bye: bool) -> None:
@@ -319,15 +306,16 @@ class Worker:
     def _check_heartbeat(self) -> None:
         if self._stopping is not None:
             return
-        silent = time.monotonic() - self.last_heard
         if self.remote is None:
-            if silent > MISSED_HEARTBEATS * self.heartbeat_s:
+            # The daemon that spawned us pings us; its silence alone means it is gone.
+            if self._liveness.silence() > MISSED_HEARTBEATS * self.heartbeat_s:
                 self._broker_lost()
                 return
         elif self.joined:
-            if silent > REMOTE_MISSED_HEARTBEATS * self.heartbeat_s:
-                self._rejoin(f"no word from the broker for {silent:.1f} s")
-            elif silent > self.heartbeat_s:
+            due = self._liveness.check(self.heartbeat_s)
+            if due == peer.DEAD:
+                self._rejoin(f"no word from the broker for {self._liveness.silence():.1f} s")
+            elif due == peer.PING:
                 # A broker that dropped us (or restarted) answers this with "send hello first".
                 self.send([wire.header(wire.PING)])
         self.loop.call_later(self.heartbeat_s, self._check_heartbeat)
@@ -371,7 +359,7 @@ class Worker:
     # -- receiving ----------------------------------------------------------------------
 
     def _on_message(self, frames: list[zmq.Frame]) -> None:
-        self.last_heard = time.monotonic()
+        self._liveness.heard()
         try:
             h = wire.decode_header(frames[0].buffer)
         except wire.WireError as e:
@@ -409,7 +397,7 @@ class Worker:
             self._retry = None
         if welcome.heartbeat_s > 0:
             self.heartbeat_s = welcome.heartbeat_s
-        self.last_heard = time.monotonic()
+        self._liveness.heard()
         if not self._welcome.done():
             self._welcome.set_result(welcome)
         else:
@@ -419,7 +407,7 @@ class Worker:
         err = self._body(wire.ERROR, frames)
         if not self.joined:
             return self._fatal(f"the broker refused this executor: {one_line(err.message)}")
-        if self.remote is not None and err.message == HELLO_FIRST:
+        if self.remote is not None and err.message == peer.HELLO_FIRST:
             return self._rejoin("the broker no longer knows this executor")
         log.warning("broker reported an error", corr=h.corr, message=err.message)
 
@@ -436,13 +424,8 @@ class Worker:
             event = parse_monitor_message([f.bytes for f in frames])["event"]
         except (RuntimeError, ValueError):
             return
-        if event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
-            why = f"the daemon at {self.endpoint} refused our key (it is not in its allow-list)"
-        elif event == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL:
-            why = f"{self.endpoint} does not speak CurveZMQ like a sluice daemon (is it one started with --listen?)"
-        elif event == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL:
-            why = f"the CurveZMQ handshake with {self.endpoint} failed (is --server-key that daemon's public key?)"
-        else:
+        why = peer.handshake_refusal(event, self.endpoint)
+        if why is None:
             return
         if not self._welcome.done():
             # At start-up a person is watching: a refusal is a mistake to fix, not to wait out.

@@ -48,12 +48,11 @@ from broker.client.errors import DaemonError, Interrupted, UsageError
 from broker.client.handshake import hello
 from broker.client.requests import make_request
 from broker.client.sessions import ClientSession, SessionTable, attach, list_sessions, open_session
+from broker.net import peer
 from broker.net.runtime import RuntimeDir
 from broker.wire import frames as wire
 from broker.wire.results import new_call_id
 
-# A daemon presumed dead after this many heartbeats without any message from it.
-DEAD_AFTER_HEARTBEATS = 5
 # Messages handled per pump before the wait loops look at signals and deadlines again.
 DRAIN_BATCH = 512
 
@@ -132,10 +131,7 @@ class Client:
         self._sock = sock
         self._calls: dict[str, Call] = {}
         self._broken: DaemonError | None = None
-        self._last_rx = time.monotonic()
-        self._ping_sent = 0.0
-        # When the first ping since the daemon's last message went out (0: none since).
-        self._first_ping = 0.0
+        self._liveness = peer.Liveness()
         self._signals: collections.deque[int] = collections.deque()
         self._wake_r = -1
         self._poller = zmq.Poller()
@@ -535,9 +531,7 @@ class Client:
             n += 1
             handle(frames)
         if n:
-            self._last_rx = time.monotonic()
-            self._ping_sent = 0.0
-            self._first_ping = 0.0
+            self._liveness.heard()
         return n
 
     def _handle(self, frames: list[zmq.Frame]) -> None:
@@ -634,22 +628,15 @@ class Client:
                 self._break(DaemonError("lost the connection to the daemon (it exited or was stopped)"))
 
     def _check_alive(self) -> None:
-        now = time.monotonic()
-        silence = now - self._last_rx
-        hb = self.heartbeat_s
-        if silence < hb:
+        if self._liveness.silence() < self.heartbeat_s:
             return
         if self.runtime is not None and not os.path.exists(self.runtime.socket_path):
             self._break(DaemonError("the daemon's socket is gone (the daemon exited)"))
             return
-        # Counted from our first unanswered ping, not from the last message: a client that was
-        # stopped itself (SIGSTOP, a suspended machine) must not take its own pause for the daemon's.
-        if self._first_ping and now - self._first_ping > DEAD_AFTER_HEARTBEATS * hb:
-            self._break(DaemonError(f"the daemon stopped answering (nothing for {silence:.1f} s)"))
-            return
-        if not self._ping_sent or now - self._ping_sent >= hb:
-            self._ping_sent = now
-            self._first_ping = self._first_ping or now
+        due = self._liveness.check(self.heartbeat_s)
+        if due == peer.DEAD:
+            self._break(DaemonError(f"the daemon stopped answering (nothing for {self._liveness.silence():.1f} s)"))
+        elif due == peer.PING:
             self.send_frames([wire.header(wire.PING)], block=False)
 
     def _break(self, error: DaemonError) -> None:

@@ -8,8 +8,10 @@ import os
 import time
 
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from broker.client.errors import DaemonError
+from broker.net import peer
 from broker.wire import frames as wire
 
 # Blocking sends (run requests) give up after this long: the daemon is not reading.
@@ -17,25 +19,16 @@ SEND_TIMEOUT_MS = 10_000
 
 
 def _new_socket(endpoint: str, remote=None, monitor: str | None = None) -> zmq.Socket:
-    sock = zmq.Context.instance().socket(zmq.DEALER)
-    if remote is not None:
-        remote.apply(sock)
+    # Flow-control windows bound what is in flight per call; the queues bound it per client.
+    sock = peer.dealer(zmq.Context.instance(), sndhwm=1 << 16, rcvhwm=1 << 20, remote=remote)
     if monitor is not None:
         # Before connecting, so no handshake outcome is missed.
-        sock.monitor(monitor, _HANDSHAKE_FAILED)
-    sock.setsockopt(zmq.LINGER, 0)
+        sock.monitor(monitor, peer.HANDSHAKE_FAILED_EVENTS)
     sock.setsockopt(zmq.SNDTIMEO, SEND_TIMEOUT_MS)
-    # Flow-control windows bound what is in flight per call; this bounds it per client.
-    sock.setsockopt(zmq.RCVHWM, 1 << 20)
-    sock.setsockopt(zmq.SNDHWM, 1 << 16)
-    sock.setsockopt(zmq.MAXMSGSIZE, wire.MAX_MESSAGE_SIZE)
     sock.connect(endpoint)
     return sock
 
 
-_HANDSHAKE_FAILED = (
-    zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
-)
 _monitor_ids = itertools.count(1)
 
 
@@ -70,25 +63,19 @@ def hello(endpoint: str, token: str, deadline: float, name: str = "client", remo
 
 
 def _handshake_refusal(monitor: zmq.Socket, endpoint: str) -> str | None:
-    from zmq.utils.monitor import recv_monitor_message
-
     while True:
         try:
             event = recv_monitor_message(monitor, zmq.NOBLOCK)["event"]
         except zmq.Again:
             return None
-        if event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
-            return f"the daemon at {endpoint} refused our key (it is not in its allow-list)"
-        if event == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL:
-            return f"{endpoint} does not speak CurveZMQ like a sluice daemon (is it one started with --listen?)"
-        if event == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL:
-            return f"the CurveZMQ handshake with {endpoint} failed (is --server-key that daemon's public key?)"
+        refusal = peer.handshake_refusal(event, endpoint)
+        if refusal is not None:
+            return refusal
 
 
 def _await_welcome(sock: zmq.Socket, monitor: zmq.Socket | None, endpoint: str, token: str, deadline: float, name: str):
-    greeting = wire.Hello(role=wire.ROLE_FRONTEND, token=token, pid=os.getpid(), name=name)
     try:
-        sock.send_multipart(wire.message(wire.HELLO, body=greeting), zmq.NOBLOCK)
+        sock.send_multipart(peer.hello(wire.ROLE_FRONTEND, token, name), zmq.NOBLOCK)
     except zmq.ZMQError:
         pass
     poller = zmq.Poller()
@@ -111,11 +98,9 @@ def _await_welcome(sock: zmq.Socket, monitor: zmq.Socket | None, endpoint: str, 
             except zmq.Again:
                 break
             try:
-                h = wire.decode_header(frames[0])
-                if h.kind == wire.WELCOME and len(frames) > 1:
-                    return sock, wire.decode(wire.WELCOME, frames[1])
-                if h.kind == wire.ERROR:
-                    msg = wire.decode(wire.ERROR, frames[1]).message if len(frames) > 1 else "refused"
-                    return sock, msg
+                kind = wire.decode_header(frames[0]).kind
             except wire.WireError:
                 continue
+            outcome = peer.reply_to_hello(kind, frames[1] if len(frames) > 1 else None)
+            if outcome is not None:
+                return sock, outcome

@@ -40,14 +40,13 @@ import zmq
 
 from broker.wire import frames as wire
 from broker.net.logging import Throttle
+from broker.net.peer import DEAD_AFTER_HEARTBEATS, HELLO_FIRST
 from broker.daemon.sessions import Sessions
 from broker.daemon.listener import ALLOW_FLAGS, ROLES_PROPERTY
 
 log = structlog.get_logger(component="router")
 
 HEARTBEAT_S = 1.0
-# A peer that has not been heard from for this many heartbeats is presumed dead.
-MISSED_HEARTBEATS = 5
 # Idle frontends are pinged this rarely, only to notice ones that vanished.
 IDLE_PING_EVERY = 30
 QUEUE_LIMIT = 100_000
@@ -79,8 +78,6 @@ CALLER_ROLES = (wire.ROLE_FRONTEND, wire.ROLE_AGENT)
 # (tcp, CurveZMQ) with this byte, and strips it when sending. libzmq's own identities
 # start with a zero byte, and the daemon drops local peers that picked this one.
 REMOTE = b"\x01"
-# What a peer that has not said hello (or was forgotten) is told; it says hello again.
-HELLO_FIRST = "send hello first"
 
 SHUTDOWN_MESSAGE = "the sluice daemon shut down before this command finished"
 
@@ -440,12 +437,12 @@ class Router:
         self.tick += 1
         tick = self.tick
         for executor in list(self.executors.values()):
-            if tick - executor.seen > MISSED_HEARTBEATS:
+            if tick - executor.seen > DEAD_AFTER_HEARTBEATS:
                 log.warning("executor hung: no reply to pings", name=executor.name, pid=executor.pid)
                 self.drop_executor(
                     executor,
                     f"executor {executor.name} stopped responding (no heartbeat for "
-                    f"{MISSED_HEARTBEATS * self.heartbeat_s:g} s) while running this command; "
+                    f"{DEAD_AFTER_HEARTBEATS * self.heartbeat_s:g} s) while running this command; "
                     "the command was not re-run",
                 )
                 self.supervisor.kill(executor)
@@ -453,9 +450,9 @@ class Router:
                 self._send(executor, [executor.identity, wire.header(wire.PING)])
         agent = self.sessions.agent
         if agent is not None:
-            if tick - agent.seen > MISSED_HEARTBEATS:
+            if tick - agent.seen > DEAD_AFTER_HEARTBEATS:
                 log.warning("agent hung: no reply to pings", name=agent.name, pid=agent.pid)
-                self.drop_caller(agent, f"stopped responding (no heartbeat for {MISSED_HEARTBEATS * self.heartbeat_s:g} s)")
+                self.drop_caller(agent, f"stopped responding (no heartbeat for {DEAD_AFTER_HEARTBEATS * self.heartbeat_s:g} s)")
                 if self.agent_supervisor is not None:
                     self.agent_supervisor.kill(agent)
             else:
@@ -465,7 +462,7 @@ class Router:
             if caller is agent:
                 continue
             if caller.calls:
-                if tick - caller.seen > MISSED_HEARTBEATS:
+                if tick - caller.seen > DEAD_AFTER_HEARTBEATS:
                     self.drop_caller(caller, "stopped answering pings")
                     continue
             elif not idle_sweep:

@@ -38,7 +38,8 @@ import zmq
 from broker.wire import frames as wire
 from broker.daemon.journal import reset_directory
 from broker.net.logging import Throttle, configure
-from broker.daemon.router import HEARTBEAT_S, MISSED_HEARTBEATS, REMOTE, Router
+from broker.daemon.router import HEARTBEAT_S, REMOTE, Router
+from broker.net.peer import DEAD_AFTER_HEARTBEATS
 from broker.net.runtime import RuntimeDir, RuntimeDirError, ensure_sluice_home, open_reused, read_file, remove, write_new
 from broker.daemon.supervisor import AgentSupervisor, ExecutorPool
 from broker.net.zloop import ZSocket
@@ -236,7 +237,7 @@ class _Daemon:
             if role not in listen.allow_dirs:
                 log.info(f"no {role} allow-list: no {role} can connect over tcp", role=role)
         self.zap = ZapHandler(self.ctx, lists)
-        sock = listener_socket(self.ctx, listen, heartbeat_s=HEARTBEAT_S, missed=MISSED_HEARTBEATS)
+        sock = listener_socket(self.ctx, listen, heartbeat_s=HEARTBEAT_S, missed=DEAD_AFTER_HEARTBEATS)
         _router_options(sock)
         self.tcp = sock
         self.tcp_endpoint = bind_listener(sock, listen.endpoint)

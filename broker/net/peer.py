@@ -1,0 +1,121 @@
+"""What every peer of the daemon does alike: the client (a frontend), the agent and the
+executors.
+
+A peer is a ZeroMQ DEALER connected to the daemon's ROUTER. It says hello (its role, the
+auth token or, over tcp, its CurveZMQ key, its name) and waits for ``welcome`` or an
+``error`` saying why not; then it answers ``ping`` with ``pong``, pings a daemon that has
+been quiet for a heartbeat, and gives the daemon up when its pings go unanswered for
+:data:`DEAD_AFTER_HEARTBEATS` heartbeats (:class:`Liveness`). The daemon side of the same
+rules is :mod:`broker.daemon.router`.
+
+Sans-io: the pieces here build and read messages and keep the clock; the client drives
+them from a blocking poller, the agent and the executors from their asyncio loops.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import zmq
+
+from broker.wire import frames as wire
+
+# A peer gives up on a daemon (and the daemon on a peer) after this many heartbeats of
+# silence; the daemon says the heartbeat in its welcome.
+DEAD_AFTER_HEARTBEATS = 5
+# What the daemon answers a peer it does not know (it restarted, or dropped the peer).
+HELLO_FIRST = "send hello first"
+# The CurveZMQ handshake outcomes a tcp peer watches for: a refusal is one line at once,
+# not a quiet retry until a deadline.
+HANDSHAKE_FAILED_EVENTS = (
+    zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+)
+
+
+def dealer(ctx: zmq.Context, *, sndhwm: int, rcvhwm: int, remote=None) -> zmq.Socket:
+    """A DEALER with the options every peer sets (not yet connected): no linger, bounded
+    queues, messages no larger than the daemon takes; CurveZMQ keys for a ``remote``
+    (a :class:`broker.net.keys.Remote`)."""
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.SNDHWM, sndhwm)
+    sock.setsockopt(zmq.RCVHWM, rcvhwm)
+    sock.setsockopt(zmq.MAXMSGSIZE, wire.MAX_MESSAGE_SIZE)
+    if remote is not None:
+        remote.apply(sock)
+    return sock
+
+
+def hello(role: str, token: str, name: str, *, slots: int = 0) -> list[bytes]:
+    """The hello a peer of ``role`` opens with."""
+    body = wire.Hello(role=role, token=token, pid=os.getpid(), name=name, slots=slots)
+    return wire.message(wire.HELLO, body=body)
+
+
+def reply_to_hello(kind: str, body) -> wire.Welcome | str | None:
+    """What a message of ``kind`` (with ``body``, a buffer or None) says to a peer that
+    said hello: the :class:`~broker.frames.Welcome`, the daemon's reason for refusing,
+    or None if it is no answer to the hello (or does not decode)."""
+    try:
+        if kind == wire.WELCOME and body is not None:
+            return wire.decode(wire.WELCOME, body)
+        if kind == wire.ERROR:
+            return wire.decode(wire.ERROR, body).message if body is not None else "refused"
+    except wire.WireError:
+        return None
+    return None
+
+
+def handshake_refusal(event: int, endpoint: str) -> str | None:
+    """One line for a person about a CurveZMQ handshake ``event`` (None for other events)."""
+    if event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+        return f"the daemon at {endpoint} refused our key (it is not in its allow-list)"
+    if event == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL:
+        return f"{endpoint} does not speak CurveZMQ like a sluice daemon (is it one started with --listen?)"
+    if event == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL:
+        return f"the CurveZMQ handshake with {endpoint} failed (is --server-key that daemon's public key?)"
+    return None
+
+
+PING = "ping"
+DEAD = "dead"
+
+
+class Liveness:
+    """When to ping a quiet daemon and when to give it up.
+
+    Any message from the daemon counts (:meth:`heard`). After a heartbeat of silence the
+    peer pings, once per heartbeat; the daemon is dead when a ping has gone unanswered for
+    ``dead_after`` heartbeats, counted from that first ping rather than from the daemon's
+    last message, so a peer that was itself stopped (SIGSTOP, a suspended machine) does
+    not take its own pause for the daemon's."""
+
+    __slots__ = ("dead_after", "last_heard", "_ping_sent", "_first_ping")
+
+    def __init__(self, dead_after: int = DEAD_AFTER_HEARTBEATS) -> None:
+        self.dead_after = dead_after
+        self.last_heard = time.monotonic()
+        self._ping_sent = 0.0
+        self._first_ping = 0.0  # the first ping since the daemon's last message (0: none)
+
+    def heard(self) -> None:
+        self.last_heard = time.monotonic()
+        self._ping_sent = self._first_ping = 0.0
+
+    def silence(self) -> float:
+        return time.monotonic() - self.last_heard
+
+    def check(self, heartbeat_s: float) -> str | None:
+        """:data:`PING` when a ping is due now, :data:`DEAD` when the daemon is to be given
+        up, None when there is nothing to do."""
+        now = time.monotonic()
+        if now - self.last_heard < heartbeat_s:
+            return None
+        if self._first_ping and now - self._first_ping > self.dead_after * heartbeat_s:
+            return DEAD
+        if not self._ping_sent or now - self._ping_sent >= heartbeat_s:
+            self._ping_sent = now
+            self._first_ping = self._first_ping or now
+            return PING
+        return None
