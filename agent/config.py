@@ -78,6 +78,8 @@ import msgspec
 from broker.wire.protocol import (
     AskForApproval,
     ModelProviderInfo,
+    ReasoningEffort,
+    ReasoningSummary,
     WireApi,
     parse_approval_policy,
 )
@@ -474,8 +476,12 @@ def _build(path: Path | None, text: str, file_table: dict[str, Any], overrides: 
         raise ConfigError(f"{where('notify')}: notify must be a list of strings (a program and its arguments)")
     config.notify = notify
     config.instructions = get("instructions", str, None)
-    config.model_reasoning_effort = get("model_reasoning_effort", str, None)
-    config.model_reasoning_summary = get("model_reasoning_summary", str, None)
+    for key, choices in (("model_reasoning_effort", ReasoningEffort), ("model_reasoning_summary", ReasoningSummary)):
+        value = get(key, str, None)
+        if value is not None and value not in choices.__members__.values():
+            allowed = ", ".join(choices)
+            raise ConfigError(f"{where(key)}: {key} must be one of {allowed}, got {value!r}")
+        setattr(config, key, value)
     config.hide_agent_reasoning = get("hide_agent_reasoning", bool, False)
     config.show_raw_agent_reasoning = get("show_raw_agent_reasoning", bool, False)
     config.model_providers = _providers(table.get("model_providers"), env, where)

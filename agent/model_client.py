@@ -113,6 +113,21 @@ _TRY_AGAIN = re.compile(r"try again in\s*(\d+(?:\.\d+)?)\s*(ms|s|sec|secs|second
 # -- what goes in, what comes out -----------------------------------------------------
 
 
+def reasoning_param(model: str, effort: str | None, summary: str | None) -> dict[str, Any] | None:
+    """The Responses API ``reasoning`` for ``model``, as Codex sends it: only to models
+    that reason (names starting with ``o``, ``codex`` or ``gpt-5``), never with effort
+    ``none``; effort defaults to ``medium`` and the summary to ``auto`` (``none``: no
+    summary asked for)."""
+    effort = effort or "medium"
+    if effort == "none" or not model.startswith(("o", "codex", "gpt-5")):
+        return None
+    reasoning: dict[str, Any] = {"effort": effort}
+    summary = summary or "auto"
+    if summary != "none":
+        reasoning["summary"] = summary
+    return reasoning
+
+
 @dataclass
 class Prompt:
     """One model request."""

@@ -69,7 +69,7 @@ from agent.config import OPENAI_DEFAULT_BASE_URL, ResolvedProvider, sluice_home
 from agent.exec_runner import CommandRunner
 from agent.instructions import BASE_INSTRUCTIONS, full_instructions, user_instructions
 from agent.items import Item, input_texts
-from agent.model_client import DEFAULT_BACKOFF_BASE, ModelClient
+from agent.model_client import DEFAULT_BACKOFF_BASE, ModelClient, reasoning_param
 from agent.rollout import RolloutError, RolloutRecorder, sessions_dir
 from agent.turn import run_compact_task, run_task
 from broker.wire.protocol import (
@@ -122,6 +122,8 @@ class SessionConfig:
     disable_response_storage: bool = False
     missing_key: str | None = None
     """Set when the provider needs a key and none came: the error to report."""
+    reasoning: dict | None = None
+    """The Responses API ``reasoning`` settings sent with every request (None: none)."""
 
 
 @dataclass(eq=False)
@@ -422,7 +424,14 @@ class Session:
             notify=list(op.notify) if isinstance(op.notify, list) and op.notify else None,
             disable_response_storage=op.disable_response_storage,
             missing_key=missing_key,
+            reasoning=reasoning_param(
+                op.model,
+                op.model_reasoning_effort if isinstance(op.model_reasoning_effort, str) else None,
+                op.model_reasoning_summary if isinstance(op.model_reasoning_summary, str) else None,
+            ),
         )
+        if isinstance(op.show_raw_agent_reasoning, bool):
+            self.show_raw_agent_reasoning = op.show_raw_agent_reasoning
         if self.rollout is None:
             try:
                 self.rollout = await RolloutRecorder.create(

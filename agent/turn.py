@@ -132,6 +132,7 @@ def _prompt(sess: Session, **overrides: object) -> Prompt:
         "instructions": config.instructions,
         "tools": tools_for(config.approval_policy, config.sandbox_policy),
         "model": config.model,
+        "reasoning": config.reasoning,
         "prompt_cache_key": str(sess.session_id),
     }
     fields.update(overrides)

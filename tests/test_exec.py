@@ -502,3 +502,37 @@ def test_autostarted_daemon_and_its_children_never_hold_the_key(runtime_dir, ser
     assert "session configured" in logs and KEY not in logs
     rollouts = list((home / "sessions").rglob("rollout-*.jsonl"))
     assert rollouts and all(KEY not in r.read_text() for r in rollouts)
+
+
+# -- reasoning settings ------------------------------------------------------------------
+
+
+def _reasoning_stream():
+    item = {"type": "reasoning", "id": "rs_1", "summary": [{"type": "summary_text", "text": "Plan: look first"}],
+            "content": [{"type": "reasoning_text", "text": "raw thoughts"}]}
+    return sse([sse_frame({"type": "response.created", "response": {"id": "r1"}}),
+                sse_frame({"type": "response.reasoning_summary_text.delta", "delta": "Plan: look first"}),
+                sse_frame({"type": "response.reasoning_text.delta", "delta": "raw thoughts"}),
+                sse_frame({"type": "response.output_item.done", "item": item}),
+                sse_frame({"type": "response.output_item.done", "item": assistant("Done.")}),
+                sse_frame({"type": "response.completed", "response": {"id": "r1"}})])
+
+
+@pytest.mark.parametrize("hide", [False, True])
+def test_reasoning_settings_reach_the_model_and_the_screen(dmn, server, work, tmp_path, hide) -> None:
+    fe = Frontend(dmn.runtime, server, tmp_path / "fe-home", extra_config=(
+        'model_reasoning_effort = "high"\nmodel_reasoning_summary = "detailed"\nshow_raw_agent_reasoning = true\n'
+        f"hide_agent_reasoning = {'true' if hide else 'false'}\n"))
+    server.script(_reasoning_stream())
+    p = fe.run("-m", "o4-mini", "--approval-policy", "never", "--cd", str(work), "think, then answer")
+    assert p.returncode == 0, p.stderr
+    assert server.requests[-1]["json"]["reasoning"] == {"effort": "high", "summary": "detailed"}
+    assert p.stdout == "Done.\n"
+    shown = "thinking: Plan: look first" in p.stderr, "reasoning: raw thoughts" in p.stderr
+    assert shown == ((False, False) if hide else (True, True)), p.stderr
+
+    server.script(_reasoning_stream())
+    p = fe.run("-m", "o4-mini", "--json", "--approval-policy", "never", "--cd", str(work), "again")
+    tags = [tag(e) for e in json_events(p.stdout)]
+    # JSON lines carry every event, whatever a person's screen hides.
+    assert "agent_reasoning" in tags and "agent_reasoning_raw_content" in tags, tags

@@ -111,11 +111,10 @@ def main(argv: list[str] | None = None, prog: str = "sluice exec") -> int:
             raise _usage("--output-last-message needs the task's end; it does not go with --detach")
         prompt = _read_prompt(args.prompt)
         if args.session:
-            op = None
-            header = {}
+            op, header, show_reasoning = None, {}, True
         else:
-            op, header = _configure_op(args)
-        return _Exec(args, op, header).run(prompt)
+            op, header, show_reasoning = _configure_op(args)
+        return _Exec(args, op, header, show_reasoning=show_reasoning).run(prompt)
     except CliExit as e:
         return e.code
     except KeyboardInterrupt:
@@ -143,7 +142,8 @@ def _read_prompt(prompt: str | None) -> str:
 
 
 def _configure_op(args):
-    """The ``configure_session`` op for this invocation, and the header line's facts."""
+    """The ``configure_session`` op for this invocation, the header line's facts, and
+    whether to show the agent's reasoning (``hide_agent_reasoning`` hides it)."""
     try:
         config = load_config(overrides=args.overrides)
         provider = resolve_provider(args.provider, config=config)
@@ -185,6 +185,8 @@ def _configure_op(args):
     op = ConfigureSession(
         provider=provider.info,
         model=args.model or config.model,
+        model_reasoning_effort=config.model_reasoning_effort or UNSET,
+        model_reasoning_summary=config.model_reasoning_summary or UNSET,
         instructions=config.instructions,
         approval_policy=approval,
         sandbox_policy=policy,
@@ -195,9 +197,10 @@ def _configure_op(args):
         api_key=provider.api_key.reveal() if provider.api_key is not None else UNSET,
         env=commands_env.env,
         env_passthrough=commands_env.passthrough or UNSET,
+        show_raw_agent_reasoning=config.show_raw_agent_reasoning or UNSET,
     )
     header = {"provider": provider.id, "approval": str(approval), "sandbox": mode, "cwd": cwd}
-    return op, header
+    return op, header, not config.hide_agent_reasoning
 
 
 def _env_report(commands_env) -> None:
@@ -212,11 +215,12 @@ def _env_report(commands_env) -> None:
 class _Exec:
     """One run: connect, open (or join) the session, submit, render until the task ends."""
 
-    def __init__(self, args, op, header: dict[str, str]) -> None:
+    def __init__(self, args, op, header: dict[str, str], *, show_reasoning: bool = True) -> None:
         self.args = args
         self.op = op
         self.cwd = header.get("cwd", "")
-        self.render = JsonRenderer() if args.json else HumanRenderer(header)
+        # JSON lines carry every event; hide_agent_reasoning is about what a person reads.
+        self.render = JsonRenderer() if args.json else HumanRenderer(header, show_reasoning=show_reasoning)
         self.interrupted = False
         self.session = None
         self.task_id = ""

@@ -33,6 +33,7 @@ from broker.wire.protocol import (
     AgentMessageEvent,
     AgentReasoningDeltaEvent,
     AgentReasoningEvent,
+    AgentReasoningRawContentEvent,
     BackgroundEventEvent,
     DeleteFileChange,
     ErrorEvent,
@@ -133,13 +134,16 @@ class HumanRenderer(_Output):
     """Events for a person; see the module docstring. ``header`` items open the session line."""
 
     def __init__(self, header: dict[str, str] | None = None, *, out_fd: int = 1, err_fd: int = 2,
-                 color: bool | None = None, label: str = "sluice exec", me: str = "") -> None:
+                 color: bool | None = None, label: str = "sluice exec", me: str = "",
+                 show_reasoning: bool = True) -> None:
         super().__init__(out_fd, err_fd)
         self.header = header or {}
         # Opens the line a session_configured event is shown as.
         self.label = label
         # This frontend's peer id (``frontend-7``): its own approval answers are not echoed.
         self.me = me
+        # False: the agent's reasoning (summaries and raw text) is not shown.
+        self.show_reasoning = show_reasoning
         if color is None:
             color = os.isatty(err_fd) and not os.environ.get("NO_COLOR") and os.environ.get("TERM") != "dumb"
         self.color = color
@@ -232,6 +236,8 @@ class HumanRenderer(_Output):
             self._message_open = False
 
     def _on_agent_reasoning_delta(self, msg: AgentReasoningDeltaEvent) -> None:
+        if not self.show_reasoning:
+            return
         if not self._reasoning_open:
             self._close_open_lines()
             if not self._err_at_line_start:
@@ -242,12 +248,19 @@ class HumanRenderer(_Output):
         self._reasoning_streamed = True
 
     def _on_agent_reasoning(self, msg: AgentReasoningEvent) -> None:
+        if not self.show_reasoning:
+            return
         if not self._reasoning_streamed:
             self.line(f"thinking: {msg.text}", "2;3")
         self._reasoning_streamed = False
         if self._reasoning_open:
             self._raw_err(b"\n")
             self._reasoning_open = False
+
+    def _on_agent_reasoning_raw_content(self, msg: AgentReasoningRawContentEvent) -> None:
+        # Sent only when the user asked for it (show_raw_agent_reasoning); shown whole, once.
+        if self.show_reasoning:
+            self.line(f"reasoning: {msg.text}", "2;3")
 
     def _on_exec_command_begin(self, msg: ExecCommandBeginEvent) -> None:
         where = f"   (in {msg.cwd})" if msg.cwd and msg.cwd != self.cwd else ""

@@ -132,6 +132,26 @@ class StepStatus(enum.StrEnum):
     COMPLETED = "completed"
 
 
+class ReasoningEffort(enum.StrEnum):
+    """How hard a reasoning model thinks (``model_reasoning_effort``); ``none`` sends no
+    reasoning settings at all."""
+
+    MINIMAL = "minimal"
+    LOW = "low"
+    MEDIUM = "medium"
+    HIGH = "high"
+    NONE = "none"
+
+
+class ReasoningSummary(enum.StrEnum):
+    """What summary of its reasoning a model is asked for (``model_reasoning_summary``)."""
+
+    AUTO = "auto"
+    CONCISE = "concise"
+    DETAILED = "detailed"
+    NONE = "none"
+
+
 class TurnAbortReason(enum.StrEnum):
     INTERRUPTED = "interrupted"
     REPLACED = "replaced"
@@ -302,6 +322,10 @@ class ConfigureSession(_Op, tag="configure_session", kw_only=True):
 
     provider: ModelProviderInfo
     model: str
+    model_reasoning_effort: ReasoningEffort | UnsetType = UNSET
+    """Unset: the default, ``medium``, for models that reason."""
+    model_reasoning_summary: ReasoningSummary | UnsetType = UNSET
+    """Unset: the default, ``auto``."""
     instructions: str | None = None
     approval_policy: AskForApproval
     sandbox_policy: SandboxPolicy
@@ -327,6 +351,9 @@ class ConfigureSession(_Op, tag="configure_session", kw_only=True):
     env_passthrough: list[str] | UnsetType = UNSET
     """sluice's own: names in ``env`` that look secret but the user's policy keeps on
     purpose (``set``, ``ignore_default_excludes``); the executor lets them through."""
+    show_raw_agent_reasoning: bool | UnsetType = UNSET
+    """sluice's own (Codex reads it from its config in-process): also emit the model's
+    raw reasoning text, as ``agent_reasoning_raw_content`` events."""
 
     def __repr__(self) -> str:
         def shown(name: str, value: object) -> str:
