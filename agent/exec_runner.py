@@ -167,11 +167,6 @@ class BrokerRunner(CommandRunner):
     def running(self) -> list[str]:
         return list(self._running)
 
-    def pid_of(self, call_id: str) -> int | None:
-        """The pid of the command's sandbox supervisor, once it started."""
-        running = self._running.get(call_id)
-        return running.pid if running else None
-
     async def run(
         self,
         argv: Sequence[str],

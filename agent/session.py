@@ -480,7 +480,7 @@ class Session:
 
     @property
     def _history_path(self) -> Path:
-        return self.home / message_history.HISTORY_FILENAME
+        return message_history.history_path(home=self.home)
 
     async def _add_to_history(self, text: str) -> None:
         try:

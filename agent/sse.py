@@ -17,7 +17,6 @@ and the model client gives it its meaning.
 from __future__ import annotations
 
 import codecs
-from collections.abc import AsyncIterable, AsyncIterator
 from dataclasses import dataclass
 
 
@@ -110,11 +109,3 @@ def _line_end(text: str) -> int:
     if cr < 0:
         return lf
     return min(lf, cr)
-
-
-async def aiter_sse(chunks: AsyncIterable[bytes]) -> AsyncIterator[ServerSentEvent]:
-    """The events of a byte stream, each yielded as soon as its blank line arrives."""
-    decoder = SSEDecoder()
-    async for chunk in chunks:
-        for event in decoder.feed(chunk):
-            yield event

@@ -79,7 +79,6 @@ class Call:
         "_timers",
         "_poll_tries",
         "_finishing",
-        "_finished",
     )
 
     def __init__(self, worker: Worker, corr: str, req: wire.RunRequest) -> None:
@@ -105,7 +104,6 @@ class Call:
         self._timers: list = []
         self._poll_tries = 0
         self._finishing = False
-        self._finished = False
 
     # -- start ---------------------------------------------------------------------
 
@@ -171,7 +169,6 @@ class Call:
 
     def _fail(self, message: str) -> bool:
         """The command never ran: an exit with an error and no exit code."""
-        self._finished = True
         self._send(wire.message(wire.EXIT, self.corr, wire.ExitStatus(error=message)))
         return False
 
@@ -316,7 +313,6 @@ class Call:
             if self._poll_tries < POLL_RETRIES:
                 self._loop.call_later(POLL_RETRY_S, self._finish)
                 return
-        self._finished = True
         duration = time.monotonic() - self.started_at
         out, err = self.streams
         if outcome is not None and outcome.notes:

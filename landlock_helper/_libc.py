@@ -17,9 +17,6 @@ _prctl = _libc.prctl
 _prctl.restype = ctypes.c_int
 _prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
 # A separate function object: argtypes are per object, and this one passes a pointer.
-_prctl_ptr = _libc["prctl"]
-_prctl_ptr.restype = ctypes.c_int
-_prctl_ptr.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p, ctypes.c_ulong, ctypes.c_ulong]
 _mount = _libc.mount
 _mount.restype = ctypes.c_int
 _mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
@@ -151,14 +148,6 @@ def prctl(option: int, arg2: int = 0, arg3: int = 0, arg4: int = 0, arg5: int = 
     return ret
 
 
-def prctl_ptr(option: int, arg2: int, pointer) -> int:
-    """prctl whose third argument is a pointer (PR_SET_SECCOMP)."""
-    ret = _prctl_ptr(option, arg2, ctypes.cast(pointer, ctypes.c_void_p), 0, 0)
-    if ret < 0:
-        err = ctypes.get_errno()
-        raise OSError(err, os.strerror(err))
-    return ret
-
 
 def mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
     ret = _mount(
@@ -206,11 +195,8 @@ PR_SET_PDEATHSIG = 1
 PR_SET_DUMPABLE = 4
 PR_CAPBSET_DROP = 24
 PR_SET_NO_NEW_PRIVS = 38
-PR_GET_NO_NEW_PRIVS = 39
 PR_CAP_AMBIENT = 47
 PR_CAP_AMBIENT_CLEAR_ALL = 4
-PR_SET_SECCOMP = 22
-SECCOMP_MODE_FILTER = 2
 
 # unshare / clone flags
 CLONE_NEWNS = 0x00020000
@@ -223,10 +209,6 @@ MS_RDONLY = 1
 MS_NOSUID = 2
 MS_NODEV = 4
 MS_NOEXEC = 8
-MS_REMOUNT = 32
-MS_NOATIME = 1024
-MS_NODIRATIME = 2048
 MS_BIND = 4096
 MS_REC = 16384
 MS_PRIVATE = 1 << 18
-MS_RELATIME = 1 << 21

@@ -73,7 +73,6 @@ def _arg_lo(i: int) -> int:
     return 16 + 8 * i + (0 if sys.byteorder == "little" else 4)
 
 
-OFF_ARG0_LO = _arg_lo(0)
 
 # Where the mode argument is, per call that takes one.
 MODE_ARG = {

@@ -83,11 +83,9 @@ class _RawOutput:
     def __init__(self) -> None:
         self.stdout_closed = False
         self._client = None
-        self._call = None
 
     def begin(self, client, call) -> None:
         self._client = client
-        self._call = call
 
     def on_output(self, call, stream, chunk) -> None:
         if stream == 2:

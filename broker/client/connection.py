@@ -428,10 +428,6 @@ class Client:
     def _on_signal(self, signum, frame) -> None:
         self._signals.append(signum)
 
-    def take_signal(self) -> int | None:
-        """The oldest caught signal not yet reported, if any."""
-        return self._signals.popleft() if self._signals else None
-
     # -- closing ------------------------------------------------------------------------
 
     def close(self) -> None:

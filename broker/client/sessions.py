@@ -207,7 +207,7 @@ class SessionTable:
             try:
                 session.info = wire.decode(wire.ATTACHED, body)
             except wire.WireError:
-                pass  # an older daemon's bare ``attached``: no description, the stream is the same
+                pass  # a description that does not decode: the stream works without it
         self.by_id[head.session] = session
 
     def on_event(self, head: wire.Header, body) -> None:

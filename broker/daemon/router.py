@@ -73,7 +73,6 @@ FRAME_COUNT = {
     wire.DETACH: 1,
     wire.SESSIONS: 1,
 }
-CALLER_ROLES = (wire.ROLE_FRONTEND, wire.ROLE_AGENT)
 # The daemon starts the routing identity of every peer that came over the network
 # (tcp, CurveZMQ) with this byte, and strips it when sending. libzmq's own identities
 # start with a zero byte, and the daemon drops local peers that picked this one.

@@ -361,10 +361,6 @@ class RuntimeDir:
         """A checked descriptor of the dir (see :func:`open_dir`); the caller closes it."""
         return open_dir(self.path, create=create)
 
-    def ensure(self) -> None:
-        """Create the dir 0700, or check that an existing one is ours and private."""
-        os.close(self.open(create=True))
-
     def new_token(self, dir_fd: int) -> str:
         """Write a fresh token (0600, replaced atomically) into the dir ``dir_fd`` and return it."""
         token = secrets.token_hex(32)

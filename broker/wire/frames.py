@@ -152,7 +152,6 @@ SINCE_TURN = -1
 
 STDOUT = 1
 STDERR = 2
-STREAM_NAMES = {STDOUT: "stdout", STDERR: "stderr"}
 
 ROLE_FRONTEND = "frontend"
 ROLE_EXECUTOR = "executor"
