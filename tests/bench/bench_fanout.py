@@ -151,7 +151,7 @@ def open_session(daemon: Daemon, server):
 def turn(server, session, events: int) -> None:
     """Script a turn of ``events`` text deltas and start it (the driver does not watch)."""
     from broker.wire.protocol import TextInput, UserInput
-    from tests.fake_model import assistant, response
+    from tests.support.fake_model import assistant, response
 
     server.script(response(assistant("x" * events), deltas=["x"] * events))
     session.submit(UserInput([TextInput("go")]))
@@ -169,7 +169,7 @@ def wait_idle(client, session_id: str, after: int, timeout: float = 300.0) -> in
 
 
 def run(quick: bool) -> list[Row]:
-    from tests.fake_model import FakeModelServer
+    from tests.support.fake_model import FakeModelServer
 
     events = QUICK_EVENTS if quick else EVENTS
     replay_events = QUICK_EVENTS * 5 if quick else REPLAY_EVENTS

@@ -13,21 +13,16 @@ than an absolute figure.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import ctypes
 import datetime
 import json
 import math
 import os
-import shutil
 import signal
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 # The checkout this file lives in, so the scripts run the code next to them.
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -36,14 +31,13 @@ if ROOT not in sys.path:
 
 import psutil  # noqa: E402
 
-from broker.client.connection import Client  # noqa: E402
+from broker.client import Client  # noqa: E402
 from broker.net.runtime import RuntimeDir  # noqa: E402
+from tests.support.harness import DaemonFactory  # noqa: E402
 
 MiB = 1024 * 1024
 GiB = 1024 * MiB
 
-START_TIMEOUT_S = 30.0
-STOP_TIMEOUT_S = 15.0
 # Commands run in the checkout: a git work tree, like an agent's (its .git is bound read-only).
 WORK_DIR = ROOT
 
@@ -259,132 +253,59 @@ def bench_main(run: Callable[[bool], list[Row]], description: str | None) -> Non
 # -- the daemon --------------------------------------------------------------------------
 
 
-def _die_with_us() -> None:
-    """In the daemon, before exec: get SIGTERM if the benchmark dies without stopping it."""
-    PR_SET_PDEATHSIG = 1
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-
-
-@dataclass
 class Daemon:
-    """A real ``python -m broker daemon`` in a runtime dir of its own, for one benchmark.
+    """A real ``python -m broker daemon`` in a runtime dir of its own, for one benchmark:
+    the tests' harness (tests/support/harness.py) as a context manager. The daemon, and
+    anything of its tree still alive after it exits, is stopped on the way out, exceptions
+    and Ctrl-C included; its warnings and errors are printed then."""
 
-    Use as a context manager: the daemon, and anything of its tree still alive after it
-    exits, is stopped on the way out, exceptions and Ctrl-C included.
-    """
-
-    executors: int | None = None
-    runtime: RuntimeDir | None = None
-    proc: subprocess.Popen | None = None
-    _clients: list = field(default_factory=list)
+    def __init__(self, executors: int | None = None) -> None:
+        self.executors = executors
+        self._factory = DaemonFactory()
+        self.handle = None
 
     def __enter__(self) -> Daemon:
-        self.start()
+        try:
+            self.handle = self._factory.start(self.executors)
+        except BaseException:
+            self._factory.stop_all()
+            raise
         return self
 
     def __exit__(self, *exc) -> None:
-        self.stop()
+        complaints = self.complaints()
+        for problem in self._factory.stop_all():
+            log(problem)
+        for line in complaints:
+            log(f"daemon log: {line[:300]}")
+
+    @property
+    def runtime(self) -> RuntimeDir:
+        return self.handle.runtime
 
     @property
     def pid(self) -> int:
-        return self.proc.pid
+        return self.handle.pid
 
     def env(self) -> dict[str, str]:
-        """Our environment pointed at this daemon (for child processes such as the CLI)."""
-        env = dict(os.environ)
-        env["SLUICE_RUNTIME_DIR"] = self.runtime.path
-        env["PYTHONPATH"] = ROOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-        return env
-
-    def start(self) -> None:
-        # A short path: an ipc:// socket path must fit in ~107 bytes.
-        path = tempfile.mkdtemp(prefix="slb-", dir="/tmp")
-        os.chmod(path, 0o700)
-        self.runtime = RuntimeDir(path)
-        argv = [sys.executable, "-m", "broker", "daemon"]
-        if self.executors is not None:
-            argv += ["--executors", str(self.executors)]
-        with open(os.path.join(path, "bench.log"), "ab") as out:
-            self.proc = subprocess.Popen(argv, env=self.env(), stdin=subprocess.DEVNULL, stdout=out, stderr=out,
-                                         cwd="/", start_new_session=True, preexec_fn=_die_with_us)
-        try:
-            self._wait_ready()
-        except BaseException:
-            self.stop()
-            raise
-
-    def _wait_ready(self) -> None:
-        from broker.client import DaemonError
-
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while True:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"the daemon exited at start with {self.proc.returncode}: {self.log_tail()}")
-            try:
-                Client.connect(self.runtime, autostart=False, timeout=2.0).close()
-                return
-            except DaemonError:
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"the daemon did not answer in {START_TIMEOUT_S:g} s: {self.log_tail()}")
-                time.sleep(0.02)
+        return self.handle.env_for_children()
 
     def client(self) -> Client:
         """A connected client, closed when the daemon is stopped."""
-        c = Client.connect(self.runtime, autostart=False, timeout=10.0)
-        self._clients.append(c)
-        return c
+        return self.handle.client()
 
     def processes(self) -> list[psutil.Process]:
         """The daemon and all its descendants (executors, zygotes, warm sandboxes, commands)."""
         try:
-            me = psutil.Process(self.proc.pid)
-            return [me, *me.children(recursive=True)]
+            return [psutil.Process(self.pid), *self.handle.descendants()]
         except psutil.Error:
             return []
 
-    def log_tail(self, chars: int = 600) -> str:
-        text = ""
-        for name in ("bench.log", "daemon.log"):
-            with contextlib.suppress(OSError), open(os.path.join(self.runtime.path, name), errors="replace") as f:
-                text += f.read()
-        return " | ".join(text[-chars:].splitlines())
-
     def complaints(self) -> list[str]:
         """The warnings and errors of the daemon's log (it goes away with the runtime dir)."""
-        found = []
-        with contextlib.suppress(OSError), open(os.path.join(self.runtime.path, "bench.log"), errors="replace") as f:
-            for line in f:
-                if any(f'"level": "{level}"' in line for level in ("warning", "error", "critical")) \
-                        or "Traceback" in line:
-                    found.append(line.strip())
-        return found
-
-    def stop(self) -> None:
-        for c in self._clients:
-            with contextlib.suppress(Exception):
-                c.close()
-        self._clients.clear()
-        if self.proc is None:
-            return
-        tree = self.processes()[1:]
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
-        _, alive = psutil.wait_procs(tree, timeout=5)
-        for p in alive:
-            with contextlib.suppress(psutil.Error):
-                p.kill()
-        if alive:
-            log(f"{len(alive)} processes of the daemon's tree outlived it: {[p.pid for p in alive]}")
-        for line in self.complaints():
-            log(f"daemon log: {line[:300]}")
-        shutil.rmtree(self.runtime.path, ignore_errors=True)
-        self.proc = None
+        return [line.strip() for line in self.handle.log().splitlines()
+                if any(f'"level": "{level}"' in line for level in ("warning", "error", "critical"))
+                or "Traceback" in line] if self.handle else []
 
 
 def warm_up(client: Client, count: int, argv: Sequence[str] = ("true",)) -> None:

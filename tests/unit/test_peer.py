@@ -1,0 +1,62 @@
+"""broker.net.peer: the rules every peer of the daemon follows, without a socket."""
+
+from __future__ import annotations
+
+import pytest
+import zmq
+
+from broker.net import peer
+from broker.wire import frames as wire
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    """peer's monotonic clock, moved by hand."""
+    now = [1000.0]
+    monkeypatch.setattr(peer.time, "monotonic", lambda: now[0])
+    return now
+
+
+def test_liveness_pings_a_quiet_daemon_once_per_heartbeat_and_gives_it_up_after_five(clock):
+    live = peer.Liveness()
+    assert live.check(1.0) is None  # heard just now
+    clock[0] += 1.0
+    assert live.check(1.0) == peer.PING
+    clock[0] += 0.5
+    assert live.check(1.0) is None  # a ping is out; the next one a heartbeat later
+    clock[0] += 0.5
+    assert live.check(1.0) == peer.PING
+    clock[0] += 4.0  # five heartbeats since the first unanswered ping
+    assert live.check(1.0) == peer.PING
+    clock[0] += 0.01
+    assert live.check(1.0) == peer.DEAD
+
+
+def test_a_peer_that_was_paused_itself_pings_before_it_gives_up(clock):
+    live = peer.Liveness()
+    clock[0] += 30.0  # SIGSTOP, a suspended laptop: the silence was ours
+    assert live.check(1.0) == peer.PING
+    live.heard()  # the daemon answers
+    assert live.check(1.0) is None and live.silence() == 0.0
+
+
+def test_the_hello_and_its_answers():
+    frames = peer.hello(wire.ROLE_EXECUTOR, "t0k", "exec-1", slots=4)
+    assert wire.decode_header(frames[0]).kind == wire.HELLO
+    hello = wire.decode(wire.HELLO, frames[1])
+    assert (hello.role, hello.token, hello.name, hello.slots, hello.version) == (
+        wire.ROLE_EXECUTOR, "t0k", "exec-1", 4, wire.PROTOCOL_VERSION)
+    welcome = wire.encode(wire.Welcome(peer_id="executor-1", heartbeat_s=0.5))
+    assert peer.reply_to_hello(wire.WELCOME, welcome).peer_id == "executor-1"
+    assert peer.reply_to_hello(wire.ERROR, wire.encode(wire.ErrorMsg("bad token"))) == "bad token"
+    assert peer.reply_to_hello(wire.ERROR, None) == "refused"
+    assert peer.reply_to_hello(wire.WELCOME, b"\xc1") is None  # does not decode: not an answer
+    assert peer.reply_to_hello(wire.PING, None) is None
+
+
+def test_curve_refusals_read_as_one_line():
+    for event in (zmq.EVENT_HANDSHAKE_FAILED_AUTH, zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL,
+                  zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL):
+        text = peer.handshake_refusal(event, "tcp://h:1")
+        assert text and "tcp://h:1" in text and "\n" not in text
+    assert peer.handshake_refusal(zmq.EVENT_CONNECTED, "tcp://h:1") is None
