@@ -67,7 +67,7 @@ def connect_client(args, *, name: str, autostart: bool = True):
     The local daemon (started if needed and ``autostart``), or the one ``--connect``
     names. Failures are printed as one line and raised as :class:`CliExit`.
     """
-    import broker.client as C
+    import broker.client as C  # here: `sluice sandbox` imports this module and needs no zmq
 
     remote = remote_from_args(args)
     try:

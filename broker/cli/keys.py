@@ -51,6 +51,7 @@ def keys_main(args) -> int:
     if args.keys_action != "new":
         print_error("error: usage: sluice keys new NAME [--dir DIR]")
         return EXIT_USAGE
+    # Here, not at the top: the main parser imports this module for every command.
     from broker.net.keys import KeyFileError, load_public_key, new_key_pair
 
     directory = os.path.abspath(args.dir) if args.dir else default_keys_dir()

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from broker.client.errors import DaemonError
 from broker.client.handshake import hello
-from broker.net.runtime import RuntimeDir, RuntimeDirError, RuntimeDirMissing, open_reused, read_file
+from broker.net.runtime import RuntimeDir, RuntimeDirError, RuntimeDirMissing, open_reused, read_file, without_secrets
 from broker.wire import frames as wire
 
 
@@ -60,8 +60,6 @@ def start_daemon(
     deadline = time.monotonic() + timeout
     dir_fd = _checked_dir(runtime, create=True)
     import subprocess
-
-    from broker.net.runtime import without_secrets
 
     # The caller's secrets (an API key exported for `sluice exec`) stay out of the daemon.
     env = without_secrets()

@@ -7,6 +7,8 @@ from collections.abc import Iterable, Mapping
 
 from broker.client.errors import UsageError
 from broker.wire import frames as wire
+from landlock_helper.env import split_env
+from landlock_helper.policy import PolicyError, SandboxPolicy
 
 # Largest capture limit we ask for: the exit message carries both captured streams and
 # must stay under the broker's message size limit.
@@ -62,9 +64,6 @@ def make_request(
         if check_paths and not os.path.exists(path):
             raise UsageError(f"writable path does not exist: {path}")
         roots.append(path)
-
-    from landlock_helper.env import split_env
-    from landlock_helper.policy import PolicyError, SandboxPolicy
 
     try:
         policy = SandboxPolicy.from_mode(sandbox, writable_roots=roots, network=network)

@@ -36,6 +36,9 @@ import structlog
 import zmq
 
 from broker.wire import frames as wire
+from broker.daemon.listener import AllowList, HandshakeLog, ZapHandler, bind_listener, listener_socket
+from broker.net.keys import default_keys_dir
+from broker.net.runtime import hidden_paths
 from broker.daemon.journal import reset_directory
 from broker.net.logging import Throttle, configure
 from broker.daemon.router import HEARTBEAT_S, REMOTE, Router
@@ -221,8 +224,6 @@ class _Daemon:
         return listening
 
     def _listen(self) -> None:
-        from broker.daemon.listener import AllowList, ZapHandler, bind_listener, listener_socket
-
         listen = self.listen
         # The handler first: libzmq would let every client in while none is bound.
         lists = []
@@ -259,8 +260,6 @@ class _Daemon:
         router.transport = zsock.send
         tsock = handshakes = None
         if self.tcp is not None:
-            from broker.daemon.listener import HandshakeLog
-
             self.zap.start(loop)
             handshakes = HandshakeLog(self.tcp, self.ctx, loop)
             tsock = ZSocket(self.tcp, _from_network(router.on_message), loop)
@@ -294,9 +293,6 @@ class _Daemon:
         """What commands must not see: the runtime dir, sluice's home (config, sessions,
         keys), and with ``listen`` the daemon's secret key and its allow-list dirs,
         wherever they are."""
-        from broker.net.keys import default_keys_dir
-        from broker.net.runtime import hidden_paths
-
         paths = [self.runtime.path, default_keys_dir()]
         if self.listen is not None:
             paths += [self.listen.key_file, *self.listen.allow_dirs.values()]

@@ -71,6 +71,7 @@ import msgspec
 import structlog
 
 from broker.wire import frames as wire
+from broker.wire.protocol import ApprovalResolvedEvent, ErrorEvent, Event, ReviewDecision, encode_msgpack
 from broker.daemon.journal import Journal
 from broker.net.logging import Throttle
 
@@ -155,20 +156,11 @@ def frontend_name(peer: Peer) -> str:
 
 def error_event(sub_id: str, message: str) -> bytes:
     """A Codex ``Event`` with an ``error`` message, as msgpack."""
-    from broker.wire.protocol import ErrorEvent, Event, encode_msgpack
-
     return encode_msgpack(Event(id=sub_id, msg=ErrorEvent(message)))
 
 
 def approval_resolved_event(event_id: str, call_id: str, decision: str, by: str) -> bytes:
     """An ``approval_resolved`` event, as msgpack; ValueError if ``decision`` is not a ReviewDecision."""
-    from broker.wire.protocol import (
-        ApprovalResolvedEvent,
-        Event,
-        ReviewDecision,
-        encode_msgpack,
-    )
-
     return encode_msgpack(Event(id=event_id, msg=ApprovalResolvedEvent(call_id, ReviewDecision(decision), by)))
 
 

@@ -19,6 +19,8 @@ import os
 import stat
 from dataclasses import dataclass
 
+from broker.net.runtime import sluice_home
+
 __all__ = ["KeyFileError", "Remote", "default_keys_dir", "load_public_key", "load_secret_key", "new_key_pair"]
 
 # A key file is a few hundred bytes; anything much bigger is not one.
@@ -28,8 +30,6 @@ _MAX_KEY_FILE = 64 * 1024
 def default_keys_dir() -> str:
     """Where ``sluice keys new`` writes: ``$SLUICE_HOME/keys``, else ``~/.sluice/keys``.
     Sandboxed commands never see it (it is in sluice's home, which is hidden)."""
-    from broker.net.runtime import sluice_home
-
     return os.path.join(sluice_home(), "keys")
 
 
