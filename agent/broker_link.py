@@ -212,16 +212,11 @@ class BrokerLink:
     async def _watch(self) -> None:
         while not self._closed and self.broken is None:
             await asyncio.sleep(self.heartbeat_s)
-            if self._liveness.silence() < self.heartbeat_s:
-                continue
-            if self.runtime.socket_path is not None and not os.path.exists(self.runtime.socket_path):
-                self._break(LinkError("the daemon's socket is gone (the daemon exited)"))
-                continue
-            due = self._liveness.check(self.heartbeat_s)
-            if due == peer.DEAD:
-                self._break(LinkError(f"the daemon stopped answering (nothing for {self._liveness.silence():.1f} s)"))
-            elif due == peer.PING:
+            due = self._liveness.check(self.heartbeat_s, self.runtime.socket_path)
+            if due == peer.PING:
                 self.send([wire.header(wire.PING)])
+            elif due is not None:
+                self._break(LinkError(due))
 
     def _break(self, error: LinkError) -> None:
         if self.broken is not None or self._closed:

@@ -313,7 +313,7 @@ class Worker:
                 return
         elif self.joined:
             due = self._liveness.check(self.heartbeat_s)
-            if due == peer.DEAD:
+            if due is not None and due != peer.PING:
                 self._rejoin(f"no word from the broker for {self._liveness.silence():.1f} s")
             elif due == peer.PING:
                 # A broker that dropped us (or restarted) answers this with "send hello first".

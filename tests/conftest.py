@@ -22,22 +22,36 @@ none touches the real ``~/.sluice``.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+
+import psutil
 
 import pytest
 
 from broker.net.runtime import RuntimeDir
 from tests.support.fake_model import FakeModelServer
-from tests.support.harness import TEMPDIRS, DaemonHandle, daemons, short_tempdir, sluice_argv, stop_runtime_daemon
+from tests.support.harness import TEMPDIRS, describe_process, processes_using, DaemonHandle, daemons, short_tempdir, sluice_argv, stop_runtime_daemon
 from tests.support.sandbox_harness import as_user, nobody_env, open_tmp, outside, workdir  # noqa: F401 (fixtures)
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _no_tempdir_left_behind():
+def _nothing_left_behind():
+    """At the session's end: no process of sluice's that a test started is still running
+    (every daemon, executor, agent and command of the tests runs for a runtime dir or a home
+    made by short_tempdir, and says so in its command line or environment), and those dirs
+    are removed. A leftover is killed and fails the session."""
     yield
+    leftovers = processes_using(TEMPDIRS)
+    for p in leftovers:
+        with contextlib.suppress(psutil.Error):
+            p.kill()
     for path in TEMPDIRS:
         shutil.rmtree(path, ignore_errors=True)
+    if leftovers:
+        pytest.fail("processes left behind by the tests: "
+                    + "; ".join(f"{p.pid} {describe_process(p)}" for p in leftovers), pytrace=False)
 
 
 @pytest.fixture(scope="session", autouse=True)

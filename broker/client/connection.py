@@ -624,16 +624,11 @@ class Client:
                 self._break(DaemonError("lost the connection to the daemon (it exited or was stopped)"))
 
     def _check_alive(self) -> None:
-        if self._liveness.silence() < self.heartbeat_s:
-            return
-        if self.runtime is not None and not os.path.exists(self.runtime.socket_path):
-            self._break(DaemonError("the daemon's socket is gone (the daemon exited)"))
-            return
-        due = self._liveness.check(self.heartbeat_s)
-        if due == peer.DEAD:
-            self._break(DaemonError(f"the daemon stopped answering (nothing for {self._liveness.silence():.1f} s)"))
-        elif due == peer.PING:
+        due = self._liveness.check(self.heartbeat_s, self.runtime.socket_path if self.runtime else None)
+        if due == peer.PING:
             self.send_frames([wire.header(wire.PING)], block=False)
+        elif due is not None:
+            self._break(DaemonError(due))
 
     def _break(self, error: DaemonError) -> None:
         if self._broken is None:

@@ -79,7 +79,6 @@ def handshake_refusal(event: int, endpoint: str) -> str | None:
 
 
 PING = "ping"
-DEAD = "dead"
 
 
 class Liveness:
@@ -106,14 +105,18 @@ class Liveness:
     def silence(self) -> float:
         return time.monotonic() - self.last_heard
 
-    def check(self, heartbeat_s: float) -> str | None:
-        """:data:`PING` when a ping is due now, :data:`DEAD` when the daemon is to be given
-        up, None when there is nothing to do."""
+    def check(self, heartbeat_s: float, socket_path: str | None = None) -> str | None:
+        """What to do now: None (nothing), :data:`PING` (send one), or else the reason to
+        give the daemon up, one line for a person. ``socket_path``: a local daemon's
+        socket file, whose disappearance means the daemon exited."""
         now = time.monotonic()
-        if now - self.last_heard < heartbeat_s:
+        silence = now - self.last_heard
+        if silence < heartbeat_s:
             return None
+        if socket_path is not None and not os.path.exists(socket_path):
+            return "the daemon's socket is gone (the daemon exited)"
         if self._first_ping and now - self._first_ping > self.dead_after * heartbeat_s:
-            return DEAD
+            return f"the daemon stopped answering (nothing for {silence:.1f} s)"
         if not self._ping_sent or now - self._ping_sent >= heartbeat_s:
             self._ping_sent = now
             self._first_ping = self._first_ping or now

@@ -218,7 +218,7 @@ class DaemonFactory:
             if leaked:
                 problems.append(
                     f"daemon {h.pid} left processes behind: "
-                    + ", ".join(f"{p.pid} {_cmdline(p)}" for p in leaked)
+                    + ", ".join(f"{p.pid} {describe_process(p)}" for p in leaked)
                 )
             stop_runtime_daemon(h.runtime)
         self.handles.clear()
@@ -228,10 +228,26 @@ class DaemonFactory:
         return problems
 
 
-def _cmdline(p: psutil.Process) -> str:
+def describe_process(p: psutil.Process) -> str:
     with contextlib.suppress(psutil.Error):
         return " ".join(p.cmdline())[:120]
     return "?"
+
+
+def processes_using(dirs: list[str]) -> list[psutil.Process]:
+    """Live processes (other than us) whose command line or environment names one of
+    ``dirs``: what the tests started for those runtime dirs and homes."""
+    if not dirs:
+        return []
+    found = []
+    for p in psutil.process_iter(["pid", "cmdline", "status"]):
+        if p.pid == os.getpid() or p.info["status"] == psutil.STATUS_ZOMBIE:
+            continue
+        with contextlib.suppress(psutil.Error):
+            text = " ".join(p.info["cmdline"] or []) + " " + " ".join(p.environ().values())
+            if any(d in text for d in dirs):
+                found.append(p)
+    return found
 
 
 def wait_ready(handle: DaemonHandle) -> None:

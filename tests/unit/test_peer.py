@@ -29,7 +29,18 @@ def test_liveness_pings_a_quiet_daemon_once_per_heartbeat_and_gives_it_up_after_
     clock[0] += 4.0  # five heartbeats since the first unanswered ping
     assert live.check(1.0) == peer.PING
     clock[0] += 0.01
-    assert live.check(1.0) == peer.DEAD
+    assert live.check(1.0) == "the daemon stopped answering (nothing for 6.0 s)"
+
+
+def test_liveness_gives_up_a_local_daemon_whose_socket_is_gone(clock, tmp_path):
+    live = peer.Liveness()
+    sock = tmp_path / "broker.sock"
+    sock.touch()
+    clock[0] += 1.0
+    assert live.check(1.0, str(sock)) == peer.PING
+    sock.unlink()
+    clock[0] += 1.0
+    assert live.check(1.0, str(sock)) == "the daemon's socket is gone (the daemon exited)"
 
 
 def test_a_peer_that_was_paused_itself_pings_before_it_gives_up(clock):
