@@ -73,6 +73,8 @@ from agent.model_client import DEFAULT_BACKOFF_BASE, ModelClient, reasoning_para
 from agent.rollout import RolloutError, RolloutRecorder, sessions_dir
 from agent.turn import run_compact_task, run_task
 from broker.wire.protocol import (
+    NO_SESSION,
+    TURN_INTERRUPTED,
     AddToHistory,
     AskForApproval,
     Compact,
@@ -98,8 +100,6 @@ from landlock_helper.policy import DiskWriteFolder, SandboxPolicy, WRITE_FOLDER
 
 log = structlog.get_logger("agent.session")
 
-NO_SESSION = "No session initialized, expected 'ConfigureSession' as first Op"
-TURN_INTERRUPTED = "Turn interrupted"
 DEFAULT_EXEC_TIMEOUT_MS = 10_000
 # How long an interrupt waits for the task to unwind (cancel its command, report it)
 # before announcing the abort.

@@ -9,7 +9,7 @@ back. Detaching never stops a session; ``shutdown`` (or the daemon stopping) doe
 - ``sluice attach ID``: replay a session from the start of its current turn (or
   ``--since N``), then follow it live (:func:`attach_main`). ``ID`` may be any unique prefix.
 - ``sluice bridge``: JSON lines both ways, Submissions in on stdin and Events out on stdout,
-  for editors and scripts in any language (:func:`bridge_main`).
+  for editors and scripts in any language (:mod:`broker.cli.bridge`).
 
 Attach and bridge are one loop, :class:`Attachment`, with different inputs and endings:
 
@@ -50,7 +50,6 @@ from broker.wire.results import EXIT_NOT_RUNNING, EXIT_SLUICE, EXIT_USAGE
 from broker.client import daemon_status, DaemonError, Interrupted
 from broker.client import SessionError
 from broker.wire.protocol import (
-    ConfigureSession,
     ErrorEvent,
     Event,
     ProtocolError,
@@ -74,10 +73,6 @@ DOUBLE_CTRL_C_S = 1.0
 GONE_GRACE_S = 0.5
 # The longest input line taken (a submission must fit in one message to the daemon).
 MAX_LINE = wire.MAX_MESSAGE_SIZE
-
-# Codex's error before the turn_aborted of an interrupted turn: not a failure of its own.
-# Codex's answer to an op before configure_session.
-NO_SESSION = "No session initialized, expected 'ConfigureSession' as first Op"
 
 INPUT_NONE = "none"
 INPUT_TERMINAL = "terminal"
@@ -601,7 +596,7 @@ def attach_main(args) -> int:
             print_error(f"error: {e}")
             return EXIT_USAGE
         except DaemonError as e:
-            return _daemon_gone(render, str(e))
+            return daemon_gone(render, str(e))
         if render is None:
             render = HumanRenderer({"cwd": info.cwd}, label="configured", me=client.peer_id)
         stdin_is_terminal = isatty(0)
@@ -616,17 +611,17 @@ def attach_main(args) -> int:
                 print_error(f"error: {e}")
                 return EXIT_USAGE
             except DaemonError as e:
-                return _daemon_gone(render, str(e))
+                return daemon_gone(render, str(e))
             attachment = Attachment(client, session, render, input_mode=input_mode, until_idle=args.until_idle)
             if not args.json:
                 _header(render, attachment, client.peer_id, terminal=stdin_is_terminal)
             try:
                 return attachment.run()
             except DaemonError as e:
-                return _daemon_gone(render, str(e))
+                return daemon_gone(render, str(e))
             finally:
                 render.finish()
-                _detach(session)
+                detach(session)
 
 
 def _header(render, attachment: Attachment, me: str, *, terminal: bool) -> None:
@@ -648,94 +643,15 @@ def _header(render, attachment: Attachment, me: str, *, terminal: bool) -> None:
         render.note("type a message to send it; Ctrl-C interrupts the turn, Ctrl-D detaches")
 
 
-def _detach(session) -> None:
+def detach(session) -> None:
     try:
         session.detach()
     except DaemonError:
         pass  # the daemon is gone: nothing to detach from
 
 
-def _daemon_gone(render, message: str) -> int:
+def daemon_gone(render, message: str) -> int:
     if isinstance(render, JsonRenderer):
         render.error(message)
     print_error(f"error: {message}")
     return EXIT_SLUICE
-
-
-# -- sluice bridge ----------------------------------------------------------------------
-
-
-def bridge_main(args) -> int:
-    """JSON lines both ways; see the module docstring and the README's protocol section."""
-    render = JsonRenderer()
-    if args.since is not None and not args.session:
-        print_error("error: --since goes with --session ID (a new session has nothing to replay)")
-        return EXIT_USAGE
-    try:
-        client = connect(args, "sluice bridge", autostart=not args.session)
-    except CliExit as e:
-        # The reason is on stderr already; a program reading stdout gets it as an event too.
-        render.error("cannot reach the daemon (see stderr)" if e.code != EXIT_NOT_RUNNING else "no daemon is running")
-        raise
-    reader = LineReader(0)
-    with client:
-        try:
-            if args.session:
-                try:
-                    info = resolve_session(client, args.session)
-                    session = client.attach(info.id, since=args.since)
-                except (NoSuchSession, SessionError) as e:
-                    render.error(str(e))
-                    print_error(f"error: {e}")
-                    return EXIT_USAGE
-                configured = None
-            else:
-                opened = _open_from_stdin(client, reader, render)
-                if opened is None:
-                    return EXIT_OK  # stdin ended before any session was asked for
-                session, configured = opened
-            with client.catch_signals((signal.SIGINT, signal.SIGTERM, signal.SIGHUP)):
-                attachment = Attachment(client, session, render, input_mode=INPUT_JSON, until_idle=True,
-                                        turn_status=False, ctrl_c_interrupts=False, bad_input_events=True,
-                                        reader=reader)
-                if configured is not None:
-                    attachment.expect(configured, "configure_session")  # its session_configured is to come
-                try:
-                    return attachment.run()
-                finally:
-                    _detach(session)
-        except DaemonError as e:
-            return _daemon_gone(render, str(e))
-
-
-def _open_from_stdin(client: Client, reader: LineReader, render):
-    """Read Submissions until a ``configure_session`` opens a session: (the session, that
-    submission's id); None at end of input.
-
-    Anything else before it is answered with Codex's ``error`` (no session yet); a bad line
-    with an ``error`` event and a note on stderr. Lines after the opening one stay queued
-    in ``reader`` for the session.
-    """
-    while True:
-        while reader.lines:
-            number, line = reader.lines.popleft()
-            if line is not None and not line.strip():
-                continue
-            try:
-                sub = parse_submission(line)
-            except ValueError as e:
-                text = f"line {number}: {e}"
-                render.event(Event(id="", msg=ErrorEvent(text)))
-                print_error(f"error: {text}")
-                continue
-            if not isinstance(sub.op, ConfigureSession):
-                render.event(Event(id=sub.id, msg=ErrorEvent(NO_SESSION)))
-                continue
-            try:
-                return client.open_session(sub.op, sub_id=sub.id), sub.id
-            except SessionError as e:
-                render.event(Event(id=sub.id, msg=ErrorEvent(str(e))))
-        if reader.eof:
-            return None
-        # Nothing else to watch yet: block on stdin (Ctrl-C ends the process here).
-        reader.fill()

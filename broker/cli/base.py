@@ -62,7 +62,7 @@ def remote_from_args(args):
 
 
 def connect_client(args, *, name: str, autostart: bool = True):
-    """A :class:`broker.client.connection.Client` for the frontend command ``args`` came from.
+    """A :class:`broker.client.Client` for the frontend command ``args`` came from.
 
     The local daemon (started if needed and ``autostart``), or the one ``--connect``
     names. Failures are printed as one line and raised as :class:`CliExit`.

@@ -146,10 +146,14 @@ def main(argv: list[str] | None = None) -> int:
             from broker.cli.run import run_main
 
             return run_main(args)
-        if args.subcommand in ("sessions", "attach", "bridge"):
+        if args.subcommand in ("sessions", "attach"):
             from broker.cli import attach
 
             return getattr(attach, f"{args.subcommand}_main")(args)
+        if args.subcommand == "bridge":
+            from broker.cli.bridge import bridge_main
+
+            return bridge_main(args)
         if args.subcommand == "sandbox":
             from broker.cli.sandbox import sandbox_main
 

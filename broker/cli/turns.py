@@ -6,11 +6,9 @@ from __future__ import annotations
 
 import os
 
-from broker.wire.protocol import Event, ExecApproval, PatchApproval, ReviewDecision
+from broker.wire.protocol import TURN_INTERRUPTED, Event, ExecApproval, PatchApproval, ReviewDecision
 from broker.wire.results import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK
 
-# The error event the agent sends when a turn is interrupted (turn_aborted follows it).
-TURN_INTERRUPTED = "Turn interrupted"
 APPROVAL_REQUESTS = ("exec_approval_request", "apply_patch_approval_request")
 # Events only a running task emits: they name the turn when its task_started was not seen.
 TURN_EVENTS = frozenset({

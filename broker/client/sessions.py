@@ -1,4 +1,4 @@
-"""Sessions from the frontend side: what :class:`broker.client.connection.Client` uses to talk to the agent.
+"""Sessions from the frontend side: what :class:`broker.client.Client` uses to talk to the agent.
 
 ::
 

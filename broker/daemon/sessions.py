@@ -71,7 +71,7 @@ import msgspec
 import structlog
 
 from broker.wire import frames as wire
-from broker.wire.protocol import ApprovalResolvedEvent, ErrorEvent, Event, ReviewDecision, encode_msgpack
+from broker.wire.protocol import NO_SESSION, ApprovalResolvedEvent, ErrorEvent, Event, ReviewDecision, encode_msgpack
 from broker.daemon.journal import Journal
 from broker.net.logging import Throttle
 
@@ -100,7 +100,6 @@ ANSWERED_KEPT = 64
 RECENTLY_CLOSED = 256
 
 # Codex's answer to an op before configure_session.
-NO_SESSION = "No session initialized, expected 'ConfigureSession' as first Op"
 
 _APPROVAL_ANSWERS = frozenset({"exec_approval", "patch_approval"})
 _APPROVAL_REQUESTS = frozenset({"exec_approval_request", "apply_patch_approval_request"})

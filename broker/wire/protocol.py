@@ -66,6 +66,11 @@ class ProtocolError(ValueError):
 # -- policies and small enums ---------------------------------------------------------
 
 
+# Codex's own error messages, as frontends see them.
+NO_SESSION = "No session initialized, expected 'ConfigureSession' as first Op"
+TURN_INTERRUPTED = "Turn interrupted"  # before the turn_aborted of an interrupted turn
+
+
 class AskForApproval(enum.StrEnum):
     """When the user is asked before a command runs."""
 

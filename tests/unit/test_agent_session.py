@@ -19,7 +19,7 @@ import pytest
 
 from agent.instructions import PROJECT_DOC_SEPARATOR
 from agent.rollout import read_rollout
-from agent.session import NO_SESSION, TURN_INTERRUPTED
+from broker.wire.protocol import NO_SESSION, TURN_INTERRUPTED
 from agent.turn import COMPACT_DONE, START_SUMMARIZATION, SUMMARIZATION_PROMPT
 from broker.wire.protocol import (
     AddToHistory,

@@ -1,0 +1,101 @@
+"""``sluice bridge``: Codex Submissions in on stdin, Events out on stdout, one JSON object
+per line, for editors and scripts in any language. Without ``--session`` the first
+submission must be ``configure_session``; at the end of stdin the bridge exits once the
+session is idle. It is an attachment (:mod:`broker.cli.attach`) whose input is JSON."""
+
+from __future__ import annotations
+
+import signal
+
+from broker.cli.attach import (
+    INPUT_JSON,
+    Attachment,
+    LineReader,
+    NoSuchSession,
+    connect,
+    daemon_gone,
+    detach,
+    parse_submission,
+    resolve_session,
+)
+from broker.cli.base import CliExit, print_error
+from broker.cli.render import JsonRenderer
+from broker.client import Client, DaemonError, SessionError
+from broker.wire.protocol import NO_SESSION, ConfigureSession, ErrorEvent, Event
+from broker.wire.results import EXIT_NOT_RUNNING, EXIT_OK, EXIT_USAGE
+
+
+def bridge_main(args) -> int:
+    """JSON lines both ways; see the module docstring and the README's protocol section."""
+    render = JsonRenderer()
+    if args.since is not None and not args.session:
+        print_error("error: --since goes with --session ID (a new session has nothing to replay)")
+        return EXIT_USAGE
+    try:
+        client = connect(args, "sluice bridge", autostart=not args.session)
+    except CliExit as e:
+        # The reason is on stderr already; a program reading stdout gets it as an event too.
+        render.error("cannot reach the daemon (see stderr)" if e.code != EXIT_NOT_RUNNING else "no daemon is running")
+        raise
+    reader = LineReader(0)
+    with client:
+        try:
+            if args.session:
+                try:
+                    info = resolve_session(client, args.session)
+                    session = client.attach(info.id, since=args.since)
+                except (NoSuchSession, SessionError) as e:
+                    render.error(str(e))
+                    print_error(f"error: {e}")
+                    return EXIT_USAGE
+                configured = None
+            else:
+                opened = _open_from_stdin(client, reader, render)
+                if opened is None:
+                    return EXIT_OK  # stdin ended before any session was asked for
+                session, configured = opened
+            with client.catch_signals((signal.SIGINT, signal.SIGTERM, signal.SIGHUP)):
+                attachment = Attachment(client, session, render, input_mode=INPUT_JSON, until_idle=True,
+                                        turn_status=False, ctrl_c_interrupts=False, bad_input_events=True,
+                                        reader=reader)
+                if configured is not None:
+                    attachment.expect(configured, "configure_session")  # its session_configured is to come
+                try:
+                    return attachment.run()
+                finally:
+                    detach(session)
+        except DaemonError as e:
+            return daemon_gone(render, str(e))
+
+
+def _open_from_stdin(client: Client, reader: LineReader, render):
+    """Read Submissions until a ``configure_session`` opens a session: (the session, that
+    submission's id); None at end of input.
+
+    Anything else before it is answered with Codex's ``error`` (no session yet); a bad line
+    with an ``error`` event and a note on stderr. Lines after the opening one stay queued
+    in ``reader`` for the session.
+    """
+    while True:
+        while reader.lines:
+            number, line = reader.lines.popleft()
+            if line is not None and not line.strip():
+                continue
+            try:
+                sub = parse_submission(line)
+            except ValueError as e:
+                text = f"line {number}: {e}"
+                render.event(Event(id="", msg=ErrorEvent(text)))
+                print_error(f"error: {text}")
+                continue
+            if not isinstance(sub.op, ConfigureSession):
+                render.event(Event(id=sub.id, msg=ErrorEvent(NO_SESSION)))
+                continue
+            try:
+                return client.open_session(sub.op, sub_id=sub.id), sub.id
+            except SessionError as e:
+                render.event(Event(id=sub.id, msg=ErrorEvent(str(e))))
+        if reader.eof:
+            return None
+        # Nothing else to watch yet: block on stdin (Ctrl-C ends the process here).
+        reader.fill()
