@@ -24,7 +24,6 @@ from pathlib import Path
 import psutil
 import pytest
 
-from broker.wire.protocol import decode_event_json
 from tests.support.harness import daemons, live_processes, short_tempdir, sluice_argv, subprocess_env
 from tests.support.fake_model import (
     FakeModelServer,
@@ -38,7 +37,8 @@ from tests.support.fake_model import (
     status,
     user_item,
 )
-from tests.support.fake_model import chat_chunk
+from tests.support.fake_model import chat_chunk, tag
+from tests.support.frontends import json_events
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -95,14 +95,6 @@ class Frontend:
 @pytest.fixture
 def fe(dmn, server, tmp_path) -> Frontend:
     return Frontend(dmn.runtime, server, tmp_path / "fe-home")
-
-
-def json_events(stdout: str) -> list:
-    return [decode_event_json(line) for line in stdout.splitlines()]
-
-
-def tag(event) -> str:
-    return type(event.msg).__struct_config__.tag
 
 
 def session_id_of(stderr: str) -> str:

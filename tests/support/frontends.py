@@ -30,13 +30,10 @@ from broker.wire.protocol import (
     encode_json,
 )
 from landlock_helper.policy import SandboxPolicy
+from tests.support.fake_model import tag
 from tests.support.harness import sluice_argv, subprocess_env
 
 KEY = "sk-frontends-test-7d1e40b2"
-
-
-def tag(event) -> str:
-    return type(event.msg).__struct_config__.tag
 
 
 def json_events(stdout: str | bytes) -> list:

@@ -7,7 +7,7 @@ import time
 
 from broker.wire.protocol import AskForApproval, ConfigureSession, ModelProviderInfo, WireApi
 from landlock_helper.policy import SandboxPolicy
-from tests.support.fake_model import FakeModelServer
+from tests.support.fake_model import FakeModelServer, tag
 
 KEY = "sk-sessions-test-7c1d0e"
 
@@ -24,10 +24,6 @@ def configure_op(server: FakeModelServer, cwd: str, **fields) -> ConfigureSessio
     }
     values.update(fields)
     return ConfigureSession(**values)
-
-
-def tag(event) -> str:
-    return type(event.msg).__struct_config__.tag
 
 
 def collect(session, until, timeout: float = 20.0) -> list:
