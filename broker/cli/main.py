@@ -21,7 +21,6 @@ import os
 import sys
 
 from broker.cli.base import USAGE_RUN, USAGE_SANDBOX, CliExit, add_connect_args, fail, print_error
-from broker.cli.keys import add_keys_parser, add_listen_args
 from broker.wire.results import EXIT_SLUICE, EXIT_USAGE
 
 
@@ -118,6 +117,9 @@ def _parser():
     daemon.add_argument("--executors", metavar="N", type=count, default=None,
                         help="executor processes (default: CPU count; 0: only executors that connect themselves)")
     daemon.add_argument("--log-json", action="store_true", help="log JSON lines (default: JSON when not a terminal)")
+    # The network options' module is the only command module the parser needs.
+    from broker.cli.keys import add_keys_parser, add_listen_args
+
     add_listen_args(daemon)
     add_keys_parser(sub)
     # Listed for --help only: main() hands ``executor`` to the executor program before parsing.

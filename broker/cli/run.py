@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import broker.client as C
 from broker.cli.base import USAGE_RUN, command_of, env_report, fail, print_error, remote_from_args, write_all
-from broker.wire import protocol
 from broker.wire.results import EXIT_NOT_FOUND, EXIT_SLUICE, EXIT_USAGE, new_call_id
 
 # How long ``sluice run`` waits for a cancelled call to end before giving up.
@@ -115,6 +114,9 @@ class _JsonOutput:
     """Codex-shaped events, one JSON object per line on stdout."""
 
     def __init__(self, request) -> None:
+        # Here, not at the top: the Codex types cost a plain `sluice run` a tenth of its start-up.
+        from broker.wire import protocol
+
         self.P = protocol
         self.request = request
         self.call_id = new_call_id()

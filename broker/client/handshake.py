@@ -8,7 +8,6 @@ import os
 import time
 
 import zmq
-from zmq.utils.monitor import recv_monitor_message
 
 from broker.client.errors import DaemonError
 from broker.net import peer
@@ -63,6 +62,9 @@ def hello(endpoint: str, token: str, deadline: float, name: str = "client", remo
 
 
 def _handshake_refusal(monitor: zmq.Socket, endpoint: str) -> str | None:
+    # Here, not at the top: zmq.utils.monitor imports asyncio, which only tcp clients need.
+    from zmq.utils.monitor import recv_monitor_message
+
     while True:
         try:
             event = recv_monitor_message(monitor, zmq.NOBLOCK)["event"]

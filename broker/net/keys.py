@@ -19,8 +19,6 @@ import os
 import stat
 from dataclasses import dataclass
 
-from broker.net.runtime import sluice_home
-
 __all__ = ["KeyFileError", "Remote", "default_keys_dir", "load_public_key", "load_secret_key", "new_key_pair"]
 
 # A key file is a few hundred bytes; anything much bigger is not one.
@@ -30,6 +28,10 @@ _MAX_KEY_FILE = 64 * 1024
 def default_keys_dir() -> str:
     """Where ``sluice keys new`` writes: ``$SLUICE_HOME/keys``, else ``~/.sluice/keys``.
     Sandboxed commands never see it (it is in sluice's home, which is hidden)."""
+    # Here, not at the top: every `sluice` command's parser asks for this path, and the
+    # runtime dir's module (with the secret rule) would double its start-up.
+    from broker.net.runtime import sluice_home
+
     return os.path.join(sluice_home(), "keys")
 
 

@@ -34,8 +34,6 @@ import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from landlock_helper.env import is_secret
-
 
 class RuntimeDirError(RuntimeError):
     """The runtime dir is unusable (wrong owner, too open, not a directory, a symlink)."""
@@ -50,6 +48,10 @@ def without_secrets(environ: Mapping[str, str] | None = None) -> dict[str, str]:
     sluice's own kept: the environment for the daemon and its children. An API key
     exported in the shell that happened to start the daemon has no business in it (each
     session's key comes from the frontend that configured it)."""
+    # Here, not at the top: the secret rule is the heaviest import of a `sluice` start-up
+    # that never needs it (the parser, --help, `sluice daemon status`).
+    from landlock_helper.env import is_secret
+
     return {
         name: value
         for name, value in (os.environ if environ is None else environ).items()
