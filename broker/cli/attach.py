@@ -46,7 +46,6 @@ import msgspec
 
 from broker.wire import frames as wire
 from broker.cli.base import CliExit, connect_client, print_error, write_all
-from broker.wire.results import EXIT_NOT_RUNNING, EXIT_SLUICE, EXIT_USAGE
 from broker.client import daemon_status, DaemonError, Interrupted
 from broker.client import SessionError
 from broker.wire.protocol import (
@@ -59,7 +58,7 @@ from broker.wire.protocol import (
 )
 from broker.cli.turns import APPROVAL_REQUESTS, TURN_EVENTS, approval_answer, isatty, tag_of, turn_end
 from broker.cli.render import APPROVAL_PROMPT, HumanRenderer, JsonRenderer, describe_approval, parse_approval_answer
-from broker.wire.results import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK
+from broker.wire.results import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_NOT_RUNNING, EXIT_OK, EXIT_SIGNAL_BASE, EXIT_SLUICE, EXIT_USAGE
 
 if TYPE_CHECKING:
     from broker.client import Client
@@ -568,7 +567,7 @@ class Attachment:
         if signum == signal.SIGINT and self.input_mode == INPUT_TERMINAL:
             self.render.echoed(False)  # after the ^C the terminal showed
         if signum != signal.SIGINT or not self.ctrl_c_interrupts:
-            self.status = 128 + signum
+            self.status = EXIT_SIGNAL_BASE + signum
             return
         now = time.monotonic()
         if not self.view.running or now - self.last_interrupt < DOUBLE_CTRL_C_S:

@@ -65,7 +65,7 @@ from broker.wire.protocol import (
 )
 from landlock_helper.policy import SandboxPolicy
 from landlock_helper.env import describe_dropped
-from broker.wire.results import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
+from broker.wire.results import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_SIGNAL_BASE, EXIT_USAGE
 
 # How long to wait for the session to shut down (rollout flushed) after the task.
 SHUTDOWN_WAIT_S = 5.0
@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None, prog: str = "sluice exec") -> int:
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
     except BrokenPipeError:
-        return 141
+        return EXIT_SIGNAL_BASE + signal.SIGPIPE
 
 
 def _usage(message: str) -> CliExit:

@@ -18,10 +18,11 @@ executed; 125 when sluice or the daemon failed; 2 for bad usage.
 from __future__ import annotations
 
 import os
+import signal
 import sys
 
 from broker.cli.base import USAGE_RUN, USAGE_SANDBOX, CliExit, add_connect_args, fail, print_error
-from broker.wire.results import EXIT_SLUICE, EXIT_USAGE
+from broker.wire.results import EXIT_INTERRUPTED, EXIT_SIGNAL_BASE, EXIT_SLUICE, EXIT_USAGE
 
 
 def _parser():
@@ -173,9 +174,9 @@ def main(argv: list[str] | None = None) -> int:
     except CliExit as e:
         return e.code
     except KeyboardInterrupt:
-        return 130
+        return EXIT_INTERRUPTED
     except BrokenPipeError:
-        return 141
+        return EXIT_SIGNAL_BASE + signal.SIGPIPE
     except Exception as e:  # a bug, not a user mistake: still one line unless asked for more
         if os.environ.get("SLUICE_DEBUG"):
             raise

@@ -3,9 +3,11 @@
 
 from __future__ import annotations
 
+import signal
+
 import broker.client as C
 from broker.cli.base import USAGE_RUN, command_of, env_report, fail, print_error, remote_from_args, write_all
-from broker.wire.results import EXIT_NOT_FOUND, EXIT_SLUICE, EXIT_USAGE, new_call_id
+from broker.wire.results import EXIT_NOT_FOUND, EXIT_SIGNAL_BASE, EXIT_SLUICE, EXIT_USAGE, new_call_id
 
 # How long ``sluice run`` waits for a cancelled call to end before giving up.
 CANCEL_WAIT_S = 5.0
@@ -52,16 +54,16 @@ def run_main(args) -> int:
                 result = client.wait(call, CANCEL_WAIT_S, interruptible=False)
         except TimeoutError:
             print_error(f"the command did not end within {CANCEL_WAIT_S:g} s of being cancelled; exiting anyway")
-            return 128 + signum if signum else EXIT_SLUICE
+            return EXIT_SIGNAL_BASE + signum if signum else EXIT_SLUICE
         except C.DaemonError as e:
             out.error(str(e))
             return fail(str(e), EXIT_SLUICE)
 
     out.end(result)
     if signum is not None:
-        return 128 + signum
+        return EXIT_SIGNAL_BASE + signum
     if out.stdout_closed:
-        return 141
+        return EXIT_SIGNAL_BASE + signal.SIGPIPE
     if result.error is not None:
         code = result.returncode
         if code == EXIT_NOT_FOUND:

@@ -22,14 +22,13 @@ EXIT_INTERRUPTED = 128 + signal.SIGINT  # cancelled, interrupted, aborted
 
 
 def error_returncode(error: str) -> int:
-    """127 / 126 / 125 for a spawn error message (see :class:`Result`)."""
+    """127 / 126 / 125 for a spawn error message (see :func:`shell_returncode`)."""
     low = error.lower()
     if "not found" in low:
         return EXIT_NOT_FOUND
     if "permission denied" in low or "exec format" in low:
         return EXIT_CANNOT_EXECUTE
     return EXIT_SLUICE
-
 
 
 def shell_returncode(r) -> int:
