@@ -15,6 +15,11 @@ Extra writable roots and network access add permissions to any mode. Inside ever
 writable root, ``.git`` and ``.sluice`` stay read-only (they hold hooks and config
 that would let a command escalate the next time a person runs git or sluice).
 
+:class:`SandboxPolicy` is sluice's one policy type: the Codex protocol and the wire carry
+it as it is (its fields are that JSON; msgspec encodes and validates it like a Struct),
+and the sandbox enforces it. :func:`is_beneath` and :func:`write_allowed` are the one rule
+for where a write may land, for the sandbox and for the agent's checks alike.
+
 Stdlib only: this module is imported between fork and exec and by ``sluice sandbox``.
 """
 

@@ -1,12 +1,12 @@
 """The ``sluice`` command line: run, exec, sessions, attach, bridge, sandbox, daemon, keys, executor.
 
-Imports are lazy: ``sluice run`` loads only the client (zmq, msgspec, the wire and the
-policy), so its start-up stays small next to the command it runs. ``sluice exec`` is
-handed, arguments and all, to :mod:`broker.cli.exec` (it needs the agent's configuration);
-``sluice sessions``, ``sluice attach`` and ``sluice bridge`` (frontends for the sessions
-the daemon hosts) to :mod:`broker.cli.attach`; ``sluice sandbox`` to landlock_helper's
-command line. The network commands (``keys``, ``daemon --listen``, ``executor``) are in
-:mod:`broker.cli.keys`.
+This module parses and dispatches; each command lives in a module of its own, imported
+once it is chosen, so ``sluice run`` loads only the client (zmq, msgspec, the wire and
+the policy) and its start-up stays small next to the command it runs: :mod:`.run`,
+:mod:`.sandbox` (landlock_helper's command line), :mod:`.daemon`, :mod:`.keys` (``keys``,
+``daemon --listen``, ``executor``), :mod:`.attach` (``sessions``, ``attach``),
+:mod:`.bridge`, and :mod:`.exec`, which gets its arguments unparsed (it needs the agent's
+configuration).
 
 Exit codes of ``sluice run``: the command's own exit code; 124 when it timed out;
 128+N when it was killed by signal N; 130 / 143 / 129 when sluice itself got SIGINT /
