@@ -207,6 +207,7 @@ class Worker:
                 return self.spawner.spawn(argv, **kw)
             finally:
                 self._watch_spawner()
+        # Only without a warm pool (no spawner was made, or it was given up): a cold sandbox.
         from landlock_helper.spawn import spawn
 
         return spawn(argv, hidden_paths=self.hidden_paths, **kw)

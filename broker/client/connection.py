@@ -303,6 +303,8 @@ class Client:
         return self._sessions
 
     def send_submission(self, session_id: str, submission, *, corr: str = "") -> None:
+        """Send a Codex Submission to ``session_id`` (for :mod:`broker.client.sessions`)."""
+        # The Codex types here, not at the top: `sluice run` never needs them.
         from broker.wire.protocol import ConfigureSession, encode_msgpack
 
         self.check_usable()
