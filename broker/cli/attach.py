@@ -479,8 +479,7 @@ class Attachment:
         if self.asking or not self.questions:
             return
         event = self.questions[0]
-        self.render.line(f"The agent asks to {describe_approval(event.msg, self.cwd)}.", "1;33")
-        self.render.prompt(APPROVAL_PROMPT)
+        self.render.ask_approval(event.msg, self.cwd)
         self.asking = True
 
     def _answer(self, text: str) -> None:

@@ -344,19 +344,19 @@ class _Exec:
                              "run on a terminal, or choose --approval-policy / --sandbox to avoid asking")
             decision = ReviewDecision.DENIED
         else:
-            decision = self._ask(f"The agent asks to {what}.", event.msg.call_id)
+            decision = self._ask(event)
             if decision is None:
                 return  # another frontend answered first
         self.answers.add(self.session.submit(approval_answer(event, decision)))
 
-    def _ask(self, question: str, call_id: str):
+    def _ask(self, event):
         """The decision typed at the terminal; None if another frontend answered first."""
-        self.render.line(question, "1;33")
+        call_id = event.msg.call_id
+        self.render.ask_approval(event.msg, self.cwd)
         held = []
         buffered = b""
         try:
             while True:
-                self.render.prompt(APPROVAL_PROMPT)
                 while b"\n" not in buffered:
                     got = self.session.next_event(fds=[0])
                     if got is None:
@@ -377,6 +377,7 @@ class _Exec:
                 decision = parse_approval_answer(answer.decode("utf-8", "replace"))
                 if decision is not None:
                     return decision
+                self.render.prompt(APPROVAL_PROMPT)
         except C.Interrupted:
             self.interrupted = True
             self.session.interrupt()

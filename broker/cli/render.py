@@ -129,6 +129,12 @@ class _Output:
         except OSError:
             pass
 
+    def ask_approval(self, msg: ExecApprovalRequestEvent | ApplyPatchApprovalRequestEvent, cwd: str = "") -> None:
+        """An approval request as a question for the person at the terminal, and the prompt
+        for the answer (:func:`parse_approval_answer` reads it); the same in every frontend."""
+        self.line(f"The agent asks to {describe_approval(msg, cwd)}.", "1;33")
+        self.prompt(APPROVAL_PROMPT)
+
 
 class HumanRenderer(_Output):
     """Events for a person; see the module docstring. ``header`` items open the session line."""
