@@ -14,7 +14,6 @@ import random
 import shutil
 import signal
 import stat
-import subprocess
 import sys
 import tempfile
 import textwrap
@@ -29,9 +28,9 @@ from broker.wire import frames as wire
 from landlock_helper.policy import SandboxPolicy
 from broker.daemon.server import DaemonAlreadyRunning, serve
 from broker.net.runtime import RuntimeDir
+from tests.support.harness import daemons as harness_daemons
 from tests.support.harness import wait_for
 
-REPO = Path(__file__).resolve().parents[2]
 
 DAEMON_SCRIPT = textwrap.dedent(
     """
@@ -132,66 +131,6 @@ def run_request(*argv: str) -> wire.RunRequest:
 # ---------------------------------------------------------------- harness
 
 
-class Daemon:
-    """``serve`` in a subprocess; its stderr (the JSON log) goes to a file."""
-
-    def __init__(self, base: Path, rt: RuntimeDir, executors: int | str = 0, fake: Path | None = None, env=None):
-        self.rt = rt
-        self.log_path = base / f"daemon-{time.monotonic_ns()}.log"
-        full_env = dict(os.environ, SLUICE_RUNTIME_DIR=rt.path, PYTHONPATH=str(REPO), **(env or {}))
-        full_env.pop("SLUICE_LOG_LEVEL", None)
-        with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-c", DAEMON_SCRIPT, str(executors), str(fake or "")],
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=log,
-                env=full_env,
-                cwd=str(base),
-            )
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    def wait_ready(self, timeout: float = 15.0) -> Daemon:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise AssertionError(f"daemon exited with {self.proc.returncode}:\n{self.log()}")
-            if self.rt.read_pid() == self.pid and os.path.exists(self.rt.socket_path):
-                return self
-            time.sleep(0.02)
-        raise AssertionError(f"daemon not ready after {timeout} s:\n{self.log()}")
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def stop(self, timeout: float = 10.0) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        try:
-            return self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-            raise AssertionError(f"daemon ignored SIGTERM:\n{self.log()}") from None
-
-    def executor_pids(self) -> list[int]:
-        try:
-            children = psutil.Process(self.pid).children()
-        except psutil.NoSuchProcess:
-            return []
-        pids = []
-        for child in children:
-            try:
-                if "--token-file" in child.cmdline() and child.status() != psutil.STATUS_ZOMBIE:
-                    pids.append(child.pid)
-            except psutil.NoSuchProcess:
-                pass
-        return pids
-
-
 class Dealer:
     """A raw peer. ``recv`` answers pings by itself unless told not to."""
 
@@ -279,19 +218,16 @@ def fake_executor(base) -> Path:
 
 
 @pytest.fixture
-def daemons(base, rt):
-    started: list[Daemon] = []
+def daemons(rt):
+    """``start(executors=0, fake=None, env=None, ready=True)``: a daemon serving ``rt``, run
+    by DAEMON_SCRIPT (so that its executors can be the fake one); stopped at the end, and
+    one that left processes behind fails the test."""
+    with harness_daemons() as factory:
+        def start(executors: int | str = 0, *, fake: Path | None = None, env=None, ready: bool = True):
+            argv = [sys.executable, "-c", DAEMON_SCRIPT, str(executors), str(fake or "")]
+            return factory.start(env=env, runtime=rt, argv=argv, ready=ready)
 
-    def start(executors: int | str = 0, *, fake: Path | None = None, env=None, ready: bool = True) -> Daemon:
-        d = Daemon(base, rt, executors, fake, env)
-        started.append(d)
-        return d.wait_ready() if ready else d
-
-    yield start
-    for d in started:
-        if d.proc.poll() is None:
-            d.proc.kill()
-            d.proc.wait()
+        yield start
 
 
 @pytest.fixture
@@ -383,7 +319,7 @@ def test_shutdown_removes_socket_and_pid_file_and_ends_calls(daemons, rt, peer):
     fe.send(wire.RUN, "queued-3", run_request("sleep"))
     take_run(ex, "queued")
     take_run(ex, "running")
-    assert d.stop() == 0
+    assert d.terminate() == 0
     # The executor was not ours to stop: it is told to cancel what it still runs.
     assert {(h.kind, h.corr) for h, _ in (ex.recv(), ex.recv())} == {(wire.CANCEL, "queued"), (wire.CANCEL, "running")}
     ends = {}
@@ -734,7 +670,7 @@ def test_spawned_executors_serve_runs(daemons, peer, fake_executor):
     assert status.exit_code == 0
     assert len(d.executor_pids()) == 2
     cmdline = psutil.Process(d.executor_pids()[0]).cmdline()
-    assert cmdline[cmdline.index("--hide") + 1] == d.rt.path
+    assert cmdline[cmdline.index("--hide") + 1] == d.runtime.path
     assert "--die-with-parent" in cmdline
 
 
@@ -784,7 +720,7 @@ def test_executor_crashing_at_start_is_restarted_with_backoff(daemons, peer, fak
     fe = frontend(peer)
     fe.send(wire.RUN, "waits", run_request("echo"))
     fe.nothing(0.5)
-    assert d.stop() == 0
+    assert d.terminate() == 0
     _, status, _ = fe.expect(wire.EXIT, "waits")
     assert "shut down" in status.error
 
@@ -797,7 +733,7 @@ def test_shutdown_stops_executors_and_forwards_their_last_exits(daemons, peer, f
     fe.expect(wire.STARTED, "s", timeout=20)
     wait_for(lambda: len(d.executor_pids()) == 2, 20, "two executors")
     pids = d.executor_pids()
-    assert d.stop() == 0
+    assert d.terminate() == 0
     _, status, _ = fe.expect(wire.EXIT, "s")
     assert status.aborted and status.signal == 15 and status.error is None
     assert not any(psutil.pid_exists(p) for p in pids)
@@ -811,7 +747,7 @@ def test_shutdown_kills_executors_that_ignore_sigterm(daemons, peer, fake_execut
     fe.expect(wire.STARTED, "s", timeout=20)
     pids = d.executor_pids()
     t0 = time.monotonic()
-    assert d.stop() == 0
+    assert d.terminate() == 0
     assert 2.5 < time.monotonic() - t0 < 6
     _, status, _ = fe.expect(wire.EXIT, "s")
     assert "killed by signal 9" in status.error
@@ -819,11 +755,6 @@ def test_shutdown_kills_executors_that_ignore_sigterm(daemons, peer, fake_execut
 
 
 # ------------------------------------------------------ the real executor
-
-
-needs_executor = pytest.mark.skipif(
-    not (REPO / "executor" / "__main__.py").exists(), reason="python -m executor is not there yet"
-)
 
 
 def real_run(fe: Dealer, corr: str, *argv: str, timeout: float = 20.0):
@@ -847,7 +778,6 @@ def real_run(fe: Dealer, corr: str, *argv: str, timeout: float = 20.0):
             raise AssertionError(f"unexpected {head}: {frames}")
 
 
-@needs_executor
 @pytest.mark.timeout(60)
 def test_real_executor_runs_a_command(daemons, peer):
     daemons(1)
@@ -857,7 +787,6 @@ def test_real_executor_runs_a_command(daemons, peer):
     assert status.exit_code == 0 and b"sluice-ok" in out
 
 
-@needs_executor
 @pytest.mark.timeout(60)
 def test_real_executor_killed_mid_command_fails_the_call_within_a_second(daemons, peer):
     d = daemons(1)

@@ -3,7 +3,10 @@ waiting for a condition with a deadline.
 
 - :class:`DaemonFactory` / :func:`daemons`: ``start(executors=None, args=(), env=None)``
   gives a :class:`DaemonHandle`; every daemon started is stopped at the end, and a daemon
-  whose processes (executors, sandboxed commands) outlive it fails the test.
+  whose processes (executors, sandboxed commands) outlive it fails the test. The daemon's
+  own tests start it their way (``argv``), in a runtime dir they share between daemons
+  (``runtime``), without waiting for it (``ready=False``), and check how it stops
+  (:meth:`DaemonHandle.terminate`). The benchmarks use the same (tests/bench/common.py).
 - :func:`short_tempdir`: a dir under /tmp (an ipc socket path must fit in ~107 bytes;
   pytest's ``tmp_path`` is too deep), removed at the session's end.
 - :func:`wait_for`: poll a condition until it holds, or fail after a deadline; never a
@@ -104,6 +107,13 @@ def _descendants(pid: int) -> list[psutil.Process]:
         return []
 
 
+def _children(pid: int) -> list[psutil.Process]:
+    try:
+        return psutil.Process(pid).children()
+    except psutil.Error:
+        return []
+
+
 def _gone(procs: list[psutil.Process], timeout: float) -> list[psutil.Process]:
     """Those of ``procs`` still alive (and not zombies) after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
@@ -165,6 +175,27 @@ class DaemonHandle:
         """Our environment pointed at this daemon, for child processes such as the CLI."""
         return subprocess_env(self.runtime)
 
+    def executor_pids(self) -> list[int]:
+        """The executors the daemon runs (its children that were given the token file)."""
+        pids = []
+        for child in _children(self.proc.pid):
+            with contextlib.suppress(psutil.Error):
+                if "--token-file" in child.cmdline() and child.status() != psutil.STATUS_ZOMBIE:
+                    pids.append(child.pid)
+        return pids
+
+    def terminate(self, timeout: float = 10.0) -> int:
+        """SIGTERM the daemon and return its exit status; a daemon that ignores SIGTERM is
+        killed and fails the test."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            raise AssertionError(f"daemon ignored SIGTERM:\n{self.log()}") from None
+
     def stop(self) -> list[psutil.Process]:
         """SIGTERM the daemon, wait; returns processes of its tree that outlived it (killed)."""
         for c in self._clients:
@@ -194,21 +225,28 @@ class DaemonFactory:
         self.handles: list[DaemonHandle] = []
         self.dirs: list[str] = []
 
-    def start(self, executors: int | None = None, args=(), env: dict[str, str] | None = None) -> DaemonHandle:
+    def start(self, executors: int | None = None, args=(), env: dict[str, str] | None = None, *,
+              runtime: RuntimeDir | None = None, argv: list[str] | None = None, ready: bool = True) -> DaemonHandle:
+        """A daemon (``python -m broker daemon``, or ``argv``) in a runtime dir of its own, or
+        in ``runtime`` (which several daemons may then share: each has its own log);
+        with ``ready``, once it answers a client."""
         path = short_tempdir()
         self.dirs.append(path)
-        runtime = RuntimeDir(path)
+        runtime = runtime or RuntimeDir(path)
         child_env = subprocess_env(runtime, **(env or {}))
-        argv = [sys.executable, "-m", "broker", "daemon", *args]
-        if executors is not None:
-            argv += ["--executors", str(executors)]
+        child_env.pop("SLUICE_LOG_LEVEL", None)  # tests read the daemon's info lines
+        if argv is None:
+            argv = [sys.executable, "-m", "broker", "daemon", *args]
+            if executors is not None:
+                argv += ["--executors", str(executors)]
         log_path = os.path.join(path, "fixture.log")
         with open(log_path, "ab") as log:
             proc = subprocess.Popen(argv, env=child_env, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                                     cwd="/", start_new_session=True, preexec_fn=_die_with_us)
         handle = DaemonHandle(runtime, proc, child_env, log_path)
         self.handles.append(handle)
-        wait_ready(handle)
+        if ready:
+            wait_ready(handle)
         return handle
 
     def stop_all(self) -> list[str]:
