@@ -4,7 +4,7 @@ Synchronous and single-threaded: nothing happens behind your back. The socket is
 while you wait (:meth:`Client.wait`, :meth:`Client.wait_all`, :meth:`Client.run`) or
 when you call :meth:`Client.poll`; output callbacks run from inside those calls::
 
-    from broker.client.connection import Client
+    from broker.client import Client
 
     with Client.connect() as client:          # starts a daemon if none is running
         result = client.run(["make", "-j2"], on_output=lambda call, stream, chunk: ...)

@@ -2,7 +2,7 @@
 
 ::
 
-    from broker.client.connection import Client
+    from broker.client import Client
     from broker.wire.protocol import ConfigureSession, TextInput, UserInput
 
     with Client.connect(name="my tool") as client:
