@@ -51,11 +51,11 @@ def die_with_parent() -> None:
 async def serve(endpoint: str, token_file: str, name: str) -> int:
     # Imported once the process is tied to its parent (die_with_parent): a daemon that
     # dies while the agent starts must not leave it loading.
+    import structlog
+
     from agent.broker_link import BrokerLink, LinkError, Target
     from agent.exec_runner import BrokerRunner
     from agent.host import SessionHost
-
-    import structlog
 
     log = structlog.get_logger("agent")
     target = Target(endpoint, token_file)

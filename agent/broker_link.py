@@ -28,9 +28,9 @@ import structlog
 import zmq
 
 from broker.net import peer
-from broker.wire import frames as wire
 from broker.net.runtime import RuntimeDir
 from broker.net.zloop import ZSocket
+from broker.wire import frames as wire
 
 log = structlog.get_logger("agent.broker_link")
 

@@ -83,8 +83,8 @@ from broker.wire.protocol import (
     WireApi,
     parse_approval_policy,
 )
-from landlock_helper.policy import MODES, SandboxPolicy
 from landlock_helper.env import INHERIT_CHOICES, ShellEnvironmentPolicy
+from landlock_helper.policy import MODES, SandboxPolicy
 
 CONFIG_FILE_NAME = "config.toml"
 DEFAULT_MODEL = "gpt-5"

@@ -39,10 +39,10 @@ import structlog
 import zmq
 
 from agent.broker_link import BrokerLink, LinkError
-from broker.wire import frames as wire
-from broker.wire.results import new_call_id
-from broker.wire.protocol import ExecOutputStream, SandboxPolicy
 from broker.net.runtime import RuntimeDir
+from broker.wire import frames as wire
+from broker.wire.protocol import ExecOutputStream, SandboxPolicy
+from broker.wire.results import new_call_id
 from landlock_helper.env import filter_env
 
 log = structlog.get_logger("agent.exec_runner")

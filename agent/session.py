@@ -96,7 +96,7 @@ from broker.wire.protocol import (
     TurnAbortReason,
     UserInput,
 )
-from landlock_helper.policy import DiskWriteFolder, SandboxPolicy, WRITE_FOLDER
+from landlock_helper.policy import WRITE_FOLDER, DiskWriteFolder, SandboxPolicy
 
 log = structlog.get_logger("agent.session")
 

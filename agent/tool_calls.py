@@ -76,7 +76,6 @@ from agent.tools import (
     parse_shell_arguments,
     shell_params_from_local_call,
 )
-from broker.wire.results import new_call_id, EXIT_INTERRUPTED
 from broker.wire.protocol import (
     AgentMessageEvent,
     AgentReasoningEvent,
@@ -93,6 +92,7 @@ from broker.wire.protocol import (
     PatchApplyEndEvent,
     ReviewDecision,
 )
+from broker.wire.results import EXIT_INTERRUPTED, new_call_id
 
 if TYPE_CHECKING:
     from agent.session import AgentTask, Session

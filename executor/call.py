@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING
 import structlog
 
 from broker.wire import frames as wire
+from broker.wire.results import EXIT_TIMED_OUT
 from executor.capture import Capture
 from landlock_helper import filter_env
 from landlock_helper.spawn import SandboxError
-from broker.wire.results import EXIT_TIMED_OUT
 
 if TYPE_CHECKING:
     from executor.worker import Worker

@@ -28,9 +28,9 @@ import zmq
 from zmq.utils.monitor import parse_monitor_message
 
 from broker.net import peer
-from broker.wire import frames as wire
 from broker.net.logging import Throttle
 from broker.net.zloop import ZSocket
+from broker.wire import frames as wire
 from executor.call import Call, one_line
 from executor.errors import StartupError
 

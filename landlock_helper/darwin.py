@@ -13,8 +13,8 @@ import os
 import select
 import signal
 
-from landlock_helper.seatbelt import seatbelt_argv
 from landlock_helper.outcome import Outcome, SandboxError
+from landlock_helper.seatbelt import seatbelt_argv
 
 
 class SeatbeltProcess:

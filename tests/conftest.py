@@ -27,12 +27,20 @@ import os
 import shutil
 
 import psutil
-
 import pytest
 
 from broker.net.runtime import RuntimeDir
 from tests.support.fake_model import FakeModelServer
-from tests.support.harness import TEMPDIRS, describe_process, processes_using, DaemonHandle, daemons, short_tempdir, sluice_argv, stop_runtime_daemon
+from tests.support.harness import (
+    TEMPDIRS,
+    DaemonHandle,
+    daemons,
+    describe_process,
+    processes_using,
+    short_tempdir,
+    sluice_argv,
+    stop_runtime_daemon,
+)
 from tests.support.sandbox_harness import as_user, nobody_env, open_tmp, outside, workdir  # noqa: F401 (fixtures)
 
 

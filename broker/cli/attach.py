@@ -44,10 +44,11 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from broker.wire import frames as wire
 from broker.cli.base import CliExit, connect_client, print_error, write_all
-from broker.client import daemon_status, DaemonError, Interrupted
-from broker.client import SessionError
+from broker.cli.render import APPROVAL_PROMPT, HumanRenderer, JsonRenderer, describe_approval, parse_approval_answer
+from broker.cli.turns import APPROVAL_REQUESTS, TURN_EVENTS, approval_answer, isatty, tag_of, turn_end
+from broker.client import DaemonError, Interrupted, SessionError, daemon_status
+from broker.wire import frames as wire
 from broker.wire.protocol import (
     ErrorEvent,
     Event,
@@ -56,9 +57,15 @@ from broker.wire.protocol import (
     UserInput,
     decode_submission_json,
 )
-from broker.cli.turns import APPROVAL_REQUESTS, TURN_EVENTS, approval_answer, isatty, tag_of, turn_end
-from broker.cli.render import APPROVAL_PROMPT, HumanRenderer, JsonRenderer, describe_approval, parse_approval_answer
-from broker.wire.results import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_NOT_RUNNING, EXIT_OK, EXIT_SIGNAL_BASE, EXIT_SLUICE, EXIT_USAGE
+from broker.wire.results import (
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_NOT_RUNNING,
+    EXIT_OK,
+    EXIT_SIGNAL_BASE,
+    EXIT_SLUICE,
+    EXIT_USAGE,
+)
 
 if TYPE_CHECKING:
     from broker.client import Client

@@ -63,9 +63,9 @@ from broker.wire.protocol import (
     UserInput,
     parse_approval_policy,
 )
-from landlock_helper.policy import SandboxPolicy
-from landlock_helper.env import describe_dropped
 from broker.wire.results import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_SIGNAL_BASE, EXIT_USAGE
+from landlock_helper.env import describe_dropped
+from landlock_helper.policy import SandboxPolicy
 
 # How long to wait for the session to shut down (rollout flushed) after the task.
 SHUTDOWN_WAIT_S = 5.0

@@ -17,8 +17,8 @@ from __future__ import annotations
 import os
 
 from broker.cli.base import CliExit, print_error
-from broker.wire.results import EXIT_USAGE
 from broker.net.keys import default_keys_dir
+from broker.wire.results import EXIT_USAGE
 
 
 def add_keys_parser(sub) -> None:

@@ -27,13 +27,13 @@ import shlex
 from broker.cli.base import write_all
 from broker.wire.protocol import (
     AddFileChange,
-    ApplyPatchApprovalRequestEvent,
-    ApprovalResolvedEvent,
     AgentMessageDeltaEvent,
     AgentMessageEvent,
     AgentReasoningDeltaEvent,
     AgentReasoningEvent,
     AgentReasoningRawContentEvent,
+    ApplyPatchApprovalRequestEvent,
+    ApprovalResolvedEvent,
     BackgroundEventEvent,
     DeleteFileChange,
     ErrorEvent,

@@ -43,7 +43,7 @@ from collections.abc import Callable, Iterable, Mapping
 import msgspec
 import zmq
 
-from broker.client.control import daemon_pid, one_line, wait_serving, start_daemon
+from broker.client.control import daemon_pid, one_line, start_daemon, wait_serving
 from broker.client.errors import DaemonError, Interrupted, UsageError
 from broker.client.handshake import hello
 from broker.client.requests import make_request

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import contextlib
-import signal
 import os
+import signal
 import stat
 import sys
 import time

@@ -44,10 +44,10 @@ import zmq
 from zmq.utils import z85
 from zmq.utils.monitor import parse_monitor_message
 
-from broker.net.logging import Throttle
 from broker.net.keys import KeyFileError, load_public_key, load_secret_key
-from broker.wire.frames import ROLE_EXECUTOR, ROLE_FRONTEND
+from broker.net.logging import Throttle
 from broker.net.zloop import ZSocket
+from broker.wire.frames import ROLE_EXECUTOR, ROLE_FRONTEND
 
 __all__ = ["ROLES_PROPERTY", "ZAP_DOMAIN", "AllowList", "HandshakeLog", "Listen", "ListenError", "ZapHandler",
            "bind_listener", "check_allow_dir", "listener_socket"]

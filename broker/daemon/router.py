@@ -38,11 +38,11 @@ from typing import Protocol
 import structlog
 import zmq
 
-from broker.wire import frames as wire
+from broker.daemon.listener import ALLOW_FLAGS, ROLES_PROPERTY
+from broker.daemon.sessions import Sessions
 from broker.net.logging import Throttle
 from broker.net.peer import DEAD_AFTER_HEARTBEATS, HELLO_FIRST
-from broker.daemon.sessions import Sessions
-from broker.daemon.listener import ALLOW_FLAGS, ROLES_PROPERTY
+from broker.wire import frames as wire
 
 log = structlog.get_logger(component="router")
 

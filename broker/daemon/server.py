@@ -35,17 +35,25 @@ import stat
 import structlog
 import zmq
 
-from broker.wire import frames as wire
-from broker.daemon.listener import AllowList, HandshakeLog, ZapHandler, bind_listener, listener_socket
-from broker.net.keys import default_keys_dir
-from broker.net.runtime import hidden_paths
 from broker.daemon.journal import reset_directory
-from broker.net.logging import Throttle, configure
+from broker.daemon.listener import AllowList, HandshakeLog, ZapHandler, bind_listener, listener_socket
 from broker.daemon.router import HEARTBEAT_S, REMOTE, Router
-from broker.net.peer import DEAD_AFTER_HEARTBEATS
-from broker.net.runtime import RuntimeDir, RuntimeDirError, ensure_sluice_home, open_reused, read_file, remove, write_new
 from broker.daemon.supervisor import AgentSupervisor, ExecutorPool
+from broker.net.keys import default_keys_dir
+from broker.net.logging import Throttle, configure
+from broker.net.peer import DEAD_AFTER_HEARTBEATS
+from broker.net.runtime import (
+    RuntimeDir,
+    RuntimeDirError,
+    ensure_sluice_home,
+    hidden_paths,
+    open_reused,
+    read_file,
+    remove,
+    write_new,
+)
 from broker.net.zloop import ZSocket
+from broker.wire import frames as wire
 
 __all__ = ["DaemonAlreadyRunning", "RuntimeDirError", "serve"]
 

@@ -70,10 +70,10 @@ from typing import TYPE_CHECKING, Protocol
 import msgspec
 import structlog
 
-from broker.wire import frames as wire
-from broker.wire.protocol import NO_SESSION, ApprovalResolvedEvent, ErrorEvent, Event, ReviewDecision, encode_msgpack
 from broker.daemon.journal import Journal
 from broker.net.logging import Throttle
+from broker.wire import frames as wire
+from broker.wire.protocol import NO_SESSION, ApprovalResolvedEvent, ErrorEvent, Event, ReviewDecision, encode_msgpack
 
 if TYPE_CHECKING:
     from broker.daemon.router import Peer, Router

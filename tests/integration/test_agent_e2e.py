@@ -16,7 +16,6 @@ from broker.wire.protocol import (
     ReviewDecision,
 )
 from landlock_helper.policy import SandboxPolicy
-from tests.support.harness import live_processes
 from tests.support.fake_model import (
     FakeModelServer,
     Harness,
@@ -26,6 +25,7 @@ from tests.support.fake_model import (
     response,
     tag,
 )
+from tests.support.harness import live_processes
 
 pytestmark = pytest.mark.timeout(90)
 

@@ -22,10 +22,9 @@ from pathlib import Path
 import pytest
 import zmq
 
+from broker.client import Client, SessionError
 from broker.daemon import sessions as broker_sessions
 from broker.wire import frames as wire
-from broker.client import Client
-from broker.client import SessionError
 from broker.wire.protocol import (
     AskForApproval,
     ExecApproval,
@@ -35,8 +34,8 @@ from broker.wire.protocol import (
     UserInput,
     encode_msgpack,
 )
-from tests.support.harness import daemons, short_tempdir
 from tests.support.fake_model import assistant, call, gated, response
+from tests.support.harness import daemons, short_tempdir
 from tests.support.sessions import collect, configure_op, tag
 
 pytestmark = pytest.mark.timeout(60)

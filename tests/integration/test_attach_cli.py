@@ -22,9 +22,9 @@ import psutil
 import pytest
 
 from broker.wire.protocol import ExecApproval, ReviewDecision, TextInput, UserInput
-from tests.support.harness import daemons, short_tempdir, sluice_argv, subprocess_env, wait_for
 from tests.support.fake_model import assistant, call, gated, response, user_item
 from tests.support.frontends import Frontends, JsonLines, configure_op, json_events, submission_line, tag
+from tests.support.harness import daemons, short_tempdir, sluice_argv, subprocess_env, wait_for
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -13,9 +13,9 @@ import time
 import pytest
 
 from broker.wire.protocol import Shutdown, TextInput, UserInput
-from tests.support.harness import daemons, short_tempdir
 from tests.support.fake_model import assistant, response, user_item
 from tests.support.frontends import Frontends, JsonLines, configure_op, json_events, submission_line, tag
+from tests.support.harness import daemons, short_tempdir
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -10,8 +10,8 @@ import time
 import psutil
 import pytest
 
+from broker.client import Client, DaemonError, Interrupted, Result, UsageError, daemon_status, make_request, stop_daemon
 from broker.wire import frames as wire
-from broker.client import Client, daemon_status, DaemonError, Interrupted, make_request, Result, stop_daemon, UsageError
 from tests.support.harness import live_processes, wait_for
 
 

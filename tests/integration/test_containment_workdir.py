@@ -49,7 +49,6 @@ from broker.wire.protocol import (
     WireApi,
 )
 from landlock_helper.policy import SandboxPolicy
-from tests.support.harness import daemons, short_tempdir
 from tests.support.fake_model import (
     FakeModelServer,
     FakeRunner,
@@ -61,6 +60,7 @@ from tests.support.fake_model import (
     response,
     tag,
 )
+from tests.support.harness import daemons, short_tempdir
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -24,13 +24,12 @@ import psutil
 import pytest
 import zmq
 
-from broker.wire import frames as wire
-from landlock_helper.policy import SandboxPolicy
 from broker.daemon.server import DaemonAlreadyRunning, serve
 from broker.net.runtime import RuntimeDir
+from broker.wire import frames as wire
+from landlock_helper.policy import SandboxPolicy
 from tests.support.harness import daemons as harness_daemons
 from tests.support.harness import wait_for
-
 
 DAEMON_SCRIPT = textwrap.dedent(
     """

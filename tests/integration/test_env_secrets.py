@@ -22,8 +22,8 @@ import pytest
 
 from broker.wire.protocol import decode_event_json
 from landlock_helper.env import is_secret
-from tests.support.harness import daemons, short_tempdir, sluice_argv, subprocess_env, wait_for
 from tests.support.fake_model import FakeModelServer, assistant, call, response
+from tests.support.harness import daemons, short_tempdir, sluice_argv, subprocess_env, wait_for
 
 pytestmark = [
     pytest.mark.timeout(90),

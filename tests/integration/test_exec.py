@@ -24,21 +24,22 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.support.harness import daemons, live_processes, short_tempdir, sluice_argv, subprocess_env
 from tests.support.fake_model import (
     FakeModelServer,
     assistant,
     call,
+    chat_chunk,
     gated,
     outputs_of,
     response,
     sse,
     sse_frame,
     status,
+    tag,
     user_item,
 )
-from tests.support.fake_model import chat_chunk, tag
 from tests.support.frontends import json_events
+from tests.support.harness import daemons, live_processes, short_tempdir, sluice_argv, subprocess_env
 
 pytestmark = pytest.mark.timeout(60)
 

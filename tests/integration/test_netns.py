@@ -19,7 +19,15 @@ import uuid
 import pytest
 
 from broker.client import Client
-from tests.support.harness import DaemonHandle, wait_ready, daemons, short_tempdir, sluice_argv, subprocess_env, wait_for
+from tests.support.harness import (
+    DaemonHandle,
+    daemons,
+    short_tempdir,
+    sluice_argv,
+    subprocess_env,
+    wait_for,
+    wait_ready,
+)
 from tests.support.remote_helpers import (
     connect_args,
     kill_tree,

@@ -19,9 +19,9 @@ import time
 import pytest
 import zmq
 
-from broker.wire import frames as wire
 from broker.client import Client
 from broker.net.keys import Remote, load_public_key
+from broker.wire import frames as wire
 from tests.support.harness import daemons, short_tempdir, subprocess_env, wait_for
 from tests.support.remote_helpers import (
     connect_args,

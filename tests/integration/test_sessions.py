@@ -24,9 +24,9 @@ from broker.wire.protocol import (
     TextInput,
     UserInput,
 )
+from tests.support.fake_model import FakeModelServer, assistant, call, gated, response, user_item
 from tests.support.harness import daemons, short_tempdir
 from tests.support.sessions import collect, configure_op, tag
-from tests.support.fake_model import FakeModelServer, assistant, call, gated, response, user_item
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -41,7 +41,6 @@ from broker.wire.protocol import (
 )
 from landlock_helper.policy import SandboxPolicy
 
-
 # -- the scripted server --------------------------------------------------------------
 
 Step = Callable[[BaseHTTPRequestHandler], None]

@@ -19,8 +19,8 @@ import sys
 import zlib
 
 from broker.client import Client
-from broker.wire.protocol import encode_msgpack
 from broker.net.runtime import RuntimeDir
+from broker.wire.protocol import encode_msgpack
 
 EVENT_TIMEOUT_S = 60.0
 

@@ -19,9 +19,10 @@ import pytest
 
 from agent.instructions import PROJECT_DOC_SEPARATOR
 from agent.rollout import read_rollout
-from broker.wire.protocol import NO_SESSION, TURN_INTERRUPTED
 from agent.turn import COMPACT_DONE, START_SUMMARIZATION, SUMMARIZATION_PROMPT
 from broker.wire.protocol import (
+    NO_SESSION,
+    TURN_INTERRUPTED,
     AddToHistory,
     AskForApproval,
     Compact,
@@ -40,6 +41,8 @@ from broker.wire.protocol import (
 from landlock_helper.policy import SandboxPolicy
 from tests.support.fake_model import (
     SESSION_API_KEY as API_KEY,
+)
+from tests.support.fake_model import (
     FakeExec,
     FakeRunner,
     Harness,

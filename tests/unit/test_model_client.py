@@ -33,7 +33,7 @@ from agent.model_client import (
     format_delay,
     retry_message,
 )
-from agent.sse import SSEDecoder, ServerSentEvent
+from agent.sse import ServerSentEvent, SSEDecoder
 from broker.wire.protocol import ModelProviderInfo, TokenCountEvent, WireApi
 from tests.support.fake_model import FakeModelServer, chat_chunk, sse, sse_frame, status
 

@@ -20,6 +20,7 @@ from broker.wire.protocol import (
     AgentReasoningRawContentDeltaEvent,
     AgentReasoningRawContentEvent,
     ApplyPatchApprovalRequestEvent,
+    ApprovalResolvedEvent,
     AskForApproval,
     BackgroundEventEvent,
     CallToolResult,
@@ -56,7 +57,6 @@ from broker.wire.protocol import (
     SessionConfiguredEvent,
     Shutdown,
     ShutdownCompleteEvent,
-    ApprovalResolvedEvent,
     StepStatus,
     Submission,
     TaskCompleteEvent,
@@ -77,8 +77,8 @@ from broker.wire.protocol import (
     encode_msgpack,
     parse_approval_policy,
 )
-from landlock_helper.policy import DiskWriteFolder, SandboxPermission, SandboxPolicy
 from landlock_helper import policy as landlock_policy
+from landlock_helper.policy import DiskWriteFolder, SandboxPermission, SandboxPolicy
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -9,11 +9,18 @@ shows of the reasoning is tested through the real daemon in tests/integration/te
 from __future__ import annotations
 
 import asyncio
+
 import pytest
 
 from agent.config import ConfigError, load_config
 from agent.model_client import reasoning_param
-from broker.wire.protocol import ConfigureSession, ReasoningEffort, ReasoningSummary, decode_submission_json, encode_json
+from broker.wire.protocol import (
+    ConfigureSession,
+    ReasoningEffort,
+    ReasoningSummary,
+    decode_submission_json,
+    encode_json,
+)
 from tests.support.fake_model import FakeRunner, Harness, assistant, response, sse, sse_frame
 
 pytestmark = pytest.mark.timeout(60)

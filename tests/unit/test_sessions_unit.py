@@ -18,8 +18,9 @@ import pytest
 import zmq
 
 from broker.daemon import sessions as sessions_module
-from broker.wire import frames as wire
 from broker.daemon.journal import Journal
+from broker.daemon.router import IDLE_PING_EVERY, Router
+from broker.wire import frames as wire
 from broker.wire.protocol import (
     AgentMessageDeltaEvent,
     AskForApproval,
@@ -41,7 +42,6 @@ from broker.wire.protocol import (
     encode_msgpack,
 )
 from landlock_helper.policy import SandboxPolicy
-from broker.daemon.router import IDLE_PING_EVERY, Router
 
 pytestmark = pytest.mark.timeout(60)
 
