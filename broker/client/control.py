@@ -13,7 +13,15 @@ from dataclasses import dataclass
 
 from broker.client.errors import DaemonError
 from broker.client.handshake import hello
-from broker.net.runtime import RuntimeDir, RuntimeDirError, RuntimeDirMissing, open_reused, read_file, without_secrets
+from broker.net.runtime import (
+    RuntimeDir,
+    RuntimeDirError,
+    RuntimeDirMissing,
+    open_reused,
+    read_file,
+    with_source_root,
+    without_secrets,
+)
 from broker.wire import frames as wire
 
 
@@ -64,9 +72,7 @@ def start_daemon(
     # The caller's secrets (an API key exported for `sluice exec`) stay out of the daemon.
     env = without_secrets()
     env["SLUICE_RUNTIME_DIR"] = runtime.path
-    # Run the same code as this client, installed or not.
-    src = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    with_source_root(env)  # the same code as this client, installed or not
     try:
         log_fd = open_reused(dir_fd, "daemon.log", os.O_WRONLY | os.O_APPEND, shown=runtime.log_path)
     except RuntimeDirError as e:

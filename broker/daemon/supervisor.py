@@ -27,7 +27,7 @@ from collections.abc import Callable
 
 import structlog
 
-from broker.net.runtime import RuntimeDir, without_secrets
+from broker.net.runtime import RuntimeDir, with_source_root, without_secrets
 
 log = structlog.get_logger(component="supervisor")
 
@@ -41,10 +41,6 @@ BACKOFF_MAX_S = 5.0
 # A spawned child that has not said hello by then is killed and replaced.
 HELLO_TIMEOUT_S = 20.0
 
-# The checkout this broker was imported from, so ``-m executor`` finds the matching code
-# even when sluice is run from a source tree rather than installed.
-_SOURCE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
 
 def describe_status(returncode: int) -> str:
     if returncode < 0:
@@ -55,10 +51,7 @@ def describe_status(returncode: int) -> str:
 def child_env(environ: dict[str, str] | None = None) -> dict[str, str]:
     """The environment for a child: ours minus secret-looking names (sluice's own kept),
     with this checkout on PYTHONPATH."""
-    env = without_secrets(environ)
-    path = env.get("PYTHONPATH")
-    env["PYTHONPATH"] = _SOURCE_ROOT + (os.pathsep + path if path else "")
-    return env
+    return with_source_root(without_secrets(environ))
 
 
 class Worker:

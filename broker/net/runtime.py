@@ -59,6 +59,18 @@ def without_secrets(environ: Mapping[str, str] | None = None) -> dict[str, str]:
     }
 
 
+# The checkout sluice runs from (the directory holding the ``broker`` package), so that the
+# processes it starts (a daemon, executors, the agent) run the same code, installed or not.
+SOURCE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def with_source_root(env: dict[str, str]) -> dict[str, str]:
+    """``env`` with :data:`SOURCE_ROOT` first on its PYTHONPATH (changed in place, returned)."""
+    path = env.get("PYTHONPATH")
+    env["PYTHONPATH"] = SOURCE_ROOT + (os.pathsep + path if path else "")
+    return env
+
+
 def sluice_home() -> str:
     """``$SLUICE_HOME``, else ``~/.sluice``: config, sessions (rollouts), history, keys."""
     explicit = os.environ.get("SLUICE_HOME")

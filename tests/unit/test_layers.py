@@ -190,3 +190,15 @@ def test_the_checker_sees_a_wrong_way_import(tmp_path):
     assert targets == {"broker.wire.frames"}
     assert layer_of("broker.cli.main") == "cli" and layer_of("broker.wire.frames") == "wire"
     assert layer_of("broker") == "broker" and layer_of("agent.session") == "agent"
+
+
+def test_the_source_root_holds_the_packages():
+    """The processes sluice starts get this directory on PYTHONPATH: it must be the
+    checkout's root (the modules moved deeper once, and the path pointed into broker/)."""
+    from broker.net.runtime import SOURCE_ROOT, with_source_root
+
+    assert pathlib.Path(SOURCE_ROOT) == ROOT
+    for package in PACKAGES:
+        assert (pathlib.Path(SOURCE_ROOT) / package / "__init__.py").exists()
+    assert with_source_root({"PYTHONPATH": "/x"})["PYTHONPATH"] == f"{SOURCE_ROOT}:/x"
+    assert with_source_root({})["PYTHONPATH"] == SOURCE_ROOT
