@@ -84,6 +84,7 @@ import structlog
 from agent.chat_completions import ChatStreamAssembler, chat_messages, chat_tools
 from agent.config import ResolvedProvider
 from agent.sse import ServerSentEvent, SSEDecoder
+from broker.wire.frames import one_line
 from broker.wire.protocol import TokenCountEvent, WireApi
 
 log = structlog.get_logger("agent.model_client")
@@ -597,11 +598,6 @@ def _error_message(body: str) -> tuple[str, str | None]:
             message = error.get("message") or error.get("detail") or ""
             return one_line(str(message)), (str(code) if code else None)
     return one_line(body), None
-
-
-def one_line(text: str, limit: int = 500) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def _describe(err: httpx.HTTPError) -> str:

@@ -38,12 +38,6 @@ POLL_RETRIES = 400
 CAPTURE_MAX = wire.MAX_MESSAGE_SIZE // 4
 
 
-def one_line(text: object) -> str:
-    """Messages travel to a person as one line."""
-    s = " ".join(str(text).split())
-    return s or "unknown error"
-
-
 class _Stream:
     """The read end of one output pipe and what it has delivered so far."""
 
@@ -140,11 +134,11 @@ class Call:
                                           sandbox_cwd=os.path.normpath(sandbox_cwd))
         except SandboxError as e:
             _close_all((r_out, r_err))
-            return self._fail(one_line(e))
+            return self._fail(wire.one_line(e) or "unknown error")
         except Exception as e:  # a spawn failure must never take the worker down
             log.exception("spawn failed", corr=self.corr)
             _close_all((r_out, r_err))
-            return self._fail(one_line(f"cannot start command: {e}"))
+            return self._fail(wire.one_line(f"cannot start command: {e}"))
         finally:
             # The child holds its own copies; ours would keep the pipes from EOF.
             _close_all((w_out, w_err))
@@ -269,7 +263,7 @@ class Call:
         try:
             how()
         except Exception as e:
-            log.warning("signalling the command failed", corr=self.corr, error=one_line(e))
+            log.warning("signalling the command failed", corr=self.corr, error=wire.one_line(e))
 
     def _on_done_fd(self, fd: int) -> None:
         self._loop.remove_reader(fd)
@@ -305,7 +299,7 @@ class Call:
         try:
             outcome = self.proc.poll()
         except Exception as e:
-            log.warning("poll failed", corr=self.corr, error=one_line(e))
+            log.warning("poll failed", corr=self.corr, error=wire.one_line(e))
             outcome = None
             self._poll_tries = POLL_RETRIES
         if outcome is None:
@@ -363,7 +357,7 @@ class Call:
             try:
                 self.proc.close()
             except Exception as e:
-                log.warning("releasing the sandbox failed", corr=self.corr, error=one_line(e))
+                log.warning("releasing the sandbox failed", corr=self.corr, error=wire.one_line(e))
 
 
 def _discard(parts) -> None:

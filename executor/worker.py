@@ -31,7 +31,7 @@ from broker.net import peer
 from broker.net.logging import Throttle
 from broker.net.zloop import ZSocket
 from broker.wire import frames as wire
-from executor.call import Call, one_line
+from executor.call import Call
 from executor.errors import StartupError
 
 log = structlog.get_logger("executor")
@@ -407,7 +407,7 @@ class Worker:
     def _on_error(self, h: wire.Header, frames) -> None:
         err = self._body(wire.ERROR, frames)
         if not self.joined:
-            return self._fatal(f"the broker refused this executor: {one_line(err.message)}")
+            return self._fatal(f"the broker refused this executor: {wire.one_line(err.message)}")
         if self.remote is not None and err.message == peer.HELLO_FIRST:
             return self._rejoin("the broker no longer knows this executor")
         log.warning("broker reported an error", corr=h.corr, message=err.message)
@@ -461,7 +461,7 @@ class Worker:
             del self.calls[corr]
 
     def _refuse(self, corr: str, message: str) -> None:
-        self.send(wire.message(wire.EXIT, corr, wire.ExitStatus(error=one_line(message))))
+        self.send(wire.message(wire.EXIT, corr, wire.ExitStatus(error=wire.one_line(message) or "unknown error")))
 
     def _on_ack(self, h: wire.Header, frames) -> None:
         call = self.calls.get(h.corr)

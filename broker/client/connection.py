@@ -43,7 +43,7 @@ from collections.abc import Callable, Iterable, Mapping
 import msgspec
 import zmq
 
-from broker.client.control import daemon_pid, one_line, start_daemon, wait_serving
+from broker.client.control import daemon_pid, start_daemon, wait_serving
 from broker.client.errors import DaemonError, Interrupted, UsageError
 from broker.client.handshake import hello
 from broker.client.requests import make_request
@@ -185,7 +185,7 @@ class Client:
                 f"no answer from {remote.endpoint}: is a daemon listening there (`sluice daemon --listen`), "
                 "and is it reachable from here?"
             )
-        raise DaemonError(f"the daemon at {remote.endpoint} refused the connection: {one_line(outcome)}")
+        raise DaemonError(f"the daemon at {remote.endpoint} refused the connection: {wire.one_line(outcome)}")
 
     @classmethod
     def _handshake(cls, runtime: RuntimeDir, deadline: float, name: str = "client") -> Client:
@@ -202,7 +202,7 @@ class Client:
             # A daemon that just restarted may have replaced the token under us: retry once it did.
             if runtime.read_token() != sent_token and time.monotonic() < deadline:
                 continue
-            raise DaemonError(f"the daemon refused the connection: {one_line(outcome)}")
+            raise DaemonError(f"the daemon refused the connection: {wire.one_line(outcome)}")
 
     # -- submitting ---------------------------------------------------------------------
 
@@ -603,7 +603,7 @@ class Client:
                     self._sessions.refuse(h.corr, message)
             else:
                 # Not about one call: the daemon no longer knows us (e.g. it restarted).
-                self._break(DaemonError(f"the daemon reported: {one_line(message)}"))
+                self._break(DaemonError(f"the daemon reported: {wire.one_line(message)}"))
         # pong, welcome and anything newer: nothing to do beyond the liveness stamp.
 
     def _ack(self, call: Call) -> None:

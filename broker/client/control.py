@@ -102,7 +102,7 @@ def start_daemon(
         if outcome is None:
             raise DaemonError(f"the daemon did not answer within {timeout:g} s; see {runtime.log_path}")
         if not isinstance(outcome, wire.Welcome):
-            raise DaemonError(f"the daemon refused the connection: {one_line(outcome)}")
+            raise DaemonError(f"the daemon refused the connection: {wire.one_line(outcome)}")
     return pid
 
 
@@ -284,7 +284,7 @@ def _last_log_line(runtime: RuntimeDir) -> str:
     if tail is None:
         return f"(no log at {runtime.log_path})"
     lines = [ln for ln in tail.decode("utf-8", "replace").splitlines() if ln.strip()]
-    return one_line(lines[-1]) if lines else f"(empty log {runtime.log_path})"
+    return wire.one_line(lines[-1]) if lines else f"(empty log {runtime.log_path})"
 
 
 def _log_tail(runtime: RuntimeDir, size: int = 8192) -> bytes | None:
@@ -308,8 +308,3 @@ def _log_tail(runtime: RuntimeDir, size: int = 8192) -> bytes | None:
         return None
     finally:
         os.close(fd)
-
-
-def one_line(text: str) -> str:
-    text = " ".join(str(text).split())
-    return text if len(text) <= 400 else text[:397] + "..."

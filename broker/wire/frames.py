@@ -311,6 +311,13 @@ _decoders = {
 }
 
 
+def one_line(text: object, limit: int = 500) -> str:
+    """A message for a person, as the wire carries it: one line (runs of whitespace,
+    newlines included, become one space), cut with an ellipsis past ``limit`` characters."""
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
 class WireError(ValueError):
     """A frame that does not decode; never fatal for the receiver."""
 

@@ -102,7 +102,7 @@ def test_keys_new_writes_a_pair_and_refuses_to_overwrite(sluice, base):
 
 
 @pytest.mark.timeout(30)
-def test_daemon_listen_mistakes_areone_line(sluice, keys, base):
+def test_daemon_listen_mistakes_are_one_line(sluice, keys, base):
     env = subprocess_env(SLUICE_RUNTIME_DIR=short_tempdir())
     secret = os.path.join(keys.dir, "daemon.key_secret")
     loose = os.path.join(base, "loose.key_secret")
@@ -165,7 +165,7 @@ def test_unknown_key_is_refused_at_once_and_logged(sluice, keys, net):
 
 
 @pytest.mark.timeout(30)
-def test_wrong_server_key_fails_the_handshake_withone_line(sluice, keys, net):
+def test_wrong_server_key_fails_the_handshake_with_one_line(sluice, keys, net):
     _, endpoint = net
     args = ["--connect", endpoint, "--server-key", os.path.join(keys.dir, "client.key"),
             "--key", os.path.join(keys.dir, "client.key_secret")]

@@ -200,7 +200,7 @@ def test_executors_only_daemon_refuses_frontends_over_tcp(factory, keys, base):
 
 
 @pytest.mark.timeout(60)
-def test_allow_dir_mistakes_are_refused_inone_line(keys, base):
+def test_allow_dir_mistakes_are_refused_in_one_line(keys, base):
     env = subprocess_env(SLUICE_RUNTIME_DIR=short_tempdir(), **_home_env(base))
     secret = os.path.join(keys.dir, "daemon.key_secret")
     listen = ["daemon", "--executors", "0", "--listen", "tcp://127.0.0.1:1", "--key", secret]
