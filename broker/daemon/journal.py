@@ -17,7 +17,11 @@ newest events and the readable range is always one contiguous ``[first_seq, last
 
 Appends are buffered in memory and written in blocks (and before every read), so the
 broker's loop pays a memcpy per event, not a syscall. A read seeks through a sparse
-index (one offset per :data:`INDEX_EVERY` records) and reads with ``pread``.
+index (one offset per :data:`INDEX_EVERY` records) and reads with ``pread``. A segment
+is open only while it is written or read: a daemon hosting a thousand idle sessions
+holds no descriptor for them (descriptors are what a flood of connections runs out of).
+Reopening goes through the directory's descriptor with ``O_NOFOLLOW`` and must find the
+file it made (same device and inode), or the journal turns itself off.
 
 Disk trouble (full, unwritable) never reaches the caller: the journal logs once, deletes
 what it wrote and turns itself off; ``first_seq`` then says nothing is readable, and
@@ -48,13 +52,11 @@ SUFFIX = ".events"
 
 
 class _Segment:
-    __slots__ = ("path", "fd", "ident", "first_seq", "last_seq", "size", "index")
+    __slots__ = ("path", "ident", "first_seq", "last_seq", "size", "index")
 
-    def __init__(self, path: str, fd: int, first_seq: int) -> None:
+    def __init__(self, path: str, ident: tuple[int, int], first_seq: int) -> None:
         self.path = path
-        self.fd = fd
-        st = os.fstat(fd)
-        self.ident = (st.st_dev, st.st_ino)
+        self.ident = ident
         self.first_seq = first_seq
         self.last_seq = first_seq - 1
         # Bytes on disk plus bytes still in the journal's write buffer.
@@ -144,15 +146,31 @@ class Journal:
             # entry, whatever it is, without writing through it.
             os.unlink(path, dir_fd=self._dir_fd)
             fd = os.open(path, flags, 0o600, dir_fd=self._dir_fd)
-        self._segments.append(_Segment(path, fd, first_seq))
+        try:
+            st = os.fstat(fd)
+        finally:
+            os.close(fd)
+        self._segments.append(_Segment(path, (st.st_dev, st.st_ino), first_seq))
         while len(self._segments) > 2:
             self._drop(self._segments.pop(0))
         return self._segments[-1]
 
+    def _open(self, segment: _Segment, flags: int) -> int:
+        """A descriptor of ``segment``'s file, which must still be the one we made."""
+        fd = os.open(segment.path, flags | os.O_CLOEXEC | os.O_NOFOLLOW, dir_fd=self._dir_fd)
+        try:
+            st = os.fstat(fd)
+            if (st.st_dev, st.st_ino) != segment.ident:
+                raise OSError(0, f"{segment.path} was replaced")
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
     def _flush(self) -> None:
         if not self._buffer:
             return
-        fd = self._segments[-1].fd
+        fd = self._open(self._segments[-1], os.O_WRONLY | os.O_APPEND)
         view = memoryview(self._buffer)
         try:
             while view:
@@ -160,6 +178,7 @@ class Journal:
                 view = view[n:]
         finally:
             view.release()
+            os.close(fd)
         self._buffer.clear()
 
     # ---------------------------------------------------------------- reading
@@ -186,6 +205,14 @@ class Journal:
             return []
 
     def _read_segment(self, segment: _Segment, seq: int, max_events: int, max_bytes: int, out: list, taken: int) -> int:
+        fd = self._open(segment, os.O_RDONLY)
+        try:
+            return self._read_from(fd, segment, seq, max_events, max_bytes, out, taken)
+        finally:
+            os.close(fd)
+
+    @staticmethod
+    def _read_from(fd: int, segment: _Segment, seq: int, max_events: int, max_bytes: int, out: list, taken: int) -> int:
         offset = 0
         for entry_seq, entry_offset in segment.index:
             if entry_seq > seq:
@@ -196,13 +223,13 @@ class Journal:
         pos = 0
         while len(out) < max_events and (taken < max_bytes or not out):
             if len(block) - pos < _RECORD.size:
-                block, pos = os.pread(segment.fd, READ_BLOCK, offset), 0
+                block, pos = os.pread(fd, READ_BLOCK, offset), 0
                 if len(block) < _RECORD.size:
                     break
             size, record_seq = _RECORD.unpack_from(block, pos)
             need = _RECORD.size + size
             if len(block) - pos < need:
-                block, pos = os.pread(segment.fd, max(need, READ_BLOCK), offset), 0
+                block, pos = os.pread(fd, max(need, READ_BLOCK), offset), 0
                 if len(block) < need:
                     raise OSError(0, f"record {record_seq} is cut short")
             if record_seq >= seq:
@@ -230,10 +257,6 @@ class Journal:
         self._broken = True
 
     def _drop(self, segment: _Segment, *, delete: bool = True) -> None:
-        try:
-            os.close(segment.fd)
-        except OSError:
-            pass
         if delete:
             try:
                 st = os.stat(segment.path, dir_fd=self._dir_fd, follow_symlinks=False)

@@ -89,3 +89,36 @@ def test_reset_directory(tmp_path):
     os.close(J.reset_directory(str(d)))
     assert sorted(os.listdir(d)) == ["keep.txt"]
     assert (d.stat().st_mode & 0o777) == 0o700
+
+
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc/self/fd to count descriptors")
+def test_idle_journals_hold_no_descriptors(tmp_path):
+    before = _open_fds()
+    journals = [J.Journal(str(tmp_path), f"s{i}", max_bytes=4096) for i in range(300)]
+    for j in journals:
+        for seq in range(1, 120):  # rotates, so each has two segments on disk
+            j.append(seq, b"z" * 40)
+        assert [s for s, _ in j.read(100, 5, 1 << 20)] == [100, 101, 102, 103, 104]
+    assert _open_fds() == before
+    for j in journals:
+        j.close()
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_segment_replaced_under_the_journal_turns_it_off(tmp_path):
+    j = J.Journal(str(tmp_path), "s6")
+    j.append(1, b"a")
+    assert j.read(1, 1, 100) == [(1, b"a")]
+    (name,) = os.listdir(tmp_path)
+    os.rename(tmp_path / name, tmp_path / "moved")  # kept, so its inode is not reused by the link
+    os.symlink("/etc/passwd", tmp_path / name)
+    j.append(2, b"b")
+    assert j.read(1, 10, 100) == []  # the flush before the read found the link: off
+    assert j.first_seq == j.last_seq + 1
+    assert os.readlink(tmp_path / name) == "/etc/passwd"  # a link it did not make is left alone
+    os.unlink(tmp_path / name)
+    os.unlink(tmp_path / "moved")
