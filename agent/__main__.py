@@ -91,9 +91,11 @@ def main(argv: list[str] | None = None) -> int:
             die_with_parent()
         except OSError as err:
             return fail(str(err))
+    from broker.net.fdlimit import raise_fd_limit
     from broker.net.logging import configure
 
     configure()
+    raise_fd_limit()  # a session's files (rollout, history) cost descriptors; hosts may have many
     return asyncio.run(serve(args.connect, args.token_file, args.name))
 
 

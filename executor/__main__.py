@@ -142,6 +142,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m executor", error_
     hide = hidden(args, remote)
     spawner = start_spawner(hide)
 
+    from broker.net.fdlimit import raise_fd_limit
     from broker.net.logging import configure
     from executor.worker import Worker
 
@@ -162,6 +163,8 @@ def main(argv: list[str] | None = None, prog: str = "python -m executor", error_
             spawner.close()
         return fail(str(e))
     configure()
+    # After the zygote's fork: commands keep the limits they were given, only this process's rises.
+    raise_fd_limit()
     name = args.name or f"{socket.gethostname()}:{os.getpid()}"
     worker = Worker(args.connect, token, name=name, slots=args.slots, hidden_paths=hide, spawner=spawner,
                     remote=link)

@@ -33,7 +33,6 @@ have the daemon's public key) are seen through a socket monitor and logged by
 from __future__ import annotations
 
 import asyncio
-import itertools
 import os
 import stat
 import struct
@@ -42,7 +41,6 @@ from dataclasses import dataclass
 import structlog
 import zmq
 from zmq.utils import z85
-from zmq.utils.monitor import parse_monitor_message
 
 from broker.net.keys import KeyFileError, load_public_key, load_secret_key
 from broker.net.logging import Throttle
@@ -65,7 +63,6 @@ HANDSHAKE_IVL_MS = 10_000
 ROLES_PROPERTY = "Sluice-Roles"
 # The roles a network peer can be allowed, and the flag whose directory allows each.
 ALLOW_FLAGS = {ROLE_FRONTEND: "--allow", ROLE_EXECUTOR: "--allow-executors"}
-_monitor_ids = itertools.count(1)
 
 
 class ListenError(ValueError):
@@ -399,23 +396,16 @@ class HandshakeLog:
     """Logs connections to the listener that failed before ZAP was asked (rate-limited).
 
     ZAP refusals are not repeated here: the handler logged them with address and key.
+    The listener's one monitor is the daemon's connection gate
+    (:class:`broker.daemon.gate.ConnectionGate`), which hands :data:`EVENTS` here.
     """
 
-    def __init__(self, sock: zmq.Socket, ctx: zmq.Context, loop: asyncio.AbstractEventLoop) -> None:
-        address = f"inproc://sluice-listener-monitor-{next(_monitor_ids)}"
-        sock.monitor(address, zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
-        pair = ctx.socket(zmq.PAIR)
-        pair.setsockopt(zmq.LINGER, 0)
-        pair.connect(address)
-        self._sock = sock
-        self._throttle = Throttle(log)
-        self._zs = ZSocket(pair, self._on_event, loop)
+    EVENTS = zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
 
-    def _on_event(self, frames: list[zmq.Frame]) -> None:
-        try:
-            event = parse_monitor_message([f.bytes for f in frames])
-        except (RuntimeError, ValueError):
-            return
+    def __init__(self) -> None:
+        self._throttle = Throttle(log)
+
+    def on_event(self, event: dict) -> None:
         code = int(event["value"])
         if event["event"] == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL:
             why = _PROTOCOL_ERRORS.get(code, f"ZMTP protocol error {code:#x}")
@@ -425,10 +415,3 @@ class HandshakeLog:
             return
         self._throttle("warning", "connection refused before authentication", why=why)
         self._throttle.flush()
-
-    def close(self) -> None:
-        try:
-            self._sock.disable_monitor()
-        except zmq.ZMQError:
-            pass
-        self._zs.close()

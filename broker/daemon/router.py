@@ -99,11 +99,33 @@ class _NoSupervisor:
         return False
 
 
+class Gate(Protocol):
+    """What the router needs from whoever counts the connections (:mod:`broker.daemon.gate`)."""
+
+    max_peers: int
+
+    def peer_joined(self, header_frame) -> int | None:
+        """The connection a hello came on is a peer's; returns a handle for :meth:`peer_left`."""
+
+    def peer_left(self, handle: int | None) -> None:
+        """That peer is gone."""
+
+
+class _NoGate:
+    max_peers = 1 << 30
+
+    def peer_joined(self, header_frame) -> int | None:
+        return None
+
+    def peer_left(self, handle: int | None) -> None:
+        pass
+
+
 class Peer:
     """A DEALER that said a good hello. ``calls`` holds the calls it is party to."""
 
     __slots__ = ("identity", "role", "name", "pid", "peer_id", "slots", "calls", "seen", "gone", "handlers", "sessions",
-                 "key")
+                 "key", "connection")
 
     def __init__(self, identity: bytes, hello: wire.Hello, peer_id: str, tick: int, handlers: dict) -> None:
         self.identity = identity
@@ -121,6 +143,8 @@ class Peer:
         self.handlers = handlers
         # A peer that came over the network: its CurveZMQ public key (Z85), as ZAP let it in.
         self.key = ""
+        # The gate's handle of the connection it said hello on.
+        self.connection: int | None = None
 
     @property
     def free(self) -> int:
@@ -157,6 +181,7 @@ class Router:
         supervisor: Supervisor | None = None,
         agent_supervisor=None,
         heartbeat_s: float = HEARTBEAT_S,
+        gate: Gate | None = None,
     ) -> None:
         self._token = token.encode()
         self._defer = defer
@@ -165,6 +190,7 @@ class Router:
         self.agent_supervisor = agent_supervisor
         self.sessions = Sessions(self, agent_supervisor)
         self.heartbeat_s = heartbeat_s
+        self.gate: Gate = gate or _NoGate()
         # Set by the daemon once the socket exists: a non-blocking multipart send.
         self.transport: Callable[[list], None] | None = None
         self.peers: dict[bytes, Peer] = {}
@@ -293,7 +319,14 @@ class Router:
             )
         if hello.role == wire.ROLE_EXECUTOR and hello.slots < 1:
             return self._send_stranger(identity, head.corr, "an executor must offer at least one slot")
+        if len(self.peers) >= self.gate.max_peers:
+            self._throttle("warning", "peer refused: too many peers", peers=len(self.peers), role=hello.role)
+            return self._send_stranger(
+                identity, head.corr,
+                f"the sluice daemon has too many clients connected ({len(self.peers)}); try again when some have left",
+            )
         self._register(identity, hello, head.corr, key)
+        self.peers[identity].connection = self.gate.peer_joined(frames[1])
 
     def _wrong_role(self, identity: bytes, corr: str, hello: wire.Hello, key: str, address: str,
                     allowed: list[str]) -> None:
@@ -478,6 +511,7 @@ class Router:
             return
         del self.peers[peer.identity]
         del self.callers[peer.identity]
+        self.gate.peer_left(peer.connection)
         peer.gone = True
         cancelled = 0
         for call in peer.calls.values():
@@ -500,6 +534,7 @@ class Router:
             return
         del self.peers[peer.identity]
         del self.executors[peer.identity]
+        self.gate.peer_left(peer.connection)
         peer.gone = True
         calls = list(peer.calls.values())
         peer.calls.clear()

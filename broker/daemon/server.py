@@ -35,10 +35,13 @@ import stat
 import structlog
 import zmq
 
+from broker.daemon.gate import ConnectionGate
 from broker.daemon.journal import reset_directory
 from broker.daemon.listener import AllowList, HandshakeLog, ZapHandler, bind_listener, listener_socket
 from broker.daemon.router import HEARTBEAT_S, REMOTE, Router
+from broker.daemon.sessions import max_sessions
 from broker.daemon.supervisor import AgentSupervisor, ExecutorPool
+from broker.net.fdlimit import raise_fd_limit
 from broker.net.keys import default_keys_dir
 from broker.net.logging import Throttle, configure
 from broker.net.peer import DEAD_AFTER_HEARTBEATS
@@ -98,11 +101,12 @@ def serve(runtime: RuntimeDir, *, executors: int | None = None, log_json: bool |
         lock_fd = _take_lock(runtime, dir_fd)
         try:
             configure(log_json)
+            fd_limit = raise_fd_limit()
             # Before any executor starts: hiding it from commands needs it to exist.
             problem = ensure_sluice_home()
             if problem:
                 log.warning(f"{problem}; commands cannot be kept from creating it")
-            daemon = _Daemon(runtime, dir_fd, executors, listen)
+            daemon = _Daemon(runtime, dir_fd, executors, listen, fd_limit)
             try:
                 daemon.bind()
                 return asyncio.run(daemon.run())
@@ -155,8 +159,9 @@ def _journal_dir(runtime: RuntimeDir, dir_fd: int) -> int | None:
 
 
 class _Daemon:
-    def __init__(self, runtime: RuntimeDir, dir_fd: int, executors: int, listen=None) -> None:
+    def __init__(self, runtime: RuntimeDir, dir_fd: int, executors: int, listen=None, fd_limit: int = 1024) -> None:
         self.runtime = runtime
+        self.fd_limit = fd_limit
         # The checked runtime dir; every file in it is opened or removed relative to this.
         self.dir_fd = dir_fd
         # What we made there, (st_dev, st_ino), so that only those are removed at exit.
@@ -257,25 +262,29 @@ class _Daemon:
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, stop.set)
 
-        router = Router(self.token, defer=loop.call_soon)
+        gate = ConnectionGate(self.fd_limit)
+        router = Router(self.token, defer=loop.call_soon, gate=gate)
         pool = ExecutorPool(self.runtime, self.executors, router.executor_died, loop, hide=self._hidden())
         router.supervisor = pool
         agents = AgentSupervisor(self.runtime, router.agent_died, loop)
         router.agent_supervisor = agents
         router.sessions.starter = agents
+        router.sessions.max_sessions = max_sessions(self.fd_limit)
         self._journal_fd = router.sessions.journal_dir = _journal_dir(self.runtime, self.dir_fd)
         zsock = ZSocket(self.sock, _local_only(router.on_message), loop)
         router.transport = zsock.send
-        tsock = handshakes = None
+        gate.watch(self.sock, self.ctx, loop)
+        tsock = None
         if self.tcp is not None:
             self.zap.start(loop)
-            handshakes = HandshakeLog(self.tcp, self.ctx, loop)
+            gate.watch(self.tcp, self.ctx, loop, events=HandshakeLog.EVENTS, also=HandshakeLog().on_event)
             tsock = ZSocket(self.tcp, _from_network(router.on_message), loop)
             router.transport = _transport(zsock.send, tsock.send)
-        heartbeat = loop.create_task(self._heartbeat(router))
+        heartbeat = loop.create_task(self._heartbeat(router, gate))
         pool.start()
         log.info("daemon ready", endpoint=self.runtime.endpoint, listen=self.tcp_endpoint or None, pid=os.getpid(),
-                 executors=self.executors)
+                 executors=self.executors, fd_limit=self.fd_limit, max_connections=gate.max_connections,
+                 max_peers=gate.max_peers, max_sessions=router.sessions.max_sessions)
 
         await stop.wait()
         log.info("shutting down")
@@ -285,11 +294,11 @@ class _Daemon:
         heartbeat.cancel()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(signum)
+        gate.close()
         # Bounded: a frontend that does not read cannot hold up the exit.
         zsock.close(linger_ms=FINAL_LINGER_MS)
         self.sock = None
         if tsock is not None:
-            handshakes.close()
             tsock.close(linger_ms=FINAL_LINGER_MS)
             self.tcp = None
             self.zap.close()
@@ -307,10 +316,11 @@ class _Daemon:
         return hidden_paths(*paths)
 
     @staticmethod
-    async def _heartbeat(router: Router) -> None:
+    async def _heartbeat(router: Router, gate: ConnectionGate) -> None:
         while True:
             await asyncio.sleep(HEARTBEAT_S)
             router.heartbeat()
+            gate.sweep()
 
     def cleanup(self) -> None:
         """Remove what marks this daemon as running. Only ever called by the lock holder."""

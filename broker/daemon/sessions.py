@@ -82,7 +82,7 @@ log = structlog.get_logger(component="sessions")
 
 # Submissions held while the agent starts; more is refused.
 PENDING_LIMIT = 1000
-# Sessions one daemon hosts at most.
+# Sessions one daemon hosts at most; fewer when descriptors are scarce (see :func:`max_sessions`).
 MAX_SESSIONS = 10_000
 # The memory log keeps at most this many recent events / bytes per session; the journal
 # keeps many more on disk (and the rollout file the whole conversation).
@@ -107,6 +107,12 @@ _TASK_ENDS = frozenset({"task_complete", "turn_aborted"})
 
 # The router's reasons for dropping a peer, as said of the agent.
 _AGENT_WHY = {"said bye": "left", "unreachable": "became unreachable"}
+
+
+def max_sessions(fd_limit: int) -> int:
+    """How many sessions a daemon whose processes may each open ``fd_limit`` descriptors
+    hosts: the agent keeps a session's files open (its rollout), a quarter of its limit."""
+    return max(1, min(MAX_SESSIONS, fd_limit // 4))
 
 
 class AgentStarter(Protocol):
@@ -405,6 +411,7 @@ class Sessions:
         self.router = router
         self.starter = starter
         self.journal_dir = journal_dir
+        self.max_sessions = MAX_SESSIONS
         self.sessions: dict[str, Session] = {}
         # session id -> the routing identities of its frontends, for sessions closed lately (bounded).
         self.closed: collections.OrderedDict[str, list[bytes]] = collections.OrderedDict()
@@ -433,8 +440,10 @@ class Sessions:
                 return self._tell(peer, head, submission.id, f"unknown session {head.session}")
         elif op.type != "configure_session":
             return self._tell(peer, head, submission.id, NO_SESSION)
-        elif len(self.sessions) >= MAX_SESSIONS:
-            return self._tell(peer, head, submission.id, f"the daemon hosts {MAX_SESSIONS} sessions already; shut some down")
+        elif len(self.sessions) >= self.max_sessions:
+            self._throttle("warning", "session refused: too many sessions", sessions=len(self.sessions))
+            return self._tell(peer, head, submission.id,
+                              f"the daemon hosts {self.max_sessions} sessions already; shut some down")
         else:
             session = self._create()
             log.info("session created", session=session.id, frontend=peer.name)

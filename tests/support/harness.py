@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import resource
 import shutil
 import signal
 import subprocess
@@ -220,16 +221,27 @@ def _die_with_us() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
 
 
+def _preexec(nofile: int | None):
+    def preexec() -> None:
+        _die_with_us()
+        if nofile is not None:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
+
+    return preexec
+
+
 class DaemonFactory:
     def __init__(self) -> None:
         self.handles: list[DaemonHandle] = []
         self.dirs: list[str] = []
 
     def start(self, executors: int | None = None, args=(), env: dict[str, str] | None = None, *,
-              runtime: RuntimeDir | None = None, argv: list[str] | None = None, ready: bool = True) -> DaemonHandle:
+              runtime: RuntimeDir | None = None, argv: list[str] | None = None, ready: bool = True,
+              nofile: int | None = None) -> DaemonHandle:
         """A daemon (``python -m broker daemon``, or ``argv``) in a runtime dir of its own, or
         in ``runtime`` (which several daemons may then share: each has its own log);
-        with ``ready``, once it answers a client."""
+        with ``ready``, once it answers a client. ``nofile``: its descriptor limit, soft
+        and hard (so it cannot raise it)."""
         path = short_tempdir()
         self.dirs.append(path)
         runtime = runtime or RuntimeDir(path)
@@ -242,7 +254,7 @@ class DaemonFactory:
         log_path = os.path.join(path, "fixture.log")
         with open(log_path, "ab") as log:
             proc = subprocess.Popen(argv, env=child_env, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                    cwd="/", start_new_session=True, preexec_fn=_die_with_us)
+                                    cwd="/", start_new_session=True, preexec_fn=_preexec(nofile))
         handle = DaemonHandle(runtime, proc, child_env, log_path)
         self.handles.append(handle)
         if ready:
