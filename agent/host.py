@@ -181,6 +181,10 @@ class SessionHost:
         while True:
             sub = await hosted.inbox.get()
             await self._submit(hosted, sub)
+            if isinstance(sub.op, ConfigureSession) and hosted.session.config is None and not hosted.session.closed:
+                # Its first configuration was refused (the error event said why): a session
+                # that never was is not kept, here or in the daemon, which forgets it on closed.
+                await hosted.session.aclose()
             if hosted.session.closed:
                 self._closed(hosted)
                 # Submissions queued behind the shutdown get the answer a late one gets.

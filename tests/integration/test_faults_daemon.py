@@ -110,3 +110,16 @@ def test_sessions_beyond_what_the_daemon_can_hold_are_refused_politely(daemon_fa
     assert (r.returncode, r.stdout) == (0, b"served\n"), r.stderr.decode()
     with contextlib.suppress(Exception):
         client.close()
+
+
+def test_a_session_the_agent_refuses_is_answered_and_gone(daemon_factory, server, tmp_path):
+    d = daemon_factory.start(executors=1, env={"SLUICE_HOME": str(tmp_path / "home")})
+    client = d.client()
+    for _ in range(3):
+        session = client.open_session(configure_op(server, "relative/dir"))
+        (error,) = collect(session, "error")
+        assert "cwd is not absolute" in error.msg.message
+    wait_for(lambda: not client.list_sessions().sessions, timeout=10, what="the refused sessions to be forgotten")
+    good = client.open_session(configure_op(server, str(tmp_path)))
+    collect(good, "session_configured")
+    assert [s.id for s in client.list_sessions().sessions] == [good.id]
