@@ -106,10 +106,13 @@ class StubSession:
         self.log = log
         self.release = release
         self.closed = False
+        self.config = None
 
     async def submit(self, sub: Submission) -> None:
         name = type(sub.op).__name__
         self.log.append(f"start {name} {sub.id}")
+        if isinstance(sub.op, ConfigureSession):
+            self.config = sub.op
         if isinstance(sub.op, UserInput):
             await self.release.wait()
         if isinstance(sub.op, Shutdown):
