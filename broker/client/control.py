@@ -49,6 +49,11 @@ def daemon_status(runtime: RuntimeDir | None = None) -> DaemonStatus:
 _started: list = []  # keeps background daemons' Popen objects (and their reaping) alive
 
 
+# Less than this free where the runtime dir is, and a daemon that failed to start is said
+# to have failed for want of space (its token, pid file and log are a few KiB).
+LOW_SPACE_BYTES = 64 * 1024
+
+
 def start_daemon(
     runtime: RuntimeDir | None = None,
     *,
@@ -126,7 +131,7 @@ def wait_serving(runtime: RuntimeDir, deadline: float, proc=None) -> int | None:
             if _starting_pid(dir_fd) is None and (proc is None or proc.poll() is not None):
                 if proc is None:
                     return None
-                raise DaemonError(f"the daemon exited at start (status {proc.returncode}): {_last_log_line(runtime)}")
+                raise DaemonError(_start_failure(runtime, proc.returncode))
             if time.monotonic() >= deadline:
                 raise DaemonError(f"the daemon did not start in time: {_last_log_line(runtime)}")
             # Start-up takes a few hundred milliseconds; files are all there is to watch.
@@ -277,6 +282,24 @@ def _start_time(pid: int) -> float | None:
         if _boot_time is None:
             return 0.0
     return _boot_time + int(fields[19]) / os.sysconf("SC_CLK_TCK")
+
+
+def _start_failure(runtime: RuntimeDir, status: int) -> str:
+    """Why the daemon we started exited: its last log line, or, when a full disk kept it
+    from writing one, that."""
+    space = _free_bytes(runtime.path)
+    if space is not None and space < LOW_SPACE_BYTES:
+        return (f"no space left on the device holding the runtime dir {runtime.path} ({space} bytes free): "
+                "the daemon could not start; free some space there or set SLUICE_RUNTIME_DIR")
+    return f"the daemon exited at start (status {status}): {_last_log_line(runtime)}"
+
+
+def _free_bytes(path: str) -> int | None:
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
 
 
 def _last_log_line(runtime: RuntimeDir) -> str:

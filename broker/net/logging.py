@@ -9,6 +9,12 @@ so a careless ``log.info(..., token=t)`` cannot leak the auth token, nor
 
 Also :class:`Throttle`: a peer sending garbage in a tight loop must not be able to fill
 the disk through our log, so per-event rate limiting with a "suppressed N" summary.
+
+Logging never raises. The log is a file on some disk, and a full disk (a command that
+fills ``/tmp``, where a log may live) must not turn every ``log.info`` in the daemon's
+message handlers into an exception. Lines go to the stream through :class:`SafeSink`,
+which drops what cannot be written, counts it, and once a write goes through again
+first writes one line saying how many were lost and why.
 """
 
 from __future__ import annotations
@@ -71,9 +77,57 @@ def configure(json: bool | None = None, *, level: str | int | None = None, strea
     structlog.configure(
         processors=processors,
         wrapper_class=structlog.make_filtering_bound_logger(level),
-        logger_factory=structlog.WriteLoggerFactory(file=stream),
+        logger_factory=structlog.WriteLoggerFactory(file=SafeSink(stream)),
         cache_logger_on_first_use=False,
     )
+
+
+class SafeSink:
+    """A text stream for log lines that never raises: see the module docstring."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+        try:
+            stream.flush()  # what was printed before goes first
+        except (AttributeError, OSError, ValueError):
+            pass
+        try:
+            self._fd: int | None = stream.fileno()
+        except (AttributeError, OSError, ValueError):
+            self._fd = None  # not a file (a test's StringIO): write through it
+        self.lost = 0
+        self._why = ""
+
+    def write(self, text: str) -> None:
+        if self.lost:
+            note = (f'{{"event": "{self.lost} log lines lost: {self._why}", "level": "warning", '
+                    f'"component": "logging"}}\n')
+            if not self._put(note):
+                self.lost += text.count("\n") or 1
+                return
+            self.lost = 0
+        if not self._put(text):
+            self.lost += text.count("\n") or 1
+
+    def _put(self, text: str) -> bool:
+        try:
+            if self._fd is None:
+                self._stream.write(text)
+                return True
+            # Straight to the descriptor: a buffered stream would keep what failed and fail
+            # again on every later write. A short write on a full disk loses the line's rest.
+            os.write(self._fd, text.encode("utf-8", "replace"))
+            return True
+        except (OSError, ValueError) as e:
+            self._why = getattr(e, "strerror", None) or str(e)
+            return False
+
+    def flush(self) -> None:
+        if self._fd is None:
+            try:
+                self._stream.flush()
+            except (OSError, ValueError):
+                pass
 
 
 class Throttle:

@@ -1,7 +1,10 @@
 """Where a daemon keeps its runtime state, and how peers find it.
 
 The runtime dir is ``$SLUICE_RUNTIME_DIR``, else ``$XDG_RUNTIME_DIR/sluice`` (when that
-is a directory of ours), else ``/tmp/sluice-<uid>``. It holds:
+is a directory of ours), else for root ``/run/sluice`` (when ``/run`` is root's alone),
+else ``/tmp/sluice-<uid>``. Away from ``/tmp`` where there is a choice: sandboxed
+commands may write there (their ``/tmp``), and filling it must not fill the daemon's
+disk too. It holds:
 
 - ``broker.sock``: the broker's ROUTER endpoint (``ipc://``).
 - ``token``: the auth token every peer presents in its HELLO (mode 0600).
@@ -118,7 +121,21 @@ def default_runtime_dir() -> str:
         # Another user's XDG_RUNTIME_DIR (left in the environment by su or sudo) is theirs.
         if st is not None and stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid():
             return os.path.join(xdg, "sluice")
+    if os.getuid() == 0 and _roots_alone(RUN_DIR):
+        return os.path.join(RUN_DIR, "sluice")
     return f"/tmp/sluice-{os.getuid()}"
+
+
+# Root's runtime dirs live here when it is a directory only root can write.
+RUN_DIR = "/run"
+
+
+def _roots_alone(path: str) -> bool:
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == 0 and not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
 
 
 # -- the directory ---------------------------------------------------------------------

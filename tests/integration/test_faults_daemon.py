@@ -8,14 +8,16 @@ executors), so that the fault is reached in seconds and bounded.
 from __future__ import annotations
 
 import contextlib
+import os
 import resource
 import socket
 import subprocess
 
 import pytest
 
-from broker.client import SessionError
-from tests.support.harness import wait_for
+from broker.client import Client, SessionError, start_daemon, stop_daemon
+from broker.net.runtime import RuntimeDir
+from tests.support.harness import short_tempdir, subprocess_env, wait_for
 from tests.support.sessions import collect, configure_op
 
 pytestmark = pytest.mark.timeout(240)
@@ -123,3 +125,63 @@ def test_a_session_the_agent_refuses_is_answered_and_gone(daemon_factory, server
     good = client.open_session(configure_op(server, str(tmp_path)))
     collect(good, "session_configured")
     assert [s.id for s in client.list_sessions().sessions] == [good.id]
+
+
+@contextlib.contextmanager
+def _small_tmpfs(size: str):
+    """A tmpfs of ``size`` mounted on a fresh directory (root only; skipped otherwise)."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root")
+    path = short_tempdir("sl-full-")
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", path], capture_output=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs: {r.stderr.decode().strip()}")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", path], check=False)
+
+
+def _fill(directory: str) -> str:
+    """Fill the filesystem of ``directory``; returns the file that did it."""
+    path = os.path.join(directory, "filler")
+    with open(path, "wb") as f:
+        with contextlib.suppress(OSError):
+            while True:
+                f.write(b"\0" * 65536)
+                f.flush()
+    with contextlib.suppress(OSError), open(path, "ab") as f:  # the last partial block
+        while True:
+            f.write(b"\0")
+            f.flush()
+    return path
+
+
+def test_a_full_disk_under_the_daemon_neither_freezes_it_nor_loses_its_log_for_good(tmp_path):
+    with _small_tmpfs("2m") as path:
+        runtime = RuntimeDir(path)
+        start_daemon(runtime, timeout=30)
+        try:
+            filler = _fill(path)
+            # Every message handler logs (peer joined, peer left): none of that may stop the daemon.
+            for i in range(20):
+                with Client.connect(runtime, autostart=False, timeout=10) as c:
+                    assert c.run(["echo", str(i)], cwd=str(tmp_path)).stdout == f"{i}\n".encode()
+            os.unlink(filler)
+            with Client.connect(runtime, autostart=False, timeout=10) as c:
+                assert c.run(["true"], cwd=str(tmp_path)).returncode == 0
+            log = open(os.path.join(path, "daemon.log"), encoding="utf-8").read()
+            assert "log lines lost: No space left on device" in log
+            assert all(line.startswith("{") for line in log.splitlines() if line), log[-2000:]
+        finally:
+            stop_daemon(runtime, timeout=10)
+
+
+def test_a_daemon_that_cannot_start_for_lack_of_space_says_so(sluice, tmp_path):
+    with _small_tmpfs("256k") as path:
+        _fill(path)
+        env = subprocess_env(RuntimeDir(path), SLUICE_HOME=str(tmp_path / "home"))
+        r = subprocess.run([*sluice, "run", "--", "true"], env=env, capture_output=True, timeout=60)
+        assert r.returncode != 0
+        err = r.stderr.decode()
+        assert err.count("\n") == 1 and "no space left on the device holding the runtime dir" in err, err

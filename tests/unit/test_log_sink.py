@@ -1,0 +1,39 @@
+"""broker.net.logging.SafeSink: a log that cannot be written never raises, and says what it lost."""
+
+from __future__ import annotations
+
+import io
+import os
+
+from broker.net.logging import SafeSink
+
+
+def test_a_full_disk_loses_lines_quietly_and_says_so_once_it_writes_again(tmp_path):
+    path = tmp_path / "log"
+    with open(path, "w") as stream:
+        sink = SafeSink(stream)
+        sink.write('{"event": "first"}\n')
+        saved = os.dup(stream.fileno())
+        full = os.open("/dev/full", os.O_WRONLY)
+        try:
+            os.dup2(full, stream.fileno())  # the disk is full from here on
+            for _ in range(3):
+                sink.write('{"event": "lost"}\n')  # never raises
+                sink.flush()
+            assert sink.lost == 3
+            os.dup2(saved, stream.fileno())
+            sink.write('{"event": "back"}\n')
+        finally:
+            os.close(full)
+            os.close(saved)
+    lines = path.read_text().splitlines()
+    assert lines[0] == '{"event": "first"}' and lines[-1] == '{"event": "back"}'
+    assert "3 log lines lost: No space left on device" in lines[1] and len(lines) == 3
+
+
+def test_a_stream_without_a_descriptor_is_written_through():
+    out = io.StringIO()
+    sink = SafeSink(out)
+    sink.write("line\n")
+    sink.flush()
+    assert out.getvalue() == "line\n"
