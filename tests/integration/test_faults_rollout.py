@@ -91,9 +91,11 @@ def parse(path: Path) -> list[dict]:
     return [json.loads(line) for line in text.splitlines()]
 
 
-def two_turns_then_kill(handle, server: FakeModelServer, work: Path, kill) -> tuple[str, list[dict]]:
+def two_turns_then_kill(handle, server: FakeModelServer, work: Path, kill,
+                        said: list | None = None) -> tuple[str, list[dict]]:
     """Turn 1 (a command, then an answer) completes; turn 2's model request is held open;
-    ``kill()`` (which returns once what it killed is dead; only then is the request let go).
+    ``kill()`` (which returns once what it killed is dead; only then is the request let go);
+    the event that tells the frontend goes into ``said``, if given.
     The session id and the model's input for turn 2 (the whole conversation)."""
     release = threading.Event()
     server.script(
@@ -110,6 +112,8 @@ def two_turns_then_kill(handle, server: FakeModelServer, work: Path, kill) -> tu
         session.submit(UserInput([TextInput("and now the second thing")]))
         wait_for(lambda: len(server.requests) == 3, EVENT_WAIT_S, "the second turn's model request")
         kill()
+        if said is not None:
+            said.append(next_of(session, lambda e: tag(e) == "error", "the error saying the session is gone"))
         return session.id, server.requests[2]["json"]["input"]
     finally:
         release.set()
@@ -151,7 +155,11 @@ def test_agent_sigkilled_mid_turn_keeps_the_conversation_and_resumes(daemon_fact
             agent.send_signal(signal.SIGKILL)
             wait_for(lambda: not _alive(agent), 10, "the agent to die")
 
-        session_id, sent = two_turns_then_kill(handle, server, work, kill)
+        said: list = []
+        session_id, sent = two_turns_then_kill(handle, server, work, kill, said)
+        assert said[0].msg.message == (
+            "the agent process died (killed by signal 9); this session is gone (its rollout file keeps the "
+            "conversation: `sluice exec -c experimental_resume=PATH` goes on from it)")
         path = rollout_of(agent_home, session_id)
         items = check_rollout(path, session_id, sent)
 
