@@ -136,6 +136,7 @@ class RolloutRecorder:
         self._size = size  # bytes of whole lines in the file
         self._secrets = [s for s in secrets if s]
         self._unsynced = False
+        self._syncing: asyncio.Future[None] | None = None
         self.failure: str | None = None
         """Set once a write failed (the one-line message); nothing is written after it."""
         self.on_failure: Callable[[str], object] | None = None
@@ -240,15 +241,30 @@ class RolloutRecorder:
                 log.exception("rollout failure callback failed")
 
     async def sync(self) -> None:
-        """fsync what was written since the last sync (a write failure is reported, not raised)."""
+        """fsync what was written since the last sync (a failure is reported, not raised).
+        The fsync runs in a thread and goes on if the caller is cancelled; :meth:`shutdown`
+        waits for it before closing the file."""
+        while self._syncing is not None:  # one in flight: what came since needs another
+            with contextlib.suppress(Exception):  # its failure is reported by _synced
+                await asyncio.shield(self._syncing)
         fd = self._fd
         if fd is None or not self._unsynced or self.failure is not None:
             return
         self._unsynced = False
-        try:
-            await asyncio.to_thread(os.fsync, fd)
-        except OSError as err:
+        syncing = self._syncing = asyncio.ensure_future(asyncio.to_thread(os.fsync, fd))
+        syncing.add_done_callback(self._synced)
+        with contextlib.suppress(Exception):
+            await asyncio.shield(syncing)
+
+    def _synced(self, syncing: asyncio.Future[None]) -> None:
+        self._syncing = None
+        if syncing.cancelled():
+            return
+        err = syncing.exception()
+        if isinstance(err, OSError):
             self._fail(err)
+        elif err is not None:
+            log.error("rollout sync failed", error=repr(err))
 
     async def flush(self) -> None:
         """Wait until everything recorded so far is on disk (recorded is already written:

@@ -8,6 +8,7 @@ import asyncio
 import errno
 import json
 import os
+import threading
 import uuid
 from pathlib import Path
 
@@ -88,6 +89,43 @@ def test_sync_fsyncs_only_what_is_new(tmp_path, monkeypatch) -> None:
         assert rec.failure is None
 
     run(main)
+
+
+def test_shutdown_waits_for_a_sync_whose_caller_was_cancelled(tmp_path, monkeypatch) -> None:
+    entered, gate = threading.Event(), threading.Event()
+    fds_ok: list[bool] = []
+    real_fsync = os.fsync
+
+    def slow_fsync(fd):
+        entered.set()
+        gate.wait(10)
+        try:
+            os.fstat(fd)
+            fds_ok.append(True)
+        except OSError:
+            fds_ok.append(False)
+        real_fsync(fd)
+
+    async def main():
+        rec = await RolloutRecorder.create(SID, root=tmp_path)
+        rec.record_items([user_item("x")])
+        monkeypatch.setattr(rollout_module.os, "fsync", slow_fsync)
+        turn_end = asyncio.ensure_future(rec.sync())
+        deadline = asyncio.get_running_loop().time() + 10
+        while not entered.is_set():
+            assert asyncio.get_running_loop().time() < deadline
+            await asyncio.sleep(0.001)
+        turn_end.cancel()  # an interrupted turn: its sync goes on in the thread
+        closing = asyncio.ensure_future(rec.shutdown())
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert not closing.done()  # waiting for the fsync, the file still open
+        gate.set()
+        await closing
+        assert turn_end.cancelled()
+
+    run(main)
+    assert fds_ok == [True]
 
 
 def test_enospc_cuts_the_partial_line_and_is_said_once(tmp_path, monkeypatch) -> None:
