@@ -19,9 +19,15 @@ Secrets: the recorder is given the values it must never write (the provider's AP
 every line is scrubbed of them before it reaches the disk, wherever they appear (a
 command's output that echoes the key, say).
 
-Writes go through a queue drained by one writer task, so recording never waits for the
-disk; :meth:`RolloutRecorder.flush` waits until everything queued is written and
-synced, :meth:`RolloutRecorder.shutdown` also closes the file.
+Durability: every line is written to the file (one ``write(2)``, no buffer of ours) by
+the call that records it, so it is in the kernel before the event about it goes out,
+and a SIGKILL of the agent or of the daemon loses nothing recorded; :meth:`RolloutRecorder.sync`
+(at the end of every turn, and at shutdown) fsyncs it, so it survives the machine too.
+
+A write that fails (``ENOSPC``, ``EIO``...) never crashes the session: a partly written
+line is cut off again, the recorder stops writing and reports it once, as
+``rollout: no space left on device: PATH`` (:attr:`RolloutRecorder.failure`, and its
+``on_failure`` callback), and the session goes on without a record.
 """
 
 from __future__ import annotations
@@ -29,10 +35,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
+import errno
 import json
 import os
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,6 +47,7 @@ from typing import Any
 import structlog
 
 from agent.config import sluice_home
+from broker.wire.protocol import ROLLOUT_ERROR_PREFIX
 
 log = structlog.get_logger("agent.rollout")
 
@@ -112,17 +120,27 @@ def read_rollout(path: str | os.PathLike[str]) -> SavedSession:
     return SavedSession(session_id, meta, items)
 
 
-class RolloutRecorder:
-    """Appends a session's items to its rollout file. Create with :meth:`create` or
-    :meth:`resume` from inside the event loop."""
+def failure_message(err: OSError, path: str | os.PathLike[str]) -> str:
+    """``rollout: no space left on device: PATH``: one line for a person."""
+    reason = err.strerror or str(err) or type(err).__name__
+    return f"{ROLLOUT_ERROR_PREFIX}{reason[:1].lower()}{reason[1:]}: {path}"
 
-    def __init__(self, path: Path, file: Any, secrets: Iterable[str] = ()) -> None:
+
+class RolloutRecorder:
+    """Appends a session's items to its rollout file, each written as it is recorded
+    (see the module docstring). Create with :meth:`create` or :meth:`resume`."""
+
+    def __init__(self, path: Path, fd: int, secrets: Iterable[str] = (), *, size: int = 0) -> None:
         self.path = path
-        self._file = file
+        self._fd: int | None = fd
+        self._size = size  # bytes of whole lines in the file
         self._secrets = [s for s in secrets if s]
-        self._queue: asyncio.Queue[tuple[str | None, asyncio.Future[None] | None]] = asyncio.Queue()
-        self._writer = asyncio.get_running_loop().create_task(self._write_loop())
-        self._closed = False
+        self._unsynced = False
+        self._syncing: asyncio.Future[None] | None = None
+        self.failure: str | None = None
+        """Set once a write failed (the one-line message); nothing is written after it."""
+        self.on_failure: Callable[[str], object] | None = None
+        """Called once, with :attr:`failure`, when a write fails."""
 
     @classmethod
     async def create(
@@ -134,23 +152,34 @@ class RolloutRecorder:
         secrets: Iterable[str] = (),
         now: dt.datetime | None = None,
     ) -> RolloutRecorder:
-        """A new rollout file for ``session_id`` under ``root`` (default ``$SLUICE_HOME/sessions``)."""
+        """A new rollout file for ``session_id`` under ``root`` (default ``$SLUICE_HOME/sessions``),
+        its meta line written; raises :class:`RolloutError` (the :func:`failure_message`)
+        if it cannot be made or written, and leaves no empty file behind."""
         when = now or dt.datetime.now(dt.timezone.utc)
         path = rollout_path(session_id, when, root if root is not None else sessions_dir())
-        file = await asyncio.to_thread(_open_new, path)
-        recorder = cls(path, file, secrets)
-        recorder._enqueue({"id": str(session_id), "timestamp": _timestamp(when), "instructions": instructions})
+        try:
+            fd = await asyncio.to_thread(_open_new, path)
+        except OSError as err:
+            raise RolloutError(failure_message(err, path)) from None
+        recorder = cls(path, fd, secrets)
+        recorder._write({"id": str(session_id), "timestamp": _timestamp(when), "instructions": instructions})
+        if recorder.failure is not None:
+            recorder.close()
+            with contextlib.suppress(OSError):
+                path.unlink()
+            raise RolloutError(recorder.failure)
         return recorder
 
     @classmethod
     async def resume(cls, path: str | os.PathLike[str], *, secrets: Iterable[str] = ()) -> tuple[RolloutRecorder, SavedSession]:
-        """Read ``path`` and keep appending to it."""
+        """Read ``path`` and keep appending to it. A last line cut short (the process was
+        killed in the middle of writing it, so no event ever spoke of it) is dropped."""
         saved = await asyncio.to_thread(read_rollout, path)
         try:
-            file = await asyncio.to_thread(open, path, "a", encoding="utf-8")
+            fd, size = await asyncio.to_thread(_open_for_append, Path(path))
         except OSError as err:
             raise RolloutError(f"cannot append to rollout {path}: {err.strerror}") from None
-        return cls(Path(path), file, secrets), saved
+        return cls(Path(path), fd, secrets, size=size), saved
 
     def add_secret(self, value: str) -> None:
         if value and value not in self._secrets:
@@ -159,18 +188,13 @@ class RolloutRecorder:
     # -- recording --------------------------------------------------------------------
 
     def record_items(self, items: Iterable[Mapping[str, Any]]) -> None:
+        """Write the items that belong to the conversation, one line each, now."""
         for item in items:
             if is_persisted(item):
-                self._enqueue(item)
+                self._write(item)
 
     def record_compaction(self, items: Iterable[Mapping[str, Any]]) -> None:
-        self._enqueue({"record_type": "compacted", "items": [dict(i) for i in items if is_persisted(i)]})
-
-    def _enqueue(self, value: Mapping[str, Any]) -> None:
-        if self._closed:
-            return
-        line = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
-        self._queue.put_nowait((self._scrub(line), None))
+        self._write({"record_type": "compacted", "items": [dict(i) for i in items if is_persisted(i)]})
 
     def _scrub(self, line: str) -> str:
         for secret in self._secrets:
@@ -182,50 +206,84 @@ class RolloutRecorder:
 
     # -- writing ----------------------------------------------------------------------
 
-    async def _write_loop(self) -> None:
-        while True:
-            line, done = await self._queue.get()
-            lines = [] if line is None else [line]
-            waiters = [] if done is None else [done]
-            while not self._queue.empty():
-                more, waiter = self._queue.get_nowait()
-                if more is not None:
-                    lines.append(more)
-                if waiter is not None:
-                    waiters.append(waiter)
-            try:
-                await asyncio.to_thread(self._write, lines, bool(waiters))
-            except OSError as err:
-                log.error("rollout write failed", path=str(self.path), error=err.strerror or str(err))
-            for waiter in waiters:
-                if not waiter.done():
-                    waiter.set_result(None)
+    def _write(self, value: Mapping[str, Any]) -> None:
+        fd = self._fd
+        if fd is None or self.failure is not None:
+            return
+        line = self._scrub(json.dumps(value, ensure_ascii=False, separators=(",", ":")))
+        encoded = f"{line}\n".encode()
+        data = memoryview(encoded)
+        try:
+            while data:
+                written = os.write(fd, data)
+                if written <= 0:
+                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+                data = data[written:]
+        except OSError as err:
+            # Cut a partly written line off again, so the file stays whole lines.
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, self._size)
+            self._fail(err)
+            return
+        self._size += len(encoded)
+        self._unsynced = True
 
-    def _write(self, lines: list[str], sync: bool) -> None:
-        if lines:
-            self._file.write("".join(f"{line}\n" for line in lines))
-        if sync:
-            self._file.flush()
-            os.fsync(self._file.fileno())
+    def _fail(self, err: OSError) -> None:
+        if self.failure is not None:
+            return
+        self.failure = failure_message(err, self.path)
+        log.error("rollout write failed; the session goes on without it", path=str(self.path),
+                  error=err.strerror or str(err))
+        if self.on_failure is not None:
+            try:
+                self.on_failure(self.failure)
+            except Exception:
+                log.exception("rollout failure callback failed")
+
+    async def sync(self) -> None:
+        """fsync what was written since the last sync (a failure is reported, not raised).
+        The fsync runs in a thread and goes on if the caller is cancelled; :meth:`shutdown`
+        waits for it before closing the file."""
+        while self._syncing is not None:  # one in flight: what came since needs another
+            with contextlib.suppress(Exception):  # its failure is reported by _synced
+                await asyncio.shield(self._syncing)
+        fd = self._fd
+        if fd is None or not self._unsynced or self.failure is not None:
+            return
+        self._unsynced = False
+        syncing = self._syncing = asyncio.ensure_future(asyncio.to_thread(os.fsync, fd))
+        syncing.add_done_callback(self._synced)
+        with contextlib.suppress(Exception):
+            await asyncio.shield(syncing)
+
+    def _synced(self, syncing: asyncio.Future[None]) -> None:
+        self._syncing = None
+        if syncing.cancelled():
+            return
+        err = syncing.exception()
+        if isinstance(err, OSError):
+            self._fail(err)
+        elif err is not None:
+            log.error("rollout sync failed", error=repr(err))
 
     async def flush(self) -> None:
-        """Wait until everything recorded so far is on disk."""
-        if self._writer.done():
-            return
-        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._queue.put_nowait((None, done))
-        await done
+        """Wait until everything recorded so far is on disk (recorded is already written:
+        this is :meth:`sync`)."""
+        await self.sync()
 
     async def shutdown(self) -> None:
-        """Flush and close; later records are dropped."""
-        if self._closed:
+        """Sync and close; later records are dropped."""
+        if self._fd is None:
             return
-        await self.flush()
-        self._closed = True
-        self._writer.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._writer
-        await asyncio.to_thread(self._file.close)
+        await self.sync()
+        self.close()
+
+    def close(self) -> None:
+        """Close without syncing (what was written stays written)."""
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
 
 def make_private_dirs(directory: Path) -> None:
@@ -241,7 +299,23 @@ def make_private_dirs(directory: Path) -> None:
             path.mkdir(mode=0o700)
 
 
-def _open_new(path: Path) -> Any:
+def _open_new(path: Path) -> int:
     make_private_dirs(path.parent)
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-    return os.fdopen(fd, "a", encoding="utf-8")
+    return os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+
+
+def _open_for_append(path: Path) -> tuple[int, int]:
+    """``path`` opened to append, a partial last line cut off; the fd and the file's size."""
+    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CLOEXEC)
+    try:
+        size = os.fstat(fd).st_size
+        if size and os.pread(fd, 1, size - 1) != b"\n":
+            with open(path, "rb") as f:
+                whole = f.read()
+            size = whole.rfind(b"\n") + 1
+            log.warning("rollout: a partly written last line dropped", path=str(path), kept=size)
+            os.ftruncate(fd, size)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, size

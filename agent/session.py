@@ -35,13 +35,17 @@ What each op does is Codex's ``submission_loop``:
 - ``exec_approval`` / ``patch_approval`` answer the request of the task with that
   submission ``id`` (the request's ``call_id`` is accepted too).
 - ``compact`` runs a compaction task (after the running task, if there is one).
-- ``shutdown`` aborts any task, flushes and closes the rollout, then ``shutdown_complete``;
+- ``shutdown`` aborts any task, syncs and closes the rollout, then ``shutdown_complete``;
   later submissions get an ``error``.
 - ``add_to_history`` appends to ``history.jsonl``; ``get_history_entry_request`` answers
   ``get_history_entry_response``.
 
 Files live under ``home`` (default ``$SLUICE_HOME``, else ``~/.sluice``): the rollout in
-``sessions/``, the message history in ``history.jsonl``.
+``sessions/``, the message history in ``history.jsonl``. Each item goes into the rollout as
+it is recorded (:mod:`agent.rollout`), synced at every turn's end, so a killed agent's
+session resumes from it. A rollout that cannot be made or written (a full disk) is one
+``error`` event, ``rollout: no space left on device: PATH``, to the task running then (or,
+at configure, after ``session_configured``); the session goes on unrecorded.
 
 The API key comes with ``configure_session`` (``api_key``, resolved by the frontend
 from its own environment); without it, the agent's own environment is tried. It is
@@ -202,6 +206,7 @@ class Session:
         self._approvals: dict[str, _PendingApproval] = {}
         self._secrets: list[str] = []
         self._submit_lock = asyncio.Lock()
+        self._current_sub = ""  # the submission being handled
 
     # -- events -----------------------------------------------------------------------
 
@@ -230,6 +235,20 @@ class Session:
         self.history = list(items)
         if self.rollout is not None:
             self.rollout.record_compaction(items)
+
+    async def sync_rollout(self) -> None:
+        """Put what the rollout holds on disk for good (at a turn's end)."""
+        if self.rollout is not None:
+            await self.rollout.sync()
+
+    def _use_rollout(self, recorder: RolloutRecorder) -> None:
+        self.rollout = recorder
+        recorder.on_failure = self._rollout_failed
+
+    def _rollout_failed(self, message: str) -> None:
+        """The rollout can no longer be written: said once, to the running task (or the
+        submission being handled); the session goes on without a record."""
+        self.error(self._task.sub_id if self._task is not None else self._current_sub, message)
 
     @property
     def has_pending_input(self) -> bool:
@@ -282,6 +301,7 @@ class Session:
 
     async def _handle(self, sub: Submission) -> None:
         op = sub.op
+        self._current_sub = sub.id
         if self.closed:
             self.error(sub.id, "the session is shut down")
             return
@@ -358,6 +378,7 @@ class Session:
         if task.handle is not None and not task.handle.done():
             task.handle.cancel()
             await asyncio.wait([task.handle], timeout=ABORT_GRACE_S)
+        await self.sync_rollout()
         self.error(task.sub_id, TURN_INTERRUPTED)
         self.send(task.sub_id, TurnAbortedEvent(reason))
 
@@ -401,7 +422,7 @@ class Session:
             else:
                 if self.rollout is not None:
                     await self.rollout.shutdown()
-                self.rollout = recorder
+                self._use_rollout(recorder)
                 if not self._named:
                     self.session_id = saved.session_id
                 restored = saved.items
@@ -434,11 +455,12 @@ class Session:
             self.show_raw_agent_reasoning = op.show_raw_agent_reasoning
         if self.rollout is None:
             try:
-                self.rollout = await RolloutRecorder.create(
+                self._use_rollout(await RolloutRecorder.create(
                     self.session_id, instructions=user, root=sessions_dir(home=self.home), secrets=self._secrets
-                )
-            except OSError as err:
-                log.warning("no rollout for this session", error=err.strerror or str(err))
+                ))
+            except RolloutError as err:
+                log.warning("no rollout for this session", error=str(err))
+                errors.append(str(err))
         if restored is not None:
             self.history = list(restored)
 
@@ -498,11 +520,7 @@ class Session:
         await self.abort()
         self.closed = True
         if self.rollout is not None:
-            try:
-                await self.rollout.shutdown()
-            except OSError as err:
-                log.warning("rollout shutdown failed", error=str(err))
-                self.error(sub_id, "Failed to shutdown rollout recorder")
+            await self.rollout.shutdown()  # a failure to sync is reported by the recorder
             self.rollout = None
         if self.client is not None:
             await self.client.aclose()
@@ -520,8 +538,7 @@ class Session:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task.handle
         if self.rollout is not None:
-            with contextlib.suppress(OSError):
-                await self.rollout.shutdown()
+            await self.rollout.shutdown()
             self.rollout = None
         if self.client is not None:
             await self.client.aclose()

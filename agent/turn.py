@@ -8,6 +8,10 @@ carried out (:mod:`agent.tool_calls`) and its output recorded. A turn that produ
 tool output ends the task (unless more input arrived), with ``task_complete`` carrying
 the last assistant message and the ``notify`` program told.
 
+Every item is written to the rollout as it is recorded, before the events about it go
+out; the rollout is synced to disk before the task's last event (``task_complete``, or
+its ``error``).
+
 A call left without output (the task was interrupted while it ran) is answered
 ``aborted`` in the next request (:func:`agent.items.with_aborted_outputs`).
 
@@ -109,12 +113,14 @@ async def run_task(sess: Session, task: AgentTask) -> None:
             if not turn.outputs and not sess.has_pending_input:
                 break
         last_message = conv.last_assistant_message(turn.items)
+        await sess.sync_rollout()
         if config.notify:
             payload = turn_complete_payload(sub_id, task.input_messages, last_message)
             await spawn_notifier(config.notify, payload)
         sess.send(sub_id, TaskCompleteEvent(last_message))
     except ModelError as err:
         log.info("turn failed", error=str(err))
+        await sess.sync_rollout()
         sess.error(sub_id, str(err))
     except asyncio.CancelledError:
         raise
@@ -198,6 +204,7 @@ async def run_compact_task(sess: Session, task: AgentTask) -> None:
             sess.error(sub_id, "the model returned no summary; the conversation was kept as it was")
             return
         sess.replace_history(summary[-1:])
+        await sess.sync_rollout()
         sess.send(sub_id, AgentMessageEvent(COMPACT_DONE))
         sess.send(sub_id, TaskCompleteEvent(None))
     except ModelError as err:

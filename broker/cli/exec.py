@@ -31,7 +31,9 @@ and who answered is shown. Ctrl-C interrupts the turn (the running command's pro
 is killed); a second Ctrl-C leaves at once.
 
 Exit status: 0 when the task completed, 1 when it failed (a model or session error, the
-agent or the daemon gone), 130 when interrupted, 2 for bad usage or configuration (a
+agent or the daemon gone) or its conversation could not be recorded (the rollout file
+under a full ``SLUICE_HOME``: one line, ``error: rollout: no space left on device: PATH``,
+and the task goes on to its end), 130 when interrupted, 2 for bad usage or configuration (a
 missing API key included: the message names the variable to set).
 
 This module lives in ``agent`` because it needs the agent's configuration (providers,
@@ -53,7 +55,7 @@ from agent.config import ConfigError, load_config, resolve_provider
 from broker.cli.attach import NoSuchSession, resolve_session
 from broker.cli.base import CliExit, add_connect_args, connect_client, print_error, write_all
 from broker.cli.render import APPROVAL_PROMPT, HumanRenderer, JsonRenderer, describe_approval, parse_approval_answer
-from broker.cli.turns import APPROVAL_REQUESTS, approval_answer, isatty, tag_of, turn_end
+from broker.cli.turns import APPROVAL_REQUESTS, approval_answer, isatty, rollout_failed, tag_of, turn_end
 from broker.wire.protocol import (
     UNSET,
     ConfigureSession,
@@ -227,6 +229,7 @@ class _Exec:
         # Our answers to approvals: what the daemon says about them is no turn's end.
         self.answers: set[str] = set()
         self.can_ask = isatty(0)
+        self.unrecorded = False  # the agent said the rollout can no longer be written
 
     def run(self, prompt: str) -> int:
         client = connect_client(self.args, name="sluice exec")
@@ -275,6 +278,8 @@ class _Exec:
             code = self._on_event(event)
         if self.op is not None:
             self._shutdown()
+        if code == EXIT_OK and self.unrecorded:
+            code = EXIT_FAILED  # done, but not recorded: the caller must know
         return code
 
     def _resolve(self, client, text: str) -> str:
@@ -311,16 +316,23 @@ class _Exec:
                 self.render.error(f"the agent did not configure the session within {CONFIGURE_WAIT_S:g} s")
                 return EXIT_FAILED
             if not self.args.detach or tag_of(event) == "error":
-                self.render.event(event)
+                self._render(event)
             tag = tag_of(event)
             if tag == "session_configured":
                 return None
-            if tag == "error":
+            if tag == "error" and not rollout_failed(event):
                 return EXIT_FAILED
+
+    def _render(self, event) -> None:
+        self.render.event(event)
+        if rollout_failed(event) and not self.unrecorded:
+            self.unrecorded = True
+            if self.args.json:  # the event is on stdout; the one line for a person on stderr
+                print_error(f"error: {event.msg.message}")
 
     def _on_event(self, event) -> int | None:
         """Render ``event``; the exit code once the task is over, else None."""
-        self.render.event(event)
+        self._render(event)
         tag = tag_of(event)
         ours = event.id == self.task_id or (self.op is None and event.id not in ("", *self.answers))
         if tag in APPROVAL_REQUESTS:
@@ -419,8 +431,8 @@ class _Exec:
                 return
             if event is None:
                 return
-            if self.args.json:
-                self.render.event(event)
+            if self.args.json or rollout_failed(event):
+                self._render(event)
             if event.id == sub_id and tag_of(event) in ("shutdown_complete", "error"):
                 return
             if event.id == "" and tag_of(event) == "error":

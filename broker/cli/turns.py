@@ -6,7 +6,14 @@ from __future__ import annotations
 
 import os
 
-from broker.wire.protocol import TURN_INTERRUPTED, Event, ExecApproval, PatchApproval, ReviewDecision
+from broker.wire.protocol import (
+    TURN_INTERRUPTED,
+    Event,
+    ExecApproval,
+    PatchApproval,
+    ReviewDecision,
+    is_rollout_error,
+)
 from broker.wire.results import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK
 
 APPROVAL_REQUESTS = ("exec_approval_request", "apply_patch_approval_request")
@@ -26,15 +33,22 @@ def tag_of(event: Event) -> str:
 
 def turn_end(event: Event) -> int | None:
     """How ``event`` ends its turn, as an exit status: 0 completed, 130 aborted, 1 failed
-    (an error other than the interruption notice); None if it does not end one."""
+    (an error other than the interruption notice, or the rollout's failure, after which the
+    session goes on: :func:`rollout_failed`); None if it does not end one."""
     tag = tag_of(event)
     if tag == "task_complete":
         return EXIT_OK
     if tag == "turn_aborted":
         return EXIT_INTERRUPTED
-    if tag == "error" and event.msg.message != TURN_INTERRUPTED:
+    if tag == "error" and event.msg.message != TURN_INTERRUPTED and not is_rollout_error(event.msg.message):
         return EXIT_FAILED
     return None
+
+
+def rollout_failed(event: Event) -> bool:
+    """Whether ``event`` says the session's rollout file can no longer be written (a full
+    disk): the session goes on, unrecorded."""
+    return tag_of(event) == "error" and is_rollout_error(event.msg.message)
 
 
 def approval_answer(request: Event, decision: ReviewDecision) -> ExecApproval | PatchApproval:

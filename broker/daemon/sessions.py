@@ -632,7 +632,9 @@ class Sessions:
         sessions = list(self.sessions.values())
         if sessions:
             log.warning("sessions lost with the agent", count=len(sessions), why=why)
-        self._end_all(f"{why}; this session is gone (its rollout file keeps the conversation)")
+        # True since every item is written as it is recorded (agent.rollout).
+        self._end_all(f"{why}; this session is gone (its rollout file keeps the conversation: "
+                      "`sluice exec -c experimental_resume=PATH` goes on from it)")
 
     # ----------------------------------------------------------- publishing
 

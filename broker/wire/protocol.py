@@ -69,6 +69,13 @@ class ProtocolError(ValueError):
 # Codex's own error messages, as frontends see them.
 NO_SESSION = "No session initialized, expected 'ConfigureSession' as first Op"
 TURN_INTERRUPTED = "Turn interrupted"  # before the turn_aborted of an interrupted turn
+# sluice's own: how the error that the session's rollout file can no longer be written
+# begins ("rollout: no space left on device: PATH"). The session goes on: it ends no turn.
+ROLLOUT_ERROR_PREFIX = "rollout: "
+
+
+def is_rollout_error(message: str) -> bool:
+    return message.startswith(ROLLOUT_ERROR_PREFIX)
 
 
 class AskForApproval(enum.StrEnum):
