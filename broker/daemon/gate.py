@@ -16,6 +16,11 @@ keeps the count down instead:
   still the socket that was accepted (same inode): libzmq then closes it itself.
 - Beyond :attr:`max_peers` peers, the router refuses a hello with a message that says
   so, so peers never take the room strangers are cut for.
+- :meth:`backed_up` says whether a peer has stopped reading: the kernel still holds
+  more than half a socket buffer of what we sent it (``SIOCOUTQ``). libzmq moves queued
+  messages into the socket whenever it can, so while that is not the case the daemon's
+  queue for the peer is empty; the router credits a peer's acks only then (see
+  :mod:`broker.daemon.router`), which bounds that queue by what one window lets out.
 
 ``max_connections`` leaves :func:`reserve` descriptors free below the soft limit (which
 the daemon first raised to the hard one): room for the daemon's own files and for
@@ -25,9 +30,12 @@ connections accepted between a flood's start and the gate's reaction.
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import itertools
 import os
 import socket
+import struct
+import termios
 import time
 
 import structlog
@@ -68,8 +76,8 @@ class ConnectionGate:
         self._clock = clock
         # fd -> [inode, first seen]: what the monitors say is connected.
         self.connections: dict[int, list] = {}
-        # Inodes of the sockets the router's peers said hello on.
-        self.peer_inodes: set[int] = set()
+        # Inodes of the sockets the router's peers said hello on -> [fd, socket buffer size].
+        self.peer_inodes: dict[int, list] = {}
         # Cut strangers only once a hello has shown that the descriptor of a message can be
         # known: a libzmq without ZMQ_SRCFD would make every peer look like a stranger.
         self._srcfd_known = False
@@ -139,12 +147,27 @@ class ConnectionGate:
                 log.warning("libzmq does not say which connection a message came on: strangers are not cut")
             return None
         self._srcfd_known = True
-        self.peer_inodes.add(inode)
+        self.peer_inodes[inode] = [fd, _send_buffer(fd)]
         return inode
 
     def peer_left(self, inode: int | None) -> None:
         if inode is not None:
-            self.peer_inodes.discard(inode)
+            self.peer_inodes.pop(inode, None)
+
+    def backed_up(self, inode: int | None) -> bool:
+        """True when the peer with ``inode`` leaves more than half a socket buffer of what
+        the daemon sent it unread (False when that cannot be known)."""
+        known = self.peer_inodes.get(inode) if inode is not None else None
+        if known is None or not known[1]:
+            return False
+        fd, sndbuf = known
+        if _inode(fd) != inode:
+            return False
+        try:
+            queued = struct.unpack("i", fcntl.ioctl(fd, termios.TIOCOUTQ, b"\0\0\0\0"))[0]
+        except OSError:
+            return False
+        return queued * 2 > sndbuf
 
     def sweep(self) -> None:
         """Cut strangers that have had :attr:`stranger_s` to say hello (call it every heartbeat)."""
@@ -185,6 +208,19 @@ def _inode(fd: int) -> int | None:
         return os.fstat(fd).st_ino
     except OSError:
         return None
+
+
+def _send_buffer(fd: int) -> int:
+    """The socket's send buffer size (0 if unknown)."""
+    try:
+        dup = os.dup(fd)
+    except OSError:
+        return 0
+    try:
+        with socket.socket(fileno=dup) as sock:
+            return sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF)
+    except OSError:
+        return 0
 
 
 def _shutdown(fd: int, inode: int | None) -> bool:

@@ -50,6 +50,8 @@ HEARTBEAT_S = 1.0
 # Idle frontends are pinged this rarely, only to notice ones that vanished.
 IDLE_PING_EVERY = 30
 QUEUE_LIMIT = 100_000
+# A caller's acks held back while its socket is backed up are tried again this often.
+CREDIT_RETRY_S = 0.01
 # Headers are a few dozen bytes; anything bigger is garbage we need not decode.
 MAX_HEADER_SIZE = 4096
 
@@ -110,6 +112,9 @@ class Gate(Protocol):
     def peer_left(self, handle: int | None) -> None:
         """That peer is gone."""
 
+    def backed_up(self, handle: int | None) -> bool:
+        """That peer has left much of what we sent it unread."""
+
 
 class _NoGate:
     max_peers = 1 << 30
@@ -119,6 +124,9 @@ class _NoGate:
 
     def peer_left(self, handle: int | None) -> None:
         pass
+
+    def backed_up(self, handle: int | None) -> bool:
+        return False
 
 
 class Peer:
@@ -161,13 +169,20 @@ class Call:
     its executor reports the cancelled command's exit, so the slot stays counted.
     """
 
-    __slots__ = ("id", "caller", "executor", "frames")
+    __slots__ = ("id", "caller", "executor", "frames", "sent", "sent_chunks", "acked", "acked_chunks", "held",
+                 "held_chunks", "retry")
 
     def __init__(self, call_id: str, caller: Peer, frames: list) -> None:
         self.id = call_id
         self.caller: Peer | None = caller
         self.executor: Peer | None = None
         self.frames: list | None = frames
+        # Output forwarded to the caller, what it acknowledged and what of that is not yet
+        # passed on to the executor (held while the caller's socket is backed up).
+        self.sent = self.sent_chunks = 0
+        self.acked = self.acked_chunks = 0
+        self.held = self.held_chunks = 0
+        self.retry = None
 
 
 class Router:
@@ -191,6 +206,8 @@ class Router:
         self.sessions = Sessions(self, agent_supervisor)
         self.heartbeat_s = heartbeat_s
         self.gate: Gate = gate or _NoGate()
+        # ``loop.call_later``, set by the daemon: retries of credit held back (None: no retry).
+        self.call_later: Callable[..., object] | None = None
         # Set by the daemon once the socket exists: a non-blocking multipart send.
         self.transport: Callable[[list], None] | None = None
         self.peers: dict[bytes, Peer] = {}
@@ -403,12 +420,43 @@ class Router:
             self._assign(call, executor)
 
     def _on_ack(self, peer: Peer, head: wire.Header, frames: list) -> None:
+        """Credit for a call's output, passed on to its executor: never more than was
+        forwarded, and only while the caller's socket is not backed up (see the module
+        docstring): so output a caller acknowledges but never reads cannot pile up here."""
         if head.session and not head.corr:
             return self.sessions.on_ack(peer, head, frames)
         call = self.calls.get(head.corr)
-        if call is not None and call.caller is peer and call.executor is not None:
-            executor = call.executor
-            self._send(executor, [executor.identity, *frames[1:]])
+        if call is None or call.caller is not peer or call.executor is None:
+            return
+        n, chunks = head.n, head.seq
+        if n < 0 or chunks < 0 or call.acked + call.held + n > call.sent or \
+                call.acked_chunks + call.held_chunks + chunks > call.sent_chunks:
+            self._throttle("warning", "ack beyond what was sent refused", peer=peer.name, call=call.id)
+            return self._reply_error(
+                peer, call.id, f"ack of {n} bytes / {chunks} chunks refused: only "
+                f"{call.sent - call.acked - call.held} bytes / {call.sent_chunks - call.acked_chunks - call.held_chunks} "
+                "chunks were sent and not yet acknowledged",
+            )
+        call.held += n
+        call.held_chunks += chunks
+        if call.retry is None:
+            self._pass_credit(call)
+
+    def _pass_credit(self, call: Call) -> None:
+        call.retry = None
+        caller, executor = call.caller, call.executor
+        if caller is None or executor is None or self.calls.get(call.id) is not call or not (call.held or call.held_chunks):
+            return
+        if self.gate.backed_up(caller.connection):
+            # It has not read what is in its socket yet: the credit waits until it has.
+            if self.call_later is not None:
+                call.retry = self.call_later(CREDIT_RETRY_S, self._pass_credit, call)
+            return
+        n, chunks = call.held, call.held_chunks
+        call.acked += n
+        call.acked_chunks += chunks
+        call.held = call.held_chunks = 0
+        self._send(executor, [executor.identity, wire.header(wire.ACK, call.id, n=n, seq=chunks)])
 
     def _on_cancel(self, peer: Peer, head: wire.Header, frames: list) -> None:
         call = self.calls.get(head.corr)
@@ -431,8 +479,9 @@ class Router:
         if call is None or call.executor is not peer:
             return self._stray(peer, head)
         caller = call.caller
-        if caller is not None:
-            self._send(caller, [caller.identity, *frames[1:]])
+        if caller is not None and self._send(caller, [caller.identity, *frames[1:]]) and head.kind == wire.OUT:
+            call.sent += len(frames[2])
+            call.sent_chunks += 1
 
     def _on_exit(self, peer: Peer, head: wire.Header, frames: list) -> None:
         call = self.calls.get(head.corr)

@@ -92,6 +92,8 @@ LOG_BYTES = 8 * 1024 * 1024
 # it never holds up the broker's other work for long.
 PUMP_EVENTS = 256
 PUMP_BYTES = 4 * 1024 * 1024
+# A frontend's acks held back while its socket is backed up are tried again this often.
+CREDIT_RETRY_S = 0.01
 # Answered approvals a session remembers, to tell a late answer who was first.
 ANSWERED_KEPT = 64
 
@@ -342,7 +344,8 @@ class Session:
 class Subscription:
     """One frontend's cursor in one session's events (see "Delivery promise" above)."""
 
-    __slots__ = ("peer", "session", "next_seq", "acked", "unacked_bytes", "live", "active", "scheduled", "owes_notice")
+    __slots__ = ("peer", "session", "next_seq", "acked", "unacked_bytes", "live", "active", "scheduled", "owes_notice",
+                 "held_seq", "held_bytes", "retry")
 
     def __init__(self, peer: Peer, session: Session) -> None:
         self.peer = peer
@@ -358,6 +361,10 @@ class Subscription:
         self.scheduled = False
         # A ``lagged`` message is due: it could not go out when the subscription fell behind.
         self.owes_notice = False
+        # Acks not credited yet: the frontend's socket was backed up when they came.
+        self.held_seq = 0
+        self.held_bytes = 0
+        self.retry = None
 
     @property
     def in_flight(self) -> int:
@@ -491,7 +498,25 @@ class Sessions:
         sub = session.subscriptions.get(peer.identity) if session is not None else None
         if sub is None:
             return  # detached, or the session ended, while the ack was on its way
-        sub.credit(head.seq, head.n)
+        sub.held_seq = max(sub.held_seq, head.seq)
+        sub.held_bytes += max(0, head.n)
+        if sub.retry is None:
+            self._credit(sub)
+
+    def _credit(self, sub: Subscription) -> None:
+        """Credit a frontend's acks, once its socket is not backed up: a frontend that acks
+        events it never reads cannot make the broker queue more for it (as for calls,
+        :meth:`broker.daemon.router.Router._pass_credit`)."""
+        sub.retry = None
+        if not sub.active:
+            return
+        router = self.router
+        if router.gate.backed_up(sub.peer.connection):
+            if router.call_later is not None:
+                sub.retry = router.call_later(CREDIT_RETRY_S, self._credit, sub)
+            return
+        sub.credit(sub.held_seq, sub.held_bytes)
+        sub.held_seq = sub.held_bytes = 0
         if not sub.live and not sub.scheduled:
             self._pump(sub)
 

@@ -12,11 +12,16 @@ import os
 import resource
 import socket
 import subprocess
+import time
 
+import psutil
 import pytest
+import zmq
 
-from broker.client import Client, SessionError, start_daemon, stop_daemon
+from broker.client import Client, SessionError, make_request, start_daemon, stop_daemon
+from broker.net import peer
 from broker.net.runtime import RuntimeDir
+from broker.wire import frames as wire
 from tests.support.harness import short_tempdir, subprocess_env, wait_for
 from tests.support.sessions import collect, configure_op
 
@@ -185,3 +190,37 @@ def test_a_daemon_that_cannot_start_for_lack_of_space_says_so(sluice, tmp_path):
         assert r.returncode != 0
         err = r.stderr.decode()
         assert err.count("\n") == 1 and "no space left on the device holding the runtime dir" in err, err
+
+
+def _rss(pid: int) -> int:
+    return psutil.Process(pid).memory_info().rss
+
+
+def test_a_client_that_acknowledges_output_it_never_reads_cannot_grow_the_daemon(daemon_factory, tmp_path):
+    d = daemon_factory.start(executors=1)
+    ctx = zmq.Context()
+    sock = peer.dealer(ctx, sndhwm=100_000, rcvhwm=100)  # reads nothing: its queue fills at once
+    try:
+        sock.connect(d.runtime.endpoint)
+        sock.send_multipart(peer.hello(wire.ROLE_FRONTEND, d.runtime.read_token(), "liar"))
+        assert sock.poll(10_000)
+        assert wire.decode_header(sock.recv_multipart()[0]).kind == wire.WELCOME
+        request = make_request(["head", "-c", "4G", "/dev/zero"], cwd=str(tmp_path))
+        sock.send_multipart(wire.message(wire.RUN, "flood", request))
+        before = _rss(d.pid)
+        peak = before
+        deadline = time.monotonic() + 8
+        while time.monotonic() < deadline:
+            # The most a client may ack is what was sent to it: a liar acks a window's worth, often.
+            for _ in range(50):
+                sock.send_multipart([wire.header(wire.ACK, "flood", n=wire.ACK_EVERY_BYTES, seq=1)])
+            peak = max(peak, _rss(d.pid))
+            time.sleep(0.005)
+        grew = peak - before
+        print(f"daemon RSS under the ack flood: {before >> 20} MiB before, {peak >> 20} MiB at the peak")
+        assert grew < 64 * 1024 * 1024, f"the daemon grew by {grew >> 20} MiB"
+        assert "ack beyond what was sent refused" in d.log()
+    finally:
+        sock.close(linger=0)
+        ctx.term()
+    assert d.client().run(["echo", "ok"], cwd=str(tmp_path)).stdout == b"ok\n"
