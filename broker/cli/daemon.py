@@ -16,7 +16,8 @@ def daemon_main(args) -> int:
     listen = listen_from_args(args) if args.action in (None, "start") else None
     if args.action is None:
         try:
-            return serve(runtime, executors=args.executors, log_json=True if args.log_json else None, listen=listen)
+            return serve(runtime, executors=args.executors, log_json=True if args.log_json else None, listen=listen,
+                         suspend_limit_s=args.suspend_limit)
         except DaemonAlreadyRunning as e:
             return fail(str(e) or f"a daemon is already running in {runtime.path}", 1)
         except (RuntimeDirError, ListenError) as e:
@@ -51,6 +52,8 @@ def daemon_main(args) -> int:
         extra += ["--executors", str(args.executors)]
     if args.log_json:
         extra.append("--log-json")
+    if args.suspend_limit is not None:
+        extra += ["--suspend-limit", f"{args.suspend_limit:g}"]
     extra += listen_argv(args)
     try:
         pid = C.start_daemon(runtime, args=extra)

@@ -169,6 +169,24 @@ class ConnectionGate:
             return False
         return queued * 2 > sndbuf
 
+    def stopped(self, inode: int | None) -> bool:
+        """True when the peer with ``inode`` is a local process that is stopped (Ctrl-Z,
+        SIGSTOP, a debugger) with its connection still open: it will answer when resumed."""
+        known = self.peer_inodes.get(inode) if inode is not None else None
+        if known is None or _inode(known[0]) != inode:
+            return False
+        pid = _peer_pid(known[0])
+        if pid is None:
+            return False
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            return False
+        # "pid (comm) S ...": the state follows the last ')' (comm may hold anything).
+        state = stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3]
+        return state in (b"T", b"t")
+
     def sweep(self) -> None:
         """Cut strangers that have had :attr:`stranger_s` to say hello (call it every heartbeat)."""
         self._cut(len(self.connections), self._clock() - self.stranger_s, why="no hello in time")
@@ -221,6 +239,22 @@ def _send_buffer(fd: int) -> int:
             return sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF)
     except OSError:
         return 0
+
+
+def _peer_pid(fd: int) -> int | None:
+    """The pid of the process at the other end of a local (unix) socket, from the kernel."""
+    try:
+        dup = os.dup(fd)
+    except OSError:
+        return None
+    try:
+        with socket.socket(fileno=dup) as sock:
+            if sock.family != socket.AF_UNIX:
+                return None
+            pid, _uid, _gid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+    except OSError:
+        return None
+    return pid if pid > 0 else None
 
 
 def _shutdown(fd: int, inode: int | None) -> bool:

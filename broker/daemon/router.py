@@ -50,6 +50,10 @@ HEARTBEAT_S = 1.0
 # Idle frontends are pinged this rarely, only to notice ones that vanished.
 IDLE_PING_EVERY = 30
 QUEUE_LIMIT = 100_000
+# A stopped (suspended) frontend keeps its commands this long by default.
+SUSPEND_LIMIT_S = 3600.0
+# Dropped callers whose reason is remembered, at most.
+DROPPED_KEPT = 256
 # A caller's acks held back while its socket is backed up are tried again this often.
 CREDIT_RETRY_S = 0.01
 # Headers are a few dozen bytes; anything bigger is garbage we need not decode.
@@ -115,6 +119,9 @@ class Gate(Protocol):
     def backed_up(self, handle: int | None) -> bool:
         """That peer has left much of what we sent it unread."""
 
+    def stopped(self, handle: int | None) -> bool:
+        """That peer is a stopped process (it will answer when resumed)."""
+
 
 class _NoGate:
     max_peers = 1 << 30
@@ -128,12 +135,15 @@ class _NoGate:
     def backed_up(self, handle: int | None) -> bool:
         return False
 
+    def stopped(self, handle: int | None) -> bool:
+        return False
+
 
 class Peer:
     """A DEALER that said a good hello. ``calls`` holds the calls it is party to."""
 
     __slots__ = ("identity", "role", "name", "pid", "peer_id", "slots", "calls", "seen", "gone", "handlers", "sessions",
-                 "key", "connection")
+                 "key", "connection", "stopped_since")
 
     def __init__(self, identity: bytes, hello: wire.Hello, peer_id: str, tick: int, handlers: dict) -> None:
         self.identity = identity
@@ -153,6 +163,8 @@ class Peer:
         self.key = ""
         # The gate's handle of the connection it said hello on.
         self.connection: int | None = None
+        # The tick since which it has been a stopped process (None: it is not).
+        self.stopped_since: int | None = None
 
     @property
     def free(self) -> int:
@@ -197,6 +209,7 @@ class Router:
         agent_supervisor=None,
         heartbeat_s: float = HEARTBEAT_S,
         gate: Gate | None = None,
+        suspend_limit_s: float = SUSPEND_LIMIT_S,
     ) -> None:
         self._token = token.encode()
         self._defer = defer
@@ -206,6 +219,10 @@ class Router:
         self.sessions = Sessions(self, agent_supervisor)
         self.heartbeat_s = heartbeat_s
         self.gate: Gate = gate or _NoGate()
+        self.suspend_limit_s = suspend_limit_s
+        # Routing identities of callers dropped for a reason they should hear if they speak
+        # again (a stopped frontend resumed too late), instead of "send hello first".
+        self._dropped: OrderedDict[bytes, str] = OrderedDict()
         # ``loop.call_later``, set by the daemon: retries of credit held back (None: no retry).
         self.call_later: Callable[..., object] | None = None
         # Set by the daemon once the socket exists: a non-blocking multipart send.
@@ -298,7 +315,7 @@ class Router:
     def _from_stranger(self, identity: bytes, head: wire.Header, frames: list) -> None:
         if head.kind != wire.HELLO:
             self._throttle("info", "message before hello dropped", kind=head.kind)
-            return self._send_stranger(identity, head.corr, HELLO_FIRST)
+            return self._send_stranger(identity, head.corr, self._dropped.get(identity, HELLO_FIRST))
         if len(frames) != 3:
             return self._malformed(identity, "hello without exactly one body frame")
         try:
@@ -544,13 +561,36 @@ class Router:
                 continue
             if caller.calls:
                 if tick - caller.seen > DEAD_AFTER_HEARTBEATS:
-                    self.drop_caller(caller, "stopped answering pings")
-                    continue
+                    if not self._suspended(caller, tick):
+                        self.drop_caller(caller, "stopped answering pings")
+                        continue
+                else:
+                    caller.stopped_since = None
             elif not idle_sweep:
                 continue
             self._send(caller, [caller.identity, wire.header(wire.PING)])
         self.sessions.heartbeat()
         self._throttle.flush()
+
+    def _suspended(self, caller: Peer, tick: int) -> bool:
+        """A caller that stopped answering because its process is stopped (Ctrl-Z) is kept,
+        its commands waiting on their flow-control windows, up to ``suspend_limit_s``."""
+        if not self.gate.stopped(caller.connection):
+            return False
+        if caller.stopped_since is None:
+            caller.stopped_since = tick
+            log.info("frontend stopped: its commands wait for it", name=caller.name, pid=caller.pid,
+                     calls=len(caller.calls), limit_s=self.suspend_limit_s)
+            return True
+        if (tick - caller.stopped_since) * self.heartbeat_s <= self.suspend_limit_s:
+            return True
+        why = (f"this client was stopped (suspended) for more than {self.suspend_limit_s:g} s, the daemon's limit "
+               "(sluice daemon --suspend-limit); its commands were cancelled")
+        self._dropped[caller.identity] = why
+        if len(self._dropped) > DROPPED_KEPT:
+            self._dropped.popitem(last=False)
+        self.drop_caller(caller, f"stopped for more than {self.suspend_limit_s:g} s")
+        return True
 
     # ------------------------------------------------------------ peer loss
 

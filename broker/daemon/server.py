@@ -38,7 +38,7 @@ import zmq
 from broker.daemon.gate import ConnectionGate
 from broker.daemon.journal import reset_directory
 from broker.daemon.listener import AllowList, HandshakeLog, ZapHandler, bind_listener, listener_socket
-from broker.daemon.router import HEARTBEAT_S, REMOTE, Router
+from broker.daemon.router import HEARTBEAT_S, REMOTE, SUSPEND_LIMIT_S, Router
 from broker.daemon.sessions import max_sessions
 from broker.daemon.supervisor import AgentSupervisor, ExecutorPool
 from broker.net.fdlimit import raise_fd_limit
@@ -78,7 +78,8 @@ class DaemonAlreadyRunning(RuntimeError):
         super().__init__(f"a sluice daemon is already running (pid {pid if pid else 'unknown'})")
 
 
-def serve(runtime: RuntimeDir, *, executors: int | None = None, log_json: bool | None = None, listen=None) -> int:
+def serve(runtime: RuntimeDir, *, executors: int | None = None, log_json: bool | None = None, listen=None,
+          suspend_limit_s: float | None = None) -> int:
     """Run the daemon in the foreground until SIGTERM/SIGINT; returns the exit code.
 
     ``executors=None`` spawns one executor per CPU; ``0`` spawns none (executors may
@@ -91,6 +92,8 @@ def serve(runtime: RuntimeDir, *, executors: int | None = None, log_json: bool |
         executors = os.cpu_count() or 1
     if executors < 0:
         raise ValueError("executors must be >= 0")
+    if suspend_limit_s is None:
+        suspend_limit_s = SUSPEND_LIMIT_S
     if len(runtime.socket_path.encode()) > _MAX_SOCKET_PATH:
         raise RuntimeDirError(
             f"runtime dir {runtime.path} is too long for a unix socket path; "
@@ -107,6 +110,7 @@ def serve(runtime: RuntimeDir, *, executors: int | None = None, log_json: bool |
             if problem:
                 log.warning(f"{problem}; commands cannot be kept from creating it")
             daemon = _Daemon(runtime, dir_fd, executors, listen, fd_limit)
+            daemon.suspend_limit_s = suspend_limit_s
             try:
                 daemon.bind()
                 return asyncio.run(daemon.run())
@@ -162,6 +166,7 @@ class _Daemon:
     def __init__(self, runtime: RuntimeDir, dir_fd: int, executors: int, listen=None, fd_limit: int = 1024) -> None:
         self.runtime = runtime
         self.fd_limit = fd_limit
+        self.suspend_limit_s = SUSPEND_LIMIT_S
         # The checked runtime dir; every file in it is opened or removed relative to this.
         self.dir_fd = dir_fd
         # What we made there, (st_dev, st_ino), so that only those are removed at exit.
@@ -263,7 +268,7 @@ class _Daemon:
             loop.add_signal_handler(signum, stop.set)
 
         gate = ConnectionGate(self.fd_limit)
-        router = Router(self.token, defer=loop.call_soon, gate=gate)
+        router = Router(self.token, defer=loop.call_soon, gate=gate, suspend_limit_s=self.suspend_limit_s)
         pool = ExecutorPool(self.runtime, self.executors, router.executor_died, loop, hide=self._hidden())
         router.supervisor = pool
         agents = AgentSupervisor(self.runtime, router.agent_died, loop)

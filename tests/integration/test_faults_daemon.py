@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import resource
+import signal
 import socket
 import subprocess
 import time
@@ -224,3 +225,39 @@ def test_a_client_that_acknowledges_output_it_never_reads_cannot_grow_the_daemon
         sock.close(linger=0)
         ctx.term()
     assert d.client().run(["echo", "ok"], cwd=str(tmp_path)).stdout == b"ok\n"
+
+
+def _suspend_run(d, sluice, tmp_path, stop_s: float) -> subprocess.CompletedProcess:
+    """``sluice run`` of a command that prints 1, waits for a file ``go`` and prints 2..30,
+    stopped (SIGSTOP) for ``stop_s`` seconds once it has printed its first line; the file
+    is made once it is resumed."""
+    script = "echo 1; while [ ! -e go ]; do sleep 0.05; done; for i in $(seq 2 30); do echo $i; done"
+    proc = subprocess.Popen([*sluice, "run", "--cwd", str(tmp_path), "--", "sh", "-c", script],
+                            env=d.env_for_children(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    first = proc.stdout.readline()
+    assert first == b"1\n", proc.stderr.read()
+    proc.send_signal(signal.SIGSTOP)
+    try:
+        wait_for(lambda: psutil.Process(proc.pid).status() == psutil.STATUS_STOPPED, what="the frontend to stop")
+        time.sleep(stop_s)  # the fault itself: the frontend stays stopped this long
+    finally:
+        proc.send_signal(signal.SIGCONT)
+    (tmp_path / "go").touch()
+    out, err = proc.communicate(timeout=60)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, first + out, err)
+
+
+def test_a_suspended_frontend_keeps_its_command(daemon_factory, sluice, tmp_path):
+    d = daemon_factory.start(executors=1)
+    r = _suspend_run(d, sluice, tmp_path, stop_s=8)  # more than 5 unanswered heartbeats
+    assert r.returncode == 0, r.stderr.decode()
+    assert r.stdout == "".join(f"{i}\n" for i in range(1, 31)).encode()
+    assert "frontend stopped: its commands wait for it" in d.log()
+
+
+def test_a_frontend_suspended_past_the_limit_is_told_what_happened(daemon_factory, sluice, tmp_path):
+    d = daemon_factory.start(executors=1, args=["--suspend-limit", "2"])
+    r = _suspend_run(d, sluice, tmp_path, stop_s=9)
+    assert r.returncode != 0
+    err = r.stderr.decode()
+    assert "stopped (suspended) for more than 2 s" in err and "send hello first" not in err, err
