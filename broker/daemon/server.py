@@ -286,7 +286,7 @@ class _Daemon:
             gate.watch(self.tcp, self.ctx, loop, events=HandshakeLog.EVENTS, also=HandshakeLog().on_event)
             tsock = ZSocket(self.tcp, _from_network(router.on_message), loop)
             router.transport = _transport(zsock.send, tsock.send)
-        heartbeat = loop.create_task(self._heartbeat(router, gate))
+        heartbeat = loop.create_task(self._heartbeat(router, gate, stop))
         pool.start()
         log.info("daemon ready", endpoint=self.runtime.endpoint, listen=self.tcp_endpoint or None, pid=os.getpid(),
                  executors=self.executors, fd_limit=self.fd_limit, max_connections=gate.max_connections,
@@ -321,12 +321,35 @@ class _Daemon:
             paths += [self.listen.key_file, *self.listen.allow_dirs.values()]
         return hidden_paths(*paths)
 
-    @staticmethod
-    async def _heartbeat(router: Router, gate: ConnectionGate) -> None:
+    async def _heartbeat(self, router: Router, gate: ConnectionGate, stop: asyncio.Event) -> None:
         while True:
             await asyncio.sleep(HEARTBEAT_S)
             router.heartbeat()
             gate.sweep()
+            lost = self._runtime_dir_lost()
+            if lost:
+                # Nobody can reach a daemon whose socket is gone, and the next client would
+                # start a second one: stop, as for SIGTERM (sessions end, commands die).
+                log.warning(f"{lost}: shutting down", dir=self.runtime.path)
+                stop.set()
+                return
+
+    def _runtime_dir_lost(self) -> str | None:
+        """Why this daemon can no longer be found through its runtime dir, or None."""
+        try:
+            here = os.stat(self.runtime.path)
+            ours = os.fstat(self.dir_fd)
+        except OSError:
+            return "the runtime dir was removed"
+        if (here.st_dev, here.st_ino) != (ours.st_dev, ours.st_ino):
+            return "the runtime dir was replaced"
+        try:
+            st = os.stat("broker.sock", dir_fd=self.dir_fd, follow_symlinks=False)
+        except OSError:
+            return "the daemon's socket was removed"
+        if (st.st_dev, st.st_ino) != self._socket_ident:
+            return "the daemon's socket was replaced"
+        return None
 
     def cleanup(self) -> None:
         """Remove what marks this daemon as running. Only ever called by the lock holder."""

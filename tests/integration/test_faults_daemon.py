@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import resource
+import shutil
 import signal
 import socket
 import subprocess
@@ -261,3 +262,20 @@ def test_a_frontend_suspended_past_the_limit_is_told_what_happened(daemon_factor
     assert r.returncode != 0
     err = r.stderr.decode()
     assert "stopped (suspended) for more than 2 s" in err and "send hello first" not in err, err
+
+
+@pytest.mark.parametrize("what", ["runtime dir", "socket"])
+def test_a_daemon_whose_runtime_dir_is_deleted_shuts_down(daemon_factory, sluice, tmp_path, what):
+    d = daemon_factory.start(executors=1)
+    client = d.client()
+    assert client.run(["true"], cwd=str(tmp_path)).returncode == 0
+    if what == "socket":
+        os.unlink(d.runtime.socket_path)
+    else:
+        shutil.rmtree(d.runtime.path)
+    assert d.proc.wait(timeout=15) == 0
+    assert wait_for(lambda: not d.descendants(), timeout=10, what="the daemon's executors to exit")
+    # The next client starts a daemon of its own, the only one.
+    r = subprocess.run([*sluice, "run", "--cwd", str(tmp_path), "--", "echo", "again"], env=d.env_for_children(),
+                       capture_output=True, timeout=60)
+    assert (r.returncode, r.stdout) == (0, b"again\n"), r.stderr.decode()
