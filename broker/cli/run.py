@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import signal
+import sys
 
 import broker.client as C
 from broker.cli.base import USAGE_RUN, command_of, env_report, fail, print_error, remote_from_args, write_all
@@ -11,6 +12,10 @@ from broker.wire.results import EXIT_NOT_FOUND, EXIT_SIGNAL_BASE, EXIT_SLUICE, E
 
 # How long ``sluice run`` waits for a cancelled call to end before giving up.
 CANCEL_WAIT_S = 5.0
+
+
+def _notice(call, note: str) -> None:
+    print(f"sluice: {note}", file=sys.stderr, flush=True)
 
 
 def run_main(args) -> int:
@@ -43,6 +48,7 @@ def run_main(args) -> int:
     signum = None
     with client, client.catch_signals():
         call = client.submit_request(request, call_id=out.call_id, on_output=out.on_output)
+        call.on_notice = _notice
         out.begin(client, call)
         try:
             try:

@@ -74,7 +74,11 @@ StartedCallback = Callable[["Call"], object]
 
 
 class Call:
-    """One submitted command. ``pid`` is set once the executor has started it."""
+    """One submitted command. ``pid`` is set once the executor has started it.
+
+    ``notes``: what the daemon said about the call that does not end it (one line each,
+    e.g. that it waits for an executor being restarted); ``on_notice(call, note)``, if
+    set, is called with each as it comes."""
 
     __slots__ = (
         "call_id",
@@ -82,6 +86,8 @@ class Call:
         "request",
         "on_output",
         "on_started",
+        "on_notice",
+        "notes",
         "pid",
         "executor",
         "result",
@@ -96,6 +102,8 @@ class Call:
         self.request: wire.RunRequest = request
         self.on_output: OutputCallback | None = on_output
         self.on_started: StartedCallback | None = on_started
+        self.on_notice: Callable[[Call, str], object] | None = None
+        self.notes: list[str] = []
         self.pid: int | None = None
         self.executor: str = ""
         self.result: Result | None = None
@@ -575,6 +583,17 @@ class Client:
             call.executor = st.executor
             if call.on_started is not None:
                 call.on_started(call)
+        elif kind == wire.NOTICE:
+            call = self._calls.get(h.corr)
+            if call is None or len(frames) < 2:
+                return
+            try:
+                note = wire.decode(wire.NOTICE, frames[1].buffer).message
+            except wire.WireError:
+                return
+            call.notes.append(note)
+            if call.on_notice is not None:
+                call.on_notice(call, note)
         elif kind == wire.EVENT:
             if len(frames) >= 2 and self._sessions is not None:
                 self._sessions.on_event(h, frames[1].buffer)

@@ -96,6 +96,9 @@ class Supervisor(Protocol):
     def kill(self, peer: Peer) -> bool:
         """SIGKILL the process behind ``peer``, if we spawned it."""
 
+    def restarting(self) -> str | None:
+        """One line on executors being restarted, for a command that waits for one."""
+
 
 class _NoSupervisor:
     def claim(self, peer: Peer) -> bool:
@@ -103,6 +106,9 @@ class _NoSupervisor:
 
     def kill(self, peer: Peer) -> bool:
         return False
+
+    def restarting(self) -> str | None:
+        return None
 
 
 class Gate(Protocol):
@@ -433,6 +439,10 @@ class Router:
         executor = None if self.queue else self._best_executor()
         if executor is None:
             self.queue[call_id] = call
+            note = self.supervisor.restarting()
+            if note:
+                self._send(peer, [peer.identity, *wire.message(wire.NOTICE, call_id, wire.ErrorMsg(
+                    f"{note}; this command waits for it"))])
         else:
             self._assign(call, executor)
 

@@ -95,6 +95,8 @@ class ProcessPool:
         self.workers: dict[str, Worker] = {}
         self._failures: dict[str, int] = {}
         self._restarts: dict[str, asyncio.TimerHandle] = {}
+        # name -> when its replacement is (was) due, until that replacement says hello.
+        self._restart_at: dict[str, float] = {}
         self._stopping = False
         self._all_exited = asyncio.Event()
 
@@ -162,6 +164,17 @@ class ProcessPool:
         if failures > 1:
             log.warning(f"{self.what} keeps failing at start-up; backing off", name=name, delay_s=delay)
         self._restarts[name] = self.loop.call_later(delay, self._spawn, name)
+        self._restart_at[name] = time.monotonic() + delay
+
+    def restarting(self) -> str | None:
+        """One line on the replacements under way (None if none is): what a command that
+        waits for one is told."""
+        if self._stopping or not self._restart_at:
+            return None
+        delay, name = min((at - time.monotonic(), name) for name, at in self._restart_at.items())
+        if delay > 0.05:
+            return f"{self.what} {name} died and is restarted in {delay:.1f} s (it keeps failing: backing off)"
+        return f"{self.what} {name} died and is being restarted"
 
     # -------------------------------------------------------- router hooks
 
@@ -169,6 +182,7 @@ class ProcessPool:
         for worker in self.workers.values():
             if worker.proc.pid == peer.pid and worker.peer is None:
                 worker.peer = peer
+                self._restart_at.pop(worker.name, None)
                 if worker.hello_timer is not None:
                     worker.hello_timer.cancel()
                     worker.hello_timer = None

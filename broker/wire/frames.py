@@ -20,6 +20,9 @@ out       exec -> broker -> frontend  raw chunk bytes; ``stream`` is 1 (stdout) 
 ack       frontend -> broker -> exec  none; ``n`` bytes, ``seq`` chunks consumed since the last ack
 cancel    frontend -> broker -> exec  none (``corr`` = call id)
 exit      exec -> broker -> frontend  :class:`ExitStatus` (``corr`` = call id)
+notice    broker -> frontend          :class:`ErrorMsg`: something the person should know
+                                      about the call ``corr`` that does not end it (it
+                                      waits for an executor being restarted, ...)
 ping      either way                  none; answered with ``pong`` (liveness)
 pong      either way                  none
 bye       peer -> broker              none; the peer is leaving (executor drains first)
@@ -146,6 +149,7 @@ ATTACH = "attach"
 DETACH = "detach"
 LAGGED = "lagged"
 SESSIONS = "sessions"
+NOTICE = "notice"
 
 # ``attach`` header seq: start at the current (or, when idle, the last) turn's task_started.
 SINCE_TURN = -1
@@ -303,6 +307,7 @@ _decoders = {
     HELLO: msgspec.msgpack.Decoder(Hello),
     WELCOME: msgspec.msgpack.Decoder(Welcome),
     ERROR: msgspec.msgpack.Decoder(ErrorMsg),
+    NOTICE: msgspec.msgpack.Decoder(ErrorMsg),
     RUN: msgspec.msgpack.Decoder(RunRequest, dec_hook=dec_hook),
     STARTED: msgspec.msgpack.Decoder(Started),
     EXIT: msgspec.msgpack.Decoder(ExitStatus),

@@ -279,3 +279,19 @@ def test_a_daemon_whose_runtime_dir_is_deleted_shuts_down(daemon_factory, sluice
     r = subprocess.run([*sluice, "run", "--cwd", str(tmp_path), "--", "echo", "again"], env=d.env_for_children(),
                        capture_output=True, timeout=60)
     assert (r.returncode, r.stdout) == (0, b"again\n"), r.stderr.decode()
+
+
+def test_a_command_waiting_for_a_crash_looping_executor_is_told_so(daemon_factory, sluice, tmp_path):
+    d = daemon_factory.start(executors=1)
+    # Kill the executor as soon as it is back, until the daemon backs off its restarts:
+    # the sixth quick death is restarted 3.2 s later.
+    for _ in range(6):
+        (pid,) = wait_for(d.executor_pids, timeout=20, what="an executor")
+        os.kill(pid, signal.SIGKILL)
+        wait_for(lambda: pid not in d.executor_pids(), what="the executor to die")
+    r = subprocess.run([*sluice, "run", "--cwd", str(tmp_path), "--", "echo", "waited"], env=d.env_for_children(),
+                       capture_output=True, timeout=60)
+    assert (r.returncode, r.stdout) == (0, b"waited\n"), r.stderr.decode()
+    err = r.stderr.decode()
+    assert err.startswith("sluice: executor exec-1 died and is restarted in ") and err.count("\n") == 1, err
+    assert "backing off); this command waits for it" in err
