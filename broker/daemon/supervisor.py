@@ -172,9 +172,9 @@ class ProcessPool:
         if self._stopping or not self._restart_at:
             return None
         delay, name = min((at - time.monotonic(), name) for name, at in self._restart_at.items())
-        if delay > 0.05:
-            return f"{self.what} {name} died and is restarted in {delay:.1f} s (it keeps failing: backing off)"
-        return f"{self.what} {name} died and is being restarted"
+        when = f"restarted in {delay:.1f} s" if delay > 0.05 else "being restarted"
+        again = " (it keeps dying at start: backing off)" if self._failures.get(name, 0) > 1 else ""
+        return f"{self.what} {name} died and is {when}{again}"
 
     # -------------------------------------------------------- router hooks
 

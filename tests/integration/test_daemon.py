@@ -139,6 +139,7 @@ class Dealer:
         self.sock.rcvtimeo = -1
         self.sock.connect(rt.endpoint)
         self.rt = rt
+        self.notices: list[str] = []
 
     def send(self, kind: str, corr: str = "", body=None, **fields) -> list[bytes]:
         parts = wire.message(kind, corr, body, **fields)
@@ -159,6 +160,9 @@ class Dealer:
             head = wire.decode_header(frames[0])
             if head.kind == wire.PING and answer_pings:
                 self.send(wire.PONG, head.corr)
+                continue
+            if head.kind == wire.NOTICE:  # a line for a person (an executor is restarting): noted, not awaited
+                self.notices.append(wire.decode(wire.NOTICE, frames[1]).message)
                 continue
             return head, frames
 

@@ -294,4 +294,4 @@ def test_a_command_waiting_for_a_crash_looping_executor_is_told_so(daemon_factor
     assert (r.returncode, r.stdout) == (0, b"waited\n"), r.stderr.decode()
     err = r.stderr.decode()
     assert err.startswith("sluice: executor exec-1 died and is restarted in ") and err.count("\n") == 1, err
-    assert "backing off); this command waits for it" in err
+    assert "(it keeps dying at start: backing off); this command waits for it" in err
