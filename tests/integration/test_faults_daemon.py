@@ -147,6 +147,8 @@ def _small_tmpfs(size: str):
         yield path
     finally:
         subprocess.run(["umount", "-l", path], check=False)
+        with contextlib.suppress(OSError):
+            os.rmdir(path)
 
 
 def _fill(directory: str) -> str:
