@@ -220,12 +220,14 @@ class Worker:
         self._watch_spawner()
 
     def _watch_spawner(self) -> None:
-        # The zygote's socket changes if it had to be restarted.
+        # The zygote's socket changes if it had to be restarted, and is None while it
+        # cannot be (no process could be forked: the next command tries again).
         fd = self.spawner.fileno
         if fd != self._spawner_fd:
             if self._spawner_fd is not None:
                 self.loop.remove_reader(self._spawner_fd)
-            self.loop.add_reader(fd, self._refill_spawner)
+            if fd is not None:
+                self.loop.add_reader(fd, self._refill_spawner)
             self._spawner_fd = fd
 
     def close(self) -> None:

@@ -49,6 +49,7 @@ import select
 import signal
 import socket
 import sys
+import time
 from dataclasses import dataclass
 
 from landlock_helper import _libc, landlock, mounts, namespaces, seccomp, unix_guard
@@ -57,6 +58,9 @@ from landlock_helper.policy import SandboxPolicy
 
 # Largest spec (argv + env + policy) a caller may send; SEQPACKET needs it in one piece.
 MAX_SPEC = 4 * 1024 * 1024
+# After a fork the system refused, the pool is topped up again after this long, doubling.
+FORK_BACKOFF_FIRST_S = 0.1
+FORK_BACKOFF_MAX_S = 5.0
 
 
 _FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -348,12 +352,26 @@ class _Warm:
                 pass
 
 
+def _fork() -> int:
+    """``os.fork``; a fork the system refuses (no processes or memory left) is a
+    :class:`SandboxError` saying so, which the caller reports for that one command."""
+    try:
+        return os.fork()
+    except OSError as e:
+        raise SandboxError(f"cannot fork: {(e.strerror or str(e)).lower()}") from None
+
+
 def _make_warm(template: _Template, *, reap: bool) -> _Warm:
     """Fork a supervisor (and through it init and command) from this process."""
     mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     mine.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, MAX_SPEC + 65536)
     parent = os.getpid()
-    pid = os.fork()
+    try:
+        pid = _fork()
+    except SandboxError:
+        mine.close()
+        theirs.close()
+        raise
     if pid == 0:
         mine.close()
         _child_main(_supervisor, theirs.fileno(), template, parent, theirs.fileno())
@@ -397,12 +415,32 @@ class Spawner:
         self._ready: list[_Warm] = []
         self._asked = 0
         self._sock: socket.socket | None = None
+        self.zygote_pid = 0
+        # The last fork the system refused ("cannot fork: ..."), until one succeeds, and when
+        # to try again on our own (each command that needs a sandbox tries at once).
+        self.failure: str | None = None
+        self._backoff = 0.0
+        self._retry_at = 0.0
         self._start_zygote()
+
+    def _failed(self, why: str) -> None:
+        self.failure = why
+        self._backoff = min(max(self._backoff * 2, FORK_BACKOFF_FIRST_S), FORK_BACKOFF_MAX_S)
+        self._retry_at = time.monotonic() + self._backoff
+
+    def _recovered(self) -> None:
+        self.failure = None
+        self._backoff = 0.0
 
     def _start_zygote(self) -> None:
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         parent = os.getpid()
-        pid = os.fork()
+        try:
+            pid = _fork()
+        except SandboxError:
+            mine.close()
+            theirs.close()
+            raise
         if pid == 0:
             mine.close()
             _child_main(_zygote, None, self.template, parent, theirs)
@@ -414,8 +452,10 @@ class Spawner:
         self._ask(self.pool)
 
     @property
-    def fileno(self) -> int:
-        return self._sock.fileno()
+    def fileno(self) -> int | None:
+        """The zygote's socket, to watch for readability; None while there is no zygote
+        (it could not be forked again: the next :meth:`spawn` tries)."""
+        return None if self._sock is None else self._sock.fileno()
 
     def _ask(self, n: int) -> None:
         for _ in range(n):
@@ -428,16 +468,42 @@ class Spawner:
 
     def _restart_zygote(self) -> None:
         """The zygote died (killed by someone?), and its sandboxes with it (they die
-        with their parent): start over, from us as we are now."""
+        with their parent): start over, from us as we are now. If that fork is refused,
+        there is no zygote until a later :meth:`spawn` or :meth:`refill` makes one."""
         for warm in self._ready:
             warm.discard()
         self._ready.clear()
-        self._sock.close()
-        self._reap_zygote()
-        self._start_zygote()
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+            self._reap_zygote()
+        self._asked = 0
+        try:
+            self._start_zygote()
+        except SandboxError as e:
+            self._failed(str(e))
+
+    def _ensure_zygote(self, *, now: bool) -> None:
+        """Without a zygote: make one (``now``, or when the back-off has passed); raises
+        :class:`SandboxError` with the reason when ``now`` and it cannot be made."""
+        if self._sock is not None or (not now and time.monotonic() < self._retry_at):
+            return
+        try:
+            self._start_zygote()
+        except SandboxError as e:
+            self._failed(str(e))
+            if now:
+                raise
 
     def refill(self, *, block: bool = False) -> None:
-        """Take the sandboxes the zygote has made; ask for more to keep the pool full."""
+        """Take the sandboxes the zygote has made; ask for more to keep the pool full.
+
+        A sandbox the zygote could not fork (``F`` instead of one) is a failure: the pool
+        is not topped up again before the back-off has passed, and a blocking call
+        raises :class:`SandboxError` with the reason if nothing else is coming."""
+        self._ensure_zygote(now=block)
+        if self._sock is None:
+            return
         while self._asked:
             try:
                 msg, fds, _, _ = socket.recv_fds(self._sock, 64, 1, 0 if block else socket.MSG_DONTWAIT)
@@ -449,10 +515,20 @@ class Spawner:
                 self._restart_zygote()
                 return
             self._asked -= 1
+            if msg.startswith(b"F "):
+                for fd in fds:
+                    os.close(fd)
+                self._failed(msg[2:].decode(errors="replace"))
+                if block and not self._asked and not self._ready:
+                    raise SandboxError(self.failure)
+                continue
             ctl = socket.socket(fileno=fds[0])
             ctl.setblocking(True)
             self._ready.append(_Warm(int(msg[2:]), ctl, reap=False))
+            self._recovered()
             block = False
+        if self.failure is not None and time.monotonic() < self._retry_at:
+            return  # backing off: a command that needs a sandbox asks for one itself
         missing = self.pool - len(self._ready) - self._asked
         if missing > 0:
             self._ask(missing)
@@ -472,6 +548,7 @@ class Spawner:
         self.refill()
         while True:
             while not self._ready:
+                self._ensure_zygote(now=True)
                 if not self._asked:
                     self._ask(1)
                 self.refill(block=True)
@@ -490,8 +567,8 @@ class Spawner:
         if self._sock is not None:
             self._sock.close()
             self._sock = None
-        _kill_quietly(self.zygote_pid)
-        self._reap_zygote()
+            _kill_quietly(self.zygote_pid)
+            self._reap_zygote()
 
     def _reap_zygote(self) -> None:
         try:
@@ -583,7 +660,11 @@ def _zygote(template: _Template, parent: int, sock: socket.socket) -> None:
                 continue
             if not msg:
                 os._exit(0)
-            warm = _make_warm(template, reap=False)
+            try:
+                warm = _make_warm(template, reap=False)
+            except SandboxError as e:
+                sock.send(f"F {e}".encode())  # out of processes or memory: the caller decides
+                continue
             socket.send_fds(sock, [f"S {warm.sup_pid}".encode()], [warm.ctl.fileno()])
             warm.ctl.close()
 

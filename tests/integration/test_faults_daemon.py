@@ -297,3 +297,70 @@ def test_a_command_waiting_for_a_crash_looping_executor_is_told_so(daemon_factor
     err = r.stderr.decode()
     assert err.startswith("sluice: executor exec-1 died and is restarted in ") and err.count("\n") == 1, err
     assert "(it keeps dying at start: backing off); this command waits for it" in err
+
+
+PIDS_V1 = "/sys/fs/cgroup/pids"
+
+
+@contextlib.contextmanager
+def _pids_cgroup():
+    """A cgroup v1 pids group of our own (root on a host with the v1 pids controller)."""
+    if os.geteuid() != 0 or not os.access(os.path.join(PIDS_V1, "cgroup.procs"), os.W_OK):
+        pytest.skip("needs root and the cgroup v1 pids controller to starve an executor of processes")
+    path = os.path.join(PIDS_V1, f"sluice-test-{os.getpid()}-{time.monotonic_ns()}")
+    os.mkdir(path)
+    try:
+        yield path
+    finally:
+        with contextlib.suppress(OSError):
+            _write(os.path.join(path, "pids.max"), "max")
+        wait_for(lambda: _empty_and_removed(path), timeout=10, what=f"{path} to be emptied and removed")
+
+
+def _empty_and_removed(path: str) -> bool:
+    """Move what is left in the cgroup back to the root one and remove it (exiting
+    processes linger for a moment)."""
+    with contextlib.suppress(OSError):
+        for pid in open(os.path.join(path, "cgroup.procs")).read().split():
+            with contextlib.suppress(OSError):
+                _write(os.path.join(PIDS_V1, "cgroup.procs"), pid)
+    try:
+        os.rmdir(path)
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    return True
+
+
+def _write(path: str, text: str) -> None:
+    with open(path, "w") as f:
+        f.write(text)
+
+
+def test_an_executor_out_of_processes_says_so_and_recovers(daemon_factory, tmp_path):
+    d = daemon_factory.start(executors=1)
+    client = d.client()
+    assert client.run(["echo", "before"], cwd=str(tmp_path)).stdout == b"before\n"
+    (executor,) = d.executor_pids()
+    with _pids_cgroup() as group:
+        tree = [executor, *(p.pid for p in psutil.Process(executor).children(recursive=True))]
+        for pid in tree:
+            with contextlib.suppress(OSError):  # a warm sandbox's process may come and go
+                _write(os.path.join(group, "cgroup.procs"), str(pid))
+        _write(os.path.join(group, "pids.max"), "1")  # no new process at all (those there stay)
+        # Warm sandboxes made before still serve; once they are used up, forks are refused.
+        errors = []
+        for i in range(12):
+            r = client.run(["echo", str(i)], cwd=str(tmp_path))
+            if r.error:
+                errors.append(r.error)
+            else:
+                assert r.stdout == f"{i}\n".encode()
+        assert errors, "no fork was refused"
+        assert all("cannot fork: resource temporarily unavailable" in e for e in errors), errors
+        assert d.executor_pids() == [executor]  # the executor lives on
+        _write(os.path.join(group, "pids.max"), "max")
+        # It recovers by itself: the next command gets a sandbox.
+        assert client.run(["echo", "after"], cwd=str(tmp_path)).stdout == b"after\n"
+        assert "Invalid file descriptor" not in d.log()
