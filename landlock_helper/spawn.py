@@ -352,26 +352,25 @@ class _Warm:
                 pass
 
 
-def _fork() -> int:
-    """``os.fork``; a fork the system refuses (no processes or memory left) is a
-    :class:`SandboxError` saying so, which the caller reports for that one command."""
+def _fork_with_socket(sndbuf: int = 0) -> tuple[int, socket.socket, socket.socket]:
+    """A SEQPACKET pair, then ``os.fork``: (pid, our end, the child's end). A fork the
+    system refuses (no processes or memory left) is a :class:`SandboxError` saying so,
+    which the caller reports for that one command; the pair is closed then."""
+    mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    if sndbuf:
+        mine.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, sndbuf)
     try:
-        return os.fork()
+        return os.fork(), mine, theirs
     except OSError as e:
+        mine.close()
+        theirs.close()
         raise SandboxError(f"cannot fork: {(e.strerror or str(e)).lower()}") from None
 
 
 def _make_warm(template: _Template, *, reap: bool) -> _Warm:
     """Fork a supervisor (and through it init and command) from this process."""
-    mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    mine.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, MAX_SPEC + 65536)
     parent = os.getpid()
-    try:
-        pid = _fork()
-    except SandboxError:
-        mine.close()
-        theirs.close()
-        raise
+    pid, mine, theirs = _fork_with_socket(MAX_SPEC + 65536)
     if pid == 0:
         mine.close()
         _child_main(_supervisor, theirs.fileno(), template, parent, theirs.fileno())
@@ -433,14 +432,8 @@ class Spawner:
         self._backoff = 0.0
 
     def _start_zygote(self) -> None:
-        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         parent = os.getpid()
-        try:
-            pid = _fork()
-        except SandboxError:
-            mine.close()
-            theirs.close()
-            raise
+        pid, mine, theirs = _fork_with_socket()
         if pid == 0:
             mine.close()
             _child_main(_zygote, None, self.template, parent, theirs)

@@ -38,6 +38,7 @@ import struct
 import termios
 import time
 
+import psutil
 import structlog
 import zmq
 from zmq.utils.monitor import parse_monitor_message
@@ -179,13 +180,9 @@ class ConnectionGate:
         if pid is None:
             return False
         try:
-            with open(f"/proc/{pid}/stat", "rb") as f:
-                stat = f.read()
-        except OSError:
+            return psutil.Process(pid).status() in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP)
+        except psutil.Error:
             return False
-        # "pid (comm) S ...": the state follows the last ')' (comm may hold anything).
-        state = stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3]
-        return state in (b"T", b"t")
 
     def sweep(self) -> None:
         """Cut strangers that have had :attr:`stranger_s` to say hello (call it every heartbeat)."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import socket
 
+import pytest
 import zmq
 
 from broker.daemon.gate import ConnectionGate, reserve
@@ -28,8 +29,19 @@ class Clock:
         return self.now
 
 
-def _pairs(n: int) -> list[tuple[socket.socket, socket.socket]]:
-    return [socket.socketpair() for _ in range(n)]
+@pytest.fixture
+def socketpairs():
+    """``socketpairs(n)``: n connected pairs (ours, theirs), all closed after the test."""
+    made: list[tuple[socket.socket, socket.socket]] = []
+
+    def make(n: int) -> list[tuple[socket.socket, socket.socket]]:
+        made.extend(socket.socketpair() for _ in range(n))
+        return made[-n:]
+
+    yield make
+    for a, b in made:
+        a.close()
+        b.close()
 
 
 def _was_cut(theirs: socket.socket) -> bool:
@@ -44,47 +56,37 @@ def test_reserve_scales_with_the_limit():
     assert reserve(1024) == 256 and reserve(4096) == 1024 and reserve(1 << 20) == 4096
 
 
-def test_strangers_are_cut_after_their_time_and_peers_never():
+def test_strangers_are_cut_after_their_time_and_peers_never(socketpairs):
     clock = Clock()
     gate = ConnectionGate(4096, stranger_s=10, clock=clock)
-    pairs = _pairs(6)
-    try:
-        for ours, _ in pairs:
-            gate.accepted(ours.fileno())
-        for ours, _ in pairs[:2]:
-            assert gate.peer_joined(Frame(ours.fileno())) is not None
-        clock.now += 9
-        gate.sweep()
-        assert not any(_was_cut(theirs) for _, theirs in pairs)
-        clock.now += 2
-        gate.sweep()
-        assert [_was_cut(theirs) for _, theirs in pairs] == [False, False, True, True, True, True]
-        assert gate.cut == 4 and len(gate.connections) == 2
-    finally:
-        for a, b in pairs:
-            a.close()
-            b.close()
+    pairs = socketpairs(6)
+    for ours, _ in pairs:
+        gate.accepted(ours.fileno())
+    for ours, _ in pairs[:2]:
+        assert gate.peer_joined(Frame(ours.fileno())) is not None
+    clock.now += 9
+    gate.sweep()
+    assert not any(_was_cut(theirs) for _, theirs in pairs)
+    clock.now += 2
+    gate.sweep()
+    assert [_was_cut(theirs) for _, theirs in pairs] == [False, False, True, True, True, True]
+    assert gate.cut == 4 and len(gate.connections) == 2
 
 
-def test_over_the_limit_the_oldest_strangers_go_first():
+def test_over_the_limit_the_oldest_strangers_go_first(socketpairs):
     clock = Clock()
     gate = ConnectionGate(64, clock=clock)  # the floor: 16 connections
     assert gate.max_connections == 16
-    pairs = _pairs(17)
-    try:
-        peer = pairs[0][0]
-        gate.accepted(peer.fileno())
-        gate.peer_joined(Frame(peer.fileno()))
-        for ours, _ in pairs[1:]:
-            clock.now += 1
-            gate.accepted(ours.fileno())
-        # 17 > 16: one over, plus a tenth of the room, cut at once; the oldest strangers, never the peer.
-        cut = [_was_cut(theirs) for _, theirs in pairs]
-        assert cut[0] is False and cut[1:3] == [True, True] and not any(cut[3:])
-    finally:
-        for a, b in pairs:
-            a.close()
-            b.close()
+    pairs = socketpairs(17)
+    peer = pairs[0][0]
+    gate.accepted(peer.fileno())
+    gate.peer_joined(Frame(peer.fileno()))
+    for ours, _ in pairs[1:]:
+        clock.now += 1
+        gate.accepted(ours.fileno())
+    # 17 > 16: one over, plus a tenth of the room, cut at once; the oldest strangers, never the peer.
+    cut = [_was_cut(theirs) for _, theirs in pairs]
+    assert cut[0] is False and cut[1:3] == [True, True] and not any(cut[3:])
 
 
 def test_a_descriptor_reused_by_another_socket_is_not_cut_for_the_old_one():
