@@ -19,6 +19,7 @@ first writes one line saying how many were lost and why.
 
 from __future__ import annotations
 
+import errno
 import logging as _stdlib_logging
 import os
 import sys
@@ -82,6 +83,10 @@ def configure(json: bool | None = None, *, level: str | int | None = None, strea
     )
 
 
+# A log line is written only while this much more is free where the log is.
+LOG_ROOM_BYTES = 64 * 1024
+
+
 class SafeSink:
     """A text stream for log lines that never raises: see the module docstring."""
 
@@ -97,30 +102,54 @@ class SafeSink:
             self._fd = None  # not a file (a test's StringIO): write through it
         self.lost = 0
         self._why = ""
+        # Part of a line reached the file before the disk filled.
+        self._torn = False
 
     def write(self, text: str) -> None:
         if self.lost:
-            note = (f'{{"event": "{self.lost} log lines lost: {self._why}", "level": "warning", '
-                    f'"component": "logging"}}\n')
+            # A line cut short by the full disk is ended first, so every line stays whole JSON.
+            end = "\n" if self._torn else ""
+            note = (f'{end}{{"event": "{self.lost} log lines lost: {self._why}", '
+                    f'"level": "warning", "component": "logging"}}\n')
             if not self._put(note):
                 self.lost += text.count("\n") or 1
                 return
             self.lost = 0
+            self._torn = False
         if not self._put(text):
             self.lost += text.count("\n") or 1
 
     def _put(self, text: str) -> bool:
-        try:
-            if self._fd is None:
+        if self._fd is None:
+            try:
                 self._stream.write(text)
                 return True
-            # Straight to the descriptor: a buffered stream would keep what failed and fail
-            # again on every later write. A short write on a full disk loses the line's rest.
-            os.write(self._fd, text.encode("utf-8", "replace"))
+            except (OSError, ValueError) as e:
+                self._why = getattr(e, "strerror", None) or str(e)
+                return False
+        # Straight to the descriptor: a buffered stream would keep what failed and fail
+        # again on every later write.
+        data = text.encode("utf-8", "replace")
+        done = 0
+        try:
+            if self._nearly_full(len(data)):
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            while done < len(data):
+                done += os.write(self._fd, data[done:])
             return True
-        except (OSError, ValueError) as e:
-            self._why = getattr(e, "strerror", None) or str(e)
+        except OSError as e:
+            self._why = e.strerror or str(e)
+            self._torn = self._torn or done > 0
             return False
+
+    def _nearly_full(self, size: int) -> bool:
+        """Too little room left for the line and a margin: dropped whole rather than cut
+        short by the disk filling halfway through it (other processes write there too)."""
+        try:
+            st = os.fstatvfs(self._fd)
+        except OSError:
+            return False
+        return st.f_blocks > 0 and st.f_bavail * st.f_frsize < size + LOG_ROOM_BYTES
 
     def flush(self) -> None:
         if self._fd is None:

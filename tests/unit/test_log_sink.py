@@ -37,3 +37,26 @@ def test_a_stream_without_a_descriptor_is_written_through():
     sink.write("line\n")
     sink.flush()
     assert out.getvalue() == "line\n"
+
+
+def test_a_line_cut_short_by_the_full_disk_is_ended_before_the_note(tmp_path, monkeypatch):
+    path = tmp_path / "log"
+    real_write = os.write
+    state = {"full": False}
+
+    def write(fd, data):
+        if state["full"]:
+            if len(data) > 5:
+                return real_write(fd, bytes(data[:5]))  # part of it fits
+            raise OSError(28, "No space left on device")
+        return real_write(fd, data)
+
+    with open(path, "w") as stream:
+        sink = SafeSink(stream)
+        monkeypatch.setattr(os, "write", write)
+        state["full"] = True
+        sink.write('{"event": "cut"}\n')
+        state["full"] = False
+        sink.write('{"event": "back"}\n')
+    lines = path.read_text().splitlines()
+    assert lines[0] == '{"event": "cut"' and "1 log lines lost" in lines[1] and lines[2] == '{"event": "back"}'
