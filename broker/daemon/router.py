@@ -21,6 +21,16 @@ that holds its key (``--allow`` for frontends, ``--allow-executors`` for executo
 attached to its messages: a hello asking for another role is refused, so a frontend's
 key can never receive commands, nor an executor's key send them.
 
+A caller's ``ack`` for a call's output is checked and held before it goes on to the
+executor: it may not acknowledge more than the router forwarded (refused with an error
+naming what was sent), and it is passed on only while the caller's socket is not backed
+up (:meth:`broker.daemon.gate.ConnectionGate.backed_up`), retried shortly otherwise. An
+ack is the caller's word that it read; this makes it the kernel's word too, so a caller
+that acknowledges output it never reads stops its command's flow instead of filling the
+daemon's queue for it. Session acks get the same treatment in
+:mod:`broker.daemon.sessions`. A caller whose process is stopped (Ctrl-Z) is not dropped
+for missing pings until ``suspend_limit_s``; its commands wait on their windows.
+
 Session traffic (``submit``, ``event``, ``closed``, ``attach``, ``detach``, ``sessions`` and
 acks that name a session) is routed by :class:`broker.daemon.sessions.Sessions`, which the
 heartbeat also drives (to retry frontends whose queue was full). The agent peer that
