@@ -60,6 +60,8 @@ HEARTBEAT_S = 1.0
 # Idle frontends are pinged this rarely, only to notice ones that vanished.
 IDLE_PING_EVERY = 30
 QUEUE_LIMIT = 100_000
+# ... and at most this many bytes of them (a run carries its argv and environment).
+QUEUE_BYTES = 256 * 1024 * 1024
 # A stopped (suspended) frontend keeps its commands this long by default.
 SUSPEND_LIMIT_S = 3600.0
 # Dropped callers whose reason is remembered, at most.
@@ -213,6 +215,49 @@ class Call:
         self.retry = None
 
 
+class RunQueue:
+    """The runs waiting for an executor, oldest first, with the bytes they hold (bounded
+    in both: :data:`QUEUE_LIMIT` runs, :data:`QUEUE_BYTES` bytes)."""
+
+    __slots__ = ("_calls", "bytes")
+
+    def __init__(self) -> None:
+        self._calls: OrderedDict[str, Call] = OrderedDict()
+        self.bytes = 0
+
+    def __len__(self) -> int:
+        return len(self._calls)
+
+    def values(self):
+        return self._calls.values()
+
+    def has_room(self, size: int) -> bool:
+        return len(self._calls) < QUEUE_LIMIT and self.bytes + size <= QUEUE_BYTES
+
+    def push(self, call: Call, *, first: bool = False) -> None:
+        self._calls[call.id] = call
+        self.bytes += _size(call.frames)
+        if first:
+            self._calls.move_to_end(call.id, last=False)
+
+    def pop_first(self) -> Call:
+        _, call = self._calls.popitem(last=False)
+        self.bytes -= _size(call.frames)
+        return call
+
+    def remove(self, call: Call) -> None:
+        del self._calls[call.id]
+        self.bytes -= _size(call.frames)
+
+    def clear(self) -> None:
+        self._calls.clear()
+        self.bytes = 0
+
+
+def _size(frames: list | None) -> int:
+    return sum(len(f) for f in frames) if frames else 0
+
+
 class Router:
     """Routes one ROUTER socket's traffic. Call :meth:`on_message` for each message."""
 
@@ -247,7 +292,7 @@ class Router:
         self.executors: dict[bytes, Peer] = {}
         self.callers: dict[bytes, Peer] = {}
         self.calls: dict[str, Call] = {}
-        self.queue: OrderedDict[str, Call] = OrderedDict()
+        self.queue = RunQueue()
         self.tick = 0
         self.closing = False
         self._lost: list[Peer] = []
@@ -440,15 +485,15 @@ class Router:
             return self._reply_error(peer, call_id, f"bad run request: {e}")
         if call_id in self.calls:
             return self._reply_error(peer, call_id, f"call id {call_id} is already in flight")
-        if len(self.queue) >= QUEUE_LIMIT:
-            self._throttle("warning", "run refused: queue full", queued=len(self.queue))
+        if not self.queue.has_room(_size(frames[1:])):
+            self._throttle("warning", "run refused: queue full", queued=len(self.queue), queued_bytes=self.queue.bytes)
             return self._reply_error(peer, call_id, "daemon busy: too many commands queued; try again later")
         call = Call(call_id, peer, frames[1:])
         self.calls[call_id] = call
         peer.calls[call_id] = call
         executor = None if self.queue else self._best_executor()
         if executor is None:
-            self.queue[call_id] = call
+            self.queue.push(call)
             note = self.supervisor.restarting()
             if note:
                 self._send(peer, [peer.identity, *wire.message(wire.NOTICE, call_id, wire.ErrorMsg(
@@ -503,7 +548,7 @@ class Router:
         if executor is not None:
             self._send(executor, [executor.identity, *frames[1:]])
             return
-        del self.queue[call.id]
+        self.queue.remove(call)
         del self.calls[call.id]
         del peer.calls[call.id]
         self._send(peer, [peer.identity, *wire.message(wire.EXIT, call.id, wire.ExitStatus(aborted=True))])
@@ -627,7 +672,7 @@ class Router:
             call.caller = None
             executor = call.executor
             if executor is None:
-                del self.queue[call.id]
+                self.queue.remove(call)
                 del self.calls[call.id]
             else:
                 cancelled += 1
@@ -714,8 +759,7 @@ class Router:
             executor = self._best_executor()
             if executor is None:
                 return
-            _, call = queue.popitem(last=False)
-            self._assign(call, executor)
+            self._assign(queue.pop_first(), executor)
 
     def _assign(self, call: Call, executor: Peer) -> None:
         frames, call.frames = call.frames, None
@@ -728,8 +772,7 @@ class Router:
         if executor.gone:
             # It vanished under us; another executor (or a replacement) can take the call.
             call.frames = frames
-            self.queue[call.id] = call
-            self.queue.move_to_end(call.id, last=False)
+            self.queue.push(call, first=True)
         else:
             del self.calls[call.id]
             self._fail(call, f"executor {executor.name} is not accepting work (its queue is full)")

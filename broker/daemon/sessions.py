@@ -80,8 +80,9 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger(component="sessions")
 
-# Submissions held while the agent starts; more is refused.
+# Submissions held while the agent starts, at most (count, bytes); more is refused.
 PENDING_LIMIT = 1000
+PENDING_BYTES = 64 * 1024 * 1024
 # Sessions one daemon hosts at most; fewer when descriptors are scarce (see :func:`max_sessions`).
 MAX_SESSIONS = 10_000
 # The memory log keeps at most this many recent events / bytes per session; the journal
@@ -441,6 +442,7 @@ class Sessions:
         if self.router.closing:
             return self._tell(peer, head, submission.id, "the sluice daemon is shutting down")
         op = submission.op
+        created = False
         if head.session:
             session = self.sessions.get(head.session)
             if session is None:
@@ -453,6 +455,7 @@ class Sessions:
                               f"the daemon hosts {self.max_sessions} sessions already; shut some down")
         else:
             session = self._create()
+            created = True
             log.info("session created", session=session.id, frontend=peer.name)
         if op.type == "configure_session" and op.cwd:
             session.cwd = op.cwd
@@ -461,8 +464,11 @@ class Sessions:
         parts = [wire.header(wire.SUBMIT, head.corr, session=session.id), body]
         if op.type in _APPROVAL_ANSWERS and op.id:
             self._answer_approval(peer, head, session, submission, parts)
-        else:
-            self._forward(session, submission.id, parts)
+        elif not self._forward(session, submission.id, parts) and created:
+            # The agent never heard of it (the error event said why): no session is left behind.
+            del self.sessions[session.id]
+            self._forget(session)
+            log.info("session refused", session=session.id, frontend=peer.name)
 
     def on_attach(self, peer: Peer, head: wire.Header, frames: list) -> None:
         """Subscribe ``peer`` from the event ``head.seq`` asks for (re-positioning it if it was)."""
@@ -584,7 +590,8 @@ class Sessions:
         """Hand a submission to the agent, or hold it while the agent starts; False if refused."""
         agent = self.agent
         if agent is None:
-            if len(self.pending) >= PENDING_LIMIT:
+            held = sum(len(part) for waiting in self.pending for part in waiting)
+            if len(self.pending) >= PENDING_LIMIT or held + sum(len(part) for part in parts) > PENDING_BYTES:
                 self._publish_error(session, sub_id, "the daemon is busy starting its agent; try again")
                 return False
             self.pending.append(parts)

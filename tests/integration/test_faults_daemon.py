@@ -101,8 +101,10 @@ def test_a_connection_flood_neither_aborts_the_daemon_nor_locks_out_new_clients(
 def test_sessions_beyond_what_the_daemon_can_hold_are_refused_politely(daemon_factory, server, sluice, tmp_path):
     d = daemon_factory.start(executors=1, nofile=DAEMON_NOFILE, env={"SLUICE_HOME": str(tmp_path / "home")})
     client = d.client()
-    opened, refused = [], []
-    for _ in range(SESSIONS):
+    first = client.open_session(configure_op(server, str(tmp_path)))
+    collect(first, "session_configured")  # the agent is up: nothing waits for it to start
+    opened, refused = [first], []
+    for _ in range(SESSIONS - 1):
         try:
             opened.append(client.open_session(configure_op(server, str(tmp_path)), timeout=30))
         except SessionError as e:

@@ -34,7 +34,7 @@ def collect(session, until, timeout: float = 20.0) -> list:
     while True:
         event = session.next_event(max(0.0, deadline - time.monotonic()))
         if event is None:
-            raise AssertionError(f"no {until}; got {[tag(e) for e in events]}")
+            raise AssertionError(f"no {until}; got {[tag(e) for e in events]}: {events[-3:]}")
         events.append(event)
         if check(event):
             return events

@@ -574,3 +574,80 @@ def test_streams_stay_gap_free_under_random_acks_stalls_and_reattaches(tmp_path,
     for sim in sims:
         assert sim.expected in (None, head.seq + 1)
     assert sum(sim.received for sim in sims) > 1000
+
+
+def test_a_session_the_agent_cannot_be_given_is_not_kept() -> None:
+    d = Daemon()
+    frontend = d.connect("fe")
+    d.transport.full.add(d.agent)  # the agent's queue is full: the configure cannot go out
+    op = ConfigureSession(provider=ModelProviderInfo(name="fake"), model="m", approval_policy=AskForApproval.NEVER,
+                          sandbox_policy=SandboxPolicy.from_mode("read-only"), cwd="/work/project")
+    d.submit(frontend, "", Submission("0", op), corr="c-open")
+    (error,) = [e for _, e in d.events(frontend)]
+    assert "not taking submissions" in error.msg.message
+    assert d.sessions.sessions == {}
+
+
+class _Gate:
+    """Says whether a frontend's socket is backed up, as the test decides."""
+
+    max_peers = 1 << 30
+
+    def __init__(self) -> None:
+        self.backed_up_now = False
+
+    def peer_joined(self, header_frame):
+        return 1
+
+    def peer_left(self, handle) -> None:
+        pass
+
+    def backed_up(self, handle) -> bool:
+        return self.backed_up_now
+
+    def stopped(self, handle) -> bool:
+        return False
+
+
+def test_call_acks_beyond_what_was_sent_are_refused_and_credit_waits_for_a_drained_socket() -> None:
+    transport = Transport()
+    gate = _Gate()
+    later: list = []
+    router = Router(TOKEN, defer=lambda f: f(), gate=gate)
+    router.transport = transport
+
+    def call_later(delay, f, *args):
+        later.append((f, args))
+        return object()  # a timer handle
+
+    router.call_later = call_later
+
+    def send(identity, *parts):
+        router.on_message([zmq.Frame(identity), *(zmq.Frame(p) for p in parts)])
+
+    frontend, executor = b"\x00fe", b"\x00ex"
+    send(executor, *wire.message(wire.HELLO, body=wire.Hello(role=wire.ROLE_EXECUTOR, token=TOKEN, pid=2, slots=1)))
+    send(frontend, *wire.message(wire.HELLO, body=wire.Hello(role=wire.ROLE_FRONTEND, token=TOKEN, pid=3)))
+    send(frontend, *wire.message(wire.RUN, "c1", wire.RunRequest(argv=["yes"], cwd="/",
+                                                                  sandbox=SandboxPolicy.from_mode("read-only"))))
+    for _ in range(3):
+        send(executor, wire.header(wire.OUT, "c1", stream=wire.STDOUT), b"y\n" * 50)
+
+    def acks_at_executor() -> list[tuple[int, int]]:
+        return [(h.n, h.seq) for h in map(wire.decode_header, (f[0] for f in transport.sent[executor]))
+                if h.kind == wire.ACK]
+
+    send(frontend, wire.header(wire.ACK, "c1", n=301, seq=1))  # more bytes than the 300 sent
+    assert "refused" in wire.decode(wire.ERROR, transport.sent[frontend][-1][1]).message
+    assert acks_at_executor() == []
+    gate.backed_up_now = True
+    send(frontend, wire.header(wire.ACK, "c1", n=200, seq=2))
+    assert acks_at_executor() == [] and len(later) == 1  # held: the socket is not drained
+    send(frontend, wire.header(wire.ACK, "c1", n=100, seq=1))  # held with it, no second timer
+    assert len(later) == 1
+    gate.backed_up_now = False
+    f, args = later.pop()
+    f(*args)
+    assert acks_at_executor() == [(300, 3)]
+    send(frontend, wire.header(wire.ACK, "c1", n=1, seq=0))  # all 300 were acknowledged already
+    assert "refused" in wire.decode(wire.ERROR, transport.sent[frontend][-1][1]).message
