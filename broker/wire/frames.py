@@ -340,7 +340,7 @@ def decode_with(decoder, data, what: str):
     deeper than the stack), MemoryError, and whatever a dec_hook raises."""
     try:
         return decoder.decode(data)
-    except Exception as e:  # noqa: BLE001: every way bytes can fail to decode is a bad frame
+    except Exception as e:  # every way bytes can fail to decode is a bad frame
         reason = _decode_failure(e)
         raise WireError(f"bad {what}: {reason}", reason) from None
 
