@@ -91,6 +91,14 @@ Frame counts are strict: ``hello``, ``run``, ``started``, ``out``, ``exit``, ``s
 ``ping`` with ``pong``; one that misses five while it has calls in flight is presumed gone
 and its calls are cancelled.
 
+Malformed messages (a header or body that does not decode, in any way: truncated, wrong
+types, strings that are not UTF-8, nesting deeper than the stack; a wrong frame count; a
+kind the sender may not send) never fail the receiver: every decoder failure is a
+:class:`WireError` (:func:`decode_with`). The broker answers one with an ``error`` carrying
+its ``corr`` when its header could be read (a malformed ``submit`` or ``attach`` gets the
+unnumbered ``error`` event those get), and a peer that has not said hello gets one too;
+what cannot be answered is dropped with a rate-limited log line.
+
 Call ids are chosen by the frontend (uuid4 hex) and must be unique among calls in flight;
 the broker refuses a duplicate with an ``error``.
 
