@@ -15,6 +15,11 @@ readable, with a correlation id, and either a kind that is answered or a message
 sender may not send in that shape) got one carrying that correlation id; a normal run
 through the client library works; the daemon's RSS grew by less than
 :data:`RSS_GROWTH_LIMIT`; its log has no traceback and stayed short (throttled).
+
+The daemon reads only the head of a submission (its id and op type) before forwarding it
+to the agent; submissions to a real session whose op only the agent finds malformed
+(strings that are not UTF-8 where the daemon skips them, wrong types, unknown types) are
+answered by the agent with an ``error`` event each, and the session's next turn runs.
 """
 
 from __future__ import annotations
@@ -31,7 +36,9 @@ import zmq
 from broker.wire import frames as wire
 from broker.wire import protocol as P
 from landlock_helper.policy import SandboxPolicy
-from tests.support.harness import daemons
+from tests.support.fake_model import assistant, response, tag, user_item
+from tests.support.frontends import configure_op
+from tests.support.harness import daemons, short_tempdir
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -299,6 +306,8 @@ class RawPeer:
         self.sock.connect(endpoint)
         self.answered: dict[str, str] = {}
         self.received = 0
+        # Bodies of the session events received.
+        self.events: list[bytes] = []
 
     def send(self, frames: list[bytes]) -> None:
         self.sock.send_multipart(frames)
@@ -311,6 +320,8 @@ class RawPeer:
             head = wire.decode_header(frames[0])  # the daemon's headers always decode
             if head.corr:
                 self.answered.setdefault(head.corr, head.kind)
+            if head.kind == wire.EVENT and len(frames) > 1:
+                self.events.append(frames[1])
             if head.kind == wire.PING:
                 self.send([wire.header(wire.PONG, head.corr)])
             elif head.kind == wire.RUN and self.role == wire.ROLE_EXECUTOR:
@@ -380,12 +391,12 @@ def test_malformed_frames_of_every_kind_are_answered_or_dropped_and_the_daemon_g
             kinds = {m.kind for _, m in sent}
             assert kinds == set(KINDS), seeded(f"kinds never sent: {set(KINDS) - kinds}")
 
+            for p in peers[:3]:
+                p.send([wire.header(wire.BYE)])  # the frontend, executor and agent leave
             # Served as before: a command through the client library.
             result = client.run(["echo", "still here"], cwd="/", sandbox="read-only", wait_timeout=30)
             assert result.returncode == 0 and result.stdout == b"still here\n", seeded(f"after the fuzzing: {result}")
             rss_after = daemon.memory_info().rss
-            for p in peers[:3]:
-                p.send([wire.header(wire.BYE)])  # the frontend, executor and agent leave
         finally:
             for p in peers:
                 p.close()
@@ -400,3 +411,84 @@ def test_malformed_frames_of_every_kind_are_answered_or_dropped_and_the_daemon_g
               f"daemon RSS {rss_before / 2**20:.1f} -> {rss_after / 2**20:.1f} MiB")
         assert grown < RSS_GROWTH_LIMIT, seeded(f"the daemon's RSS grew by {grown / 2**20:.1f} MiB "
                                                 f"({rss_before / 2**20:.1f} -> {rss_after / 2**20:.1f} MiB)")
+
+
+# -- what only the agent finds malformed ----------------------------------------------------
+
+
+def agent_only_bad_submission(rng: random.Random, sub_id: str) -> tuple[str, bytes]:
+    """A submission whose head the daemon reads (id, op type) and forwards, but whose op
+    the agent cannot decode: strings that are not UTF-8 where the daemon skips them, items
+    of the wrong types, unknown op or item types, missing fields."""
+    how = rng.choice(["text not utf-8", "item type not utf-8", "items wrong type", "item wrong type",
+                      "unknown item type", "unknown op type", "items missing"])
+    op: dict = {"type": "user_input", "items": [{"type": "text", "text": "hi"}]}
+    if how == "text not utf-8":
+        op["items"] = [{"type": "text", "text": bad_utf8(rng)}]
+    elif how == "item type not utf-8":
+        op["items"] = [{"type": bad_utf8(rng), "text": "hi"}]
+    elif how == "items wrong type":
+        op["items"] = rng.choice([5, "text", {"type": "text"}, None, 1.5])
+    elif how == "item wrong type":
+        op["items"] = [rng.choice([5, "text", [1], None, {"type": "text", "text": 7}])]
+    elif how == "unknown item type":
+        op["items"] = [{"type": "hologram"}]
+    elif how == "unknown op type":
+        op = {"type": "warp_drive", "items": []}
+    else:
+        del op["items"]
+    return how, msgspec.msgpack.encode({"id": sub_id, "op": op})
+
+
+def test_submissions_only_the_agent_finds_malformed_are_answered_and_the_session_goes_on(server, tmp_path) -> None:
+    rng = random.Random(SEED + 1)
+    count = 60
+    with daemons() as factory:
+        handle = factory.start(executors=1, env={"SLUICE_HOME": short_tempdir("sl-fuzz-home-")})
+        client = handle.client()
+        session = client.open_session(configure_op(server, tmp_path))
+        event = session.next_event(20)
+        assert event is not None and tag(event) == "session_configured", event
+        ctx = zmq.Context()
+        peer = RawPeer(ctx, handle.runtime.endpoint, wire.ROLE_FRONTEND)
+        try:
+            peer.join(handle.runtime.read_token())
+            sent = []
+            for i in range(count):
+                how, body = agent_only_bad_submission(rng, f"bad-{i}")
+                peer.send([wire.header(wire.SUBMIT, f"c-{i}", session=session.id), body])
+                sent.append(how)
+                peer.drain()
+
+            def errors() -> list[str]:
+                found = []
+                for body in peer.events:
+                    event = P.decode_event_msgpack(body)
+                    if tag(event) == "error" and not event.id:
+                        found.append(event.msg.message)
+                return found
+
+            deadline = time.monotonic() + ANSWER_TIMEOUT_S
+            while len(errors()) < count and time.monotonic() < deadline:
+                peer.drain(50)
+            got = errors()
+            assert len(got) == count, seeded(f"{count} submissions the agent cannot decode, {len(got)} errors: "
+                                             f"{got[-5:]}; sent {sorted(set(sent))}")
+            assert all(m.startswith(("invalid submission: ", "unknown op type")) for m in got), seeded(str(got[:5]))
+        finally:
+            peer.close()
+            ctx.destroy(linger=0)
+
+        # The agent and the session go on.
+        server.script(response(assistant("Still fine.")))
+        sub_id = session.submit(P.UserInput([P.TextInput("after the bad ones")]))
+        deadline = time.monotonic() + 30
+        while True:
+            event = session.next_event(max(0.1, deadline - time.monotonic()))
+            assert event is not None and time.monotonic() < deadline, seeded("the turn after did not complete")
+            if event.id == sub_id and tag(event) in ("task_complete", "turn_aborted", "error"):
+                break
+        assert tag(event) == "task_complete", seeded(f"the turn after ended with {event}")
+        assert server.requests[-1]["json"]["input"][-1] == user_item("after the bad ones")
+        log = handle.log()
+        assert "Traceback" not in log and "handler failed" not in log, seeded(log[-3000:])
