@@ -201,7 +201,7 @@ class LineReader:
     a long line once per read: 12 s for a line of 40 MB).
     """
 
-    READ_SIZE = 256 * 1024
+    READ_SIZE = 65536
 
     def __init__(self, fd: int = 0) -> None:
         self.fd = fd
