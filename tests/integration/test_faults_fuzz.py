@@ -442,6 +442,7 @@ def agent_only_bad_submission(rng: random.Random, sub_id: str) -> tuple[str, byt
 
 def test_submissions_only_the_agent_finds_malformed_are_answered_and_the_session_goes_on(server, tmp_path) -> None:
     rng = random.Random(SEED + 1)
+    print(f"fuzz seed {SEED}")
     count = 60
     with daemons() as factory:
         handle = factory.start(executors=1, env={"SLUICE_HOME": short_tempdir("sl-fuzz-home-")})
