@@ -28,6 +28,7 @@ import structlog
 import zmq
 
 from broker.net import peer
+from broker.net.logging import Throttle
 from broker.net.runtime import RuntimeDir
 from broker.net.zloop import ZSocket
 from broker.wire import frames as wire
@@ -85,6 +86,7 @@ class BrokerLink:
         self._monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
         self._zmonitor = ZSocket(self._monitor, self._on_monitor)
         self._watchdog: asyncio.Task[None] | None = None
+        self._throttle = Throttle(log)
 
     # -- connecting -------------------------------------------------------------------
 
@@ -144,7 +146,8 @@ class BrokerLink:
         self._liveness.heard()
         try:
             head = wire.decode_header(frames[0].buffer)
-        except wire.WireError:
+        except wire.WireError as err:
+            self._throttle("warning", "dropped a bad message", error=str(err))
             return
         if self._welcome is not None and not self._welcome.done():
             outcome = peer.reply_to_hello(head.kind, frames[1].buffer if len(frames) > 1 else None)
@@ -164,6 +167,8 @@ class BrokerLink:
             return
         try:
             handler(head, frames)
+        except wire.WireError as err:
+            self._throttle("warning", "dropped a bad message", kind=head.kind, error=str(err))
         except Exception:
             log.exception("message handler failed", kind=head.kind)
 

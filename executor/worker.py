@@ -366,16 +366,16 @@ class Worker:
         try:
             h = wire.decode_header(frames[0].buffer)
         except wire.WireError as e:
-            log.warning("dropped a bad message", error=str(e))
+            self._throttle("warning", "dropped a bad message", error=str(e))
             return
         handler = self._handlers.get(h.kind)
         if handler is None:
-            log.warning("dropped a message of unexpected kind", kind=h.kind)
+            self._throttle("warning", "dropped a message of unexpected kind", kind=wire.one_line(h.kind, 80))
             return
         try:
             handler(h, frames)
         except wire.WireError as e:
-            log.warning("dropped a bad message", kind=h.kind, corr=h.corr, error=str(e))
+            self._throttle("warning", "dropped a bad message", kind=h.kind, corr=wire.one_line(h.corr, 80), error=str(e))
         except Exception:
             # A bug handling one message must not take every running command down.
             log.exception("failed to handle a message", kind=h.kind, corr=h.corr)

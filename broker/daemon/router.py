@@ -359,7 +359,7 @@ class Router:
             if kind in FRAME_COUNT:
                 why = f"{kind} takes {FRAME_COUNT[kind]} frame(s) after the identity, got {n - 1}"
             else:
-                why = f"unknown message kind {kind!r}"
+                why = f"unknown message kind {wire.one_line(repr(kind), 80)}"
             return self._malformed(identity, why, peer=peer, corr=head.corr)
         handler = peer.handlers.get(kind)
         if handler is None:
@@ -375,10 +375,11 @@ class Router:
 
     def _from_stranger(self, identity: bytes, head: wire.Header, frames: list) -> None:
         if head.kind != wire.HELLO:
-            self._throttle("info", "message before hello dropped", kind=head.kind)
+            self._throttle("info", "message before hello dropped", kind=wire.one_line(head.kind, 80))
             return self._send_stranger(identity, head.corr, self._dropped.get(identity, HELLO_FIRST))
         if len(frames) != 3:
-            return self._malformed(identity, "hello without exactly one body frame")
+            self._malformed(identity, "hello without exactly one body frame")
+            return self._send_stranger(identity, head.corr, "malformed message: hello takes exactly one body frame")
         try:
             hello = wire.decode(wire.HELLO, frames[2])
         except wire.WireError as e:

@@ -26,6 +26,7 @@ token.
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import fcntl
 import os
 import signal
@@ -68,6 +69,13 @@ SHUTDOWN_GRACE_S = 3.0
 FINAL_LINGER_MS = 250
 # sun_path is 108 bytes including the terminating NUL.
 _MAX_SOCKET_PATH = 107
+# Buffers this big (a large run request or submission, a malformed message of many MiB)
+# get pages of their own, which go back to the system when freed. Left to itself, glibc
+# raises this threshold to the largest buffer freed so far (up to 32 MiB) and keeps the
+# memory of later ones in its heaps: tens of MiB held for good after a few big messages.
+# Output chunks (at most 1 MiB) stay below it.
+_MMAP_THRESHOLD = 4 * 1024 * 1024
+_M_MMAP_THRESHOLD = -3
 
 
 class DaemonAlreadyRunning(RuntimeError):
@@ -105,6 +113,7 @@ def serve(runtime: RuntimeDir, *, executors: int | None = None, log_json: bool |
         try:
             configure(log_json)
             fd_limit = raise_fd_limit()
+            _give_back_big_buffers()
             # Before any executor starts: hiding it from commands needs it to exist.
             problem = ensure_sluice_home()
             if problem:
@@ -376,6 +385,15 @@ class _Daemon:
         if self._journal_fd is not None:
             os.close(self._journal_fd)
             self._journal_fd = None
+
+
+def _give_back_big_buffers() -> None:
+    """A fixed mmap threshold (see :data:`_MMAP_THRESHOLD`); where malloc is not glibc's, nothing."""
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return
+    mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD)
 
 
 def _router_options(sock: zmq.Socket) -> None:

@@ -275,8 +275,8 @@ class Session:
 
     def _observe(self, seq: int, body) -> None:
         try:
-            head = _event_head.decode(body)
-        except (msgspec.DecodeError, msgspec.ValidationError):
+            head = wire.decode_with(_event_head, body, "event")
+        except wire.WireError:
             return  # forwarded all the same; only its effect on the state is unknown
         kind = head.msg.type
         if kind == "task_started":
@@ -436,9 +436,9 @@ class Sessions:
     def on_submit(self, peer: Peer, head: wire.Header, frames: list) -> None:
         body = frames[2]
         try:
-            submission = _submission_head.decode(body)
-        except (msgspec.DecodeError, msgspec.ValidationError) as e:
-            return self._tell(peer, head, "", f"invalid submission: {e}")
+            submission = wire.decode_with(_submission_head, body, "submission")
+        except wire.WireError as e:
+            return self._tell(peer, head, "", f"invalid submission: {e.reason}")
         if self.router.closing:
             return self._tell(peer, head, submission.id, "the sluice daemon is shutting down")
         op = submission.op

@@ -91,6 +91,14 @@ Frame counts are strict: ``hello``, ``run``, ``started``, ``out``, ``exit``, ``s
 ``ping`` with ``pong``; one that misses five while it has calls in flight is presumed gone
 and its calls are cancelled.
 
+Malformed messages (a header or body that does not decode, in any way: truncated, wrong
+types, strings that are not UTF-8, nesting deeper than the stack; a wrong frame count; a
+kind the sender may not send) never fail the receiver: every decoder failure is a
+:class:`WireError` (:func:`decode_with`). The broker answers one with an ``error`` carrying
+its ``corr`` when its header could be read (a malformed ``submit`` or ``attach`` gets the
+unnumbered ``error`` event those get), and a peer that has not said hello gets one too;
+what cannot be answered is dropped with a rate-limited log line.
+
 Call ids are chosen by the frontend (uuid4 hex) and must be unique among calls in flight;
 the broker refuses a duplicate with an ``error``.
 
@@ -324,7 +332,37 @@ def one_line(text: object, limit: int = 500) -> str:
 
 
 class WireError(ValueError):
-    """A frame that does not decode; never fatal for the receiver."""
+    """A frame that does not decode; never fatal for the receiver. ``reason``: what was
+    wrong with it, without saying which frame."""
+
+    def __init__(self, message: str, reason: str = "") -> None:
+        super().__init__(message)
+        self.reason = reason or message
+
+
+def decode_with(decoder, data, what: str):
+    """``decoder.decode(data)``, or :class:`WireError` ("bad {what}: why"): the one place
+    where bytes from another process (or a person) are decoded, so that nothing a decoder
+    can raise gets past the receiver. Besides msgspec's DecodeError and ValidationError
+    that is UnicodeDecodeError (a string that is not UTF-8), RecursionError (nesting
+    deeper than the stack), MemoryError, and whatever a dec_hook raises."""
+    try:
+        return decoder.decode(data)
+    except Exception as e:  # every way bytes can fail to decode is a bad frame
+        reason = _decode_failure(e)
+        raise WireError(f"bad {what}: {reason}", reason) from None
+
+
+def _decode_failure(e: Exception) -> str:
+    if isinstance(e, msgspec.MsgspecError):
+        return one_line(e)
+    if isinstance(e, RecursionError):
+        return "nested too deeply"
+    if isinstance(e, UnicodeDecodeError):
+        return "a string is not valid UTF-8"
+    if isinstance(e, MemoryError):
+        return "too large to decode"
+    return one_line(f"{type(e).__name__}: {e}")
 
 
 def header(kind: str, corr: str = "", *, session: str = "", seq: int = 0, stream: int = 0, n: int = 0) -> bytes:
@@ -336,10 +374,7 @@ def encode(body: msgspec.Struct) -> bytes:
 
 
 def decode_header(frame) -> Header:
-    try:
-        return _header_decoder.decode(frame)
-    except (msgspec.DecodeError, msgspec.ValidationError) as e:
-        raise WireError(f"bad header: {e}") from None
+    return decode_with(_header_decoder, frame, "header")
 
 
 def decode(kind: str, frame):
@@ -347,10 +382,7 @@ def decode(kind: str, frame):
     dec = _decoders.get(kind)
     if dec is None:
         raise WireError(f"kind {kind!r} has no body")
-    try:
-        return dec.decode(frame)
-    except (msgspec.DecodeError, msgspec.ValidationError) as e:
-        raise WireError(f"bad {kind} body: {e}") from None
+    return decode_with(dec, frame, f"{kind} body")
 
 
 def message(kind: str, corr: str = "", body: msgspec.Struct | None = None, **fields) -> list[bytes]:

@@ -59,7 +59,7 @@ from broker.wire import frames
 from landlock_helper.policy import SandboxPolicy
 
 
-class ProtocolError(ValueError):
+class ProtocolError(frames.WireError):
     """A message that is not valid protocol; the message says what was wrong."""
 
 
@@ -697,11 +697,12 @@ def decode_event_msgpack(data: bytes) -> Event:
 
 def _decode(decoder: Any, data: bytes | str, what: str) -> Any:
     try:
-        return decoder.decode(data)
-    except msgspec.DecodeError as exc:
-        unknown = _UNKNOWN_TAG.fullmatch(str(exc))
+        return frames.decode_with(decoder, data, what)
+    except frames.WireError as exc:
+        reason = exc.reason
+        unknown = _UNKNOWN_TAG.fullmatch(reason)
         if unknown:
             message = f"unknown {_TAG_NOUNS[unknown['field']]} {unknown['value']}"
         else:
-            message = f"invalid {what}: {exc}"
-        raise ProtocolError(message) from exc
+            message = f"invalid {what}: {reason}"
+        raise ProtocolError(message) from None

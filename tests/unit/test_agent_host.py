@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
+import msgspec
 import pytest
 
 from agent.host import Outbox, SessionHost
@@ -171,3 +172,24 @@ def test_submissions_go_in_order_but_an_interrupt_goes_at_once_and_shutdown_clos
         await host.aclose()
 
     asyncio.run(main())
+
+
+def test_a_submission_that_does_not_decode_is_answered_with_an_error_event() -> None:
+    """Not UTF-8, or nested deeper than the stack, where the daemon (which reads only a
+    submission's head) lets it through: an error event for the session, never a traceback."""
+    not_utf8 = msgspec.msgpack.encode({"id": "1", "op": {"type": "user_input", "items": [
+        {"type": "text", "text": msgspec.Raw(b"\xa2\xff\xfe")}]}})
+    deep = msgspec.msgpack.encode({"id": "2", "op": {"type": "user_input", "items": [
+        {"type": "text", "text": "x", "extra": msgspec.Raw(b"\x91" * 100_000 + b"\xc0")}]}})
+
+    async def main():
+        link = FakeLink()
+        host = SessionHost(link, runner=None, make_session=lambda session_id, emit: None)
+        head = wire.Header(wire.SUBMIT, session="s")
+        for body in (not_utf8, deep):
+            link.handlers[wire.SUBMIT](head, [Frame(b""), Frame(body)])
+        await host.aclose()
+        return link
+
+    messages = [e.msg.message for e in asyncio.run(main()).events()]
+    assert messages == ["invalid submission: a string is not valid UTF-8", "invalid submission: nested too deeply"]
