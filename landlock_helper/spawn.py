@@ -51,12 +51,14 @@ import socket
 import sys
 from dataclasses import dataclass
 
-from landlock_helper import _libc, landlock, mounts, namespaces, seccomp, unix_guard
+from landlock_helper import _libc, landlock, limits, mounts, namespaces, seccomp, unix_guard
 from landlock_helper.outcome import Outcome, SandboxError
 from landlock_helper.policy import SandboxPolicy
 
 # Largest spec (argv + env + policy) a caller may send; SEQPACKET needs it in one piece.
 MAX_SPEC = 4 * 1024 * 1024
+# Fds sent with it: stdout, stderr, stdin, and the cgroup.procs of a cgroup per hierarchy.
+_MAX_FDS = 8
 
 
 _FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -117,11 +119,12 @@ def _check(argv, cwd, policy: SandboxPolicy, sandbox_cwd: str | None, env) -> mo
     return None
 
 
-def _encode_spec(argv, cwd, env, policy: SandboxPolicy, plan: mounts.Plan | None) -> bytes:
+def _encode_spec(argv, cwd, env, policy: SandboxPolicy, plan: mounts.Plan | None, has_stdin: bool,
+                 rlimits=()) -> bytes:
     env = dict(env)
     env["PWD"] = cwd
     spec = marshal.dumps(([str(a) for a in argv], cwd, env, policy.to_json(),
-                          None if plan is None else plan.to_spec()))
+                          None if plan is None else plan.to_spec(), has_stdin, tuple(rlimits)))
     if len(spec) > MAX_SPEC:
         raise SandboxError(f"command and environment too large ({len(spec)} bytes, at most {MAX_SPEC})")
     return spec
@@ -131,7 +134,7 @@ class SandboxedProcess:
     """A running sandboxed command; see the module docstring for the process layout."""
 
     def __init__(self, sup_pid: int, init_pid: int, ctl: socket.socket, early: list[bytes], *,
-                 reap: bool, plan: mounts.Plan | None = None) -> None:
+                 reap: bool, plan: mounts.Plan | None = None, limited: _Limited | None = None) -> None:
         self.pid = sup_pid
         self.init_pid = init_pid
         self._ctl = ctl
@@ -143,6 +146,7 @@ class SandboxedProcess:
         self._killed = False
         self._outcome: Outcome | None = None
         self._plan = plan
+        self._limited = limited
 
     @property
     def done_fds(self) -> tuple[int, ...]:
@@ -180,6 +184,10 @@ class SandboxedProcess:
             notes = mounts.quarantine_planted(self._plan)
             if notes:
                 outcome = dataclasses.replace(outcome, notes=tuple(notes))
+        if self._limited is not None:
+            hit = self._limited.finish(outcome.signal)
+            if hit:
+                outcome = dataclasses.replace(outcome, limit=hit)
         self._outcome = outcome
         return outcome
 
@@ -213,10 +221,53 @@ class SandboxedProcess:
             except ChildProcessError:
                 pass
             self._sup_done = True
+        if self._limited is not None:
+            self._limited.release()
 
     def __del__(self) -> None:
         if getattr(self, "_ctl", None) is not None:
             self.close()
+
+
+class _Limited:
+    """The limits of one command on the trusted side: its cgroup (if any) and the rlimits
+    its command process sets before exec."""
+
+    def __init__(self, asked: limits.Limits, as_root: bool) -> None:
+        self.limits = limits.resolve(asked)
+        mech = limits.mechanism()
+        self.cgroup: limits.CommandCgroup | None = None
+        if mech.hierarchies:
+            try:
+                self.cgroup = limits.CommandCgroup(self.limits, mech)
+            except OSError as e:
+                raise SandboxError(_describe(e)) from None
+            if not self.cgroup.dirs:
+                self.cgroup = None
+        self.rlimits = limits.plan_rlimits(self.limits, self.cgroup, as_root)
+
+    def procs_fds(self) -> list[int]:
+        if self.cgroup is None:
+            return []
+        try:
+            return self.cgroup.procs_fds()
+        except OSError as e:
+            self.release()
+            raise SandboxError(f"cannot open the command's cgroup: {_describe(e)}") from None
+
+    def finish(self, sig: int | None) -> str | None:
+        """The tree is dead: which limit it hit (for a person), and the cgroup goes."""
+        counters = self.cgroup.counters() if self.cgroup is not None else None
+        self.release(wait_s=0.2)
+        return limits.what_hit(self.limits, counters, sig)
+
+    def release(self, wait_s: float = 0.0) -> None:
+        if self.cgroup is not None:
+            self.cgroup.remove(wait_s)
+
+
+def _limited(asked: limits.Limits | None, template: _Template) -> _Limited | None:
+    return None if asked is None else _Limited(asked, template.as_root)
 
 
 def _outcome(lines: list[bytes], killed: bool) -> Outcome:
@@ -326,16 +377,29 @@ class _Warm:
             self.discard()
             raise SandboxError(failures[-1] if failures else "the sandbox died while being set up")
 
-    def start(self, spec: bytes, stdin, stdout, stderr, plan: mounts.Plan | None = None) -> SandboxedProcess:
-        self.wait_init_pid()
-        fds = [stdout, stderr] if stdin is None else [stdout, stderr, stdin]
+    def start(self, spec: bytes, stdin, stdout, stderr, plan: mounts.Plan | None = None,
+              limited: _Limited | None = None) -> SandboxedProcess:
         try:
-            socket.send_fds(self.ctl, [spec], fds)
+            self.wait_init_pid()
+        except SandboxError:
+            if limited is not None:
+                limited.release()
+            raise
+        fds = [stdout, stderr] if stdin is None else [stdout, stderr, stdin]
+        # The command joins its cgroups through these (opened here, by the trusted side).
+        cgroup_fds = limited.procs_fds() if limited is not None else []
+        try:
+            socket.send_fds(self.ctl, [spec], fds + cgroup_fds)
         except OSError as e:
             self.discard()
+            if limited is not None:
+                limited.release()
             raise SandboxError(f"cannot hand the command to its sandbox: {e.strerror}") from None
+        finally:
+            for fd in cgroup_fds:
+                os.close(fd)
         return SandboxedProcess(self.sup_pid, self.init_pid, self.ctl, self.early, reap=self.reap,
-                                plan=plan)
+                                plan=plan, limited=limited)
 
     def discard(self) -> None:
         """Tear down an unused sandbox (its command process sees EOF and exits)."""
@@ -362,13 +426,15 @@ def _make_warm(template: _Template, *, reap: bool) -> _Warm:
 
 
 def spawn(argv, *, cwd, env, policy: SandboxPolicy, stdout: int, stderr: int, stdin: int | None = None,
-          hidden_paths=(), sandbox_cwd: str | None = None) -> SandboxedProcess:
+          hidden_paths=(), sandbox_cwd: str | None = None, limits: limits.Limits | None = None) -> SandboxedProcess:
     """Start ``argv`` under ``policy`` in a sandbox made now; raises SandboxError.
 
     ``stdout``/``stderr`` (and ``stdin``; None means /dev/null) are fds the command gets
     as its own; the caller may close its copies once this returns. ``cwd`` is where the
     command runs; ``sandbox_cwd`` (default: ``cwd``) is what the policy's
     ``disk-write-cwd`` means: the session's directory, never a model-chosen workdir.
+    ``limits`` (:class:`landlock_helper.limits.Limits`; its unset fields take the
+    defaults) are the command's resource limits; None: none of ours.
     """
     if sys.platform == "darwin":  # pragma: no cover - exercised on macOS only
         from landlock_helper.darwin import spawn_seatbelt
@@ -376,9 +442,15 @@ def spawn(argv, *, cwd, env, policy: SandboxPolicy, stdout: int, stderr: int, st
         return spawn_seatbelt(argv, cwd=cwd, env=env, policy=policy, stdout=stdout, stderr=stderr,
                               stdin=stdin, hidden_paths=hidden_paths, sandbox_cwd=sandbox_cwd)
     plan = _check(argv, cwd, policy, sandbox_cwd, env)
-    spec = _encode_spec(argv, cwd, env, policy, plan)
     template = _Template.make(hidden_paths, restricted=plan is not None)
-    return _make_warm(template, reap=True).start(spec, stdin, stdout, stderr, plan)
+    limited = _limited(limits, template)
+    try:
+        spec = _encode_spec(argv, cwd, env, policy, plan, stdin is not None, limited.rlimits if limited else ())
+    except SandboxError:
+        if limited is not None:
+            limited.release()
+        raise
+    return _make_warm(template, reap=True).start(spec, stdin, stdout, stderr, plan, limited)
 
 
 class Spawner:
@@ -458,17 +530,25 @@ class Spawner:
             self._ask(missing)
 
     def spawn(self, argv, *, cwd, env, policy: SandboxPolicy, stdout: int, stderr: int,
-              stdin: int | None = None, sandbox_cwd: str | None = None) -> SandboxedProcess:
+              stdin: int | None = None, sandbox_cwd: str | None = None,
+              limits: limits.Limits | None = None) -> SandboxedProcess:
         """Like :func:`spawn`, in a warm sandbox (waiting for one only if none is ready).
 
         Warm sandboxes are read-only views; a danger-full-access command gets one of the
         host's view, made on the spot.
         """
         plan = _check(argv, cwd, policy, sandbox_cwd, env)
-        spec = _encode_spec(argv, cwd, env, policy, plan)
+        limited = _limited(limits, self.template)
+        try:
+            spec = _encode_spec(argv, cwd, env, policy, plan, stdin is not None,
+                                limited.rlimits if limited else ())
+        except SandboxError:
+            if limited is not None:
+                limited.release()
+            raise
         if plan is None:
             template = dataclasses.replace(self.template, scratch=None)
-            return _make_warm(template, reap=True).start(spec, stdin, stdout, stderr)
+            return _make_warm(template, reap=True).start(spec, stdin, stdout, stderr, None, limited)
         self.refill()
         while True:
             while not self._ready:
@@ -479,7 +559,7 @@ class Spawner:
             if warm.usable():
                 break
             warm.discard()
-        proc = warm.start(spec, stdin, stdout, stderr, plan)
+        proc = warm.start(spec, stdin, stdout, stderr, plan, limited)
         self.refill()
         return proc
 
@@ -706,7 +786,7 @@ def _command(template: _Template, ctl: int, view: mounts.View | None, guard_end:
         # (zeroing megabytes) than the whole rest of the start.
         size, _, _, _ = sock.recvmsg_into([bytearray(1)], 0, socket.MSG_PEEK | socket.MSG_TRUNC)
         buf = bytearray(size)
-        size, ancdata, _, _ = sock.recvmsg_into([buf], socket.CMSG_SPACE(3 * 4))
+        size, ancdata, _, _ = sock.recvmsg_into([buf], socket.CMSG_SPACE(_MAX_FDS * 4))
     except OSError:
         os._exit(1)
     if not size:
@@ -715,12 +795,16 @@ def _command(template: _Template, ctl: int, view: mounts.View | None, guard_end:
     for level, kind, data in ancdata:
         if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
             fds += memoryview(data).cast("i")
-    argv, cwd, env, policy_json, plan_spec = marshal.loads(memoryview(buf)[:size])
+    argv, cwd, env, policy_json, plan_spec, has_stdin, rlimits = marshal.loads(memoryview(buf)[:size])
     try:
+        # First of all, into the command's cgroups: every process it starts is then inside.
+        stage = "cgroup"
+        limits.join(fds[3 if has_stdin else 2:])
+        stage = "set-up"
         policy = SandboxPolicy.from_json(policy_json)
         signal.pthread_sigmask(signal.SIG_SETMASK, ())
         stdout, stderr = fds[0], fds[1]
-        stdin = fds[2] if len(fds) > 2 else os.open("/dev/null", os.O_RDONLY)
+        stdin = fds[2] if has_stdin else os.open("/dev/null", os.O_RDONLY)
         for target, fd in ((0, stdin), (1, stdout), (2, stderr)):
             if fd != target:
                 os.dup2(fd, target)
@@ -739,6 +823,8 @@ def _command(template: _Template, ctl: int, view: mounts.View | None, guard_end:
             os.chdir(cwd)
         _close_fds_except({ctl, ruleset, guard_end} - {None})
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        stage = "limits"
+        limits.apply_rlimits(rlimits)
         if restricted:
             stage = "sandbox"
             # As root this is what keeps uid 0 from meaning "everything"; in a user
