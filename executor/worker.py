@@ -33,6 +33,7 @@ from broker.net.zloop import ZSocket
 from broker.wire import frames as wire
 from executor.call import Call
 from executor.errors import StartupError
+from landlock_helper import limits
 
 log = structlog.get_logger("executor")
 
@@ -129,8 +130,10 @@ class Worker:
         if welcome is None:  # told to stop while waiting
             return 0
         self.loop.call_later(self.heartbeat_s, self._check_heartbeat)
+        # Found once, here: what enforces each command's resource limits on this host.
         log.info("executor ready", name=self.name, peer_id=welcome.peer_id, slots=self.slots,
-                 broker=self.endpoint if self.remote else None)
+                 broker=self.endpoint if self.remote else None, limits=limits.mechanism().describe(),
+                 default_limits=limits.defaults().describe())
         return await self._stopped
 
     def _connect(self) -> None:

@@ -119,6 +119,7 @@ from __future__ import annotations
 import msgspec
 
 from broker.wire.results import shell_returncode
+from landlock_helper.limits import Limits
 from landlock_helper.policy import DiskWriteFolder, SandboxPolicy
 
 # 2: RunRequest.sandbox_cwd. An executor of version 1 would ignore it and make the
@@ -222,6 +223,9 @@ class RunRequest(msgspec.Struct, frozen=True):
     # The agent sets it to the session's cwd, so a model-chosen workdir is only where
     # the command runs, never a writable root.
     sandbox_cwd: str | None = None
+    # Resource limits (landlock_helper.limits): a field left None takes the executor's
+    # default, 0 means no limit. None: the defaults, every one.
+    limits: Limits | None = None
 
 
 class Started(msgspec.Struct, frozen=True):
@@ -246,6 +250,9 @@ class ExitStatus(msgspec.Struct, frozen=True):
     stderr_dropped: int = 0
     # Set when the command never ran or its executor failed; a person can read it.
     error: str | None = None
+    # The resource limit the command ran into, for a person: "killed: memory limit 512 MiB
+    # reached", "pids limit 256 reached (12 forks refused)". None: none was hit (or seen).
+    limit: str | None = None
 
     @property
     def returncode(self) -> int:

@@ -247,6 +247,7 @@ class RunRecord:
     env: Mapping[str, str] | None
     sandbox_cwd: str | None = None
     env_passthrough: list[str] = field(default_factory=list)
+    limits: object = None
 
     @property
     def sandboxed(self) -> bool:
@@ -268,9 +269,9 @@ class FakeRunner(CommandRunner):
         self._cancel: dict[str, asyncio.Event] = {}
 
     async def run(self, argv, cwd, sandbox_policy, timeout_ms, on_output: OutputCallback | None = None, *,
-                  call_id=None, env=None, sandbox_cwd=None, env_passthrough=()) -> ExecResult:
+                  call_id=None, env=None, sandbox_cwd=None, env_passthrough=(), limits=None) -> ExecResult:
         record = RunRecord(list(argv), cwd, sandbox_policy, timeout_ms, call_id or f"run-{len(self.runs)}", env,
-                           sandbox_cwd, list(env_passthrough))
+                           sandbox_cwd, list(env_passthrough), limits)
         self.runs.append(record)
         spec = self.respond(list(argv), record.sandboxed)
         aggregated = HeadTailBuffer()
