@@ -538,20 +538,23 @@ def _field(path: str, key: str) -> int:
 # --- applying -----------------------------------------------------------------------
 
 
-def plan_rlimits(limits: Limits, cgroup: CommandCgroup | None, as_root: bool) -> list[tuple[int, int, int]]:
+def plan_rlimits(limits: Limits, cgroup: CommandCgroup | None, as_root: bool,
+                 asked: Limits | None = None) -> list[tuple[int, int, int]]:
     """The rlimits the command process sets before exec: (resource, soft, hard).
 
-    ``limits`` resolved. Memory and processes only where no cgroup covers them, and
-    only when asked for explicitly (``explicit``); see the module docstring."""
+    ``limits`` resolved, ``asked`` what the request set. Memory and processes only where
+    no cgroup covers them, and only when ``asked`` sets them: a default address-space
+    limit would break programs that reserve more than they use (see the module docstring)."""
     out = []
     if limits.file_size:
         out.append((resource.RLIMIT_FSIZE, limits.file_size, limits.file_size))
     if limits.cpu_time:
         out.append((resource.RLIMIT_CPU, limits.cpu_time, limits.cpu_time + CPU_GRACE_S))
     covered = set() if cgroup is None else {c for c in _CONTROLLERS if cgroup.covers(c)}
-    if limits.memory and "memory" not in covered:
+    asked = asked or Limits()
+    if limits.memory and "memory" not in covered and asked.memory is not None:
         out.append((resource.RLIMIT_AS, limits.memory, limits.memory))
-    if limits.pids and "pids" not in covered and not as_root:
+    if limits.pids and "pids" not in covered and not as_root and asked.pids is not None:
         out.append((resource.RLIMIT_NPROC, limits.pids, limits.pids))
     return out
 

@@ -244,7 +244,7 @@ class _Limited:
                 raise SandboxError(_describe(e)) from None
             if not self.cgroup.dirs:
                 self.cgroup = None
-        self.rlimits = limits.plan_rlimits(self.limits, self.cgroup, as_root)
+        self.rlimits = limits.plan_rlimits(self.limits, self.cgroup, as_root, asked)
 
     def procs_fds(self) -> list[int]:
         if self.cgroup is None:
