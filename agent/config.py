@@ -501,7 +501,7 @@ def _build(path: Path | None, text: str, file_table: dict[str, Any], overrides: 
             config.limits = from_table(section, "limits")
         except LimitError as err:
             at = ("limits",) if err.key is None else ("limits", err.key)
-            raise ConfigError(f"{where(*at)}: {err.reason}") from None
+            raise ConfigError(f"{where(*at)}: {err}") from None
     return config
 
 

@@ -54,13 +54,11 @@ CPU_GRACE_S = 2
 
 class LimitError(ValueError):
     """A limit a person wrote that does not parse; the message says which and why.
-    From :func:`from_table`: ``key`` is the table's key at fault (None: the table itself)
-    and ``reason`` the message without where it is."""
+    From :func:`from_table`, ``key`` is the table's key at fault (None: the table itself)."""
 
-    def __init__(self, message: str, key: str | None = None, reason: str | None = None) -> None:
+    def __init__(self, message: str, key: str | None = None) -> None:
         super().__init__(message)
         self.key = key
-        self.reason = reason or message
 
 
 @dataclass(frozen=True)
@@ -157,7 +155,7 @@ def from_table(table: object, where: str = "limits") -> Limits:
     (or ``pids-limit``), ``file_size = "1G"`` (or ``file-size``), ``cpu_time = 60`` (or
     ``cpu-time``). Raises LimitError naming ``where`` and the key."""
     if not isinstance(table, dict):
-        raise LimitError(f"{where} must be a table", None, "limits must be a table")
+        raise LimitError(f"{where} must be a table")
     aliases = {"memory": "memory", "pids": "pids", "pids_limit": "pids", "pids-limit": "pids",
                "file_size": "file_size", "file-size": "file_size", "cpu_time": "cpu_time", "cpu-time": "cpu_time"}
     parsers = {"memory": parse_size, "pids": parse_count, "file_size": parse_size, "cpu_time": parse_duration}
@@ -166,11 +164,11 @@ def from_table(table: object, where: str = "limits") -> Limits:
         name = aliases.get(key)
         if name is None:
             reason = "unknown limit (known: memory, pids, file_size, cpu_time)"
-            raise LimitError(f"{where}.{key}: {reason}", key, reason)
+            raise LimitError(f"{where}.{key}: {reason}", key)
         try:
             values[name] = parsers[name](value, f"{where}.{key}")
         except LimitError as e:
-            raise LimitError(str(e), key, str(e).split(": ", 1)[-1]) from None
+            raise LimitError(str(e), key) from None
     return Limits(**values)
 
 

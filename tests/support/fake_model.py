@@ -235,6 +235,7 @@ class FakeExec:
     """Run until cancelled."""
     error: str | None = None
     duration_s: float = 0.25
+    limit: str | None = None
 
 
 @dataclass
@@ -292,7 +293,7 @@ class FakeRunner(CommandRunner):
             return ExecResult(aborted=True, stdout=_b(spec.stdout), aggregated=aggregated.getvalue())
         return ExecResult(exit_code=spec.exit_code, timed_out=spec.timed_out, duration_s=spec.duration_s,
                           stdout=_b(spec.stdout), stderr=_b(spec.stderr), aggregated=aggregated.getvalue(),
-                          error=spec.error)
+                          error=spec.error, limit=spec.limit)
 
     async def cancel(self, call_id: str) -> None:
         self.cancelled.append(call_id)
