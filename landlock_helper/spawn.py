@@ -119,7 +119,7 @@ def _check(argv, cwd, policy: SandboxPolicy, sandbox_cwd: str | None, env) -> mo
     return None
 
 
-def _encode_spec(argv, cwd, env, policy: SandboxPolicy, plan: mounts.Plan | None, has_stdin: bool,
+def _encode_spec(argv, cwd, env, policy: SandboxPolicy, plan: mounts.Plan | None, has_stdin: bool = False,
                  rlimits=()) -> bytes:
     env = dict(env)
     env["PWD"] = cwd
@@ -446,11 +446,12 @@ def spawn(argv, *, cwd, env, policy: SandboxPolicy, stdout: int, stderr: int, st
     limited = _limited(limits, template)
     try:
         spec = _encode_spec(argv, cwd, env, policy, plan, stdin is not None, limited.rlimits if limited else ())
-    except SandboxError:
+        warm = _make_warm(template, reap=True)
+    except BaseException:
         if limited is not None:
-            limited.release()
+            limited.release()  # the command never got its cgroup
         raise
-    return _make_warm(template, reap=True).start(spec, stdin, stdout, stderr, plan, limited)
+    return warm.start(spec, stdin, stdout, stderr, plan, limited)
 
 
 class Spawner:
@@ -542,23 +543,23 @@ class Spawner:
         try:
             spec = _encode_spec(argv, cwd, env, policy, plan, stdin is not None,
                                 limited.rlimits if limited else ())
-        except SandboxError:
+            if plan is None:
+                template = dataclasses.replace(self.template, scratch=None)
+                return _make_warm(template, reap=True).start(spec, stdin, stdout, stderr, None, limited)
+            self.refill()
+            while True:
+                while not self._ready:
+                    if not self._asked:
+                        self._ask(1)
+                    self.refill(block=True)
+                warm = self._ready.pop(0)
+                if warm.usable():
+                    break
+                warm.discard()
+        except BaseException:
             if limited is not None:
-                limited.release()
+                limited.release()  # the command never got its cgroup
             raise
-        if plan is None:
-            template = dataclasses.replace(self.template, scratch=None)
-            return _make_warm(template, reap=True).start(spec, stdin, stdout, stderr, None, limited)
-        self.refill()
-        while True:
-            while not self._ready:
-                if not self._asked:
-                    self._ask(1)
-                self.refill(block=True)
-            warm = self._ready.pop(0)
-            if warm.usable():
-                break
-            warm.discard()
         proc = warm.start(spec, stdin, stdout, stderr, plan, limited)
         self.refill()
         return proc
