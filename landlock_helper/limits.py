@@ -506,6 +506,47 @@ class CommandCgroup:
         return not left
 
 
+_NAME = re.compile(r"^(\d+)-\d+-[0-9a-f]{6}$")
+
+
+def sweep_stale(mech: Mechanism | None = None, min_age_s: float = 10.0) -> int:
+    """Remove the empty command cgroups of processes that are gone (an executor killed
+    before it could remove them); returns how many. Only those at least ``min_age_s``
+    old: a process in another PID namespace that shares the hierarchy may look gone to
+    us, and its cgroup, just made, may not have been joined yet."""
+    mech = mech or mechanism()
+    removed = 0
+    now = time.time()
+    for h in mech.hierarchies:
+        try:
+            names = os.listdir(h.parent)
+        except OSError:
+            continue
+        for name in names:
+            found = _NAME.match(name)
+            if not found or int(found.group(1)) == os.getpid() or _alive(int(found.group(1))):
+                continue
+            path = os.path.join(h.parent, name)
+            try:
+                if now - os.stat(path).st_mtime < min_age_s:
+                    continue
+                os.rmdir(path)  # EBUSY while anything is in it
+                removed += 1
+            except OSError:
+                pass
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def _set_limit(version: int, path: str, controller: str, value: int) -> None:
     if controller == "pids":
         _write(os.path.join(path, "pids.max"), str(value) if value else "max")

@@ -7,6 +7,7 @@ import asyncio
 import os
 import resource
 import signal
+import time
 
 import msgspec
 import pytest
@@ -163,6 +164,23 @@ def test_cgroup_paths_under_mounts_of_part_of_the_hierarchy():
     assert L._local("/sys/fs/cgroup", "/docker/abc", "/docker/abc/sub") == "/sys/fs/cgroup/sub"
     assert L._local("/sys/fs/cgroup", "/docker/abc", "/elsewhere") is None
     assert L._local("/sys/fs/cgroup", "/", "/gone (deleted)") is None
+
+
+def test_stale_cgroups_of_gone_processes_are_swept(tmp_path):
+    parent = tmp_path / "sluice"
+    parent.mkdir()
+    old = time.time() - 60
+    names = {"dead": "99999999-3-abcdef", "mine": f"{os.getpid()}-1-abcdef", "alive": "1-2-abcdef",
+             "busy": "99999998-1-abcdef", "young": "99999997-1-abcdef", "other": "unrelated"}
+    for key, name in names.items():
+        (parent / name).mkdir()
+        if key == "busy":
+            (parent / name / "cgroup.procs").write_text("")  # rmdir fails, as on a populated cgroup
+        if key != "young":
+            os.utime(parent / name, (old, old))
+    mech = L.Mechanism(hierarchies=(L._Hierarchy(1, str(parent), ("pids",)),))
+    assert L.sweep_stale(mech) == 1
+    assert sorted(os.listdir(parent)) == sorted(n for k, n in names.items() if k != "dead")
 
 
 def test_no_cgroups_when_told_so(monkeypatch):
