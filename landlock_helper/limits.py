@@ -375,7 +375,7 @@ def _v2_parent(mountpoint: str, root: str, path: str, wanted: list[str]) -> tupl
         if have and os.access(cur, os.W_OK) and os.access(os.path.join(cur, "cgroup.procs"), os.W_OK):
             parent = os.path.join(cur, CGROUP_PARENT)
             try:
-                _make_v2_parent(parent, have)
+                have = _make_v2_parent(parent, have)
             except OSError as e:
                 return None, f"cannot make cgroup {parent}: {e.strerror}"
             return _Hierarchy(2, parent, tuple(have)), ""
@@ -384,15 +384,30 @@ def _v2_parent(mountpoint: str, root: str, path: str, wanted: list[str]) -> tupl
         cur = os.path.dirname(cur)
 
 
-def _make_v2_parent(parent: str, controllers: list[str]) -> None:
+def _make_v2_parent(parent: str, controllers: list[str]) -> list[str]:
+    """Make ``parent`` and give its children ``controllers``; returns those it could give
+    (raises OSError when none)."""
     try:
         os.mkdir(parent)
     except FileExistsError:
         pass
-    enabled = set(_read(os.path.join(parent, "cgroup.subtree_control")).split())
+    control = os.path.join(parent, "cgroup.subtree_control")
+    enabled = set(_read(control).split())
     missing = [c for c in controllers if c not in enabled]
     if missing:
-        _write(os.path.join(parent, "cgroup.subtree_control"), " ".join(f"+{c}" for c in missing))
+        try:
+            _write(control, " ".join(f"+{c}" for c in missing))
+        except OSError as e:
+            for c in missing:  # one by one: keep what can be had
+                try:
+                    _write(control, f"+{c}")
+                except OSError:
+                    pass
+            enabled = set(_read(control).split())
+            if not any(c in enabled for c in controllers):
+                raise e
+            return [c for c in controllers if c in enabled]
+    return list(controllers)
 
 
 def _v1_parent(mountpoint: str, root: str, path: str | None, controller: str) -> tuple[_Hierarchy | None, str]:
@@ -429,7 +444,7 @@ class CommandCgroup:
         self.dirs: list[tuple[_Hierarchy, str]] = []
         try:
             for h in mech.hierarchies:
-                wanted = [c for c in h.controllers if getattr(limits, c) is not None]
+                wanted = [c for c in h.controllers if getattr(limits, c)]
                 if not wanted:
                     continue
                 path = os.path.join(h.parent, name)
