@@ -75,7 +75,10 @@ command's tree is dead, the executor drains what is left in its pipes without wa
 for acks (at most one pipe's capacity per stream), so its ``exit`` can always be sent.
 
 A run's ``cwd`` is where the command runs; its ``sandbox_cwd`` (default: ``cwd``) is the
-directory the policy's ``disk-write-cwd`` means. A run that is refused or cannot start
+directory the policy's ``disk-write-cwd`` means. Its ``limits``
+(:class:`landlock_helper.limits.Limits`) are the command's resource limits, each field
+None for the executor's default and 0 for none; the ``exit``'s ``limit`` names the one
+the command ran into ("killed: memory limit 512 MiB reached"). A run that is refused or cannot start
 (bad body or policy, missing cwd, relative ``sandbox_cwd``, no sandbox, executor
 shutting down) gets only an ``exit`` with ``error`` set, never a ``started``.
 A command that was not found gets ``exit_code`` 127 *and* ``error``. ``Started.pid`` is
