@@ -10,12 +10,12 @@ cgroups
     ``sluice`` parent: for cgroup v2, inside the nearest cgroup of ours (or an
     ancestor) that is writable and has the controllers enabled for its children
     (delegated, or everything as root); for cgroup v1, under our own cgroup of each
-    controller's hierarchy when it is writable (root). The trusted side makes the
-    cgroup and sets ``memory.max`` / ``memory.limit_in_bytes`` (swap included) and
-    ``pids.max``; the command process joins it (writes 0 to ``cgroup.procs``, opened
-    by the trusted side) before it execs, so every process it starts is inside. Once
-    the tree is dead, the cgroup's counters say which limit was hit (an OOM kill,
-    refused forks) and the cgroup is removed.
+    controller's hierarchy when it is writable (root). Each sandbox's supervisor makes
+    the cgroup and its command process joins it while the sandbox is warm (writes 0 to
+    ``cgroup.procs``), so every process the command starts is inside; the trusted side
+    sets ``memory.max`` / ``memory.limit_in_bytes`` (swap included) and ``pids.max``
+    before it hands the command over. Once the tree is dead, the supervisor reads which
+    limit was hit (an OOM kill, refused forks) and removes the cgroup.
 rlimits
     File size (``RLIMIT_FSIZE``) and CPU time (``RLIMIT_CPU``, per process) are always
     rlimits. Without a memory cgroup an explicit memory limit becomes ``RLIMIT_AS``
@@ -432,29 +432,46 @@ _counter = 0
 
 
 class CommandCgroup:
-    """The cgroup(s) of one command: made with its limits set, joined by the command
-    (:meth:`procs_fds`), read (:meth:`report`) and removed (:meth:`remove`) once the tree
-    is dead."""
+    """The cgroup(s) of one sandbox, one per hierarchy, all of one name.
 
-    def __init__(self, limits: Limits, mech: Mechanism) -> None:
+    The sandbox's supervisor makes them (:meth:`make`) before the sandbox's processes
+    exist, its command process joins them (:meth:`procs_fds`) while the sandbox is warm,
+    the trusted side sets the command's limits (:meth:`set_limits`, files it opens by
+    name: no cgroup lock involved) before it hands the command over, and once the tree is
+    dead the supervisor reads them (:meth:`counters`) and removes them (:meth:`remove`).
+    So the caller (an executor's event loop) never makes or removes a cgroup itself:
+    mkdir, rmdir and joining take the kernel's cgroup locks, which a fork bomb in another
+    sandbox can keep busy for seconds."""
+
+    def __init__(self, hierarchies, name: str) -> None:
+        self.name = name
+        self.dirs: list[tuple[_Hierarchy, str]] = [(h, os.path.join(h.parent, name)) for h in hierarchies]
+        # The parents, open (from make): reached through these, the cgroups stay reachable
+        # after the supervisor's mount namespace has been turned into the sandbox's view.
+        self._parent_fds: dict[str, int] = {}
+
+    @classmethod
+    def make(cls, hierarchies) -> CommandCgroup:
+        """Make the cgroups, named after this process (see :func:`sweep_stale`)."""
         global _counter
         _counter += 1
-        name = f"{os.getpid()}-{_counter}-{os.urandom(3).hex()}"
-        self.limits = limits
-        self.dirs: list[tuple[_Hierarchy, str]] = []
+        cg = cls((), f"{os.getpid()}-{_counter}-{os.urandom(3).hex()}")
         try:
-            for h in mech.hierarchies:
-                wanted = [c for c in h.controllers if getattr(limits, c)]
-                if not wanted:
-                    continue
-                path = os.path.join(h.parent, name)
-                self._mkdir(h, path)
-                self.dirs.append((h, path))
-                for c in h.controllers:
-                    _set_limit(h.version, path, c, getattr(limits, c) or 0)
+            for h in hierarchies:
+                path = os.path.join(h.parent, cg.name)
+                cls._mkdir(h, path)
+                cg.dirs.append((h, path))
+                cg._parent_fds[path] = os.open(h.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         except OSError as e:
-            self.remove()
-            raise OSError(e.errno, f"cannot set up the command's cgroup: {e.strerror}", e.filename) from None
+            cg.remove()
+            raise OSError(e.errno, f"cannot make the command's cgroup: {e.strerror}", e.filename) from None
+        return cg
+
+    def set_limits(self, limits: Limits) -> None:
+        """Write ``limits`` (resolved) into the cgroups; raises OSError."""
+        for h, path in self.dirs:
+            for c in h.controllers:
+                _set_limit(h.version, path, c, getattr(limits, c) or 0)
 
     @staticmethod
     def _mkdir(h: _Hierarchy, path: str) -> None:
@@ -472,12 +489,9 @@ class CommandCgroup:
                     pass
         os.mkdir(path)
 
-    def covers(self, controller: str) -> bool:
-        return any(controller in h.controllers for h, _ in self.dirs)
-
     def procs_fds(self) -> list[int]:
-        """``cgroup.procs`` of each of our cgroups, open for writing: the command writes
-        ``0`` to each (joining them) before it execs. The caller closes them."""
+        """``cgroup.procs`` of each of our cgroups, open for writing: the command process
+        writes ``0`` to each (:func:`join`). The caller closes them."""
         fds: list[int] = []
         try:
             for _, path in self.dirs:
@@ -494,10 +508,16 @@ class CommandCgroup:
         for h, path in self.dirs:
             if "memory" in h.controllers:
                 name = "memory.events" if h.version == 2 else "memory.oom_control"
-                out["oom_kill"] = _field(os.path.join(path, name), "oom_kill")
+                out["oom_kill"] = _field(self._at(path, name), "oom_kill", self._parent_fds.get(path))
             if "pids" in h.controllers:
-                out["pids_max"] = _field(os.path.join(path, "pids.events"), "max")
+                out["pids_max"] = _field(self._at(path, "pids.events"), "max", self._parent_fds.get(path))
         return out
+
+    def _at(self, path: str, file: str | None = None) -> str:
+        """``path`` (or a file in it) relative to its open parent, if we hold one."""
+        if path in self._parent_fds:
+            path = os.path.basename(path)
+        return path if file is None else os.path.join(path, file)
 
     def remove(self, wait_s: float = 0.0) -> bool:
         """Remove the cgroups (they must be empty: the tree is dead); True when all are gone.
@@ -507,7 +527,7 @@ class CommandCgroup:
         for h, path in self.dirs:
             while True:
                 try:
-                    os.rmdir(path)
+                    os.rmdir(self._at(path), dir_fd=self._parent_fds.get(path))
                     break
                 except FileNotFoundError:
                     break
@@ -517,6 +537,9 @@ class CommandCgroup:
                         continue
                     left.append((h, path))
                     break
+        for _, path in self.dirs:
+            if path not in (p for _, p in left) and path in self._parent_fds:
+                os.close(self._parent_fds.pop(path))
         self.dirs = left
         return not left
 
@@ -525,8 +548,8 @@ _NAME = re.compile(r"^(\d+)-\d+-[0-9a-f]{6}$")
 
 
 def sweep_stale(mech: Mechanism | None = None, min_age_s: float = 10.0) -> int:
-    """Remove the empty command cgroups of processes that are gone (an executor killed
-    before it could remove them); returns how many. Only those at least ``min_age_s``
+    """Remove the empty command cgroups of processes that are gone (a sandbox's
+    supervisor killed before it could remove them); returns how many. Only those at least ``min_age_s``
     old: a process in another PID namespace that shares the hierarchy may look gone to
     us, and its cgroup, just made, may not have been joined yet."""
     mech = mech or mechanism()
@@ -578,9 +601,12 @@ def _set_limit(version: int, path: str, controller: str, value: int) -> None:
                 _write(memsw, text)
 
 
-def _field(path: str, key: str) -> int:
+def _field(path: str, key: str, dir_fd: int | None = None) -> int:
     try:
-        for line in _read(path).splitlines():
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC, dir_fd=dir_fd)
+        with open(fd, encoding="ascii", errors="replace") as f:
+            text = f.read()
+        for line in text.splitlines():
             name, _, value = line.partition(" ")
             if name == key:
                 return int(value)
@@ -592,19 +618,19 @@ def _field(path: str, key: str) -> int:
 # --- applying -----------------------------------------------------------------------
 
 
-def plan_rlimits(limits: Limits, cgroup: CommandCgroup | None, as_root: bool,
+def plan_rlimits(limits: Limits, covered, as_root: bool,
                  asked: Limits | None = None) -> list[tuple[int, int, int]]:
     """The rlimits the command process sets before exec: (resource, soft, hard).
 
-    ``limits`` resolved, ``asked`` what the request set. Memory and processes only where
-    no cgroup covers them, and only when ``asked`` sets them: a default address-space
-    limit would break programs that reserve more than they use (see the module docstring)."""
+    ``limits`` resolved, ``asked`` what the request set, ``covered`` the controllers a
+    cgroup of the command enforces. Memory and processes only where no cgroup covers
+    them, and only when ``asked`` sets them: a default address-space limit would break
+    programs that reserve more than they use (see the module docstring)."""
     out = []
     if limits.file_size:
         out.append((resource.RLIMIT_FSIZE, limits.file_size, limits.file_size))
     if limits.cpu_time:
         out.append((resource.RLIMIT_CPU, limits.cpu_time, limits.cpu_time + CPU_GRACE_S))
-    covered = set() if cgroup is None else {c for c in _CONTROLLERS if cgroup.covers(c)}
     asked = asked or Limits()
     if limits.memory and "memory" not in covered and asked.memory is not None:
         out.append((resource.RLIMIT_AS, limits.memory, limits.memory))
@@ -624,7 +650,7 @@ def apply_rlimits(plan) -> None:
 
 
 def join(fds) -> None:
-    """In the command process: move ourselves into the command's cgroups."""
+    """In the sandbox's command process: move ourselves into its cgroups."""
     for fd in fds:
         os.write(fd, b"0")
         os.close(fd)

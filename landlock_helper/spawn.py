@@ -49,6 +49,7 @@ import select
 import signal
 import socket
 import sys
+import time
 from dataclasses import dataclass
 
 from landlock_helper import _libc, landlock, limits, mounts, namespaces, seccomp, unix_guard
@@ -57,8 +58,11 @@ from landlock_helper.policy import SandboxPolicy
 
 # Largest spec (argv + env + policy) a caller may send; SEQPACKET needs it in one piece.
 MAX_SPEC = 4 * 1024 * 1024
-# Fds sent with it: stdout, stderr, stdin, and the cgroup.procs of a cgroup per hierarchy.
-_MAX_FDS = 8
+# Fds sent with it: stdout, stderr and stdin.
+_MAX_FDS = 3
+# How long a supervisor keeps trying to remove its sandbox's cgroups (busy for a moment
+# after the tree is gone).
+CGROUP_REMOVE_S = 5.0
 
 
 _FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -76,9 +80,12 @@ class _Template:
     gid: int
     cap_last: int
     seccomp_progs: dict  # network allowed? -> compiled BPF program
+    # Where each sandbox gets cgroups of its own for its command's limits (see
+    # landlock_helper.limits); empty: no cgroups, rlimits only.
+    cgroups: tuple = ()
 
     @classmethod
-    def make(cls, hidden_paths, *, restricted: bool = True) -> _Template:
+    def make(cls, hidden_paths, *, restricted: bool = True, cgroups: bool = False) -> _Template:
         progs = {}
         if _libc.ARCH is not None:
             progs = {net: seccomp.compile_program(seccomp.build(net)) for net in (False, True)}
@@ -91,6 +98,7 @@ class _Template:
             hidden_paths=tuple(os.path.abspath(p) for p in hidden_paths), scratch=scratch,
             as_root=os.geteuid() == 0, uid=os.geteuid(), gid=os.getegid(),
             cap_last=namespaces.last_cap(), seccomp_progs=progs,
+            cgroups=limits.mechanism().hierarchies if cgroups else (),
         )
 
 
@@ -134,7 +142,8 @@ class SandboxedProcess:
     """A running sandboxed command; see the module docstring for the process layout."""
 
     def __init__(self, sup_pid: int, init_pid: int, ctl: socket.socket, early: list[bytes], *,
-                 reap: bool, plan: mounts.Plan | None = None, limited: _Limited | None = None) -> None:
+                 reap: bool, plan: mounts.Plan | None = None, limited: _Limited | None = None,
+                 cgroup: bool = False) -> None:
         self.pid = sup_pid
         self.init_pid = init_pid
         self._ctl = ctl
@@ -147,6 +156,9 @@ class SandboxedProcess:
         self._outcome: Outcome | None = None
         self._plan = plan
         self._limited = limited
+        # The sandbox has cgroups: its supervisor reports their counters and removes them
+        # after the tree is dead, so it is waited for too (and never killed on purpose).
+        self._cgroup = cgroup
 
     @property
     def done_fds(self) -> tuple[int, ...]:
@@ -156,6 +168,8 @@ class SandboxedProcess:
         of the namespace before it reports the init gone. (The supervisor may take a
         while longer, tearing down the mount namespace; nobody needs to wait for that.)
         """
+        if self._cgroup:
+            return tuple(fd for fd in (self._init_fd, self._sup_fd) if fd is not None)
         return (self._init_fd,) if self._init_fd is not None else ((self._sup_fd,) if self._sup_fd else ())
 
     def terminate(self) -> None:
@@ -168,6 +182,11 @@ class SandboxedProcess:
         if self._outcome is not None:
             return
         self._killed = True
+        if self._cgroup:
+            # The supervisor ends by itself once the init is gone, after removing the cgroups.
+            if self._init_fd is not None:
+                _pidfd_signal(self._init_fd, signal.SIGKILL)
+            return
         for fd in (self._init_fd, self._sup_fd):
             if fd is not None:
                 _pidfd_signal(fd, signal.SIGKILL)
@@ -185,7 +204,7 @@ class SandboxedProcess:
             if notes:
                 outcome = dataclasses.replace(outcome, notes=tuple(notes))
         if self._limited is not None:
-            hit = self._limited.finish(outcome.signal)
+            hit = self._limited.what_hit(_counters(self._lines), outcome.signal)
             if hit:
                 outcome = dataclasses.replace(outcome, limit=hit)
         self._outcome = outcome
@@ -213,16 +232,15 @@ class SandboxedProcess:
             self._ctl = None  # type: ignore[assignment]
         if self._reap and not self._sup_done:
             # Never leave a zombie. Once the tree is dead the supervisor exits at once;
-            # before that, killing it takes the tree with it (pdeathsig).
+            # before that, killing it takes the tree with it (pdeathsig); one with cgroups
+            # kills the tree on SIGTERM and removes them before it exits.
             if self._outcome is None:
-                _kill_quietly(self.pid)
+                _kill_quietly(self.pid, signal.SIGTERM if self._cgroup else signal.SIGKILL)
             try:
                 os.waitpid(self.pid, 0)
             except ChildProcessError:
                 pass
             self._sup_done = True
-        if self._limited is not None:
-            self._limited.release()
 
     def __del__(self) -> None:
         if getattr(self, "_ctl", None) is not None:
@@ -230,44 +248,43 @@ class SandboxedProcess:
 
 
 class _Limited:
-    """The limits of one command on the trusted side: its cgroup (if any) and the rlimits
-    its command process sets before exec."""
+    """The limits of one command on the trusted side: resolved, the rlimits its command
+    process sets before exec, and what goes into its sandbox's cgroups."""
 
-    def __init__(self, asked: limits.Limits, as_root: bool) -> None:
+    def __init__(self, asked: limits.Limits, template: _Template) -> None:
         self.limits = limits.resolve(asked)
-        mech = limits.mechanism()
-        self.cgroup: limits.CommandCgroup | None = None
-        if mech.hierarchies:
-            try:
-                self.cgroup = limits.CommandCgroup(self.limits, mech)
-            except OSError as e:
-                raise SandboxError(_describe(e)) from None
-            if not self.cgroup.dirs:
-                self.cgroup = None
-        self.rlimits = limits.plan_rlimits(self.limits, self.cgroup, as_root, asked)
+        self.cgroups = template.cgroups
+        covered = {c for h in template.cgroups for c in h.controllers}
+        self.rlimits = limits.plan_rlimits(self.limits, covered, template.as_root, asked)
 
-    def procs_fds(self) -> list[int]:
-        if self.cgroup is None:
-            return []
+    def apply(self, cgroup_name: str | None) -> None:
+        """Just before the command is handed over: its limits into its sandbox's cgroups
+        (a write to files of theirs, which takes none of the kernel's cgroup locks)."""
+        if cgroup_name is None or not self.cgroups:
+            return
         try:
-            return self.cgroup.procs_fds()
+            limits.CommandCgroup(self.cgroups, cgroup_name).set_limits(self.limits)
         except OSError as e:
-            self.release()
-            raise SandboxError(f"cannot open the command's cgroup: {_describe(e)}") from None
+            raise SandboxError(f"cannot set the command's limits: {_describe(e)}") from None
 
-    def finish(self, sig: int | None) -> str | None:
-        """The tree is dead: which limit it hit (for a person), and the cgroup goes."""
-        counters = self.cgroup.counters() if self.cgroup is not None else None
-        self.release(wait_s=0.2)
+    def what_hit(self, counters: dict[str, int] | None, sig: int | None) -> str | None:
         return limits.what_hit(self.limits, counters, sig)
-
-    def release(self, wait_s: float = 0.0) -> None:
-        if self.cgroup is not None:
-            self.cgroup.remove(wait_s)
 
 
 def _limited(asked: limits.Limits | None, template: _Template) -> _Limited | None:
-    return None if asked is None else _Limited(asked, template.as_root)
+    return None if asked is None else _Limited(asked, template)
+
+
+def _counters(lines: list[bytes]) -> dict[str, int] | None:
+    """The supervisor's ``L <oom kills> <refused forks>`` line, if it sent one."""
+    for raw in lines:
+        if raw.startswith(b"L "):
+            try:
+                oom, refused = (int(x) for x in raw[2:].split())
+            except ValueError:
+                return None
+            return {"oom_kill": oom, "pids_max": refused}
+    return None
 
 
 def _outcome(lines: list[bytes], killed: bool) -> Outcome:
@@ -293,6 +310,19 @@ def _outcome(lines: list[bytes], killed: bool) -> Outcome:
     return Outcome(exit_code, sig, error)
 
 
+def _wait_pid(pid: int, timeout: float) -> None:
+    """Wait up to ``timeout`` seconds for ``pid`` to end (not reaping it)."""
+    fd = _pidfd(pid)
+    if fd is None:
+        return
+    try:
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
+        poller.poll(timeout * 1000)
+    finally:
+        os.close(fd)
+
+
 def _pidfd(pid: int) -> int | None:
     try:
         return os.pidfd_open(pid)
@@ -300,9 +330,9 @@ def _pidfd(pid: int) -> int | None:
         return None  # already gone: nothing of it is left to wait for
 
 
-def _kill_quietly(pid: int) -> None:
+def _kill_quietly(pid: int, sig: int = signal.SIGKILL) -> None:
     try:
-        os.kill(pid, signal.SIGKILL)
+        os.kill(pid, sig)
     except ProcessLookupError:
         pass
 
@@ -337,11 +367,13 @@ def _drain(sock: socket.socket) -> list[bytes]:
 class _Warm:
     """A sandbox whose command process is waiting for its spec."""
 
-    def __init__(self, sup_pid: int, ctl: socket.socket, *, reap: bool) -> None:
+    def __init__(self, sup_pid: int, ctl: socket.socket, *, reap: bool, cgroups: bool = False) -> None:
         self.sup_pid = sup_pid
         self.ctl = ctl
         self.reap = reap
+        self.cgroups = cgroups  # its supervisor makes cgroups (and ends on SIGTERM)
         self.init_pid: int | None = None
+        self.cgroup: str | None = None  # the name of the sandbox's cgroups, if it has some
         self.early: list[bytes] = []
 
     def _absorb(self, block: bool) -> bool:
@@ -358,6 +390,8 @@ class _Warm:
                 return False  # EOF: every process of the sandbox is gone
             if data.startswith(b"P "):
                 self.init_pid = int(data[2:])
+            elif data.startswith(b"C "):
+                self.cgroup = data[2:].decode()
             else:
                 self.early.append(data)
                 if data.startswith(b"X "):
@@ -379,33 +413,28 @@ class _Warm:
 
     def start(self, spec: bytes, stdin, stdout, stderr, plan: mounts.Plan | None = None,
               limited: _Limited | None = None) -> SandboxedProcess:
-        try:
-            self.wait_init_pid()
-        except SandboxError:
-            if limited is not None:
-                limited.release()
-            raise
+        self.wait_init_pid()
+        if limited is not None:
+            try:
+                limited.apply(self.cgroup)
+            except SandboxError:
+                self.discard()
+                raise
         fds = [stdout, stderr] if stdin is None else [stdout, stderr, stdin]
-        # The command joins its cgroups through these (opened here, by the trusted side).
-        cgroup_fds = limited.procs_fds() if limited is not None else []
         try:
-            socket.send_fds(self.ctl, [spec], fds + cgroup_fds)
+            socket.send_fds(self.ctl, [spec], fds)
         except OSError as e:
             self.discard()
-            if limited is not None:
-                limited.release()
             raise SandboxError(f"cannot hand the command to its sandbox: {e.strerror}") from None
-        finally:
-            for fd in cgroup_fds:
-                os.close(fd)
         return SandboxedProcess(self.sup_pid, self.init_pid, self.ctl, self.early, reap=self.reap,
-                                plan=plan, limited=limited)
+                                plan=plan, limited=limited, cgroup=self.cgroup is not None)
 
     def discard(self) -> None:
         """Tear down an unused sandbox (its command process sees EOF and exits)."""
         self.ctl.close()
         if self.reap:
-            _kill_quietly(self.sup_pid)
+            # One with cgroups ends the sandbox on SIGTERM and removes them before it exits.
+            _kill_quietly(self.sup_pid, signal.SIGTERM if self.cgroups else signal.SIGKILL)
             try:
                 os.waitpid(self.sup_pid, 0)
             except ChildProcessError:
@@ -422,7 +451,7 @@ def _make_warm(template: _Template, *, reap: bool) -> _Warm:
         mine.close()
         _child_main(_supervisor, theirs.fileno(), template, parent, theirs.fileno())
     theirs.close()
-    return _Warm(pid, mine, reap=reap)
+    return _Warm(pid, mine, reap=reap, cgroups=bool(template.cgroups))
 
 
 def spawn(argv, *, cwd, env, policy: SandboxPolicy, stdout: int, stderr: int, stdin: int | None = None,
@@ -442,16 +471,10 @@ def spawn(argv, *, cwd, env, policy: SandboxPolicy, stdout: int, stderr: int, st
         return spawn_seatbelt(argv, cwd=cwd, env=env, policy=policy, stdout=stdout, stderr=stderr,
                               stdin=stdin, hidden_paths=hidden_paths, sandbox_cwd=sandbox_cwd)
     plan = _check(argv, cwd, policy, sandbox_cwd, env)
-    template = _Template.make(hidden_paths, restricted=plan is not None)
+    template = _Template.make(hidden_paths, restricted=plan is not None, cgroups=limits is not None)
     limited = _limited(limits, template)
-    try:
-        spec = _encode_spec(argv, cwd, env, policy, plan, stdin is not None, limited.rlimits if limited else ())
-        warm = _make_warm(template, reap=True)
-    except BaseException:
-        if limited is not None:
-            limited.release()  # the command never got its cgroup
-        raise
-    return warm.start(spec, stdin, stdout, stderr, plan, limited)
+    spec = _encode_spec(argv, cwd, env, policy, plan, stdin is not None, limited.rlimits if limited else ())
+    return _make_warm(template, reap=True).start(spec, stdin, stdout, stderr, plan, limited)
 
 
 class Spawner:
@@ -462,11 +485,13 @@ class Spawner:
     :meth:`refill` when :attr:`fileno` is readable (or just before it needs sandboxes).
     """
 
-    def __init__(self, hidden_paths=(), *, pool: int = 4) -> None:
+    def __init__(self, hidden_paths=(), *, pool: int = 4, cgroups: bool = True) -> None:
+        """``cgroups``: every sandbox gets cgroups of its own (where this process may make
+        them, see :func:`landlock_helper.limits.mechanism`), for its command's limits."""
         if not sys.platform.startswith("linux"):
             raise SandboxError("the warm-sandbox pool needs Linux")
         self.pool = pool
-        self.template = _Template.make(hidden_paths)
+        self.template = _Template.make(hidden_paths, cgroups=cgroups)
         self._ready: list[_Warm] = []
         self._asked = 0
         self._sock: socket.socket | None = None
@@ -540,26 +565,20 @@ class Spawner:
         """
         plan = _check(argv, cwd, policy, sandbox_cwd, env)
         limited = _limited(limits, self.template)
-        try:
-            spec = _encode_spec(argv, cwd, env, policy, plan, stdin is not None,
-                                limited.rlimits if limited else ())
-            if plan is None:
-                template = dataclasses.replace(self.template, scratch=None)
-                return _make_warm(template, reap=True).start(spec, stdin, stdout, stderr, None, limited)
-            self.refill()
-            while True:
-                while not self._ready:
-                    if not self._asked:
-                        self._ask(1)
-                    self.refill(block=True)
-                warm = self._ready.pop(0)
-                if warm.usable():
-                    break
-                warm.discard()
-        except BaseException:
-            if limited is not None:
-                limited.release()  # the command never got its cgroup
-            raise
+        spec = _encode_spec(argv, cwd, env, policy, plan, stdin is not None, limited.rlimits if limited else ())
+        if plan is None:
+            template = dataclasses.replace(self.template, scratch=None)
+            return _make_warm(template, reap=True).start(spec, stdin, stdout, stderr, None, limited)
+        self.refill()
+        while True:
+            while not self._ready:
+                if not self._asked:
+                    self._ask(1)
+                self.refill(block=True)
+            warm = self._ready.pop(0)
+            if warm.usable():
+                break
+            warm.discard()
         proc = warm.start(spec, stdin, stdout, stderr, plan, limited)
         self.refill()
         return proc
@@ -571,6 +590,10 @@ class Spawner:
         if self._sock is not None:
             self._sock.close()
             self._sock = None
+        if self.template.cgroups:
+            # The zygote, told by the EOF, waits for its sandboxes' supervisors, which remove
+            # their cgroups as they end (killing it would kill them first: pdeathsig).
+            _wait_pid(self.zygote_pid, CGROUP_REMOVE_S + 1.0)
         _kill_quietly(self.zygote_pid)
         self._reap_zygote()
 
@@ -615,13 +638,14 @@ def _reset_signals() -> None:
         signal.signal(sig, signal.SIG_DFL)
 
 
-def _die_with_parent(parent: int | None) -> None:
-    """SIGKILL us when our parent dies; ``parent`` None when it is outside our PID namespace.
+def _die_with_parent(parent: int | None, sig: int = signal.SIGKILL) -> None:
+    """SIGKILL (or ``sig``) us when our parent dies; ``parent`` None when it is outside our
+    PID namespace.
 
     (The init cannot see its parent: getppid() is 0 there. The supervisor waits for the
     init before it can exit on its own, so only a SIGKILL can race with this prctl.)
     """
-    _libc.prctl(_libc.PR_SET_PDEATHSIG, signal.SIGKILL)
+    _libc.prctl(_libc.PR_SET_PDEATHSIG, sig)
     if parent is not None and os.getppid() != parent:  # died before the prctl took effect
         os._exit(1)
 
@@ -638,6 +662,7 @@ def _close_fds_except(keep: set[int]) -> None:
 def _zygote(template: _Template, parent: int, sock: socket.socket) -> None:
     """Make a warm sandbox for every ``W`` received; exit when the caller goes away."""
     _die_with_parent(parent)
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)  # a caller gone is an EOF or EPIPE here
     wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
     _close_fds_except({sock.fileno(), wake_r, wake_w})
     # Reap supervisors as soon as they exit: SIGCHLD wakes the poll through the pipe.
@@ -662,11 +687,34 @@ def _zygote(template: _Template, parent: int, sock: socket.socket) -> None:
                 msg = sock.recv(64)
             except InterruptedError:
                 continue
+            except OSError:
+                msg = b""
+            if msg:
+                warm = _make_warm(template, reap=False)
+                try:
+                    socket.send_fds(sock, [f"S {warm.sup_pid}".encode()], [warm.ctl.fileno()])
+                except OSError:
+                    msg = b""  # the caller is gone; this sandbox ends as its ctl closes
+                finally:
+                    warm.ctl.close()
             if not msg:
+                if template.cgroups:
+                    # Dying now would kill the supervisors (pdeathsig) before they remove
+                    # their sandboxes' cgroups: let them finish first.
+                    _wait_children(CGROUP_REMOVE_S)
                 os._exit(0)
-            warm = _make_warm(template, reap=False)
-            socket.send_fds(sock, [f"S {warm.sup_pid}".encode()], [warm.ctl.fileno()])
-            warm.ctl.close()
+
+
+def _wait_children(timeout: float) -> None:
+    """Reap children until there are none left, for up to ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            time.sleep(0.005)
 
 
 def _reap_any() -> None:
@@ -680,24 +728,76 @@ def _reap_any() -> None:
 
 
 def _supervisor(template: _Template, parent: int, ctl: int) -> None:
-    _die_with_parent(parent)
+    # With cgroups, the parent's death (or our caller's SIGTERM) is a SIGTERM: we kill the
+    # init, which takes the whole sandbox with it as a SIGKILL to us would, and then still
+    # remove the cgroups.
+    init_pid: list[int] = []
+    told: list[bool] = []
+    if template.cgroups:
+        def end_sandbox(signum, frame) -> None:
+            told.append(True)
+            if init_pid:
+                _kill_quietly(init_pid[0])
+
+        signal.signal(signal.SIGTERM, end_sandbox)
+        _die_with_parent(parent, signal.SIGTERM)
+    else:
+        _die_with_parent(parent)
     _close_fds_except({ctl})
-    namespaces.enter(template.uid, template.gid, template.as_root)
-    init = os.fork()
-    if init == 0:
-        _child_main(_init, ctl, template, ctl)
-    os.write(ctl, f"P {init}".encode())
-    os.close(ctl)
+    # Our words may find the caller gone (a sandbox discarded early): EPIPE, not death.
+    # (The init and the command get the default back, as every child does.)
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+    cgroup = None
+    join_fds: list[int] = []
+    if template.cgroups:
+        # The sandbox's own cgroups, made here (off the caller's path: making and removing
+        # cgroups can wait seconds on the kernel's cgroup lock); its command joins them.
+        cgroup = limits.CommandCgroup.make(template.cgroups)
+    try:
+        if cgroup is not None:
+            join_fds = cgroup.procs_fds()
+            os.write(ctl, f"C {cgroup.name}".encode())
+        if told:
+            raise SandboxError("the sandbox was ended while being made")
+        namespaces.enter(template.uid, template.gid, template.as_root)
+        init = os.fork()
+        if init == 0:
+            _child_main(_init, ctl, template, ctl, join_fds)
+        init_pid.append(init)
+        if told:
+            _kill_quietly(init)
+    except BaseException:
+        if cgroup is not None:
+            cgroup.remove()
+        raise
+    for fd in join_fds:
+        os.close(fd)
+    try:
+        os.write(ctl, f"P {init}".encode())
+    except OSError:
+        pass  # discarded already: the sandbox ends as it sees the EOF
+    if cgroup is None:
+        os.close(ctl)
     while True:
         try:
             os.waitpid(init, 0)
             break
         except ChildProcessError:
             break
+    if cgroup is not None:
+        # The whole tree is dead (the kernel waited for the namespace before the init
+        # could be reaped): say which limits it hit, then remove the cgroups.
+        counters = cgroup.counters()
+        try:
+            os.write(ctl, f"L {counters['oom_kill']} {counters['pids_max']}".encode())
+        except OSError:
+            pass
+        os.close(ctl)
+        cgroup.remove(CGROUP_REMOVE_S)
     os._exit(0)
 
 
-def _init(template: _Template, ctl: int) -> None:
+def _init(template: _Template, ctl: int, join_fds: list[int]) -> None:
     _die_with_parent(None)
     signal.pthread_sigmask(signal.SIG_BLOCK, _INIT_WAITED)
     view = mounts.prepare(template.hidden_paths, template.scratch)
@@ -705,8 +805,10 @@ def _init(template: _Template, ctl: int) -> None:
     guard, guard_end = unix_guard.Guard.open()
     child = os.fork()
     if child == 0:
-        _child_main(_command, ctl, template, ctl, view, guard_end)
+        _child_main(_command, ctl, template, ctl, view, guard_end, join_fds)
     os.close(guard_end)
+    for fd in join_fds:
+        os.close(fd)
     # Not dumpable: nothing in the sandbox may read our memory or take our fds (the listener).
     _libc.prctl(_libc.PR_SET_DUMPABLE, 0)
     status = _reap_until(child, guard)
@@ -767,9 +869,12 @@ def _rehearse() -> None:
         unix_guard.hand_over(os.dup(b.fileno()), os.dup(a.fileno()), False)
 
 
-def _command(template: _Template, ctl: int, view: mounts.View | None, guard_end: int) -> None:
+def _command(template: _Template, ctl: int, view: mounts.View | None, guard_end: int, join_fds: list[int]) -> None:
     """Get ready, wait for the spec, apply the policy and exec."""
     os.set_inheritable(ctl, False)  # gone at exec: background jobs must not hold it
+    # Into the sandbox's cgroups first: everything the command starts is then inside.
+    # (Done while warm: joining a cgroup can wait on the kernel's cgroup lock.)
+    limits.join(join_fds)
     # The slow parts, done while warm: Landlock's ruleset, and (in a restricted sandbox,
     # the only kind with a view) the bounding set, 41 prctl calls; the caps still in force
     # go right before exec.
@@ -798,10 +903,6 @@ def _command(template: _Template, ctl: int, view: mounts.View | None, guard_end:
             fds += memoryview(data).cast("i")
     argv, cwd, env, policy_json, plan_spec, has_stdin, rlimits = marshal.loads(memoryview(buf)[:size])
     try:
-        # First of all, into the command's cgroups: every process it starts is then inside.
-        stage = "cgroup"
-        limits.join(fds[3 if has_stdin else 2:])
-        stage = "set-up"
         policy = SandboxPolicy.from_json(policy_json)
         signal.pthread_sigmask(signal.SIG_SETMASK, ())
         stdout, stderr = fds[0], fds[1]

@@ -28,11 +28,12 @@ needs_cgroups = pytest.mark.skipif(
 # Small limits, so the tests stay cheap: the fork bomb stops at 64 tasks, the hog at 64 MiB.
 PIDS = 64
 MEMORY = "64M"
-HOG = [sys.executable, "-c", "x = bytearray(256 << 20); print('survived')"]
+HOG = [sys.executable, "-c", "print(open('/proc/self/cgroup').read(), flush=True); x = bytearray(256 << 20); "
+       "print('survived')"]
 # Every process forks for as long as it lives, whether a fork works or not.
 BOMB = [sys.executable, "-c", """
 import os
-print("bombing", flush=True)
+print(open("/proc/self/cgroup").read(), flush=True)
 while True:
     try:
         os.fork()
@@ -41,17 +42,20 @@ while True:
 """]
 
 
-def _our_cgroups(handle) -> list[str]:
-    """The command cgroups of this daemon's executors that still exist (named after them)."""
-    prefixes = tuple(f"{pid}-" for pid in handle.executor_pids())
-    found = []
-    for h in MECH.hierarchies:
-        try:
-            names = os.listdir(h.parent)
-        except FileNotFoundError:
-            continue
-        found += [os.path.join(h.parent, n) for n in names if n.startswith(prefixes)]
-    return found
+def _cgroup_name(proc_self_cgroup: str) -> str:
+    """The name of a command's cgroups, from what it read in /proc/self/cgroup."""
+    names = {line.rsplit("/", 1)[-1] for line in proc_self_cgroup.splitlines() if f"/{L.CGROUP_PARENT}/" in line}
+    assert len(names) == 1, proc_self_cgroup
+    return names.pop()
+
+
+def _cgroup_dirs(name: str) -> list[str]:
+    """The command's cgroups that still exist."""
+    return [p for p in (os.path.join(h.parent, name) for h in MECH.hierarchies) if os.path.isdir(p)]
+
+
+def _gone(name: str) -> None:
+    wait_for(lambda: not _cgroup_dirs(name), 10, f"the cgroups {name} to be removed")
 
 
 def _read_int(path: str) -> int:
@@ -82,8 +86,8 @@ def test_memory_hog_is_killed_at_its_limit_and_says_so(module_daemon):
     assert r.signal == 9 and r.returncode == 137, r
     assert r.limit == "killed: memory limit 64 MiB reached"
     assert b"survived" not in r.stdout
-    # Its cgroup went with it.
-    wait_for(lambda: not _our_cgroups(module_daemon), 5, "the command's cgroups to be removed")
+    # Its cgroups went with it.
+    _gone(_cgroup_name(r.stdout.decode()))
 
 
 @needs_cgroups
@@ -105,7 +109,7 @@ def test_the_command_runs_in_a_cgroup_of_its_own(module_daemon):
         h = MECH.cgroup_for(controller)
         mine = [ln for ln in lines if (ln.startswith("0::") if h.version == 2 else f":{controller}:" in ln)]
         assert mine and f"/{L.CGROUP_PARENT}/" in mine[0], (controller, lines)
-    wait_for(lambda: not _our_cgroups(module_daemon), 5, "the command's cgroups to be removed")
+    _gone(_cgroup_name(r.stdout.decode()))
 
 
 @needs_cgroups
@@ -115,7 +119,7 @@ def test_fork_bomb_is_held_at_its_pids_limit(module_daemon):
     r = c.run(BOMB, pids_limit=PIDS, timeout_ms=2000, wait_timeout=30)
     assert r.timed_out and r.returncode == 124, r
     assert r.limit is not None and r.limit.startswith(f"pids limit {PIDS} reached ("), r.limit
-    wait_for(lambda: not _our_cgroups(module_daemon), 5, "the command's cgroups to be removed")
+    _gone(_cgroup_name(r.stdout.decode()))
 
 
 @needs_cgroups
@@ -132,15 +136,15 @@ def test_other_clients_keep_running_during_a_fork_bomb_and_a_memory_hog(daemon_f
 
     bomb = culprit.submit(BOMB, pids_limit=PIDS, timeout_ms=60_000, on_output=on_output("bomb"))
     # A hog killed over and over, for as long as it runs.
-    hog_loop = ["sh", "-c", f"while :; do {HOG[0]} -c 'x = bytearray(256 << 20)'; echo killed; done"]
+    hog_loop = ["sh", "-c", f"cat /proc/self/cgroup; while :; do {HOG[0]} -c 'x = bytearray(256 << 20)'; echo killed; done"]
     hog = culprit.submit(hog_loop, memory=MEMORY, timeout_ms=60_000, on_output=on_output("hog"))
 
     def bomb_at_limit() -> bool:
         culprit.poll(0.05)
-        for path in _our_cgroups(handle):
-            if _read_int(os.path.join(path, "pids.max")) == PIDS and _read_int(os.path.join(path, "pids.current")) >= PIDS - 2:
-                return True
-        return False
+        if b"sluice" not in seen["bomb"]:
+            return False
+        pids = os.path.join(MECH.cgroup_for("pids").parent, _cgroup_name(seen["bomb"].decode()))
+        return _read_int(os.path.join(pids, "pids.max")) == PIDS and _read_int(os.path.join(pids, "pids.current")) >= PIDS - 2
 
     wait_for(bomb_at_limit, 30, "the fork bomb to reach its pids limit")
     wait_for(lambda: culprit.poll(0.05) >= 0 and seen["hog"].count(b"killed") >= 2, 30, "the hog to be killed twice")
@@ -175,7 +179,8 @@ def test_other_clients_keep_running_during_a_fork_bomb_and_a_memory_hog(daemon_f
     assert rb.aborted and rb.limit and rb.limit.startswith(f"pids limit {PIDS} reached"), rb
     assert rh.aborted and rh.limit == "killed: memory limit 64 MiB reached", rh
     print(f"{len(results)} of {len(results)} probes succeeded in {elapsed:.1f} s during a fork bomb and a memory hog")
-    wait_for(lambda: not _our_cgroups(handle), 5, "the commands' cgroups to be removed")
+    _gone(_cgroup_name(seen["bomb"].decode().split("\n\n")[0]))
+    _gone(_cgroup_name(seen["hog"].decode().split("killed")[0]))
 
 
 @needs_cgroups

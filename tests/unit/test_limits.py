@@ -91,16 +91,16 @@ def test_defaults_and_what_overrides_them():
 
 def test_rlimits_memory_and_processes_only_when_asked_and_not_covered():
     res = L.resolve(L.Limits(cpu_time=60))
-    plan = L.plan_rlimits(res, None, as_root=True, asked=L.Limits(cpu_time=60))
+    plan = L.plan_rlimits(res, (), as_root=True, asked=L.Limits(cpu_time=60))
     assert plan == [(resource.RLIMIT_FSIZE, 8 * GiB, 8 * GiB), (resource.RLIMIT_CPU, 60, 60 + L.CPU_GRACE_S)]
     asked = L.Limits(memory=64 * MiB, pids=64)
     res = L.resolve(asked)
-    plan = L.plan_rlimits(res, None, as_root=False, asked=asked)
+    plan = L.plan_rlimits(res, (), as_root=False, asked=asked)
     assert (resource.RLIMIT_AS, 64 * MiB, 64 * MiB) in plan and (resource.RLIMIT_NPROC, 64, 64) in plan
     # As root the kernel does not count processes against RLIMIT_NPROC: not set at all.
-    assert all(r != resource.RLIMIT_NPROC for r, _, _ in L.plan_rlimits(res, None, as_root=True, asked=asked))
+    assert all(r != resource.RLIMIT_NPROC for r, _, _ in L.plan_rlimits(res, (), as_root=True, asked=asked))
     # Unlimited means no rlimit.
-    assert L.plan_rlimits(L.Limits(0, 0, 0, 0), None, as_root=False, asked=L.Limits(0, 0, 0, 0)) == []
+    assert L.plan_rlimits(L.Limits(0, 0, 0, 0), (), as_root=False, asked=L.Limits(0, 0, 0, 0)) == []
 
 
 def test_apply_rlimits_never_raises_a_hard_limit(monkeypatch):
