@@ -3,9 +3,12 @@
 A sandbox is three processes, each forked (never exec'd) so nothing is re-imported:
 
 ``supervisor``
-    Unshares the PID, mount and IPC namespaces (and a user namespace when not root),
-    forks the init, reports the init's pid, and waits for it. It dies with its parent
-    (``PR_SET_PDEATHSIG``), and the init dies with the supervisor the same way, so a
+    Makes the sandbox's cgroups when the caller wants resource limits
+    (:mod:`landlock_helper.limits`), unshares the PID, mount and IPC namespaces (and a
+    user namespace when not root), forks the init, reports the init's pid, and waits for
+    it; then reports the cgroups' counters and removes them. It dies with its parent
+    (``PR_SET_PDEATHSIG``; with cgroups, that signal is SIGTERM: it kills the init and
+    removes them first), and the init dies with the supervisor the same way, so a
     crashed executor never leaves a sandbox behind.
 ``init`` (pid 1 of the new PID namespace)
     Builds the filesystem view (:func:`landlock_helper.mounts.prepare`: /proc, a private
@@ -17,7 +20,8 @@ A sandbox is three processes, each forked (never exec'd) so nothing is re-import
     the namespace (background jobs, setsid or double-forked escapees), and the init's
     pidfd turns readable only after all of them are gone.
 ``command``
-    Prepares its Landlock ruleset, then waits for the command's spec. On receipt it
+    Joins the sandbox's cgroups, prepares its Landlock ruleset, then waits for the
+    command's spec, whose rlimits it sets before exec. On receipt it
     binds the writable roots read-write and their ``.git``/``.sluice`` read-only, each
     checked against what the caller pinned (:func:`landlock_helper.mounts.apply`), drops
     capabilities, sets NO_NEW_PRIVS, restricts itself with Landlock and seccomp (handing
@@ -28,14 +32,18 @@ All of that up to "waits for the spec" happens before anyone asks for a command,
 sandbox can be *warm*: :class:`Spawner` keeps a few warm sandboxes per executor, made
 by a small zygote process forked before the executor loads anything big (forking a
 small process is several times cheaper). Starting a command in a warm sandbox costs one
-message and an exec. :func:`spawn` makes a sandbox on the spot and starts it.
+message and an exec (and, with limits, writing them into the sandbox's cgroups: the
+caller never makes, joins or removes a cgroup, which can wait on the kernel's cgroup
+lock). :func:`spawn` makes a sandbox on the spot and starts it.
 
 Each sandbox has a control socket (``SOCK_SEQPACKET``): the caller sends the spec and
-the command's stdio fds on it, and reads back tagged lines: ``P <init pid>`` from the
-supervisor, ``E <code> <message>`` if the command could not start, ``S <wait status>``
-from the init, ``X <message>`` if set-up failed. The caller watches
-:attr:`SandboxedProcess.done_fds` (pidfds of the supervisor and the init): when both are
-readable the whole tree is dead and :meth:`~SandboxedProcess.poll` has the outcome.
+the command's stdio fds on it, and reads back tagged lines: ``C <cgroup name>`` and
+``P <init pid>`` from the supervisor, ``E <code> <message>`` if the command could not
+start, ``S <wait status>`` from the init, ``L <oom kills> <refused forks>`` from the
+supervisor once the tree is dead (with cgroups), ``X <message>`` if set-up failed. The
+caller watches :attr:`SandboxedProcess.done_fds` (pidfds of the init, and of the
+supervisor when it has cgroups): when all are readable the whole tree is dead and
+:meth:`~SandboxedProcess.poll` has the outcome.
 """
 
 from __future__ import annotations
