@@ -204,7 +204,10 @@ def resolve(asked: Limits | None, base: Limits | None = None) -> Limits:
 # --- cgroups ----------------------------------------------------------------------
 
 CGROUP_PARENT = "sluice"
-_CONTROLLERS = ("memory", "pids")
+# memory and pids enforce limits; cpu only makes each command one scheduling entity
+# (equal weights), so a command's thousand processes share the CPU time of one, and the
+# daemon, the executors and other commands keep theirs.
+_CONTROLLERS = ("memory", "pids", "cpu")
 
 
 @dataclass(frozen=True)
@@ -234,7 +237,9 @@ class Mechanism:
         for c in _CONTROLLERS:
             h = self.cgroup_for(c)
             if h is not None:
-                parts.append(f"{c}: cgroup v{h.version}")
+                parts.append(f"{c}: cgroup v{h.version}" + (" (a share per command)" if c == "cpu" else ""))
+            elif c == "cpu":
+                parts.append("cpu: shared per process (no cpu cgroup)")
             elif c == "memory":
                 parts.append("memory: RLIMIT_AS when asked (no memory cgroup)")
             else:
@@ -471,7 +476,7 @@ class CommandCgroup:
         """Write ``limits`` (resolved) into the cgroups; raises OSError."""
         for h, path in self.dirs:
             for c in h.controllers:
-                _set_limit(h.version, path, c, getattr(limits, c) or 0)
+                _set_limit(h.version, path, c, getattr(limits, c, 0) or 0)
 
     @staticmethod
     def _mkdir(h: _Hierarchy, path: str) -> None:
@@ -586,6 +591,8 @@ def _alive(pid: int) -> bool:
 
 
 def _set_limit(version: int, path: str, controller: str, value: int) -> None:
+    if controller == "cpu":
+        return  # the default weight: every command the same
     if controller == "pids":
         _write(os.path.join(path, "pids.max"), str(value) if value else "max")
     elif controller == "memory":

@@ -189,6 +189,7 @@ def test_no_cgroups_when_told_so(monkeypatch):
     assert mech.hierarchies == () and "SLUICE_NO_CGROUPS" in mech.reason
     text = mech.describe()
     assert "memory: RLIMIT_AS when asked" in text and "file size: RLIMIT_FSIZE" in text
+    assert "cpu: shared per process" in text
 
 
 # -- the wire, the client, the config ------------------------------------------------------
