@@ -41,9 +41,10 @@ the command's stdio fds on it, and reads back tagged lines: ``C <cgroup name>`` 
 ``P <init pid>`` from the supervisor, ``E <code> <message>`` if the command could not
 start, ``S <wait status>`` from the init, ``L <oom kills> <refused forks>`` from the
 supervisor once the tree is dead (with cgroups), ``X <message>`` if set-up failed. The
-caller watches :attr:`SandboxedProcess.done_fds` (pidfds of the init, and of the
-supervisor when it has cgroups): when all are readable the whole tree is dead and
-:meth:`~SandboxedProcess.poll` has the outcome.
+caller watches :attr:`SandboxedProcess.done_fds` (the init's pidfd and, with cgroups, a
+pipe the supervisor closes once it has sent ``L``): when all are readable the whole
+tree is dead and :meth:`~SandboxedProcess.poll` has the outcome. (The supervisor then
+removes the cgroups and exits; nobody waits for that.)
 """
 
 from __future__ import annotations
@@ -151,7 +152,7 @@ class SandboxedProcess:
 
     def __init__(self, sup_pid: int, init_pid: int, ctl: socket.socket, early: list[bytes], *,
                  reap: bool, plan: mounts.Plan | None = None, limited: _Limited | None = None,
-                 cgroup: bool = False) -> None:
+                 reported: int | None = None) -> None:
         self.pid = sup_pid
         self.init_pid = init_pid
         self._ctl = ctl
@@ -164,9 +165,11 @@ class SandboxedProcess:
         self._outcome: Outcome | None = None
         self._plan = plan
         self._limited = limited
-        # The sandbox has cgroups: its supervisor reports their counters and removes them
-        # after the tree is dead, so it is waited for too (and never killed on purpose).
-        self._cgroup = cgroup
+        # The sandbox has cgroups: once the tree is dead its supervisor reports their
+        # counters (then this pipe reaches EOF) and removes them; it is never killed on
+        # purpose, and its report is waited for.
+        self._reported = reported
+        self._cgroup = reported is not None
 
     @property
     def done_fds(self) -> tuple[int, ...]:
@@ -177,7 +180,7 @@ class SandboxedProcess:
         while longer, tearing down the mount namespace; nobody needs to wait for that.)
         """
         if self._cgroup:
-            return tuple(fd for fd in (self._init_fd, self._sup_fd) if fd is not None)
+            return tuple(fd for fd in (self._init_fd, self._reported) if fd is not None)
         return (self._init_fd,) if self._init_fd is not None else ((self._sup_fd,) if self._sup_fd else ())
 
     def terminate(self) -> None:
@@ -231,10 +234,10 @@ class SandboxedProcess:
                 return self.poll()
 
     def close(self) -> None:
-        for fd in (self._sup_fd, self._init_fd):
+        for fd in (self._sup_fd, self._init_fd, self._reported):
             if fd is not None:
                 os.close(fd)
-        self._sup_fd = self._init_fd = None
+        self._sup_fd = self._init_fd = self._reported = None
         if self._ctl is not None:
             self._ctl.close()
             self._ctl = None  # type: ignore[assignment]
@@ -375,11 +378,14 @@ def _drain(sock: socket.socket) -> list[bytes]:
 class _Warm:
     """A sandbox whose command process is waiting for its spec."""
 
-    def __init__(self, sup_pid: int, ctl: socket.socket, *, reap: bool, cgroups: bool = False) -> None:
+    def __init__(self, sup_pid: int, ctl: socket.socket, *, reap: bool, cgroups: bool = False,
+                 reported: int | None = None) -> None:
         self.sup_pid = sup_pid
         self.ctl = ctl
         self.reap = reap
         self.cgroups = cgroups  # its supervisor makes cgroups (and ends on SIGTERM)
+        # With cgroups: a pipe's read end, at EOF once the supervisor has reported them.
+        self.reported = reported
         self.init_pid: int | None = None
         self.cgroup: str | None = None  # the name of the sandbox's cgroups, if it has some
         self.early: list[bytes] = []
@@ -434,12 +440,17 @@ class _Warm:
         except OSError as e:
             self.discard()
             raise SandboxError(f"cannot hand the command to its sandbox: {e.strerror}") from None
-        return SandboxedProcess(self.sup_pid, self.init_pid, self.ctl, self.early, reap=self.reap,
-                                plan=plan, limited=limited, cgroup=self.cgroup is not None)
+        proc = SandboxedProcess(self.sup_pid, self.init_pid, self.ctl, self.early, reap=self.reap,
+                                plan=plan, limited=limited, reported=self.reported)
+        self.reported = None  # the process owns it now
+        return proc
 
     def discard(self) -> None:
         """Tear down an unused sandbox (its command process sees EOF and exits)."""
         self.ctl.close()
+        if self.reported is not None:
+            os.close(self.reported)
+            self.reported = None
         if self.reap:
             # One with cgroups ends the sandbox on SIGTERM and removes them before it exits.
             _kill_quietly(self.sup_pid, signal.SIGTERM if self.cgroups else signal.SIGKILL)
@@ -453,13 +464,20 @@ def _make_warm(template: _Template, *, reap: bool) -> _Warm:
     """Fork a supervisor (and through it init and command) from this process."""
     mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     mine.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, MAX_SPEC + 65536)
+    reported_r = reported_w = None
+    if template.cgroups:
+        reported_r, reported_w = os.pipe2(os.O_CLOEXEC)
     parent = os.getpid()
     pid = os.fork()
     if pid == 0:
         mine.close()
-        _child_main(_supervisor, theirs.fileno(), template, parent, theirs.fileno())
+        if reported_r is not None:
+            os.close(reported_r)
+        _child_main(_supervisor, theirs.fileno(), template, parent, theirs.fileno(), reported_w)
     theirs.close()
-    return _Warm(pid, mine, reap=reap, cgroups=bool(template.cgroups))
+    if reported_w is not None:
+        os.close(reported_w)
+    return _Warm(pid, mine, reap=reap, cgroups=bool(template.cgroups), reported=reported_r)
 
 
 def spawn(argv, *, cwd, env, policy: SandboxPolicy, stdout: int, stderr: int, stdin: int | None = None,
@@ -546,7 +564,7 @@ class Spawner:
         """Take the sandboxes the zygote has made; ask for more to keep the pool full."""
         while self._asked:
             try:
-                msg, fds, _, _ = socket.recv_fds(self._sock, 64, 1, 0 if block else socket.MSG_DONTWAIT)
+                msg, fds, _, _ = socket.recv_fds(self._sock, 64, 2, 0 if block else socket.MSG_DONTWAIT)
             except BlockingIOError:
                 break
             except ConnectionResetError:
@@ -557,7 +575,8 @@ class Spawner:
             self._asked -= 1
             ctl = socket.socket(fileno=fds[0])
             ctl.setblocking(True)
-            self._ready.append(_Warm(int(msg[2:]), ctl, reap=False))
+            self._ready.append(_Warm(int(msg[2:]), ctl, reap=False, cgroups=bool(self.template.cgroups),
+                                     reported=fds[1] if len(fds) > 1 else None))
             block = False
         missing = self.pool - len(self._ready) - self._asked
         if missing > 0:
@@ -699,12 +718,13 @@ def _zygote(template: _Template, parent: int, sock: socket.socket) -> None:
                 msg = b""
             if msg:
                 warm = _make_warm(template, reap=False)
+                fds = [warm.ctl.fileno()] + ([warm.reported] if warm.reported is not None else [])
                 try:
-                    socket.send_fds(sock, [f"S {warm.sup_pid}".encode()], [warm.ctl.fileno()])
+                    socket.send_fds(sock, [f"S {warm.sup_pid}".encode()], fds)
                 except OSError:
                     msg = b""  # the caller is gone; this sandbox ends as its ctl closes
                 finally:
-                    warm.ctl.close()
+                    warm.discard()  # our copies (the zygote reaps its supervisors itself)
             if not msg:
                 if template.cgroups:
                     # Dying now would kill the supervisors (pdeathsig) before they remove
@@ -735,7 +755,7 @@ def _reap_any() -> None:
             return
 
 
-def _supervisor(template: _Template, parent: int, ctl: int) -> None:
+def _supervisor(template: _Template, parent: int, ctl: int, reported: int | None = None) -> None:
     # With cgroups, the parent's death (or our caller's SIGTERM) is a SIGTERM: we kill the
     # init, which takes the whole sandbox with it as a SIGKILL to us would, and then still
     # remove the cgroups.
@@ -751,7 +771,7 @@ def _supervisor(template: _Template, parent: int, ctl: int) -> None:
         _die_with_parent(parent, signal.SIGTERM)
     else:
         _die_with_parent(parent)
-    _close_fds_except({ctl})
+    _close_fds_except({ctl} if reported is None else {ctl, reported})
     # Our words may find the caller gone (a sandbox discarded early): EPIPE, not death.
     # (The init and the command get the default back, as every child does.)
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
@@ -770,6 +790,8 @@ def _supervisor(template: _Template, parent: int, ctl: int) -> None:
         namespaces.enter(template.uid, template.gid, template.as_root)
         init = os.fork()
         if init == 0:
+            if reported is not None:
+                os.close(reported)  # only we may say when the report is done
             _child_main(_init, ctl, template, ctl, join_fds)
         init_pid.append(init)
         if told:
@@ -801,6 +823,8 @@ def _supervisor(template: _Template, parent: int, ctl: int) -> None:
         except OSError:
             pass
         os.close(ctl)
+        if reported is not None:
+            os.close(reported)  # the caller is done waiting; the rest is ours
         cgroup.remove(CGROUP_REMOVE_S)
     os._exit(0)
 
