@@ -602,13 +602,24 @@ class Spawner:
                 if not self._asked:
                     self._ask(1)
                 self.refill(block=True)
-            warm = self._ready.pop(0)
+            warm = self._pick()
             if warm.usable():
                 break
             warm.discard()
         proc = warm.start(spec, stdin, stdout, stderr, plan, limited)
         self.refill()
         return proc
+
+    def _pick(self) -> _Warm:
+        """The oldest ready sandbox whose supervisor has reported its init (starting it
+        does not wait), else the oldest: under a fork storm in another sandbox, making one
+        can take seconds, and the caller must not wait on it when another is ready."""
+        for i, warm in enumerate(self._ready):
+            if warm.init_pid is None:
+                warm.usable()  # reads what it has said so far, without waiting
+            if warm.init_pid is not None:
+                return self._ready.pop(i)
+        return self._ready.pop(0)
 
     def close(self) -> None:
         for warm in self._ready:
