@@ -9,6 +9,7 @@ rlimit tests run everywhere, on a daemon told not to use cgroups (``SLUICE_NO_CG
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -202,10 +203,15 @@ def test_file_size_limit_kills_at_the_limit(mode, module_daemon, rlimit_daemon):
     c = handle.client()
     # Python ignores SIGXFSZ; a command that does not gets it at the limit.
     write = ("import signal; signal.signal(signal.SIGXFSZ, signal.SIG_DFL); "
-             "open('/tmp/big', 'wb').write(b'x' * (3 << 20)); print('wrote')")
-    r = c.run([sys.executable, "-c", write], file_size="1M", wait_timeout=30)
-    assert r.limit == "killed: file size limit 1 MiB reached", r
-    assert r.signal == 25 and b"wrote" not in r.stdout
+             "open('big', 'wb').write(b'x' * (3 << 20)); print('wrote')")
+    work = short_tempdir("sl-fsize-")
+    try:
+        r = c.run([sys.executable, "-c", write], cwd=work, file_size="1M", wait_timeout=30)
+        assert r.limit == "killed: file size limit 1 MiB reached", r
+        assert r.signal == 25 and b"wrote" not in r.stdout
+        assert os.path.getsize(os.path.join(work, "big")) == 1 << 20
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
 
 
 @pytest.mark.timeout(60)
