@@ -30,6 +30,12 @@ The file has Codex's ``config.toml`` shape. ``$SLUICE_HOME`` relocates ``~/.slui
     model = "qwen3-coder"
     model_provider = "local"
 
+    [limits]                           # resource limits of every command (docker's spelling)
+    memory = "2G"                      # the command's tree; 0: none
+    pids = 1024                        # processes and threads at once (or pids-limit)
+    file_size = "8G"                   # largest file written (or file-size)
+    cpu_time = 600                     # CPU seconds per process (or cpu-time)
+
     [shell_environment_policy]         # the environment of the agent's commands
     inherit = "all"                    # all | core | none
     ignore_default_excludes = false    # true: keep secret-looking variables too
@@ -84,6 +90,7 @@ from broker.wire.protocol import (
     parse_approval_policy,
 )
 from landlock_helper.env import INHERIT_CHOICES, ShellEnvironmentPolicy
+from landlock_helper.limits import LimitError, Limits, from_table
 from landlock_helper.policy import MODES, SandboxPolicy
 
 CONFIG_FILE_NAME = "config.toml"
@@ -341,6 +348,8 @@ class Config:
     profile: str | None = None
     model_providers: dict[str, ModelProviderInfo] = field(default_factory=dict)
     shell_environment_policy: ShellEnvironmentPolicy = field(default_factory=ShellEnvironmentPolicy)
+    limits: Limits = field(default_factory=Limits)
+    """``[limits]``: the commands' resource limits; unset fields take the executor's defaults."""
     raw: dict[str, Any] = field(default_factory=dict, repr=False)
     """The effective table, for keys this class does not model."""
     _file_table: dict[str, Any] = field(default_factory=dict, repr=False)
@@ -486,6 +495,13 @@ def _build(path: Path | None, text: str, file_table: dict[str, Any], overrides: 
     config.show_raw_agent_reasoning = get("show_raw_agent_reasoning", bool, False)
     config.model_providers = _providers(table.get("model_providers"), env, where)
     config.shell_environment_policy = _shell_environment_policy(table.get("shell_environment_policy"), where)
+    section = table.get("limits")
+    if section is not None:
+        try:
+            config.limits = from_table(section, "limits")
+        except LimitError as err:
+            at = ("limits",) if err.key is None else ("limits", err.key)
+            raise ConfigError(f"{where(*at)}: {err}") from None
     return config
 
 

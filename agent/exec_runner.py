@@ -44,6 +44,7 @@ from broker.wire import frames as wire
 from broker.wire.protocol import ExecOutputStream, SandboxPolicy
 from broker.wire.results import new_call_id
 from landlock_helper.env import filter_env
+from landlock_helper.limits import Limits
 
 log = structlog.get_logger("agent.exec_runner")
 
@@ -107,12 +108,14 @@ class CommandRunner(abc.ABC):
         env: Mapping[str, str] | None = None,
         sandbox_cwd: str | None = None,
         env_passthrough: Iterable[str] = (),
+        limits: Limits | None = None,
     ) -> ExecResult:
         """Run ``argv`` in ``cwd`` under ``sandbox_policy`` (its ``disk-write-cwd`` being
         ``sandbox_cwd``, default ``cwd``) and return how it ended.
 
         ``env`` (default: the runner's) loses its secrets before it goes anywhere, except
-        the names in ``env_passthrough``."""
+        the names in ``env_passthrough``. ``limits``: the command's resource limits
+        (None: the executor's defaults); the result's ``limit`` says which it hit."""
 
     @abc.abstractmethod
     async def cancel(self, call_id: str) -> None:
@@ -179,6 +182,7 @@ class BrokerRunner(CommandRunner):
         env: Mapping[str, str] | None = None,
         sandbox_cwd: str | None = None,
         env_passthrough: Iterable[str] = (),
+        limits: Limits | None = None,
     ) -> ExecResult:
         call_id = call_id or new_call_id()
         if call_id in self._running:
@@ -196,6 +200,7 @@ class BrokerRunner(CommandRunner):
             timeout_ms=timeout_ms,
             capture_limit=self.capture_limit,
             sandbox_cwd=sandbox_cwd or cwd,
+            limits=limits,
         )
         future: asyncio.Future[ExecResult] = asyncio.get_running_loop().create_future()
         running = _Running(call_id, on_output, future, HeadTailBuffer(self.aggregate_limit))

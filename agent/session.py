@@ -100,6 +100,7 @@ from broker.wire.protocol import (
     TurnAbortReason,
     UserInput,
 )
+from landlock_helper.limits import Limits
 from landlock_helper.policy import WRITE_FOLDER, DiskWriteFolder, SandboxPolicy
 
 log = structlog.get_logger("agent.session")
@@ -182,6 +183,8 @@ class Session:
         self._default_command_env = dict(command_env) if command_env is not None else None
         self.command_env = self._default_command_env
         self.command_env_passthrough: list[str] = []
+        # Resource limits of the session's commands (ConfigureSession.limits); None: defaults.
+        self.command_limits: Limits | None = None
 
         # The daemon names the session (its routing key, what frontends attach to), and
         # that name then stays, even when the session resumes a rollout recorded under
@@ -433,6 +436,7 @@ class Session:
         else:
             self.command_env = self._default_command_env
             self.command_env_passthrough = []
+        self.command_limits = op.limits if isinstance(op.limits, Limits) else None
         user = await asyncio.to_thread(user_instructions, op.instructions, cwd)
         sandbox_policy = op.sandbox_policy
         self.config = SessionConfig(

@@ -264,7 +264,8 @@ async def run_command(
     try:
         # The session's cwd, never the workdir, is what disk-write-cwd makes writable.
         result = await sess.runner.run(argv, cwd, policy, timeout_ms, on_output, call_id=run_id, env=sess.command_env,
-                                       sandbox_cwd=sess.config.cwd, env_passthrough=sess.command_env_passthrough)
+                                       sandbox_cwd=sess.config.cwd, env_passthrough=sess.command_env_passthrough,
+                                       limits=sess.command_limits)
     except asyncio.CancelledError:
         sess.send(sub_id, ExecCommandEndEvent(
             call_id=call_id, stdout="", stderr="", aggregated_output="", exit_code=EXIT_INTERRUPTED,
@@ -280,6 +281,11 @@ async def run_command(
         # It never ran (or its executor failed): the reason is all the output there is.
         stderr = f"{stderr}{result.error}\n" if stderr else f"{result.error}\n"
         aggregated = f"{aggregated}{result.error}\n"
+    if result.limit:
+        # A resource limit it ran into ("killed: memory limit 512 MiB reached"): the model
+        # must know, or it retries the same thing.
+        stderr = f"{stderr}sluice: {result.limit}\n"
+        aggregated = f"{aggregated}sluice: {result.limit}\n"
     duration = result.duration_s or (time.monotonic() - started)
     exit_code = result.returncode
     formatted = model_output_text(aggregated, timed_out=result.timed_out, timeout_ms=timeout_ms)

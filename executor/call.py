@@ -18,6 +18,7 @@ from broker.wire import frames as wire
 from broker.wire.results import EXIT_TIMED_OUT
 from executor.capture import Capture
 from landlock_helper import filter_env
+from landlock_helper.limits import Limits
 from landlock_helper.spawn import SandboxError
 
 if TYPE_CHECKING:
@@ -131,7 +132,8 @@ class Call:
         try:
             # disk-write-cwd means sandbox_cwd (the session's directory), not where it runs.
             self.proc = self.worker.spawn(req.argv, cwd=req.cwd, env=env, policy=policy, stdout=w_out, stderr=w_err,
-                                          sandbox_cwd=os.path.normpath(sandbox_cwd))
+                                          sandbox_cwd=os.path.normpath(sandbox_cwd),
+                                          limits=req.limits or Limits())
         except SandboxError as e:
             _close_all((r_out, r_err))
             return self._fail(wire.one_line(e) or "unknown error")
@@ -333,6 +335,7 @@ class Call:
             stdout_dropped=out.capture.dropped,
             stderr_dropped=err.capture.dropped,
             error=error,
+            limit=outcome.limit if outcome is not None else None,
         )
         self._send(wire.message(wire.EXIT, self.corr, status))
         self._release()

@@ -33,6 +33,7 @@ from broker.net.zloop import ZSocket
 from broker.wire import frames as wire
 from executor.call import Call
 from executor.errors import StartupError
+from landlock_helper import limits
 
 log = structlog.get_logger("executor")
 
@@ -129,8 +130,12 @@ class Worker:
         if welcome is None:  # told to stop while waiting
             return 0
         self.loop.call_later(self.heartbeat_s, self._check_heartbeat)
+        # What an executor killed before us left (it could not remove its commands' cgroups).
+        limits.sweep_stale()
+        # Found once, here: what enforces each command's resource limits on this host.
         log.info("executor ready", name=self.name, peer_id=welcome.peer_id, slots=self.slots,
-                 broker=self.endpoint if self.remote else None)
+                 broker=self.endpoint if self.remote else None, limits=limits.mechanism().describe(),
+                 default_limits=limits.defaults().describe())
         return await self._stopped
 
     def _connect(self) -> None:
@@ -232,6 +237,7 @@ class Worker:
 
     def close(self) -> None:
         """Release the socket; after a clean stop, give queued exits and the bye a moment."""
+        limits.sweep_stale()
         if self._retry is not None:
             self._retry.cancel()
             self._retry = None

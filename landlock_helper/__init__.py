@@ -8,11 +8,12 @@ Public API (stdlib + ctypes only; imports nothing else of sluice)::
     policy = SandboxPolicy.from_mode("workspace-write", writable_roots=["/srv/out"])
     proc = spawn(["make", "-j2"], cwd="/src", env=filter_env(os.environ),
                  policy=policy, stdout=w_out, stderr=w_err,
-                 hidden_paths=["/run/user/1000/sluice"])
+                 hidden_paths=["/run/user/1000/sluice"],
+                 limits=Limits(memory=512 << 20))   # landlock_helper.limits; unset: defaults
     ...                      # watch proc.done_fds (readable => finished)
     proc.terminate()         # SIGTERM to every process of the command's tree
     proc.kill()              # SIGKILL: the command's PID namespace is torn down
-    outcome = proc.poll()    # None while running; Outcome(exit_code|signal|error)
+    outcome = proc.poll()    # None while running; Outcome(exit_code|signal|error, limit)
 
 On Linux each command gets its own PID and mount namespace (and a user namespace when
 not root) with a view of the filesystem that is read-only outside the writable roots (a

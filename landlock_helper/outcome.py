@@ -21,3 +21,6 @@ class Outcome:
     error: str | None = None
     # Lines for a person about what the command left that sluice undid (a planted .git).
     notes: tuple[str, ...] = ()
+    # The resource limit the command ran into, for a person ("killed: memory limit 512 MiB
+    # reached"); see landlock_helper.limits.what_hit.
+    limit: str | None = None

@@ -3,9 +3,12 @@
 A sandbox is three processes, each forked (never exec'd) so nothing is re-imported:
 
 ``supervisor``
-    Unshares the PID, mount and IPC namespaces (and a user namespace when not root),
-    forks the init, reports the init's pid, and waits for it. It dies with its parent
-    (``PR_SET_PDEATHSIG``), and the init dies with the supervisor the same way, so a
+    Makes the sandbox's cgroups when the caller wants resource limits
+    (:mod:`landlock_helper.limits`), unshares the PID, mount and IPC namespaces (and a
+    user namespace when not root), forks the init, reports the init's pid, and waits for
+    it; then reports the cgroups' counters and removes them. It dies with its parent
+    (``PR_SET_PDEATHSIG``; with cgroups, that signal is SIGTERM: it kills the init and
+    removes them first), and the init dies with the supervisor the same way, so a
     crashed executor never leaves a sandbox behind.
 ``init`` (pid 1 of the new PID namespace)
     Builds the filesystem view (:func:`landlock_helper.mounts.prepare`: /proc, a private
@@ -17,7 +20,8 @@ A sandbox is three processes, each forked (never exec'd) so nothing is re-import
     the namespace (background jobs, setsid or double-forked escapees), and the init's
     pidfd turns readable only after all of them are gone.
 ``command``
-    Prepares its Landlock ruleset, then waits for the command's spec. On receipt it
+    Joins the sandbox's cgroups, prepares its Landlock ruleset, then waits for the
+    command's spec, whose rlimits it sets before exec. On receipt it
     binds the writable roots read-write and their ``.git``/``.sluice`` read-only, each
     checked against what the caller pinned (:func:`landlock_helper.mounts.apply`), drops
     capabilities, sets NO_NEW_PRIVS, restricts itself with Landlock and seccomp (handing
@@ -28,14 +32,19 @@ All of that up to "waits for the spec" happens before anyone asks for a command,
 sandbox can be *warm*: :class:`Spawner` keeps a few warm sandboxes per executor, made
 by a small zygote process forked before the executor loads anything big (forking a
 small process is several times cheaper). Starting a command in a warm sandbox costs one
-message and an exec. :func:`spawn` makes a sandbox on the spot and starts it.
+message and an exec (and, with limits, writing them into the sandbox's cgroups: the
+caller never makes, joins or removes a cgroup, which can wait on the kernel's cgroup
+lock). :func:`spawn` makes a sandbox on the spot and starts it.
 
 Each sandbox has a control socket (``SOCK_SEQPACKET``): the caller sends the spec and
-the command's stdio fds on it, and reads back tagged lines: ``P <init pid>`` from the
-supervisor, ``E <code> <message>`` if the command could not start, ``S <wait status>``
-from the init, ``X <message>`` if set-up failed. The caller watches
-:attr:`SandboxedProcess.done_fds` (pidfds of the supervisor and the init): when both are
-readable the whole tree is dead and :meth:`~SandboxedProcess.poll` has the outcome.
+the command's stdio fds on it, and reads back tagged lines: ``C <cgroup name>`` and
+``P <init pid>`` from the supervisor, ``E <code> <message>`` if the command could not
+start, ``S <wait status>`` from the init, ``L <oom kills> <refused forks>`` from the
+supervisor once the tree is dead (with cgroups), ``X <message>`` if set-up failed. The
+caller watches :attr:`SandboxedProcess.done_fds` (the init's pidfd and, with cgroups, a
+pipe the supervisor closes once it has sent ``L``): when all are readable the whole
+tree is dead and :meth:`~SandboxedProcess.poll` has the outcome. (The supervisor then
+removes the cgroups and exits; nobody waits for that.)
 """
 
 from __future__ import annotations
@@ -52,12 +61,17 @@ import sys
 import time
 from dataclasses import dataclass
 
-from landlock_helper import _libc, landlock, mounts, namespaces, seccomp, unix_guard
+from landlock_helper import _libc, landlock, limits, mounts, namespaces, seccomp, unix_guard
 from landlock_helper.outcome import Outcome, SandboxError
 from landlock_helper.policy import SandboxPolicy
 
 # Largest spec (argv + env + policy) a caller may send; SEQPACKET needs it in one piece.
 MAX_SPEC = 4 * 1024 * 1024
+# Fds sent with it: stdout, stderr and stdin.
+_MAX_FDS = 3
+# How long a supervisor keeps trying to remove its sandbox's cgroups (busy for a moment
+# after the tree is gone).
+CGROUP_REMOVE_S = 5.0
 # After a fork the system refused, the pool is topped up again after this long, doubling.
 FORK_BACKOFF_FIRST_S = 0.1
 FORK_BACKOFF_MAX_S = 5.0
@@ -78,9 +92,12 @@ class _Template:
     gid: int
     cap_last: int
     seccomp_progs: dict  # network allowed? -> compiled BPF program
+    # Where each sandbox gets cgroups of its own for its command's limits (see
+    # landlock_helper.limits); empty: no cgroups, rlimits only.
+    cgroups: tuple = ()
 
     @classmethod
-    def make(cls, hidden_paths, *, restricted: bool = True) -> _Template:
+    def make(cls, hidden_paths, *, restricted: bool = True, cgroups: bool = False) -> _Template:
         progs = {}
         if _libc.ARCH is not None:
             progs = {net: seccomp.compile_program(seccomp.build(net)) for net in (False, True)}
@@ -93,6 +110,7 @@ class _Template:
             hidden_paths=tuple(os.path.abspath(p) for p in hidden_paths), scratch=scratch,
             as_root=os.geteuid() == 0, uid=os.geteuid(), gid=os.getegid(),
             cap_last=namespaces.last_cap(), seccomp_progs=progs,
+            cgroups=limits.mechanism().hierarchies if cgroups else (),
         )
 
 
@@ -121,11 +139,12 @@ def _check(argv, cwd, policy: SandboxPolicy, sandbox_cwd: str | None, env) -> mo
     return None
 
 
-def _encode_spec(argv, cwd, env, policy: SandboxPolicy, plan: mounts.Plan | None) -> bytes:
+def _encode_spec(argv, cwd, env, policy: SandboxPolicy, plan: mounts.Plan | None, has_stdin: bool = False,
+                 rlimits=()) -> bytes:
     env = dict(env)
     env["PWD"] = cwd
     spec = marshal.dumps(([str(a) for a in argv], cwd, env, policy.to_json(),
-                          None if plan is None else plan.to_spec()))
+                          None if plan is None else plan.to_spec(), has_stdin, tuple(rlimits)))
     if len(spec) > MAX_SPEC:
         raise SandboxError(f"command and environment too large ({len(spec)} bytes, at most {MAX_SPEC})")
     return spec
@@ -135,7 +154,8 @@ class SandboxedProcess:
     """A running sandboxed command; see the module docstring for the process layout."""
 
     def __init__(self, sup_pid: int, init_pid: int, ctl: socket.socket, early: list[bytes], *,
-                 reap: bool, plan: mounts.Plan | None = None) -> None:
+                 reap: bool, plan: mounts.Plan | None = None, limited: _Limited | None = None,
+                 reported: int | None = None) -> None:
         self.pid = sup_pid
         self.init_pid = init_pid
         self._ctl = ctl
@@ -147,6 +167,12 @@ class SandboxedProcess:
         self._killed = False
         self._outcome: Outcome | None = None
         self._plan = plan
+        self._limited = limited
+        # The sandbox has cgroups: once the tree is dead its supervisor reports their
+        # counters (then this pipe reaches EOF) and removes them; it is never killed on
+        # purpose, and its report is waited for.
+        self._reported = reported
+        self._cgroup = reported is not None
 
     @property
     def done_fds(self) -> tuple[int, ...]:
@@ -156,6 +182,8 @@ class SandboxedProcess:
         of the namespace before it reports the init gone. (The supervisor may take a
         while longer, tearing down the mount namespace; nobody needs to wait for that.)
         """
+        if self._cgroup:
+            return tuple(fd for fd in (self._init_fd, self._reported) if fd is not None)
         return (self._init_fd,) if self._init_fd is not None else ((self._sup_fd,) if self._sup_fd else ())
 
     def terminate(self) -> None:
@@ -168,6 +196,11 @@ class SandboxedProcess:
         if self._outcome is not None:
             return
         self._killed = True
+        if self._cgroup:
+            # The supervisor ends by itself once the init is gone, after removing the cgroups.
+            if self._init_fd is not None:
+                _pidfd_signal(self._init_fd, signal.SIGKILL)
+            return
         for fd in (self._init_fd, self._sup_fd):
             if fd is not None:
                 _pidfd_signal(fd, signal.SIGKILL)
@@ -184,6 +217,10 @@ class SandboxedProcess:
             notes = mounts.quarantine_planted(self._plan)
             if notes:
                 outcome = dataclasses.replace(outcome, notes=tuple(notes))
+        if self._limited is not None:
+            hit = self._limited.what_hit(_counters(self._lines), outcome.signal)
+            if hit:
+                outcome = dataclasses.replace(outcome, limit=hit)
         self._outcome = outcome
         return outcome
 
@@ -200,18 +237,19 @@ class SandboxedProcess:
                 return self.poll()
 
     def close(self) -> None:
-        for fd in (self._sup_fd, self._init_fd):
+        for fd in (self._sup_fd, self._init_fd, self._reported):
             if fd is not None:
                 os.close(fd)
-        self._sup_fd = self._init_fd = None
+        self._sup_fd = self._init_fd = self._reported = None
         if self._ctl is not None:
             self._ctl.close()
             self._ctl = None  # type: ignore[assignment]
         if self._reap and not self._sup_done:
             # Never leave a zombie. Once the tree is dead the supervisor exits at once;
-            # before that, killing it takes the tree with it (pdeathsig).
+            # before that, killing it takes the tree with it (pdeathsig); one with cgroups
+            # kills the tree on SIGTERM and removes them before it exits.
             if self._outcome is None:
-                _kill_quietly(self.pid)
+                _kill_quietly(self.pid, signal.SIGTERM if self._cgroup else signal.SIGKILL)
             try:
                 os.waitpid(self.pid, 0)
             except ChildProcessError:
@@ -221,6 +259,46 @@ class SandboxedProcess:
     def __del__(self) -> None:
         if getattr(self, "_ctl", None) is not None:
             self.close()
+
+
+class _Limited:
+    """The limits of one command on the trusted side: resolved, the rlimits its command
+    process sets before exec, and what goes into its sandbox's cgroups."""
+
+    def __init__(self, asked: limits.Limits, template: _Template) -> None:
+        self.limits = limits.resolve(asked)
+        self.cgroups = template.cgroups
+        covered = {c for h in template.cgroups for c in h.controllers}
+        self.rlimits = limits.plan_rlimits(self.limits, covered, template.as_root, asked)
+
+    def apply(self, cgroup_name: str | None) -> None:
+        """Just before the command is handed over: its limits into its sandbox's cgroups
+        (a write to files of theirs, which takes none of the kernel's cgroup locks)."""
+        if cgroup_name is None or not self.cgroups:
+            return
+        try:
+            limits.CommandCgroup(self.cgroups, cgroup_name).set_limits(self.limits)
+        except OSError as e:
+            raise SandboxError(f"cannot set the command's limits: {_describe(e)}") from None
+
+    def what_hit(self, counters: dict[str, int] | None, sig: int | None) -> str | None:
+        return limits.what_hit(self.limits, counters, sig)
+
+
+def _limited(asked: limits.Limits | None, template: _Template) -> _Limited | None:
+    return None if asked is None else _Limited(asked, template)
+
+
+def _counters(lines: list[bytes]) -> dict[str, int] | None:
+    """The supervisor's ``L <oom kills> <refused forks>`` line, if it sent one."""
+    for raw in lines:
+        if raw.startswith(b"L "):
+            try:
+                oom, refused = (int(x) for x in raw[2:].split())
+            except ValueError:
+                return None
+            return {"oom_kill": oom, "pids_max": refused}
+    return None
 
 
 def _outcome(lines: list[bytes], killed: bool) -> Outcome:
@@ -246,6 +324,19 @@ def _outcome(lines: list[bytes], killed: bool) -> Outcome:
     return Outcome(exit_code, sig, error)
 
 
+def _wait_pid(pid: int, timeout: float) -> None:
+    """Wait up to ``timeout`` seconds for ``pid`` to end (not reaping it)."""
+    fd = _pidfd(pid)
+    if fd is None:
+        return
+    try:
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
+        poller.poll(timeout * 1000)
+    finally:
+        os.close(fd)
+
+
 def _pidfd(pid: int) -> int | None:
     try:
         return os.pidfd_open(pid)
@@ -253,9 +344,9 @@ def _pidfd(pid: int) -> int | None:
         return None  # already gone: nothing of it is left to wait for
 
 
-def _kill_quietly(pid: int) -> None:
+def _kill_quietly(pid: int, sig: int = signal.SIGKILL) -> None:
     try:
-        os.kill(pid, signal.SIGKILL)
+        os.kill(pid, sig)
     except ProcessLookupError:
         pass
 
@@ -290,11 +381,16 @@ def _drain(sock: socket.socket) -> list[bytes]:
 class _Warm:
     """A sandbox whose command process is waiting for its spec."""
 
-    def __init__(self, sup_pid: int, ctl: socket.socket, *, reap: bool) -> None:
+    def __init__(self, sup_pid: int, ctl: socket.socket, *, reap: bool, cgroups: bool = False,
+                 reported: int | None = None) -> None:
         self.sup_pid = sup_pid
         self.ctl = ctl
         self.reap = reap
+        self.cgroups = cgroups  # its supervisor makes cgroups (and ends on SIGTERM)
+        # With cgroups: a pipe's read end, at EOF once the supervisor has reported them.
+        self.reported = reported
         self.init_pid: int | None = None
+        self.cgroup: str | None = None  # the name of the sandbox's cgroups, if it has some
         self.early: list[bytes] = []
 
     def _absorb(self, block: bool) -> bool:
@@ -311,6 +407,8 @@ class _Warm:
                 return False  # EOF: every process of the sandbox is gone
             if data.startswith(b"P "):
                 self.init_pid = int(data[2:])
+            elif data.startswith(b"C "):
+                self.cgroup = data[2:].decode()
             else:
                 self.early.append(data)
                 if data.startswith(b"X "):
@@ -330,22 +428,35 @@ class _Warm:
             self.discard()
             raise SandboxError(failures[-1] if failures else "the sandbox died while being set up")
 
-    def start(self, spec: bytes, stdin, stdout, stderr, plan: mounts.Plan | None = None) -> SandboxedProcess:
+    def start(self, spec: bytes, stdin, stdout, stderr, plan: mounts.Plan | None = None,
+              limited: _Limited | None = None) -> SandboxedProcess:
         self.wait_init_pid()
+        if limited is not None:
+            try:
+                limited.apply(self.cgroup)
+            except SandboxError:
+                self.discard()
+                raise
         fds = [stdout, stderr] if stdin is None else [stdout, stderr, stdin]
         try:
             socket.send_fds(self.ctl, [spec], fds)
         except OSError as e:
             self.discard()
             raise SandboxError(f"cannot hand the command to its sandbox: {e.strerror}") from None
-        return SandboxedProcess(self.sup_pid, self.init_pid, self.ctl, self.early, reap=self.reap,
-                                plan=plan)
+        proc = SandboxedProcess(self.sup_pid, self.init_pid, self.ctl, self.early, reap=self.reap,
+                                plan=plan, limited=limited, reported=self.reported)
+        self.reported = None  # the process owns it now
+        return proc
 
     def discard(self) -> None:
         """Tear down an unused sandbox (its command process sees EOF and exits)."""
         self.ctl.close()
+        if self.reported is not None:
+            os.close(self.reported)
+            self.reported = None
         if self.reap:
-            _kill_quietly(self.sup_pid)
+            # One with cgroups ends the sandbox on SIGTERM and removes them before it exits.
+            _kill_quietly(self.sup_pid, signal.SIGTERM if self.cgroups else signal.SIGKILL)
             try:
                 os.waitpid(self.sup_pid, 0)
             except ChildProcessError:
@@ -369,23 +480,38 @@ def _fork_with_socket(sndbuf: int = 0) -> tuple[int, socket.socket, socket.socke
 
 def _make_warm(template: _Template, *, reap: bool) -> _Warm:
     """Fork a supervisor (and through it init and command) from this process."""
+    reported_r = reported_w = None
+    if template.cgroups:
+        reported_r, reported_w = os.pipe2(os.O_CLOEXEC)
     parent = os.getpid()
-    pid, mine, theirs = _fork_with_socket(MAX_SPEC + 65536)
+    try:
+        pid, mine, theirs = _fork_with_socket(MAX_SPEC + 65536)
+    except SandboxError:
+        if reported_r is not None:
+            os.close(reported_r)
+            os.close(reported_w)
+        raise
     if pid == 0:
         mine.close()
-        _child_main(_supervisor, theirs.fileno(), template, parent, theirs.fileno())
+        if reported_r is not None:
+            os.close(reported_r)
+        _child_main(_supervisor, theirs.fileno(), template, parent, theirs.fileno(), reported_w)
     theirs.close()
-    return _Warm(pid, mine, reap=reap)
+    if reported_w is not None:
+        os.close(reported_w)
+    return _Warm(pid, mine, reap=reap, cgroups=bool(template.cgroups), reported=reported_r)
 
 
 def spawn(argv, *, cwd, env, policy: SandboxPolicy, stdout: int, stderr: int, stdin: int | None = None,
-          hidden_paths=(), sandbox_cwd: str | None = None) -> SandboxedProcess:
+          hidden_paths=(), sandbox_cwd: str | None = None, limits: limits.Limits | None = None) -> SandboxedProcess:
     """Start ``argv`` under ``policy`` in a sandbox made now; raises SandboxError.
 
     ``stdout``/``stderr`` (and ``stdin``; None means /dev/null) are fds the command gets
     as its own; the caller may close its copies once this returns. ``cwd`` is where the
     command runs; ``sandbox_cwd`` (default: ``cwd``) is what the policy's
     ``disk-write-cwd`` means: the session's directory, never a model-chosen workdir.
+    ``limits`` (:class:`landlock_helper.limits.Limits`; its unset fields take the
+    defaults) are the command's resource limits; None: none of ours.
     """
     if sys.platform == "darwin":  # pragma: no cover - exercised on macOS only
         from landlock_helper.darwin import spawn_seatbelt
@@ -393,9 +519,10 @@ def spawn(argv, *, cwd, env, policy: SandboxPolicy, stdout: int, stderr: int, st
         return spawn_seatbelt(argv, cwd=cwd, env=env, policy=policy, stdout=stdout, stderr=stderr,
                               stdin=stdin, hidden_paths=hidden_paths, sandbox_cwd=sandbox_cwd)
     plan = _check(argv, cwd, policy, sandbox_cwd, env)
-    spec = _encode_spec(argv, cwd, env, policy, plan)
-    template = _Template.make(hidden_paths, restricted=plan is not None)
-    return _make_warm(template, reap=True).start(spec, stdin, stdout, stderr, plan)
+    template = _Template.make(hidden_paths, restricted=plan is not None, cgroups=limits is not None)
+    limited = _limited(limits, template)
+    spec = _encode_spec(argv, cwd, env, policy, plan, stdin is not None, limited.rlimits if limited else ())
+    return _make_warm(template, reap=True).start(spec, stdin, stdout, stderr, plan, limited)
 
 
 class Spawner:
@@ -406,11 +533,13 @@ class Spawner:
     :meth:`refill` when :attr:`fileno` is readable (or just before it needs sandboxes).
     """
 
-    def __init__(self, hidden_paths=(), *, pool: int = 4) -> None:
+    def __init__(self, hidden_paths=(), *, pool: int = 4, cgroups: bool = True) -> None:
+        """``cgroups``: every sandbox gets cgroups of its own (where this process may make
+        them, see :func:`landlock_helper.limits.mechanism`), for its command's limits."""
         if not sys.platform.startswith("linux"):
             raise SandboxError("the warm-sandbox pool needs Linux")
         self.pool = pool
-        self.template = _Template.make(hidden_paths)
+        self.template = _Template.make(hidden_paths, cgroups=cgroups)
         self._ready: list[_Warm] = []
         self._asked = 0
         self._sock: socket.socket | None = None
@@ -499,7 +628,7 @@ class Spawner:
             return
         while self._asked:
             try:
-                msg, fds, _, _ = socket.recv_fds(self._sock, 64, 1, 0 if block else socket.MSG_DONTWAIT)
+                msg, fds, _, _ = socket.recv_fds(self._sock, 64, 2, 0 if block else socket.MSG_DONTWAIT)
             except BlockingIOError:
                 break
             except ConnectionResetError:
@@ -517,7 +646,8 @@ class Spawner:
                 continue
             ctl = socket.socket(fileno=fds[0])
             ctl.setblocking(True)
-            self._ready.append(_Warm(int(msg[2:]), ctl, reap=False))
+            self._ready.append(_Warm(int(msg[2:]), ctl, reap=False, cgroups=bool(self.template.cgroups),
+                                     reported=fds[1] if len(fds) > 1 else None))
             self._recovered()
             block = False
         if self.failure is not None and time.monotonic() < self._retry_at:
@@ -527,17 +657,19 @@ class Spawner:
             self._ask(missing)
 
     def spawn(self, argv, *, cwd, env, policy: SandboxPolicy, stdout: int, stderr: int,
-              stdin: int | None = None, sandbox_cwd: str | None = None) -> SandboxedProcess:
+              stdin: int | None = None, sandbox_cwd: str | None = None,
+              limits: limits.Limits | None = None) -> SandboxedProcess:
         """Like :func:`spawn`, in a warm sandbox (waiting for one only if none is ready).
 
         Warm sandboxes are read-only views; a danger-full-access command gets one of the
         host's view, made on the spot.
         """
         plan = _check(argv, cwd, policy, sandbox_cwd, env)
-        spec = _encode_spec(argv, cwd, env, policy, plan)
+        limited = _limited(limits, self.template)
+        spec = _encode_spec(argv, cwd, env, policy, plan, stdin is not None, limited.rlimits if limited else ())
         if plan is None:
             template = dataclasses.replace(self.template, scratch=None)
-            return _make_warm(template, reap=True).start(spec, stdin, stdout, stderr)
+            return _make_warm(template, reap=True).start(spec, stdin, stdout, stderr, None, limited)
         self.refill()
         while True:
             while not self._ready:
@@ -545,13 +677,24 @@ class Spawner:
                 if not self._asked:
                     self._ask(1)
                 self.refill(block=True)
-            warm = self._ready.pop(0)
+            warm = self._pick()
             if warm.usable():
                 break
             warm.discard()
-        proc = warm.start(spec, stdin, stdout, stderr, plan)
+        proc = warm.start(spec, stdin, stdout, stderr, plan, limited)
         self.refill()
         return proc
+
+    def _pick(self) -> _Warm:
+        """The oldest ready sandbox whose supervisor has reported its init (starting it
+        does not wait), else the oldest: under a fork storm in another sandbox, making one
+        can take seconds, and the caller must not wait on it when another is ready."""
+        for i, warm in enumerate(self._ready):
+            if warm.init_pid is None:
+                warm.usable()  # reads what it has said so far, without waiting
+            if warm.init_pid is not None:
+                return self._ready.pop(i)
+        return self._ready.pop(0)
 
     def close(self) -> None:
         for warm in self._ready:
@@ -560,6 +703,10 @@ class Spawner:
         if self._sock is not None:
             self._sock.close()
             self._sock = None
+            if self.template.cgroups:
+                # The zygote, told by the EOF, waits for its sandboxes' supervisors, which remove
+                # their cgroups as they end (killing it would kill them first: pdeathsig).
+                _wait_pid(self.zygote_pid, CGROUP_REMOVE_S + 1.0)
             _kill_quietly(self.zygote_pid)
             self._reap_zygote()
 
@@ -604,13 +751,14 @@ def _reset_signals() -> None:
         signal.signal(sig, signal.SIG_DFL)
 
 
-def _die_with_parent(parent: int | None) -> None:
-    """SIGKILL us when our parent dies; ``parent`` None when it is outside our PID namespace.
+def _die_with_parent(parent: int | None, sig: int = signal.SIGKILL) -> None:
+    """SIGKILL (or ``sig``) us when our parent dies; ``parent`` None when it is outside our
+    PID namespace.
 
     (The init cannot see its parent: getppid() is 0 there. The supervisor waits for the
     init before it can exit on its own, so only a SIGKILL can race with this prctl.)
     """
-    _libc.prctl(_libc.PR_SET_PDEATHSIG, signal.SIGKILL)
+    _libc.prctl(_libc.PR_SET_PDEATHSIG, sig)
     if parent is not None and os.getppid() != parent:  # died before the prctl took effect
         os._exit(1)
 
@@ -627,6 +775,7 @@ def _close_fds_except(keep: set[int]) -> None:
 def _zygote(template: _Template, parent: int, sock: socket.socket) -> None:
     """Make a warm sandbox for every ``W`` received; exit when the caller goes away."""
     _die_with_parent(parent)
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)  # a caller gone is an EOF or EPIPE here
     wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
     _close_fds_except({sock.fileno(), wake_r, wake_w})
     # Reap supervisors as soon as they exit: SIGCHLD wakes the poll through the pipe.
@@ -651,15 +800,43 @@ def _zygote(template: _Template, parent: int, sock: socket.socket) -> None:
                 msg = sock.recv(64)
             except InterruptedError:
                 continue
+            except OSError:
+                msg = b""
+            if msg:
+                try:
+                    warm = _make_warm(template, reap=False)
+                except SandboxError as e:
+                    warm = None
+                    try:
+                        sock.send(f"F {e}".encode())  # out of processes or memory: the caller decides
+                    except OSError:
+                        msg = b""  # the caller is gone
+            if msg and warm is not None:
+                fds = [warm.ctl.fileno()] + ([warm.reported] if warm.reported is not None else [])
+                try:
+                    socket.send_fds(sock, [f"S {warm.sup_pid}".encode()], fds)
+                except OSError:
+                    msg = b""  # the caller is gone; this sandbox ends as its ctl closes
+                finally:
+                    warm.discard()  # our copies (the zygote reaps its supervisors itself)
             if not msg:
+                if template.cgroups:
+                    # Dying now would kill the supervisors (pdeathsig) before they remove
+                    # their sandboxes' cgroups: let them finish first.
+                    _wait_children(CGROUP_REMOVE_S)
                 os._exit(0)
-            try:
-                warm = _make_warm(template, reap=False)
-            except SandboxError as e:
-                sock.send(f"F {e}".encode())  # out of processes or memory: the caller decides
-                continue
-            socket.send_fds(sock, [f"S {warm.sup_pid}".encode()], [warm.ctl.fileno()])
-            warm.ctl.close()
+
+
+def _wait_children(timeout: float) -> None:
+    """Reap children until there are none left, for up to ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            time.sleep(0.005)
 
 
 def _reap_any() -> None:
@@ -672,25 +849,81 @@ def _reap_any() -> None:
             return
 
 
-def _supervisor(template: _Template, parent: int, ctl: int) -> None:
-    _die_with_parent(parent)
-    _close_fds_except({ctl})
-    namespaces.enter(template.uid, template.gid, template.as_root)
-    init = os.fork()
-    if init == 0:
-        _child_main(_init, ctl, template, ctl)
-    os.write(ctl, f"P {init}".encode())
-    os.close(ctl)
+def _supervisor(template: _Template, parent: int, ctl: int, reported: int | None = None) -> None:
+    # With cgroups, the parent's death (or our caller's SIGTERM) is a SIGTERM: we kill the
+    # init, which takes the whole sandbox with it as a SIGKILL to us would, and then still
+    # remove the cgroups.
+    init_pid: list[int] = []
+    told: list[bool] = []
+    if template.cgroups:
+        def end_sandbox(signum, frame) -> None:
+            told.append(True)
+            if init_pid:
+                _kill_quietly(init_pid[0])
+
+        signal.signal(signal.SIGTERM, end_sandbox)
+        _die_with_parent(parent, signal.SIGTERM)
+    else:
+        _die_with_parent(parent)
+    _close_fds_except({ctl} if reported is None else {ctl, reported})
+    # Our words may find the caller gone (a sandbox discarded early): EPIPE, not death.
+    # (The init and the command get the default back, as every child does.)
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+    cgroup = None
+    join_fds: list[int] = []
+    if template.cgroups:
+        # The sandbox's own cgroups, made here (off the caller's path: making and removing
+        # cgroups can wait seconds on the kernel's cgroup lock); its command joins them.
+        cgroup = limits.CommandCgroup.make(template.cgroups)
+    try:
+        if cgroup is not None:
+            join_fds = cgroup.procs_fds()
+            os.write(ctl, f"C {cgroup.name}".encode())
+        if told:
+            raise SandboxError("the sandbox was ended while being made")
+        namespaces.enter(template.uid, template.gid, template.as_root)
+        init = os.fork()
+        if init == 0:
+            if reported is not None:
+                os.close(reported)  # only we may say when the report is done
+            _child_main(_init, ctl, template, ctl, join_fds)
+        init_pid.append(init)
+        if told:
+            _kill_quietly(init)
+    except BaseException:
+        if cgroup is not None:
+            cgroup.remove()
+        raise
+    for fd in join_fds:
+        os.close(fd)
+    try:
+        os.write(ctl, f"P {init}".encode())
+    except OSError:
+        pass  # discarded already: the sandbox ends as it sees the EOF
+    if cgroup is None:
+        os.close(ctl)
     while True:
         try:
             os.waitpid(init, 0)
             break
         except ChildProcessError:
             break
+    if cgroup is not None:
+        # The whole tree is dead (the kernel waited for the namespace before the init
+        # could be reaped): say which limits it hit, then remove the cgroups.
+        counters = cgroup.counters()
+        try:
+            os.write(ctl, f"L {counters['oom_kill']} {counters['pids_max']}".encode())
+        except OSError:
+            pass
+        os.close(ctl)
+        if reported is not None:
+            os.close(reported)  # the caller is done waiting; the rest is ours
+        cgroup.remove(CGROUP_REMOVE_S)
     os._exit(0)
 
 
-def _init(template: _Template, ctl: int) -> None:
+def _init(template: _Template, ctl: int, join_fds: list[int]) -> None:
     _die_with_parent(None)
     signal.pthread_sigmask(signal.SIG_BLOCK, _INIT_WAITED)
     view = mounts.prepare(template.hidden_paths, template.scratch)
@@ -698,8 +931,10 @@ def _init(template: _Template, ctl: int) -> None:
     guard, guard_end = unix_guard.Guard.open()
     child = os.fork()
     if child == 0:
-        _child_main(_command, ctl, template, ctl, view, guard_end)
+        _child_main(_command, ctl, template, ctl, view, guard_end, join_fds)
     os.close(guard_end)
+    for fd in join_fds:
+        os.close(fd)
     # Not dumpable: nothing in the sandbox may read our memory or take our fds (the listener).
     _libc.prctl(_libc.PR_SET_DUMPABLE, 0)
     status = _reap_until(child, guard)
@@ -760,9 +995,12 @@ def _rehearse() -> None:
         unix_guard.hand_over(os.dup(b.fileno()), os.dup(a.fileno()), False)
 
 
-def _command(template: _Template, ctl: int, view: mounts.View | None, guard_end: int) -> None:
+def _command(template: _Template, ctl: int, view: mounts.View | None, guard_end: int, join_fds: list[int]) -> None:
     """Get ready, wait for the spec, apply the policy and exec."""
     os.set_inheritable(ctl, False)  # gone at exec: background jobs must not hold it
+    # Into the sandbox's cgroups first: everything the command starts is then inside.
+    # (Done while warm: joining a cgroup can wait on the kernel's cgroup lock.)
+    limits.join(join_fds)
     # The slow parts, done while warm: Landlock's ruleset, and (in a restricted sandbox,
     # the only kind with a view) the bounding set, 41 prctl calls; the caps still in force
     # go right before exec.
@@ -780,7 +1018,7 @@ def _command(template: _Template, ctl: int, view: mounts.View | None, guard_end:
         # (zeroing megabytes) than the whole rest of the start.
         size, _, _, _ = sock.recvmsg_into([bytearray(1)], 0, socket.MSG_PEEK | socket.MSG_TRUNC)
         buf = bytearray(size)
-        size, ancdata, _, _ = sock.recvmsg_into([buf], socket.CMSG_SPACE(3 * 4))
+        size, ancdata, _, _ = sock.recvmsg_into([buf], socket.CMSG_SPACE(_MAX_FDS * 4))
     except OSError:
         os._exit(1)
     if not size:
@@ -789,12 +1027,12 @@ def _command(template: _Template, ctl: int, view: mounts.View | None, guard_end:
     for level, kind, data in ancdata:
         if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
             fds += memoryview(data).cast("i")
-    argv, cwd, env, policy_json, plan_spec = marshal.loads(memoryview(buf)[:size])
+    argv, cwd, env, policy_json, plan_spec, has_stdin, rlimits = marshal.loads(memoryview(buf)[:size])
     try:
         policy = SandboxPolicy.from_json(policy_json)
         signal.pthread_sigmask(signal.SIG_SETMASK, ())
         stdout, stderr = fds[0], fds[1]
-        stdin = fds[2] if len(fds) > 2 else os.open("/dev/null", os.O_RDONLY)
+        stdin = fds[2] if has_stdin else os.open("/dev/null", os.O_RDONLY)
         for target, fd in ((0, stdin), (1, stdout), (2, stderr)):
             if fd != target:
                 os.dup2(fd, target)
@@ -813,6 +1051,8 @@ def _command(template: _Template, ctl: int, view: mounts.View | None, guard_end:
             os.chdir(cwd)
         _close_fds_except({ctl, ruleset, guard_end} - {None})
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        stage = "limits"
+        limits.apply_rlimits(rlimits)
         if restricted:
             stage = "sandbox"
             # As root this is what keeps uid 0 from meaning "everything"; in a user

@@ -67,6 +67,7 @@ from broker.wire.protocol import (
 )
 from broker.wire.results import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_SIGNAL_BASE, EXIT_USAGE
 from landlock_helper.env import describe_dropped
+from landlock_helper.limits import Limits
 from landlock_helper.policy import SandboxPolicy
 
 # How long to wait for the session to shut down (rollout flushed) after the task.
@@ -200,6 +201,7 @@ def _configure_op(args):
         env=commands_env.env,
         env_passthrough=commands_env.passthrough or UNSET,
         show_raw_agent_reasoning=config.show_raw_agent_reasoning or UNSET,
+        limits=config.limits if config.limits != Limits() else UNSET,
     )
     header = {"provider": provider.id, "approval": str(approval), "sandbox": mode, "cwd": cwd}
     return op, header, not config.hide_agent_reasoning

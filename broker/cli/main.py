@@ -70,6 +70,15 @@ def _parser():
     policy_flags(run)
     run.add_argument("--timeout-ms", metavar="N", type=positive_int, default=None,
                      help="kill the command after N milliseconds (exit 124)")
+    run.add_argument("--memory", metavar="SIZE", default=None,
+                     help="memory limit of the command's tree (512M, 1G; 0: none; default: half of RAM where a "
+                          "memory cgroup enforces it); the command is killed at the limit")
+    run.add_argument("--pids-limit", metavar="N", default=None,
+                     help="processes and threads the command may have at once (default 1024; -1 or 0: none)")
+    run.add_argument("--file-size", metavar="SIZE", default=None,
+                     help="largest file the command may write (default 8G; 0: none)")
+    run.add_argument("--cpu-time", metavar="SECONDS", default=None,
+                     help="CPU time per process (60, 5m; default: none)")
     run.add_argument("--json", action="store_true", help="print Codex-shaped events, one JSON object per line")
     add_connect_args(run)
     run.add_argument("command", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)

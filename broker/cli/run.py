@@ -3,11 +3,13 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 
 import broker.client as C
 from broker.cli.base import USAGE_RUN, command_of, env_report, fail, print_error, remote_from_args, write_all
+from broker.net.runtime import sluice_home
 from broker.wire.results import EXIT_NOT_FOUND, EXIT_SIGNAL_BASE, EXIT_SLUICE, EXIT_USAGE, new_call_id
 
 # How long ``sluice run`` waits for a cancelled call to end before giving up.
@@ -22,6 +24,7 @@ def run_main(args) -> int:
     command = command_of(args, USAGE_RUN)
 
     try:
+        limits = config_limits()
         request = C.make_request(
             command,
             cwd=args.cwd,
@@ -31,6 +34,11 @@ def run_main(args) -> int:
             env_passthrough=args.env,
             timeout_ms=args.timeout_ms,
             check_paths=not args.connect,
+            memory=args.memory,
+            pids_limit=args.pids_limit,
+            file_size=args.file_size,
+            cpu_time=args.cpu_time,
+            limits=limits,
         )
     except C.UsageError as e:
         return fail(str(e), EXIT_USAGE)
@@ -66,6 +74,8 @@ def run_main(args) -> int:
             return fail(str(e), EXIT_SLUICE)
 
     out.end(result)
+    if result.limit:
+        print_error(result.limit)
     if signum is not None:
         return EXIT_SIGNAL_BASE + signum
     if out.stdout_closed:
@@ -80,6 +90,33 @@ def run_main(args) -> int:
     if result.stdout_dropped or result.stderr_dropped:
         pass  # streaming mode shows everything; the captured copy is what was capped
     return result.returncode
+
+
+def config_limits():
+    """The ``[limits]`` table of ``$SLUICE_HOME/config.toml`` (None without one); the
+    flags override it. Raises :class:`broker.client.UsageError` when it is wrong."""
+    path = os.path.join(sluice_home(), "config.toml")
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    if b"limits" not in data:
+        return None  # no [limits] here: not worth parsing the file
+    import tomllib
+
+    from landlock_helper.limits import LimitError, from_table
+
+    try:
+        table = tomllib.loads(data.decode("utf-8", "replace"))
+    except tomllib.TOMLDecodeError as e:
+        raise C.UsageError(f"{path}: invalid TOML: {e}") from None
+    if "limits" not in table:
+        return None
+    try:
+        return from_table(table["limits"], f"{path}: [limits]")
+    except LimitError as e:
+        raise C.UsageError(str(e)) from None
 
 
 class _RawOutput:

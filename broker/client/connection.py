@@ -228,8 +228,14 @@ class Client:
         capture_limit: int = wire.DEFAULT_CAPTURE_LIMIT,
         on_output: OutputCallback | None = None,
         on_started: StartedCallback | None = None,
+        memory: int | str | None = None,
+        pids_limit: int | str | None = None,
+        file_size: int | str | None = None,
+        cpu_time: int | str | None = None,
     ) -> Call:
-        """Send a command to the daemon and return at once; see :func:`make_request`."""
+        """Send a command to the daemon and return at once; see :func:`make_request`
+        (``memory="512M"``, ``pids_limit=256``, ``file_size="1G"``, ``cpu_time=60``: the
+        command's resource limits; ``result.limit`` says which one it hit)."""
         request = make_request(
             argv,
             cwd=cwd,
@@ -240,6 +246,10 @@ class Client:
             env_passthrough=env_passthrough,
             timeout_ms=timeout_ms,
             capture_limit=capture_limit,
+            memory=memory,
+            pids_limit=pids_limit,
+            file_size=file_size,
+            cpu_time=cpu_time,
         )
         return self.submit_request(request, on_output=on_output, on_started=on_started)
 

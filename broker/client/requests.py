@@ -8,6 +8,7 @@ from collections.abc import Iterable, Mapping
 from broker.client.errors import UsageError
 from broker.wire import frames as wire
 from landlock_helper.env import split_env
+from landlock_helper.limits import LimitError, Limits, parse_count, parse_duration, parse_size
 from landlock_helper.policy import PolicyError, SandboxPolicy
 
 # Largest capture limit we ask for: the exit message carries both captured streams and
@@ -27,6 +28,11 @@ def make_request(
     timeout_ms: int | None = None,
     capture_limit: int = wire.DEFAULT_CAPTURE_LIMIT,
     check_paths: bool = True,
+    memory: int | str | None = None,
+    pids_limit: int | str | None = None,
+    file_size: int | str | None = None,
+    cpu_time: int | str | None = None,
+    limits: Limits | None = None,
 ) -> wire.RunRequest:
     """Validate the arguments of :meth:`Client.submit`; raises :class:`UsageError`.
 
@@ -36,6 +42,12 @@ def make_request(
     ``env`` (default: ours) loses its secrets here, before it is sent
     (:mod:`landlock_helper.env`), except the names in ``env_passthrough``;
     ``landlock_helper.env.split_env(env, env_passthrough)[1]`` lists what goes.
+
+    Resource limits, docker's spelling: ``memory`` (bytes, or ``"512M"``, ``"1G"``),
+    ``pids_limit`` (processes and threads), ``file_size`` (largest file written, a size),
+    ``cpu_time`` (seconds of CPU per process, or ``"5m"``); 0 or ``"unlimited"``: no
+    limit; None: the executor's default. They override the fields ``limits`` sets (a
+    :class:`landlock_helper.limits.Limits`, e.g. from a configuration file).
     """
     if isinstance(argv, (str, bytes)):
         raise UsageError("the command must be a list of arguments, not a string")
@@ -86,6 +98,19 @@ def make_request(
     # another host) never see the caller's secrets, only what the command may have.
     env, _ = split_env(os.environ if env is None else env, passthrough)
 
+    try:
+        asked = Limits(
+            memory=None if memory is None else parse_size(memory, "memory"),
+            pids=None if pids_limit is None else parse_count(pids_limit, "pids limit"),
+            file_size=None if file_size is None else parse_size(file_size, "file size"),
+            cpu_time=None if cpu_time is None else parse_duration(cpu_time, "CPU time"),
+        )
+    except LimitError as e:
+        raise UsageError(str(e)) from None
+    if limits is not None and not isinstance(limits, Limits):
+        raise UsageError(f"limits must be a landlock_helper.limits.Limits, got {type(limits).__name__}")
+    asked = (limits or Limits()).merged(asked)
+
     return wire.RunRequest(
         argv=argv,
         cwd=cwd,
@@ -94,4 +119,5 @@ def make_request(
         env_passthrough=passthrough,
         timeout_ms=timeout_ms,
         capture_limit=capture_limit,
+        limits=None if asked == Limits() else asked,
     )

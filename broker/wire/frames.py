@@ -78,7 +78,10 @@ command's tree is dead, the executor drains what is left in its pipes without wa
 for acks (at most one pipe's capacity per stream), so its ``exit`` can always be sent.
 
 A run's ``cwd`` is where the command runs; its ``sandbox_cwd`` (default: ``cwd``) is the
-directory the policy's ``disk-write-cwd`` means. A run that is refused or cannot start
+directory the policy's ``disk-write-cwd`` means. Its ``limits``
+(:class:`landlock_helper.limits.Limits`) are the command's resource limits, each field
+None for the executor's default and 0 for none; the ``exit``'s ``limit`` names the one
+the command ran into ("killed: memory limit 512 MiB reached"). A run that is refused or cannot start
 (bad body or policy, missing cwd, relative ``sandbox_cwd``, no sandbox, executor
 shutting down) gets only an ``exit`` with ``error`` set, never a ``started``.
 A command that was not found gets ``exit_code`` 127 *and* ``error``. ``Started.pid`` is
@@ -130,6 +133,7 @@ from __future__ import annotations
 import msgspec
 
 from broker.wire.results import shell_returncode
+from landlock_helper.limits import Limits
 from landlock_helper.policy import DiskWriteFolder, SandboxPolicy
 
 # 2: RunRequest.sandbox_cwd. An executor of version 1 would ignore it and make the
@@ -234,6 +238,9 @@ class RunRequest(msgspec.Struct, frozen=True):
     # The agent sets it to the session's cwd, so a model-chosen workdir is only where
     # the command runs, never a writable root.
     sandbox_cwd: str | None = None
+    # Resource limits (landlock_helper.limits): a field left None takes the executor's
+    # default, 0 means no limit. None: the defaults, every one.
+    limits: Limits | None = None
 
 
 class Started(msgspec.Struct, frozen=True):
@@ -258,6 +265,9 @@ class ExitStatus(msgspec.Struct, frozen=True):
     stderr_dropped: int = 0
     # Set when the command never ran or its executor failed; a person can read it.
     error: str | None = None
+    # The resource limit the command ran into, for a person: "killed: memory limit 512 MiB
+    # reached", "pids limit 256 reached (12 forks refused)". None: none was hit (or seen).
+    limit: str | None = None
 
     @property
     def returncode(self) -> int:

@@ -56,6 +56,7 @@ import msgspec
 from msgspec import UNSET, UnsetType
 
 from broker.wire import frames
+from landlock_helper.limits import Limits
 from landlock_helper.policy import SandboxPolicy
 
 
@@ -366,6 +367,9 @@ class ConfigureSession(_Op, tag="configure_session", kw_only=True):
     show_raw_agent_reasoning: bool | UnsetType = UNSET
     """sluice's own (Codex reads it from its config in-process): also emit the model's
     raw reasoning text, as ``agent_reasoning_raw_content`` events."""
+    limits: Limits | UnsetType = UNSET
+    """sluice's own: the resource limits of the session's commands (the ``[limits]``
+    table of the frontend's config); unset fields take the executor's defaults."""
 
     def __repr__(self) -> str:
         def shown(name: str, value: object) -> str:

@@ -235,6 +235,7 @@ class FakeExec:
     """Run until cancelled."""
     error: str | None = None
     duration_s: float = 0.25
+    limit: str | None = None
 
 
 @dataclass
@@ -247,6 +248,7 @@ class RunRecord:
     env: Mapping[str, str] | None
     sandbox_cwd: str | None = None
     env_passthrough: list[str] = field(default_factory=list)
+    limits: object = None
 
     @property
     def sandboxed(self) -> bool:
@@ -268,9 +270,9 @@ class FakeRunner(CommandRunner):
         self._cancel: dict[str, asyncio.Event] = {}
 
     async def run(self, argv, cwd, sandbox_policy, timeout_ms, on_output: OutputCallback | None = None, *,
-                  call_id=None, env=None, sandbox_cwd=None, env_passthrough=()) -> ExecResult:
+                  call_id=None, env=None, sandbox_cwd=None, env_passthrough=(), limits=None) -> ExecResult:
         record = RunRecord(list(argv), cwd, sandbox_policy, timeout_ms, call_id or f"run-{len(self.runs)}", env,
-                           sandbox_cwd, list(env_passthrough))
+                           sandbox_cwd, list(env_passthrough), limits)
         self.runs.append(record)
         spec = self.respond(list(argv), record.sandboxed)
         aggregated = HeadTailBuffer()
@@ -291,7 +293,7 @@ class FakeRunner(CommandRunner):
             return ExecResult(aborted=True, stdout=_b(spec.stdout), aggregated=aggregated.getvalue())
         return ExecResult(exit_code=spec.exit_code, timed_out=spec.timed_out, duration_s=spec.duration_s,
                           stdout=_b(spec.stdout), stderr=_b(spec.stderr), aggregated=aggregated.getvalue(),
-                          error=spec.error)
+                          error=spec.error, limit=spec.limit)
 
     async def cancel(self, call_id: str) -> None:
         self.cancelled.append(call_id)
