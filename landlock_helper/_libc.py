@@ -212,3 +212,13 @@ MS_NOEXEC = 8
 MS_BIND = 4096
 MS_REC = 16384
 MS_PRIVATE = 1 << 18
+
+
+def write_file(path: str, text: str) -> None:
+    """One ``write(2)`` of ``text`` to an existing file (a /proc or cgroup control file,
+    where the write is the operation: no buffering, no truncation, no creation)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)

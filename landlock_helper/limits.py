@@ -37,6 +37,8 @@ import signal
 import time
 from dataclasses import dataclass
 
+from landlock_helper import _libc
+
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40, "p": 1 << 50}
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgtp]?)(?:i?b)?\s*$", re.IGNORECASE)
 _UNLIMITED = ("unlimited", "none", "max", "-1")
@@ -349,14 +351,6 @@ def _read(path: str) -> str:
         return f.read()
 
 
-def _write(path: str, text: str) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
-    try:
-        os.write(fd, text.encode())
-    finally:
-        os.close(fd)
-
-
 def _v2_parent(mountpoint: str, root: str, path: str, wanted: list[str]) -> tuple[_Hierarchy | None, str]:
     here = _local(mountpoint, root, path)
     if here is None:
@@ -401,11 +395,11 @@ def _make_v2_parent(parent: str, controllers: list[str]) -> list[str]:
     missing = [c for c in controllers if c not in enabled]
     if missing:
         try:
-            _write(control, " ".join(f"+{c}" for c in missing))
+            _libc.write_file(control, " ".join(f"+{c}" for c in missing))
         except OSError as e:
             for c in missing:  # one by one: keep what can be had
                 try:
-                    _write(control, f"+{c}")
+                    _libc.write_file(control, f"+{c}")
                 except OSError:
                     pass
             enabled = set(_read(control).split())
@@ -594,18 +588,18 @@ def _set_limit(version: int, path: str, controller: str, value: int) -> None:
     if controller == "cpu":
         return  # the default weight: every command the same
     if controller == "pids":
-        _write(os.path.join(path, "pids.max"), str(value) if value else "max")
+        _libc.write_file(os.path.join(path, "pids.max"), str(value) if value else "max")
     elif controller == "memory":
         if version == 2:
-            _write(os.path.join(path, "memory.max"), str(value) if value else "max")
+            _libc.write_file(os.path.join(path, "memory.max"), str(value) if value else "max")
             if value and os.path.exists(os.path.join(path, "memory.swap.max")):
-                _write(os.path.join(path, "memory.swap.max"), "0")
+                _libc.write_file(os.path.join(path, "memory.swap.max"), "0")
         else:
             text = str(value) if value else "-1"
-            _write(os.path.join(path, "memory.limit_in_bytes"), text)
+            _libc.write_file(os.path.join(path, "memory.limit_in_bytes"), text)
             memsw = os.path.join(path, "memory.memsw.limit_in_bytes")
             if os.path.exists(memsw):  # swap counts too (accounting may be off: then it is absent)
-                _write(memsw, text)
+                _libc.write_file(memsw, text)
 
 
 def _field(path: str, key: str, dir_fd: int | None = None) -> int:

@@ -14,7 +14,6 @@ emptied before exec, so exec cannot grant any back.
 from __future__ import annotations
 
 import ctypes
-import os
 
 from landlock_helper import _libc
 
@@ -38,17 +37,9 @@ def enter(uid: int, gid: int, as_root: bool) -> None:
     """Unshare the namespaces; the caller's *next child* is the new PID namespace's init."""
     _libc.unshare(unshare_flags(as_root))
     if not as_root:
-        _write("/proc/self/setgroups", "deny")
-        _write("/proc/self/uid_map", f"{uid} {uid} 1\n")
-        _write("/proc/self/gid_map", f"{gid} {gid} 1\n")
-
-
-def _write(path: str, text: str) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
-    try:
-        os.write(fd, text.encode())
-    finally:
-        os.close(fd)
+        _libc.write_file("/proc/self/setgroups", "deny")
+        _libc.write_file("/proc/self/uid_map", f"{uid} {uid} 1\n")
+        _libc.write_file("/proc/self/gid_map", f"{gid} {gid} 1\n")
 
 
 def last_cap() -> int:
