@@ -29,10 +29,12 @@ needs_cgroups = pytest.mark.skipif(
 # Small limits, so the tests stay cheap: the fork bomb stops at 64 tasks, the hog at 64 MiB.
 PIDS = 64
 MEMORY = "64M"
-HOG = [sys.executable, "-c", "print(open('/proc/self/cgroup').read(), flush=True); x = bytearray(256 << 20); "
+# An interpreter the sandbox can see: its /tmp is its own, so a checkout's venv under /tmp is not.
+PYTHON = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
+HOG = [PYTHON, "-c", "print(open('/proc/self/cgroup').read(), flush=True); x = bytearray(256 << 20); "
        "print('survived')"]
 # Every process forks for as long as it lives, whether a fork works or not.
-BOMB = [sys.executable, "-c", """
+BOMB = [PYTHON, "-c", """
 import os
 print(open("/proc/self/cgroup").read(), flush=True)
 while True:
@@ -95,7 +97,7 @@ def test_memory_hog_is_killed_at_its_limit_and_says_so(module_daemon):
 @pytest.mark.timeout(60)
 def test_under_its_limit_a_command_runs_as_before(module_daemon):
     c = module_daemon.client()
-    r = c.run([sys.executable, "-c", "x = bytearray(16 << 20); print(len(x))"], memory=MEMORY, pids_limit=PIDS,
+    r = c.run([PYTHON, "-c", "x = bytearray(16 << 20); print(len(x))"], memory=MEMORY, pids_limit=PIDS,
               wait_timeout=30)
     assert r.returncode == 0 and r.stdout == b"16777216\n" and r.limit is None, r
 
@@ -206,7 +208,7 @@ def test_file_size_limit_kills_at_the_limit(mode, module_daemon, rlimit_daemon):
              "open('big', 'wb').write(b'x' * (3 << 20)); print('wrote')")
     work = short_tempdir("sl-fsize-")
     try:
-        r = c.run([sys.executable, "-c", write], cwd=work, file_size="1M", wait_timeout=30)
+        r = c.run([PYTHON, "-c", write], cwd=work, file_size="1M", wait_timeout=30)
         assert r.limit == "killed: file size limit 1 MiB reached", r
         assert r.signal == 25 and b"wrote" not in r.stdout
         assert os.path.getsize(os.path.join(work, "big")) == 1 << 20
@@ -231,7 +233,7 @@ def test_without_cgroups_memory_is_an_address_space_limit(rlimit_daemon):
     # RLIMIT_AS: the allocation fails (MemoryError) instead of the process being killed,
     # so no limit is reported; the command learns it itself.
     # (256M: room for the interpreter's own address space, whatever its build.)
-    hog = [sys.executable, "-c", "x = bytearray(1 << 30); print('survived')"]
+    hog = [PYTHON, "-c", "x = bytearray(1 << 30); print('survived')"]
     r = c.run(hog, memory="256M", wait_timeout=30)
     assert r.returncode == 1 and b"MemoryError" in r.stderr and b"survived" not in r.stdout, r
     assert r.limit is None
