@@ -74,6 +74,7 @@ class Call:
         "_timers",
         "_poll_tries",
         "_finishing",
+        "stdin",
     )
 
     def __init__(self, worker: Worker, corr: str, req: wire.RunRequest) -> None:
@@ -99,6 +100,8 @@ class Call:
         self._timers: list = []
         self._poll_tries = 0
         self._finishing = False
+        # The write end of the command's stdin when the caller sends it (``req.stdin``).
+        self.stdin: _Stdin | None = None
 
     # -- start ---------------------------------------------------------------------
 
@@ -114,11 +117,15 @@ class Call:
         # Again, though the sender filtered it: a sender of another version, or none.
         env = filter_env(os.environ if req.env is None else req.env, req.env_passthrough)
         fds: list[int] = []
+        r_in = w_in = None
         try:
             r_out, w_out = os.pipe2(os.O_CLOEXEC)
             fds += (r_out, w_out)
             r_err, w_err = os.pipe2(os.O_CLOEXEC)
             fds += (r_err, w_err)
+            if req.stdin:
+                r_in, w_in = os.pipe2(os.O_CLOEXEC)
+                fds += (r_in, w_in)
         except OSError as e:
             _close_all(fds)
             return self._fail(f"cannot create pipes: {e.strerror}")
@@ -132,18 +139,20 @@ class Call:
         try:
             # disk-write-cwd means sandbox_cwd (the session's directory), not where it runs.
             self.proc = self.worker.spawn(req.argv, cwd=req.cwd, env=env, policy=policy, stdout=w_out, stderr=w_err,
-                                          sandbox_cwd=os.path.normpath(sandbox_cwd),
+                                          stdin=r_in, sandbox_cwd=os.path.normpath(sandbox_cwd),
                                           limits=req.limits or Limits())
         except SandboxError as e:
-            _close_all((r_out, r_err))
+            _close_all((r_out, r_err, *((w_in,) if w_in is not None else ())))
             return self._fail(wire.one_line(e) or "unknown error")
         except Exception as e:  # a spawn failure must never take the worker down
             log.exception("spawn failed", corr=self.corr)
-            _close_all((r_out, r_err))
+            _close_all((r_out, r_err, *((w_in,) if w_in is not None else ())))
             return self._fail(wire.one_line(f"cannot start command: {e}"))
         finally:
             # The child holds its own copies; ours would keep the pipes from EOF.
-            _close_all((w_out, w_err))
+            _close_all((w_out, w_err, *((r_in,) if r_in is not None else ())))
+        if w_in is not None:
+            self.stdin = _Stdin(self, w_in)
 
         proc = self.proc
         self._send(wire.message(wire.STARTED, self.corr, wire.Started(pid=proc.pid, executor=self.worker.name)))
@@ -341,8 +350,15 @@ class Call:
         self._release()
         self.worker.call_finished(self)
 
+    def feed_stdin(self, data) -> None:
+        """The next bytes of the command's stdin from the caller (empty: end of file)."""
+        if self.stdin is not None:
+            self.stdin.feed(data)
+
     def _release(self) -> None:
         loop = self._loop
+        if self.stdin is not None:
+            self.stdin.close()
         for s in self.streams:
             if s.watching:
                 loop.remove_reader(s.fd)
@@ -361,6 +377,83 @@ class Call:
                 self.proc.close()
             except Exception as e:
                 log.warning("releasing the sandbox failed", corr=self.corr, error=wire.one_line(e))
+
+
+class _Stdin:
+    """The write end of a command's stdin: what the caller sends goes into the pipe as the
+    command reads it, and is acked to the caller as it does (its window bounds what waits
+    here). A command that closes its stdin or exits makes the rest go nowhere, acked all
+    the same so the caller never waits for it."""
+
+    __slots__ = ("call", "fd", "buffer", "eof", "unacked", "writing")
+
+    def __init__(self, call: Call, fd: int) -> None:
+        self.call = call
+        self.fd = fd
+        os.set_blocking(fd, False)
+        self.buffer = bytearray()
+        self.eof = False
+        # Bytes taken from the buffer (written, or dropped) and not yet acked to the caller.
+        self.unacked = 0
+        self.writing = False
+
+    def feed(self, data) -> None:
+        if len(data) == 0:
+            self.eof = True
+        elif self.fd < 0:
+            self._ack(len(data), now=True)  # the command does not read any more
+            return
+        elif len(self.buffer) + len(data) > 2 * wire.STDIN_WINDOW_BYTES:
+            # More than the window allows: a caller that does not wait for acks. It gets
+            # end of file here rather than the daemon's memory.
+            log.warning("stdin beyond the window: closed", corr=self.call.corr)
+            self._ack(len(self.buffer) + len(data), now=True)
+            self.buffer.clear()
+            self.close()
+            return
+        else:
+            self.buffer += data
+        self._write()
+
+    def _write(self) -> None:
+        if self.fd < 0:
+            return
+        while self.buffer:
+            try:
+                n = os.write(self.fd, self.buffer)
+            except BlockingIOError:
+                break
+            except OSError:  # EPIPE: the command closed its stdin or is gone
+                self._ack(len(self.buffer), now=True)
+                self.buffer.clear()
+                self.close()
+                return
+            del self.buffer[:n]
+            self._ack(n, now=not self.buffer)
+        want = bool(self.buffer)
+        if want != self.writing:
+            if want:
+                self.call._loop.add_writer(self.fd, self._write)
+            else:
+                self.call._loop.remove_writer(self.fd)
+            self.writing = want
+        if not self.buffer and self.eof:
+            self.close()
+
+    def _ack(self, n: int, *, now: bool) -> None:
+        self.unacked += n
+        if self.unacked and (now or self.unacked >= wire.STDIN_ACK_EVERY_BYTES):
+            self.call._send([wire.header(wire.ACK, self.call.corr, n=self.unacked)])
+            self.unacked = 0
+
+    def close(self) -> None:
+        if self.fd < 0:
+            return
+        if self.writing:
+            self.call._loop.remove_writer(self.fd)
+            self.writing = False
+        os.close(self.fd)
+        self.fd = -1
 
 
 def _discard(parts) -> None:

@@ -102,6 +102,7 @@ class Worker:
         self._handlers = {
             wire.RUN: self._on_run,
             wire.ACK: self._on_ack,
+            wire.IN: self._on_stdin,
             wire.CANCEL: self._on_cancel,
             wire.PING: self._on_ping,
             wire.PONG: _ignore,
@@ -475,6 +476,11 @@ class Worker:
         call = self.calls.get(h.corr)
         if call is not None:
             call.ack(h.n, h.seq)
+
+    def _on_stdin(self, h: wire.Header, frames) -> None:
+        call = self.calls.get(h.corr)
+        if call is not None and len(frames) >= 2:  # unknown: it may have just finished
+            call.feed_stdin(frames[1].buffer)
 
     def _on_cancel(self, h: wire.Header, frames) -> None:
         call = self.calls.get(h.corr)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import stat
 import sys
 
 import broker.client as C
@@ -39,6 +40,7 @@ def run_main(args) -> int:
             file_size=args.file_size,
             cpu_time=args.cpu_time,
             limits=limits,
+            stdin=_forwarded_stdin() is not None,
         )
     except C.UsageError as e:
         return fail(str(e), EXIT_USAGE)
@@ -60,6 +62,8 @@ def run_main(args) -> int:
         out.begin(client, call)
         try:
             try:
+                if request.stdin:
+                    _feed_stdin(client, call, 0)
                 result = client.wait(call)
             except C.Interrupted as e:
                 signum = e.signum
@@ -90,6 +94,49 @@ def run_main(args) -> int:
     if result.stdout_dropped or result.stderr_dropped:
         pass  # streaming mode shows everything; the captured copy is what was capped
     return result.returncode
+
+
+# How much of our stdin one read takes (a pipe holds 64 KiB; a file gives what is asked).
+STDIN_READ = 256 * 1024
+
+
+def _forwarded_stdin() -> int | None:
+    """Our stdin when the command gets it: a pipe, a file or a socket. A terminal is not
+    forwarded (the command's stdin is /dev/null, as without a terminal of its own), nor
+    is /dev/null, nor a stdin that is closed."""
+    try:
+        st = os.fstat(0)
+    except OSError:
+        return None
+    if os.isatty(0):
+        return None
+    if stat.S_ISCHR(st.st_mode):
+        return None  # /dev/null, or another device: nothing a command should read through us
+    return 0
+
+
+def _feed_stdin(client, call, fd: int) -> None:
+    """Forward ``fd`` to ``call``'s stdin until its end (then end of file) or the call's:
+    at most what the executor's acks leave room for, so a 1 GiB stdin is read as the
+    command reads it, not into anyone's memory."""
+    while not call.done:
+        room = client.stdin_room(call)
+        if not room:
+            client.wait_io((), None)  # the start, or acks
+            continue
+        if fd not in client.wait_io((fd,), None):
+            continue
+        try:
+            data = os.read(fd, min(room, STDIN_READ))
+        except BlockingIOError:
+            continue
+        except OSError as e:
+            print_error(f"reading stdin failed: {e.strerror}; the command gets end of file")
+            data = b""
+        if not data:
+            client.close_stdin(call)
+            return
+        client.write_stdin(call, data)
 
 
 def config_limits():

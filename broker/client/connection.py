@@ -88,6 +88,8 @@ class Call:
         "on_started",
         "on_notice",
         "notes",
+        "_stdin_unacked",
+        "_stdin_closed",
         "pid",
         "executor",
         "result",
@@ -104,6 +106,9 @@ class Call:
         self.on_started: StartedCallback | None = on_started
         self.on_notice: Callable[[Call, str], object] | None = None
         self.notes: list[str] = []
+        # Stdin sent and not yet acked by the executor; True once end of file was sent.
+        self._stdin_unacked = 0
+        self._stdin_closed = not request.stdin
         self.pid: int | None = None
         self.executor: str = ""
         self.result: Result | None = None
@@ -232,10 +237,12 @@ class Client:
         pids_limit: int | str | None = None,
         file_size: int | str | None = None,
         cpu_time: int | str | None = None,
+        stdin: bool = False,
     ) -> Call:
         """Send a command to the daemon and return at once; see :func:`make_request`
         (``memory="512M"``, ``pids_limit=256``, ``file_size="1G"``, ``cpu_time=60``: the
-        command's resource limits; ``result.limit`` says which one it hit)."""
+        command's resource limits; ``result.limit`` says which one it hit; ``stdin=True``:
+        feed its stdin with :meth:`write_stdin` and :meth:`close_stdin`)."""
         request = make_request(
             argv,
             cwd=cwd,
@@ -250,8 +257,57 @@ class Client:
             pids_limit=pids_limit,
             file_size=file_size,
             cpu_time=cpu_time,
+            stdin=stdin,
         )
         return self.submit_request(request, on_output=on_output, on_started=on_started)
+
+    # -- a command's stdin --------------------------------------------------------------
+
+    def stdin_room(self, call: Call) -> int:
+        """How many bytes of stdin :meth:`write_stdin` takes for ``call`` now: 0 before the
+        command started, after end of file, or while a window's worth is unacknowledged
+        (the executor acks as the command reads)."""
+        if call._stdin_closed or not call.started or call.done:
+            return 0
+        return max(0, wire.STDIN_WINDOW_BYTES - call._stdin_unacked)
+
+    def write_stdin(self, call: Call, data) -> int:
+        """Send the start of ``data`` to ``call``'s stdin, as much as :meth:`stdin_room`
+        allows; returns how many bytes went (pump and call again for the rest)."""
+        if call._stdin_closed:
+            raise UsageError("stdin of this call is closed (or was not asked for: submit with stdin=True)")
+        n = min(len(data), self.stdin_room(call))
+        if n:
+            self.send_frames([wire.header(wire.IN, call.call_id), bytes(memoryview(data)[:n])], block=True)
+            call._stdin_unacked += n
+        return n
+
+    def close_stdin(self, call: Call) -> None:
+        """End of file on ``call``'s stdin (after what was written)."""
+        if call._stdin_closed:
+            return
+        call._stdin_closed = True
+        if not call.done:
+            self.send_frames([wire.header(wire.IN, call.call_id), b""], block=True)
+
+    def wait_io(self, fds, timeout: float | None = None, *, interruptible: bool = True) -> tuple[int, ...]:
+        """Handle what arrives from the daemon until one of ``fds`` is readable or
+        ``timeout`` passes (or something arrived); returns the readable ones. Raises like
+        :meth:`wait` (:class:`Interrupted` inside :meth:`catch_signals`)."""
+        self.check_usable()
+        if interruptible and self._signals:
+            raise Interrupted(self._signals.popleft())
+        fds = [fd for fd in fds if fd >= 0]
+        for fd in fds:
+            self._poller.register(fd, zmq.POLLIN)
+        try:
+            self._pump(timeout)
+            return tuple(fd for fd in self._ready_fds if fd in fds)
+        finally:
+            for fd in fds:
+                with contextlib.suppress(KeyError, ValueError):
+                    self._poller.unregister(fd)
+            self._ready_fds = ()
 
     def submit_request(
         self,
@@ -593,6 +649,10 @@ class Client:
             call.executor = st.executor
             if call.on_started is not None:
                 call.on_started(call)
+        elif kind == wire.ACK:  # stdin the command has read
+            call = self._calls.get(h.corr)
+            if call is not None:
+                call._stdin_unacked = max(0, call._stdin_unacked - h.n)
         elif kind == wire.NOTICE:
             call = self._calls.get(h.corr)
             if call is None or len(frames) < 2:

@@ -33,6 +33,7 @@ def make_request(
     file_size: int | str | None = None,
     cpu_time: int | str | None = None,
     limits: Limits | None = None,
+    stdin: bool = False,
 ) -> wire.RunRequest:
     """Validate the arguments of :meth:`Client.submit`; raises :class:`UsageError`.
 
@@ -48,6 +49,9 @@ def make_request(
     ``cpu_time`` (seconds of CPU per process, or ``"5m"``); 0 or ``"unlimited"``: no
     limit; None: the executor's default. They override the fields ``limits`` sets (a
     :class:`landlock_helper.limits.Limits`, e.g. from a configuration file).
+
+    ``stdin=True``: the caller feeds the command's stdin (:meth:`Client.write_stdin`,
+    :meth:`Client.close_stdin`); otherwise it reads /dev/null.
     """
     if isinstance(argv, (str, bytes)):
         raise UsageError("the command must be a list of arguments, not a string")
@@ -120,4 +124,5 @@ def make_request(
         timeout_ms=timeout_ms,
         capture_limit=capture_limit,
         limits=None if asked == Limits() else asked,
+        stdin=bool(stdin),
     )

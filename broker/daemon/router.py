@@ -79,6 +79,7 @@ FRAME_COUNT = {
     wire.OUT: 2,
     wire.EXIT: 2,
     wire.ACK: 1,
+    wire.IN: 2,
     wire.CANCEL: 1,
     wire.PING: 1,
     wire.PONG: 1,
@@ -302,6 +303,7 @@ class Router:
             wire.STARTED: self._on_call_event,
             wire.OUT: self._on_call_event,
             wire.EXIT: self._on_exit,
+            wire.ACK: self._on_stdin_ack,
             wire.PING: self._on_ping,
             wire.PONG: self._on_pong,
             wire.BYE: self._on_bye,
@@ -310,6 +312,7 @@ class Router:
         caller_handlers = {
             wire.RUN: self._on_run,
             wire.ACK: self._on_ack,
+            wire.IN: self._on_stdin,
             wire.CANCEL: self._on_cancel,
             wire.PING: self._on_ping,
             wire.PONG: self._on_pong,
@@ -540,6 +543,24 @@ class Router:
         call.acked_chunks += chunks
         call.held = call.held_chunks = 0
         self._send(executor, [executor.identity, wire.header(wire.ACK, call.id, n=n, seq=chunks)])
+
+    def _on_stdin(self, peer: Peer, head: wire.Header, frames: list) -> None:
+        """The next bytes of a call's stdin, to its executor as they came. The caller's
+        window (:data:`~broker.wire.frames.STDIN_WINDOW_BYTES`, acked by the executor)
+        bounds what is in flight; bytes for a call not running (yet, or any more) are dropped."""
+        call = self.calls.get(head.corr)
+        if call is None or call.caller is not peer or call.executor is None:
+            return
+        executor = call.executor
+        self._send(executor, [executor.identity, *frames[1:]])
+
+    def _on_stdin_ack(self, peer: Peer, head: wire.Header, frames: list) -> None:
+        call = self.calls.get(head.corr)
+        if call is None or call.executor is not peer:
+            return self._stray(peer, head)
+        caller = call.caller
+        if caller is not None:
+            self._send(caller, [caller.identity, *frames[1:]])
 
     def _on_cancel(self, peer: Peer, head: wire.Header, frames: list) -> None:
         call = self.calls.get(head.corr)

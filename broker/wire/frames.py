@@ -18,6 +18,9 @@ run       frontend -> broker -> exec  :class:`RunRequest` (``corr`` = call id)
 started   exec -> broker -> frontend  :class:`Started` (``corr`` = call id)
 out       exec -> broker -> frontend  raw chunk bytes; ``stream`` is 1 (stdout) / 2 (stderr)
 ack       frontend -> broker -> exec  none; ``n`` bytes, ``seq`` chunks consumed since the last ack
+          exec -> broker -> frontend  none; ``n`` bytes of the call's stdin written to the command
+in        frontend -> broker -> exec  the next bytes of the command's stdin (a run with ``stdin``,
+                                      after ``started``); an empty frame is the end of file
 cancel    frontend -> broker -> exec  none (``corr`` = call id)
 exit      exec -> broker -> frontend  :class:`ExitStatus` (``corr`` = call id)
 notice    broker -> frontend          :class:`ErrorMsg`: something the person should know
@@ -162,6 +165,7 @@ DETACH = "detach"
 LAGGED = "lagged"
 SESSIONS = "sessions"
 NOTICE = "notice"
+IN = "in"
 
 # ``attach`` header seq: start at the current (or, when idle, the last) turn's task_started.
 SINCE_TURN = -1
@@ -176,6 +180,11 @@ ROLES = (ROLE_FRONTEND, ROLE_EXECUTOR, ROLE_AGENT)
 
 WINDOW_BYTES = 8 * 1024 * 1024
 WINDOW_CHUNKS = 4096
+# A frontend keeps at most this much of a command's stdin unacknowledged (in flight or
+# waiting in the executor for the command to read it).
+STDIN_WINDOW_BYTES = 1024 * 1024
+# An executor acks stdin once this much more has gone into the command's pipe.
+STDIN_ACK_EVERY_BYTES = 64 * 1024
 # A frontend acks once it has consumed this much of a call (bytes or chunks).
 ACK_EVERY_BYTES = 1024 * 1024
 ACK_EVERY_CHUNKS = 256
@@ -241,6 +250,9 @@ class RunRequest(msgspec.Struct, frozen=True):
     # Resource limits (landlock_helper.limits): a field left None takes the executor's
     # default, 0 means no limit. None: the defaults, every one.
     limits: Limits | None = None
+    # The caller sends the command's stdin (``in`` messages, acked by the executor);
+    # False: the command's stdin is /dev/null.
+    stdin: bool = False
 
 
 class Started(msgspec.Struct, frozen=True):
