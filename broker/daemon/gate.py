@@ -21,6 +21,9 @@ keeps the count down instead:
   messages into the socket whenever it can, so while that is not the case the daemon's
   queue for the peer is empty; the router credits a peer's acks only then (see
   :mod:`broker.daemon.router`), which bounds that queue by what one window lets out.
+- :meth:`stopped` says whether a peer is a local process that is stopped (Ctrl-Z): the
+  kernel names the process at the other end (``SO_PEERCRED``), and the router keeps such
+  a peer, which does not answer pings, instead of dropping it.
 
 ``max_connections`` leaves :func:`reserve` descriptors free below the soft limit (which
 the daemon first raised to the hard one): room for the daemon's own files and for
