@@ -530,3 +530,43 @@ def test_sluice_run_in_the_home_directory_says_why_in_one_line(daemon_factory, t
     r = subprocess.run([*sluice_argv(), "run", "--sandbox", "read-only", "--", "pwd"], cwd=home, env=env,
                        capture_output=True, text=True, timeout=60)
     assert (r.returncode, r.stdout) == (0, f"{home}\n"), r.stderr
+
+
+# Pushes "INJECTED" into its stdin's terminal input queue, as if typed there: on the
+# person's terminal, their shell would run it once the sandbox is gone.
+_TIOCSTI = ("import fcntl, termios\n"
+            "try:\n"
+            "    for c in b'echo INJECTED\\n':\n"
+            "        fcntl.ioctl(0, termios.TIOCSTI, bytes([c]))\n"
+            "    print('pushed')\n"
+            "except OSError as e:\n"
+            "    print('refused', e.errno)\n")
+
+
+@pytest.mark.timeout(60)
+def test_a_command_on_the_persons_terminal_cannot_type_into_it(tmp_path):
+    """``sluice sandbox`` hands the command the terminal it runs on; the command runs in a
+    session of its own, so that terminal is not its controlling one and TIOCSTI (type
+    into it) is refused, whatever ``dev.tty.legacy_tiocsti`` says."""
+    import pty
+    import select
+
+    pid, leader = pty.fork()
+    if pid == 0:  # the person's shell on the terminal, running the sandbox
+        os.execv(sys.executable, [sys.executable, "-m", "landlock_helper", "--cwd", str(tmp_path), "--",
+                                  INNER_PYTHON, "-c", _TIOCSTI])
+    out = b""
+    try:
+        while select.select([leader], [], [], 30)[0]:
+            try:
+                chunk = os.read(leader, 4096)
+            except OSError:  # EIO: the terminal's last user is gone
+                break
+            if not chunk:
+                break
+            out += chunk
+    finally:
+        _, status = os.waitpid(pid, 0)
+        os.close(leader)
+    assert os.waitstatus_to_exitcode(status) == 0, out
+    assert b"refused 1" in out and b"pushed" not in out, out
