@@ -118,8 +118,7 @@ def serve(runtime: RuntimeDir, *, executors: int | None = None, log_json: bool |
             problem = ensure_sluice_home()
             if problem:
                 log.warning(f"{problem}; commands cannot be kept from creating it")
-            daemon = _Daemon(runtime, dir_fd, executors, listen, fd_limit)
-            daemon.suspend_limit_s = suspend_limit_s
+            daemon = _Daemon(runtime, dir_fd, executors, listen, fd_limit, suspend_limit_s)
             try:
                 daemon.bind()
                 return asyncio.run(daemon.run())
@@ -172,10 +171,11 @@ def _journal_dir(runtime: RuntimeDir, dir_fd: int) -> int | None:
 
 
 class _Daemon:
-    def __init__(self, runtime: RuntimeDir, dir_fd: int, executors: int, listen=None, fd_limit: int = 1024) -> None:
+    def __init__(self, runtime: RuntimeDir, dir_fd: int, executors: int, listen=None, fd_limit: int = 1024,
+                 suspend_limit_s: float = SUSPEND_LIMIT_S) -> None:
         self.runtime = runtime
         self.fd_limit = fd_limit
-        self.suspend_limit_s = SUSPEND_LIMIT_S
+        self.suspend_limit_s = suspend_limit_s
         # The checked runtime dir; every file in it is opened or removed relative to this.
         self.dir_fd = dir_fd
         # What we made there, (st_dev, st_ino), so that only those are removed at exit.
