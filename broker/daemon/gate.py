@@ -228,33 +228,40 @@ def _inode(fd: int) -> int | None:
         return None
 
 
-def _send_buffer(fd: int) -> int:
-    """The socket's send buffer size (0 if unknown)."""
+def _on_socket(fd: int, op, default):
+    """``op(sock)`` on a socket object made from a duplicate of ``fd`` (closed after: ``fd``
+    itself is libzmq's); ``default`` when anything fails."""
     try:
         dup = os.dup(fd)
     except OSError:
-        return 0
+        return default
     try:
-        with socket.socket(fileno=dup) as sock:
-            return sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF)
+        sock = socket.socket(fileno=dup)
     except OSError:
-        return 0
+        os.close(dup)
+        return default
+    with sock:
+        try:
+            return op(sock)
+        except OSError:
+            return default
+
+
+def _send_buffer(fd: int) -> int:
+    """The socket's send buffer size (0 if unknown)."""
+    return _on_socket(fd, lambda sock: sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF), 0)
 
 
 def _peer_pid(fd: int) -> int | None:
     """The pid of the process at the other end of a local (unix) socket, from the kernel."""
-    try:
-        dup = os.dup(fd)
-    except OSError:
-        return None
-    try:
-        with socket.socket(fileno=dup) as sock:
-            if sock.family != socket.AF_UNIX:
-                return None
-            pid, _uid, _gid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
-    except OSError:
-        return None
-    return pid if pid > 0 else None
+
+    def pid(sock: socket.socket) -> int | None:
+        if sock.family != socket.AF_UNIX:
+            return None
+        pid, _uid, _gid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+        return pid if pid > 0 else None
+
+    return _on_socket(fd, pid, None)
 
 
 def _shutdown(fd: int, inode: int | None) -> bool:
@@ -262,19 +269,9 @@ def _shutdown(fd: int, inode: int | None) -> bool:
     notices and closes it. Never closes ``fd`` itself: libzmq owns it."""
     if inode is None or _inode(fd) != inode:
         return False
-    try:
-        dup = os.dup(fd)
-    except OSError:
-        return False
-    try:
-        sock = socket.socket(fileno=dup)
-    except OSError:
-        os.close(dup)
-        return False
-    try:
+
+    def shut(sock: socket.socket) -> bool:
         sock.shutdown(socket.SHUT_RDWR)
         return True
-    except OSError:
-        return False
-    finally:
-        sock.close()
+
+    return _on_socket(fd, shut, False)

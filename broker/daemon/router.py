@@ -303,7 +303,7 @@ class Router:
             wire.STARTED: self._on_call_event,
             wire.OUT: self._on_call_event,
             wire.EXIT: self._on_exit,
-            wire.ACK: self._on_stdin_ack,
+            wire.ACK: self._on_call_event,
             wire.PING: self._on_ping,
             wire.PONG: self._on_pong,
             wire.BYE: self._on_bye,
@@ -554,14 +554,6 @@ class Router:
         executor = call.executor
         self._send(executor, [executor.identity, *frames[1:]])
 
-    def _on_stdin_ack(self, peer: Peer, head: wire.Header, frames: list) -> None:
-        call = self.calls.get(head.corr)
-        if call is None or call.executor is not peer:
-            return self._stray(peer, head)
-        caller = call.caller
-        if caller is not None:
-            self._send(caller, [caller.identity, *frames[1:]])
-
     def _on_cancel(self, peer: Peer, head: wire.Header, frames: list) -> None:
         call = self.calls.get(head.corr)
         if call is None or call.caller is not peer:
@@ -578,7 +570,8 @@ class Router:
     # ------------------------------------------------------- executor -> caller
 
     def _on_call_event(self, peer: Peer, head: wire.Header, frames: list) -> None:
-        """``started`` and ``out``: the hot path. Forward the frames as they are."""
+        """``started``, ``out`` and ``ack`` (of stdin): the hot path. Forward the frames as
+        they are; count the output forwarded, which the caller's acks may not exceed."""
         call = self.calls.get(head.corr)
         if call is None or call.executor is not peer:
             return self._stray(peer, head)
