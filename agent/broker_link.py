@@ -173,7 +173,7 @@ class BrokerLink:
             log.exception("message handler failed", kind=head.kind)
 
     def _on_ping(self, head: wire.Header, frames: list[zmq.Frame]) -> None:
-        self.send([wire.header(wire.PONG)])
+        self.send([wire.header(wire.PONG, head.corr)])  # the nonce echoed: see broker.daemon.receipts
 
     def send(self, parts: list[bytes]) -> bool:
         """Send without waiting; False if the link is closed, broken or its queue is full."""

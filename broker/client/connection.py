@@ -677,7 +677,8 @@ class Client:
             if len(frames) >= 2 and self._sessions is not None:
                 self._sessions.on_sessions(h, frames[1].buffer)
         elif kind == wire.PING:
-            self.send_frames([wire.header(wire.PONG)], block=False)
+            # The nonce echoed: proof for the daemon that everything before the ping arrived.
+            self.send_frames([wire.header(wire.PONG, h.corr)], block=False)
         elif kind == wire.ERROR:
             message = "the daemon reported an error"
             if len(frames) >= 2:

@@ -16,11 +16,6 @@ keeps the count down instead:
   still the socket that was accepted (same inode): libzmq then closes it itself.
 - Beyond :attr:`max_peers` peers, the router refuses a hello with a message that says
   so, so peers never take the room strangers are cut for.
-- :meth:`backed_up` says whether a peer has stopped reading: the kernel still holds
-  more than half a socket buffer of what we sent it (``SIOCOUTQ``). libzmq moves queued
-  messages into the socket whenever it can, so while that is not the case the daemon's
-  queue for the peer is empty; the router credits a peer's acks only then (see
-  :mod:`broker.daemon.router`), which bounds that queue by what one window lets out.
 - :meth:`stopped` says whether a peer is a local process that is stopped (Ctrl-Z): the
   kernel names the process at the other end (``SO_PEERCRED``), and the router keeps such
   a peer, which does not answer pings, instead of dropping it.
@@ -33,12 +28,10 @@ connections accepted between a flood's start and the gate's reaction.
 from __future__ import annotations
 
 import asyncio
-import fcntl
 import itertools
 import os
 import socket
 import struct
-import termios
 import time
 
 import psutil
@@ -80,8 +73,8 @@ class ConnectionGate:
         self._clock = clock
         # fd -> [inode, first seen]: what the monitors say is connected.
         self.connections: dict[int, list] = {}
-        # Inodes of the sockets the router's peers said hello on -> [fd, socket buffer size].
-        self.peer_inodes: dict[int, list] = {}
+        # Inodes of the sockets the router's peers said hello on -> their descriptor.
+        self.peer_inodes: dict[int, int] = {}
         # Cut strangers only once a hello has shown that the descriptor of a message can be
         # known: a libzmq without ZMQ_SRCFD would make every peer look like a stranger.
         self._srcfd_known = False
@@ -151,35 +144,20 @@ class ConnectionGate:
                 log.warning("libzmq does not say which connection a message came on: strangers are not cut")
             return None
         self._srcfd_known = True
-        self.peer_inodes[inode] = [fd, _send_buffer(fd)]
+        self.peer_inodes[inode] = fd
         return inode
 
     def peer_left(self, inode: int | None) -> None:
         if inode is not None:
             self.peer_inodes.pop(inode, None)
 
-    def backed_up(self, inode: int | None) -> bool:
-        """True when the peer with ``inode`` leaves more than half a socket buffer of what
-        the daemon sent it unread (False when that cannot be known)."""
-        known = self.peer_inodes.get(inode) if inode is not None else None
-        if known is None or not known[1]:
-            return False
-        fd, sndbuf = known
-        if _inode(fd) != inode:
-            return False
-        try:
-            queued = struct.unpack("i", fcntl.ioctl(fd, termios.TIOCOUTQ, b"\0\0\0\0"))[0]
-        except OSError:
-            return False
-        return queued * 2 > sndbuf
-
     def stopped(self, inode: int | None) -> bool:
         """True when the peer with ``inode`` is a local process that is stopped (Ctrl-Z,
         SIGSTOP, a debugger) with its connection still open: it will answer when resumed."""
-        known = self.peer_inodes.get(inode) if inode is not None else None
-        if known is None or _inode(known[0]) != inode:
+        fd = self.peer_inodes.get(inode) if inode is not None else None
+        if fd is None or _inode(fd) != inode:
             return False
-        pid = _peer_pid(known[0])
+        pid = _peer_pid(fd)
         if pid is None:
             return False
         try:
@@ -245,11 +223,6 @@ def _on_socket(fd: int, op, default):
             return op(sock)
         except OSError:
             return default
-
-
-def _send_buffer(fd: int) -> int:
-    """The socket's send buffer size (0 if unknown)."""
-    return _on_socket(fd, lambda sock: sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF), 0)
 
 
 def _peer_pid(fd: int) -> int | None:

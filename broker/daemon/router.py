@@ -23,12 +23,13 @@ key can never receive commands, nor an executor's key send them.
 
 A caller's ``ack`` for a call's output is checked and held before it goes on to the
 executor: it may not acknowledge more than the router forwarded (refused with an error
-naming what was sent), and it is passed on only while the caller's socket is not backed
-up (:meth:`broker.daemon.gate.ConnectionGate.backed_up`), retried shortly otherwise. An
-ack is the caller's word that it read; this makes it the kernel's word too, so a caller
-that acknowledges output it never reads stops its command's flow instead of filling the
-daemon's queue for it. Session acks get the same treatment in
-:mod:`broker.daemon.sessions`. A caller whose process is stopped (Ctrl-Z) is not dropped
+naming what was sent), and it is passed on only while the caller is not
+:attr:`~broker.daemon.receipts.Receipts.behind` (its pongs have proven that all but a
+bounded amount of what it was sent left the daemon, see :mod:`broker.daemon.receipts`),
+and otherwise as soon as a pong catches up. An ack is the caller's word that it read;
+this makes it a fact, so a caller that acknowledges output it never reads stops its
+command's flow instead of filling the daemon's queue for it. Session acks get the same
+treatment in :mod:`broker.daemon.sessions`. A caller whose process is stopped (Ctrl-Z) is not dropped
 for missing pings until ``suspend_limit_s``; its commands wait on their windows.
 
 Session traffic (``submit``, ``event``, ``closed``, ``attach``, ``detach``, ``sessions`` and
@@ -49,6 +50,7 @@ import structlog
 import zmq
 
 from broker.daemon.listener import ALLOW_FLAGS, ROLES_PROPERTY
+from broker.daemon.receipts import Receipts
 from broker.daemon.sessions import Sessions
 from broker.net.logging import Throttle
 from broker.net.peer import DEAD_AFTER_HEARTBEATS, HELLO_FIRST
@@ -66,8 +68,6 @@ QUEUE_BYTES = 256 * 1024 * 1024
 SUSPEND_LIMIT_S = 3600.0
 # Dropped callers whose reason is remembered, at most.
 DROPPED_KEPT = 256
-# A caller's acks held back while its socket is backed up are tried again this often.
-CREDIT_RETRY_S = 0.01
 # Headers are a few dozen bytes; anything bigger is garbage we need not decode.
 MAX_HEADER_SIZE = 4096
 
@@ -135,9 +135,6 @@ class Gate(Protocol):
     def peer_left(self, handle: int | None) -> None:
         """That peer is gone."""
 
-    def backed_up(self, handle: int | None) -> bool:
-        """That peer has left much of what we sent it unread."""
-
     def stopped(self, handle: int | None) -> bool:
         """That peer is a stopped process (it will answer when resumed)."""
 
@@ -151,9 +148,6 @@ class _NoGate:
     def peer_left(self, handle: int | None) -> None:
         pass
 
-    def backed_up(self, handle: int | None) -> bool:
-        return False
-
     def stopped(self, handle: int | None) -> bool:
         return False
 
@@ -162,7 +156,7 @@ class Peer:
     """A DEALER that said a good hello. ``calls`` holds the calls it is party to."""
 
     __slots__ = ("identity", "role", "name", "pid", "peer_id", "slots", "calls", "seen", "gone", "handlers", "sessions",
-                 "key", "connection", "stopped_since")
+                 "key", "connection", "stopped_since", "receipts")
 
     def __init__(self, identity: bytes, hello: wire.Hello, peer_id: str, tick: int, handlers: dict) -> None:
         self.identity = identity
@@ -184,6 +178,8 @@ class Peer:
         self.connection: int | None = None
         # The tick since which it has been a stopped process (None: it is not).
         self.stopped_since: int | None = None
+        # What it provably received of what we sent it (callers only: they ack output).
+        self.receipts = Receipts() if hello.role != wire.ROLE_EXECUTOR else None
 
     @property
     def free(self) -> int:
@@ -201,7 +197,7 @@ class Call:
     """
 
     __slots__ = ("id", "caller", "executor", "frames", "sent", "sent_chunks", "acked", "acked_chunks", "held",
-                 "held_chunks", "retry")
+                 "held_chunks")
 
     def __init__(self, call_id: str, caller: Peer, frames: list) -> None:
         self.id = call_id
@@ -209,11 +205,10 @@ class Call:
         self.executor: Peer | None = None
         self.frames: list | None = frames
         # Output forwarded to the caller, what it acknowledged and what of that is not yet
-        # passed on to the executor (held while the caller's socket is backed up).
+        # passed on to the executor (held while the caller is behind).
         self.sent = self.sent_chunks = 0
         self.acked = self.acked_chunks = 0
         self.held = self.held_chunks = 0
-        self.retry = None
 
 
 class RunQueue:
@@ -285,8 +280,6 @@ class Router:
         # Routing identities of callers dropped for a reason they should hear if they speak
         # again (a stopped frontend resumed too late), instead of "send hello first".
         self._dropped: OrderedDict[bytes, str] = OrderedDict()
-        # ``loop.call_later``, set by the daemon: retries of credit held back (None: no retry).
-        self.call_later: Callable[..., object] | None = None
         # Set by the daemon once the socket exists: a non-blocking multipart send.
         self.transport: Callable[[list], None] | None = None
         self.peers: dict[bytes, Peer] = {}
@@ -507,8 +500,8 @@ class Router:
 
     def _on_ack(self, peer: Peer, head: wire.Header, frames: list) -> None:
         """Credit for a call's output, passed on to its executor: never more than was
-        forwarded, and only while the caller's socket is not backed up (see the module
-        docstring): so output a caller acknowledges but never reads cannot pile up here."""
+        forwarded, and only while the caller is not behind (see the module docstring): so
+        output a caller acknowledges but never reads cannot pile up here."""
         if head.session and not head.corr:
             return self.sessions.on_ack(peer, head, frames)
         call = self.calls.get(head.corr)
@@ -525,19 +518,12 @@ class Router:
             )
         call.held += n
         call.held_chunks += chunks
-        if call.retry is None:
-            self._pass_credit(call)
+        self._pass_credit(call)
 
     def _pass_credit(self, call: Call) -> None:
-        call.retry = None
         caller, executor = call.caller, call.executor
-        if caller is None or executor is None or self.calls.get(call.id) is not call or not (call.held or call.held_chunks):
-            return
-        if self.gate.backed_up(caller.connection):
-            # It has not read what is in its socket yet: the credit waits until it has.
-            if self.call_later is not None:
-                call.retry = self.call_later(CREDIT_RETRY_S, self._pass_credit, call)
-            return
+        if caller is None or executor is None or not (call.held or call.held_chunks) or caller.receipts.behind:
+            return  # when behind, the pong that catches up passes it on (_on_pong)
         n, chunks = call.held, call.held_chunks
         call.acked += n
         call.acked_chunks += chunks
@@ -602,7 +588,16 @@ class Router:
         self._send(peer, [peer.identity, wire.header(wire.PONG, head.corr)])
 
     def _on_pong(self, peer: Peer, head: wire.Header, frames: list) -> None:
-        pass  # ``seen`` was updated on receipt
+        # ``seen`` was updated on receipt; a caller's pong may prove receipt of what came before.
+        if peer.receipts is not None and peer.receipts.confirm(head.corr):
+            for call in list(peer.calls.values()):
+                self._pass_credit(call)
+            self.sessions.caught_up(peer)
+
+    def _ping(self, peer: Peer) -> None:
+        """A ping; to a caller, a checkpoint of :class:`~broker.daemon.receipts.Receipts`."""
+        corr = peer.receipts.checkpoint() if peer.receipts is not None else ""
+        self._send(peer, [peer.identity, wire.header(wire.PING, corr)])
 
     def _on_bye(self, peer: Peer, head: wire.Header, frames: list) -> None:
         if peer.role == wire.ROLE_EXECUTOR:
@@ -625,7 +620,7 @@ class Router:
                 )
                 self.supervisor.kill(executor)
             else:
-                self._send(executor, [executor.identity, wire.header(wire.PING)])
+                self._ping(executor)
         agent = self.sessions.agent
         if agent is not None:
             if tick - agent.seen > DEAD_AFTER_HEARTBEATS:
@@ -634,7 +629,7 @@ class Router:
                 if self.agent_supervisor is not None:
                     self.agent_supervisor.kill(agent)
             else:
-                self._send(agent, [agent.identity, wire.header(wire.PING)])
+                self._ping(agent)
         idle_sweep = tick % IDLE_PING_EVERY == 0
         for caller in list(self.callers.values()):
             if caller is agent:
@@ -648,7 +643,7 @@ class Router:
                     caller.stopped_since = None
             elif not idle_sweep:
                 continue
-            self._send(caller, [caller.identity, wire.header(wire.PING)])
+            self._ping(caller)
         self.sessions.heartbeat()
         self._throttle.flush()
 
@@ -827,7 +822,6 @@ class Router:
             return False
         try:
             self.transport(parts)
-            return True
         except zmq.Again:
             # Its queue is full. The caller decides: session events are replayed later,
             # anything else is lost to that peer.
@@ -837,6 +831,10 @@ class Router:
                 self._vanished(peer)
             else:
                 self._throttle("warning", "send failed", peer=peer.name, error=str(e))
+        else:
+            if peer.receipts is not None and peer.receipts.count(_size(parts) - len(parts[0])):
+                self._ping(peer)
+            return True
         return False
 
     def send(self, peer: Peer, parts: list) -> bool:

@@ -287,7 +287,6 @@ class _Daemon:
         self._journal_fd = router.sessions.journal_dir = _journal_dir(self.runtime, self.dir_fd)
         zsock = ZSocket(self.sock, _local_only(router.on_message), loop)
         router.transport = zsock.send
-        router.call_later = loop.call_later
         gate.watch(self.sock, self.ctx, loop)
         tsock = None
         if self.tcp is not None:

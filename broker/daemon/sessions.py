@@ -93,8 +93,6 @@ LOG_BYTES = 8 * 1024 * 1024
 # it never holds up the broker's other work for long.
 PUMP_EVENTS = 256
 PUMP_BYTES = 4 * 1024 * 1024
-# A frontend's acks held back while its socket is backed up are tried again this often.
-CREDIT_RETRY_S = 0.01
 # Answered approvals a session remembers, to tell a late answer who was first.
 ANSWERED_KEPT = 64
 
@@ -346,7 +344,7 @@ class Subscription:
     """One frontend's cursor in one session's events (see "Delivery promise" above)."""
 
     __slots__ = ("peer", "session", "next_seq", "acked", "unacked_bytes", "live", "active", "scheduled", "owes_notice",
-                 "held_seq", "held_bytes", "retry")
+                 "held_seq", "held_bytes")
 
     def __init__(self, peer: Peer, session: Session) -> None:
         self.peer = peer
@@ -362,10 +360,9 @@ class Subscription:
         self.scheduled = False
         # A ``lagged`` message is due: it could not go out when the subscription fell behind.
         self.owes_notice = False
-        # Acks not credited yet: the frontend's socket was backed up when they came.
+        # Acks not credited yet: the frontend was behind when they came.
         self.held_seq = 0
         self.held_bytes = 0
-        self.retry = None
 
     @property
     def in_flight(self) -> int:
@@ -506,20 +503,21 @@ class Sessions:
             return  # detached, or the session ended, while the ack was on its way
         sub.held_seq = max(sub.held_seq, head.seq)
         sub.held_bytes += max(0, head.n)
-        if sub.retry is None:
-            self._credit(sub)
+        self._credit(sub)
+
+    def caught_up(self, peer: Peer) -> None:
+        """A frontend that was behind is no longer: credit the acks it sent meanwhile."""
+        for session_id in list(peer.sessions):
+            session = self.sessions.get(session_id)
+            sub = session.subscriptions.get(peer.identity) if session is not None else None
+            if sub is not None:
+                self._credit(sub)
 
     def _credit(self, sub: Subscription) -> None:
-        """Credit a frontend's acks, once its socket is not backed up: a frontend that acks
-        events it never reads cannot make the broker queue more for it (as for calls,
-        :meth:`broker.daemon.router.Router._pass_credit`)."""
-        sub.retry = None
-        if not sub.active:
-            return
-        router = self.router
-        if router.gate.backed_up(sub.peer.connection):
-            if router.call_later is not None:
-                sub.retry = router.call_later(CREDIT_RETRY_S, self._credit, sub)
+        """Credit a frontend's acks unless it is behind (then :meth:`caught_up` does): a
+        frontend that acks events it never reads cannot make the broker queue more for it
+        (as for calls, :meth:`broker.daemon.router.Router._pass_credit`)."""
+        if not sub.active or not (sub.held_seq or sub.held_bytes) or sub.peer.receipts.behind:
             return
         sub.credit(sub.held_seq, sub.held_bytes)
         sub.held_seq = sub.held_bytes = 0

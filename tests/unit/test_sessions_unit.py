@@ -17,6 +17,7 @@ import re
 import pytest
 import zmq
 
+from broker.daemon import receipts as receipts_module
 from broker.daemon import sessions as sessions_module
 from broker.daemon.journal import Journal
 from broker.daemon.router import IDLE_PING_EVERY, Router
@@ -588,66 +589,64 @@ def test_a_session_the_agent_cannot_be_given_is_not_kept() -> None:
     assert d.sessions.sessions == {}
 
 
-class _Gate:
-    """Says whether a frontend's socket is backed up, as the test decides."""
-
-    max_peers = 1 << 30
-
-    def __init__(self) -> None:
-        self.backed_up_now = False
-
-    def peer_joined(self, header_frame):
-        return 1
-
-    def peer_left(self, handle) -> None:
-        pass
-
-    def backed_up(self, handle) -> bool:
-        return self.backed_up_now
-
-    def stopped(self, handle) -> bool:
-        return False
+def _pings(d: Daemon, identity: bytes) -> list[str]:
+    """The nonces of the checkpoint pings ``identity`` was sent, oldest first."""
+    return [h.corr for h, _ in d.messages(identity) if h.kind == wire.PING]
 
 
-def test_call_acks_beyond_what_was_sent_are_refused_and_credit_waits_for_a_drained_socket() -> None:
-    transport = Transport()
-    gate = _Gate()
-    later: list = []
-    router = Router(TOKEN, defer=lambda f: f(), gate=gate)
-    router.transport = transport
+def _last_error(d: Daemon, identity: bytes) -> str:
+    return [wire.decode(wire.ERROR, b).message for h, b in d.messages(identity) if h.kind == wire.ERROR][-1]
 
-    def call_later(delay, f, *args):
-        later.append((f, args))
-        return object()  # a timer handle
 
-    router.call_later = call_later
+@pytest.fixture
+def small_receipts(monkeypatch):
+    """A caller is behind after 1,000 unproven bytes; a checkpoint every 300."""
+    monkeypatch.setattr(receipts_module, "UNPROVEN_BYTES", 1000)
+    monkeypatch.setattr(receipts_module, "CHECK_EVERY", 300)
+    monkeypatch.setattr(receipts_module, "MESSAGE_COST", 0)
 
-    def send(identity, *parts):
-        router.on_message([zmq.Frame(identity), *(zmq.Frame(p) for p in parts)])
 
-    frontend, executor = b"\x00fe", b"\x00ex"
-    send(executor, *wire.message(wire.HELLO, body=wire.Hello(role=wire.ROLE_EXECUTOR, token=TOKEN, pid=2, slots=1)))
-    send(frontend, *wire.message(wire.HELLO, body=wire.Hello(role=wire.ROLE_FRONTEND, token=TOKEN, pid=3)))
-    send(frontend, *wire.message(wire.RUN, "c1", wire.RunRequest(argv=["yes"], cwd="/",
-                                                                  sandbox=SandboxPolicy.from_mode("read-only"))))
+def test_call_acks_beyond_what_was_sent_are_refused_and_credit_waits_for_proof_of_receipt(small_receipts) -> None:
+    d = Daemon()
+    frontend = d.connect("fe")
+    executor = b"\x00ex"
+    d.send(executor, *wire.message(wire.HELLO, body=wire.Hello(role=wire.ROLE_EXECUTOR, token=TOKEN, pid=2, slots=1)))
+    d.send(frontend, *wire.message(wire.RUN, "c1", wire.RunRequest(argv=["yes"], cwd="/",
+                                                                    sandbox=SandboxPolicy.from_mode("read-only"))))
     for _ in range(3):
-        send(executor, wire.header(wire.OUT, "c1", stream=wire.STDOUT), b"y\n" * 50)
+        d.send(executor, wire.header(wire.OUT, "c1", stream=wire.STDOUT), b"y\n" * 50)
 
     def acks_at_executor() -> list[tuple[int, int]]:
-        return [(h.n, h.seq) for h in map(wire.decode_header, (f[0] for f in transport.sent[executor]))
-                if h.kind == wire.ACK]
+        return [(h.n, h.seq) for h, _ in d.messages(executor) if h.kind == wire.ACK]
 
-    send(frontend, wire.header(wire.ACK, "c1", n=301, seq=1))  # more bytes than the 300 sent
-    assert "refused" in wire.decode(wire.ERROR, transport.sent[frontend][-1][1]).message
+    d.send(frontend, wire.header(wire.ACK, "c1", n=301, seq=1))  # more bytes than the 300 sent
+    assert "refused" in _last_error(d, frontend)
     assert acks_at_executor() == []
-    gate.backed_up_now = True
-    send(frontend, wire.header(wire.ACK, "c1", n=200, seq=2))
-    assert acks_at_executor() == [] and len(later) == 1  # held: the socket is not drained
-    send(frontend, wire.header(wire.ACK, "c1", n=100, seq=1))  # held with it, no second timer
-    assert len(later) == 1
-    gate.backed_up_now = False
-    f, args = later.pop()
-    f(*args)
-    assert acks_at_executor() == [(300, 3)]
-    send(frontend, wire.header(wire.ACK, "c1", n=1, seq=0))  # all 300 were acknowledged already
-    assert "refused" in wire.decode(wire.ERROR, transport.sent[frontend][-1][1]).message
+    d.send(frontend, wire.header(wire.ACK, "c1", n=200, seq=2))  # not behind: passed on at once
+    assert acks_at_executor() == [(200, 2)]
+    for _ in range(10):  # 1,000 more bytes sent, and the frontend answers no ping
+        d.send(executor, wire.header(wire.OUT, "c1", stream=wire.STDOUT), b"y\n" * 50)
+    d.send(frontend, wire.header(wire.ACK, "c1", n=1000, seq=10))
+    assert acks_at_executor() == [(200, 2)]  # held: the frontend is behind
+    d.send(frontend, wire.header(wire.PONG, "0123456789abcdef"))  # a nonce it never received
+    assert acks_at_executor() == [(200, 2)]
+    pings = _pings(d, frontend)
+    assert len(pings) >= 3
+    d.send(frontend, wire.header(wire.PONG, pings[-1]))  # everything up to the last ping arrived
+    assert acks_at_executor() == [(200, 2), (1000, 10)]
+    d.send(frontend, wire.header(wire.ACK, "c1", n=101, seq=1))  # only 100 bytes are unacknowledged
+    assert "refused" in _last_error(d, frontend)
+
+
+def test_session_acks_wait_for_proof_of_receipt_too(small_receipts) -> None:
+    d = Daemon()
+    frontend = d.connect("fe")
+    session = d.open(frontend)
+    for i in range(12):
+        d.emit(session, delta("x" * 100))
+    seq = d.sessions.sessions[session].seq
+    sub = d.sessions.sessions[session].subscriptions[frontend]
+    d.ack(frontend, session, seq, 12 * 100)
+    assert sub.acked < seq and sub.held_seq == seq  # behind: the ack waits
+    d.send(frontend, wire.header(wire.PONG, _pings(d, frontend)[-1]))
+    assert sub.acked == seq and sub.held_seq == 0
