@@ -9,9 +9,11 @@ leaves the group escapes that tracking; on Linux the PID namespace has no such g
 
 from __future__ import annotations
 
+import fcntl
 import os
 import select
 import signal
+import termios
 
 from landlock_helper.outcome import Outcome, SandboxError
 from landlock_helper.seatbelt import seatbelt_argv
@@ -73,7 +75,7 @@ class SeatbeltProcess:
 
 
 def spawn_seatbelt(argv, *, cwd, env, policy, stdout, stderr, stdin=None, hidden_paths=(),
-                   sandbox_cwd=None) -> SeatbeltProcess:
+                   sandbox_cwd=None, tty=False) -> SeatbeltProcess:
     if not argv:
         raise SandboxError("no command given")
     if not os.path.isdir(cwd):
@@ -91,6 +93,8 @@ def spawn_seatbelt(argv, *, cwd, env, policy, stdout, stderr, stdin=None, hidden
             for target, fd in ((0, stdin), (1, stdout), (2, stderr)):
                 if fd != target:
                     os.dup2(fd, target)
+            if tty:
+                fcntl.ioctl(0, termios.TIOCSCTTY, 0)  # the session's controlling terminal
             os.chdir(cwd)
             os.execve(full[0], full, env) if os.path.isabs(full[0]) else os.execvpe(full[0], full, env)
         except OSError:

@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import fcntl
 import marshal
 import os
 import resource
@@ -58,6 +59,7 @@ import select
 import signal
 import socket
 import sys
+import termios
 import time
 from dataclasses import dataclass
 
@@ -139,12 +141,24 @@ def _check(argv, cwd, policy: SandboxPolicy, sandbox_cwd: str | None, env) -> mo
     return None
 
 
-def _encode_spec(argv, cwd, env, policy: SandboxPolicy, plan: mounts.Plan | None, has_stdin: bool = False,
+# How the command's stdin is given in its spec: /dev/null, the third fd sent, or the
+# third fd as a terminal that becomes the command's controlling terminal (its stdout and
+# stderr are then the same terminal).
+STDIN_NULL, STDIN_FD, STDIN_TTY = 0, 1, 2
+
+
+def _stdin_mode(stdin: int | None, tty: bool) -> int:
+    if tty and stdin is None:
+        raise SandboxError("a terminal needs its fd as stdin")
+    return STDIN_TTY if tty else STDIN_NULL if stdin is None else STDIN_FD
+
+
+def _encode_spec(argv, cwd, env, policy: SandboxPolicy, plan: mounts.Plan | None, stdin_mode: int = STDIN_NULL,
                  rlimits=()) -> bytes:
     env = dict(env)
     env["PWD"] = cwd
     spec = marshal.dumps(([str(a) for a in argv], cwd, env, policy.to_json(),
-                          None if plan is None else plan.to_spec(), has_stdin, tuple(rlimits)))
+                          None if plan is None else plan.to_spec(), stdin_mode, tuple(rlimits)))
     if len(spec) > MAX_SPEC:
         raise SandboxError(f"command and environment too large ({len(spec)} bytes, at most {MAX_SPEC})")
     return spec
@@ -503,11 +517,15 @@ def _make_warm(template: _Template, *, reap: bool) -> _Warm:
 
 
 def spawn(argv, *, cwd, env, policy: SandboxPolicy, stdout: int, stderr: int, stdin: int | None = None,
-          hidden_paths=(), sandbox_cwd: str | None = None, limits: limits.Limits | None = None) -> SandboxedProcess:
+          hidden_paths=(), sandbox_cwd: str | None = None, limits: limits.Limits | None = None,
+          tty: bool = False) -> SandboxedProcess:
     """Start ``argv`` under ``policy`` in a sandbox made now; raises SandboxError.
 
     ``stdout``/``stderr`` (and ``stdin``; None means /dev/null) are fds the command gets
-    as its own; the caller may close its copies once this returns. ``cwd`` is where the
+    as its own; the caller may close its copies once this returns. ``tty=True``: they
+    are a terminal (a pty's slave, made by the caller outside the sandbox), which becomes
+    the controlling terminal of the command's session, so that its line discipline
+    signals the command's foreground job (Ctrl-C, Ctrl-Z, window changes). ``cwd`` is where the
     command runs; ``sandbox_cwd`` (default: ``cwd``) is what the policy's
     ``disk-write-cwd`` means: the session's directory, never a model-chosen workdir.
     ``limits`` (:class:`landlock_helper.limits.Limits`; its unset fields take the
@@ -517,11 +535,12 @@ def spawn(argv, *, cwd, env, policy: SandboxPolicy, stdout: int, stderr: int, st
         from landlock_helper.darwin import spawn_seatbelt
 
         return spawn_seatbelt(argv, cwd=cwd, env=env, policy=policy, stdout=stdout, stderr=stderr,
-                              stdin=stdin, hidden_paths=hidden_paths, sandbox_cwd=sandbox_cwd)
+                              stdin=stdin, hidden_paths=hidden_paths, sandbox_cwd=sandbox_cwd, tty=tty)
+    mode = _stdin_mode(stdin, tty)
     plan = _check(argv, cwd, policy, sandbox_cwd, env)
     template = _Template.make(hidden_paths, restricted=plan is not None, cgroups=limits is not None)
     limited = _limited(limits, template)
-    spec = _encode_spec(argv, cwd, env, policy, plan, stdin is not None, limited.rlimits if limited else ())
+    spec = _encode_spec(argv, cwd, env, policy, plan, mode, limited.rlimits if limited else ())
     return _make_warm(template, reap=True).start(spec, stdin, stdout, stderr, plan, limited)
 
 
@@ -658,15 +677,16 @@ class Spawner:
 
     def spawn(self, argv, *, cwd, env, policy: SandboxPolicy, stdout: int, stderr: int,
               stdin: int | None = None, sandbox_cwd: str | None = None,
-              limits: limits.Limits | None = None) -> SandboxedProcess:
+              limits: limits.Limits | None = None, tty: bool = False) -> SandboxedProcess:
         """Like :func:`spawn`, in a warm sandbox (waiting for one only if none is ready).
 
         Warm sandboxes are read-only views; a danger-full-access command gets one of the
         host's view, made on the spot.
         """
+        mode = _stdin_mode(stdin, tty)
         plan = _check(argv, cwd, policy, sandbox_cwd, env)
         limited = _limited(limits, self.template)
-        spec = _encode_spec(argv, cwd, env, policy, plan, stdin is not None, limited.rlimits if limited else ())
+        spec = _encode_spec(argv, cwd, env, policy, plan, mode, limited.rlimits if limited else ())
         if plan is None:
             template = dataclasses.replace(self.template, scratch=None)
             return _make_warm(template, reap=True).start(spec, stdin, stdout, stderr, None, limited)
@@ -1027,15 +1047,19 @@ def _command(template: _Template, ctl: int, view: mounts.View | None, guard_end:
     for level, kind, data in ancdata:
         if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
             fds += memoryview(data).cast("i")
-    argv, cwd, env, policy_json, plan_spec, has_stdin, rlimits = marshal.loads(memoryview(buf)[:size])
+    argv, cwd, env, policy_json, plan_spec, stdin_mode, rlimits = marshal.loads(memoryview(buf)[:size])
     try:
         policy = SandboxPolicy.from_json(policy_json)
         signal.pthread_sigmask(signal.SIG_SETMASK, ())
         stdout, stderr = fds[0], fds[1]
-        stdin = fds[2] if has_stdin else os.open("/dev/null", os.O_RDONLY)
+        stdin = fds[2] if stdin_mode != STDIN_NULL else os.open("/dev/null", os.O_RDONLY)
         for target, fd in ((0, stdin), (1, stdout), (2, stderr)):
             if fd != target:
                 os.dup2(fd, target)
+        if stdin_mode == STDIN_TTY:
+            stage = "terminal"
+            # Our session (setsid above) has no terminal yet: this one becomes it.
+            fcntl.ioctl(0, termios.TIOCSCTTY, 0)
         ruleset = None
         restricted = not policy.unrestricted
         if restricted:

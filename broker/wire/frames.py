@@ -21,6 +21,7 @@ ack       frontend -> broker -> exec  none; ``n`` bytes, ``seq`` chunks consumed
           exec -> broker -> frontend  none; ``n`` bytes of the call's stdin written to the command
 in        frontend -> broker -> exec  the next bytes of the command's stdin (a run with ``stdin``,
                                       after ``started``); an empty frame is the end of file
+resize    frontend -> broker -> exec  :class:`Winsize`: the new window size of a run with ``tty``
 cancel    frontend -> broker -> exec  none (``corr`` = call id)
 exit      exec -> broker -> frontend  :class:`ExitStatus` (``corr`` = call id)
 notice    broker -> frontend          :class:`ErrorMsg`: something the person should know
@@ -79,6 +80,16 @@ broker's memory per call is bounded.
 The window binds while a command runs. Once a cancelled, timed-out or shut-down
 command's tree is dead, the executor drains what is left in its pipes without waiting
 for acks (at most one pipe's capacity per stream), so its ``exit`` can always be sent.
+
+Terminals and long-lived commands: a run with ``tty`` (a :class:`Winsize`) gets a new
+pty, made by the executor outside the sandbox, as its stdin, stdout and stderr and as
+its session's controlling terminal (so Ctrl-C written to it signals the command's
+foreground job); all its output comes as ``out`` on stream 1, its stdin (with ``stdin``)
+goes to the pty, and ``resize`` changes its window (the command gets SIGWINCH). A run
+marked ``interactive`` is one that waits for input (a shell, a REPL, a dev server): it
+does not take one of an executor's slots, so such commands left running never hold up
+others; an executor hosts at most :data:`INTERACTIVE_PER_EXECUTOR` of them, and one
+that none can host is refused.
 
 A run's ``cwd`` is where the command runs; its ``sandbox_cwd`` (default: ``cwd``) is the
 directory the policy's ``disk-write-cwd`` means. Its ``limits``
@@ -166,6 +177,7 @@ LAGGED = "lagged"
 SESSIONS = "sessions"
 NOTICE = "notice"
 IN = "in"
+RESIZE = "resize"
 
 # ``attach`` header seq: start at the current (or, when idle, the last) turn's task_started.
 SINCE_TURN = -1
@@ -195,6 +207,9 @@ SESSION_WINDOW_BYTES = 8 * 1024 * 1024
 # A frontend acks a session's events once it has consumed this many / this many bytes.
 SESSION_ACK_EVERY_EVENTS = 256
 SESSION_ACK_EVERY_BYTES = 1024 * 1024
+
+# Interactive runs (``RunRequest.interactive``) one executor hosts at most, beyond its slots.
+INTERACTIVE_PER_EXECUTOR = 256
 
 DEFAULT_CAPTURE_LIMIT = 1024 * 1024
 # Largest message the broker accepts from any peer (ZMQ_MAXMSGSIZE).
@@ -231,6 +246,17 @@ class ErrorMsg(msgspec.Struct, frozen=True):
     message: str
 
 
+class Winsize(msgspec.Struct, frozen=True):
+    """A terminal's size in characters."""
+
+    rows: int
+    cols: int
+
+    def __post_init__(self) -> None:
+        if not (0 < self.rows < 65536 and 0 < self.cols < 65536):
+            raise msgspec.ValidationError(f"window size {self.rows}x{self.cols} out of range (1..65535)")
+
+
 class RunRequest(msgspec.Struct, frozen=True):
     argv: list[str]
     # Where the command runs.
@@ -253,6 +279,10 @@ class RunRequest(msgspec.Struct, frozen=True):
     # The caller sends the command's stdin (``in`` messages, acked by the executor);
     # False: the command's stdin is /dev/null.
     stdin: bool = False
+    # A pty of this size is the command's terminal (stdin, stdout and stderr).
+    tty: Winsize | None = None
+    # Waits for input, maybe for long: takes no slot (see "Terminals" above).
+    interactive: bool = False
 
 
 class Started(msgspec.Struct, frozen=True):
@@ -343,6 +373,7 @@ _decoders = {
     EXIT: msgspec.msgpack.Decoder(ExitStatus),
     ATTACHED: msgspec.msgpack.Decoder(SessionInfo),
     SESSIONS: msgspec.msgpack.Decoder(SessionList),
+    RESIZE: msgspec.msgpack.Decoder(Winsize),
 }
 
 
