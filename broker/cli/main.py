@@ -61,6 +61,15 @@ def _parser():
         p.add_argument("--env-report", action="store_true",
                        help="first say on stderr which variables are dropped as secret-looking (names only)")
 
+    def terminal_flags(p) -> None:
+        p.add_argument("-t", "--tty", action="store_true",
+                       help="give the command a terminal (a pty in the sandbox): your terminal in raw mode, its keys, "
+                            "Ctrl-C and Ctrl-Z included, go to the command, its window size follows yours; "
+                            "stdin must be a terminal")
+        p.add_argument("-i", "--interactive", action="store_true",
+                       help="keep stdin attached even when it is a terminal (lines typed reach the command, "
+                            "Ctrl-D ends them); -it for a terminal both ways")
+
     parser = Parser(prog="sluice", description="Run commands sandboxed, streamed and interruptible through the sluice daemon.")
     sub = parser.add_subparsers(dest="subcommand", metavar="{run,exec,sessions,attach,bridge,sandbox,daemon,keys,executor}", parser_class=Parser)
 
@@ -68,6 +77,7 @@ def _parser():
                          description="Run CMD in the sandbox through the daemon (started if needed), "
                                      "streaming its output; exits with its exit code.")
     policy_flags(run)
+    terminal_flags(run)
     run.add_argument("--timeout-ms", metavar="N", type=positive_int, default=None,
                      help="kill the command after N milliseconds (exit 124)")
     run.add_argument("--memory", metavar="SIZE", default=None,
@@ -118,6 +128,7 @@ def _parser():
     sandbox = sub.add_parser("sandbox", usage=USAGE_SANDBOX, help="run a command in the sandbox here, without the daemon",
                              description="Apply the sandbox policy and run CMD directly (no daemon).")
     policy_flags(sandbox)
+    terminal_flags(sandbox)
     sandbox.add_argument("command", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
 
     daemon = sub.add_parser("daemon", help="run the daemon in the foreground, or start/stop/status it in the background",

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import stat
@@ -10,6 +11,7 @@ import sys
 
 import broker.client as C
 from broker.cli.base import USAGE_RUN, command_of, env_report, fail, print_error, remote_from_args, write_all
+from broker.cli.terminal import NOT_A_TERMINAL, RawTerminal, is_terminal, window_size
 from broker.net.runtime import sluice_home
 from broker.wire.results import EXIT_NOT_FOUND, EXIT_SIGNAL_BASE, EXIT_SLUICE, EXIT_USAGE, new_call_id
 
@@ -23,6 +25,10 @@ def _notice(call, note: str) -> None:
 
 def run_main(args) -> int:
     command = command_of(args, USAGE_RUN)
+    if args.tty and not is_terminal(0):
+        return fail(NOT_A_TERMINAL, EXIT_USAGE)
+    if args.tty and args.json:
+        return fail("-t and --json do not go together (a terminal's output is not events)", EXIT_USAGE)
 
     try:
         limits = config_limits()
@@ -40,7 +46,9 @@ def run_main(args) -> int:
             file_size=args.file_size,
             cpu_time=args.cpu_time,
             limits=limits,
-            stdin=_forwarded_stdin() is not None,
+            stdin=args.tty or _forwarded_stdin(args.interactive) is not None,
+            tty=window_size(0, 1, 2) if args.tty else None,
+            interactive=args.tty or args.interactive,
         )
     except C.UsageError as e:
         return fail(str(e), EXIT_USAGE)
@@ -61,15 +69,21 @@ def run_main(args) -> int:
         call.on_notice = _notice
         out.begin(client, call)
         try:
-            try:
-                if request.stdin:
-                    _feed_stdin(client, call, 0)
-                result = client.wait(call)
-            except C.Interrupted as e:
-                signum = e.signum
-                client.cancel(call)
-                # Further signals are noted but do not cut the wait short: the tree must die first.
-                result = client.wait(call, CANCEL_WAIT_S, interruptible=False)
+            # Raw mode ends with this block, whatever ends it, before anything is said below.
+            with RawTerminal(0) if args.tty else contextlib.nullcontext() as term:
+                if term is not None:
+                    call.on_notice = lambda call, note: term.say(note)
+                try:
+                    if term is not None:
+                        _feed_terminal(client, call, term)
+                    elif request.stdin:
+                        _feed_stdin(client, call, 0)
+                    result = client.wait(call)
+                except C.Interrupted as e:
+                    signum = e.signum
+                    client.cancel(call)
+                    # Further signals are noted but do not cut the wait short: the tree must die first.
+                    result = client.wait(call, CANCEL_WAIT_S, interruptible=False)
         except TimeoutError:
             print_error(f"the command did not end within {CANCEL_WAIT_S:g} s of being cancelled; exiting anyway")
             return EXIT_SIGNAL_BASE + signum if signum else EXIT_SLUICE
@@ -100,16 +114,17 @@ def run_main(args) -> int:
 STDIN_READ = 256 * 1024
 
 
-def _forwarded_stdin() -> int | None:
-    """Our stdin when the command gets it: a pipe, a file or a socket. A terminal is not
-    forwarded (the command's stdin is /dev/null, as without a terminal of its own), nor
-    is /dev/null, nor a stdin that is closed."""
+def _forwarded_stdin(interactive: bool = False) -> int | None:
+    """Our stdin when the command gets it: a pipe, a file or a socket, and a terminal with
+    ``-i`` (``interactive``: lines as the terminal hands them over, end of file at
+    Ctrl-D). Otherwise a terminal is not forwarded (the command's stdin is /dev/null, as
+    without a terminal of its own), nor is /dev/null, nor a stdin that is closed."""
     try:
         st = os.fstat(0)
     except OSError:
         return None
     if os.isatty(0):
-        return None
+        return 0 if interactive else None
     if stat.S_ISCHR(st.st_mode):
         return None  # /dev/null, or another device: nothing a command should read through us
     return 0
@@ -136,6 +151,33 @@ def _feed_stdin(client, call, fd: int) -> None:
         if not data:
             client.close_stdin(call)
             return
+        client.write_stdin(call, data)
+
+
+def _feed_terminal(client, call, term: RawTerminal) -> None:
+    """``-t``: keys typed on our (raw) terminal to the command's pty, as bytes, and our
+    window's changes to it, until the call ends. Keys wait in our terminal while the
+    executor has a window's worth unread (flow control, as for a pipe)."""
+    fd = term.fd
+    reading = True
+    while not call.done:
+        if term.resized():
+            client.resize(call, *term.size())
+        room = client.stdin_room(call) if reading else 0
+        # SIGWINCH wakes this wait too (Python's wakeup fd is in the client's poller).
+        if fd not in client.wait_io((fd,) if room else (), None):
+            continue
+        try:
+            data = os.read(fd, min(room, STDIN_READ))
+        except BlockingIOError:
+            continue
+        except OSError:
+            data = b""
+        if not data:
+            # Our terminal hung up (SIGHUP follows): nothing more to type; the command's
+            # pty stays open until it exits or is cancelled.
+            reading = False
+            continue
         client.write_stdin(call, data)
 
 

@@ -46,7 +46,7 @@ import zmq
 from broker.client.control import daemon_pid, start_daemon, wait_serving
 from broker.client.errors import DaemonError, Interrupted, UsageError
 from broker.client.handshake import hello
-from broker.client.requests import make_request
+from broker.client.requests import make_request, winsize
 from broker.client.sessions import ClientSession, SessionTable, attach, list_sessions, open_session
 from broker.net import peer
 from broker.net.runtime import RuntimeDir
@@ -90,6 +90,7 @@ class Call:
         "notes",
         "_stdin_unacked",
         "_stdin_closed",
+        "_resize_pending",
         "pid",
         "executor",
         "result",
@@ -109,6 +110,8 @@ class Call:
         # Stdin sent and not yet acked by the executor; True once end of file was sent.
         self._stdin_unacked = 0
         self._stdin_closed = not request.stdin
+        # A window size asked for before the command started, sent once it has.
+        self._resize_pending: wire.Winsize | None = None
         self.pid: int | None = None
         self.executor: str = ""
         self.result: Result | None = None
@@ -238,11 +241,16 @@ class Client:
         file_size: int | str | None = None,
         cpu_time: int | str | None = None,
         stdin: bool = False,
+        tty: wire.Winsize | tuple[int, int] | None = None,
+        interactive: bool = False,
     ) -> Call:
         """Send a command to the daemon and return at once; see :func:`make_request`
         (``memory="512M"``, ``pids_limit=256``, ``file_size="1G"``, ``cpu_time=60``: the
         command's resource limits; ``result.limit`` says which one it hit; ``stdin=True``:
-        feed its stdin with :meth:`write_stdin` and :meth:`close_stdin`)."""
+        feed its stdin with :meth:`write_stdin` and :meth:`close_stdin`; ``tty=(rows,
+        cols)``: a pty in the sandbox is its terminal, all its output comes as stream 1,
+        :meth:`resize` changes its size; ``interactive=True``: it waits for input and
+        takes no executor slot)."""
         request = make_request(
             argv,
             cwd=cwd,
@@ -258,6 +266,8 @@ class Client:
             file_size=file_size,
             cpu_time=cpu_time,
             stdin=stdin,
+            tty=tty,
+            interactive=interactive,
         )
         return self.submit_request(request, on_output=on_output, on_started=on_started)
 
@@ -289,6 +299,21 @@ class Client:
         call._stdin_closed = True
         if not call.done:
             self.send_frames([wire.header(wire.IN, call.call_id), b""], block=True)
+
+    def resize(self, call: Call, rows: int, cols: int) -> None:
+        """Change the window size of ``call``'s terminal (a call submitted with ``tty``);
+        the command gets SIGWINCH. Before the command started, the size is sent once it
+        has; after it ended, nothing is sent. Raises :class:`UsageError` for a call
+        without a terminal or a size out of range (1..65535)."""
+        size = winsize(rows, cols)
+        if call.request.tty is None:
+            raise UsageError("this call has no terminal to resize (submit it with tty=(rows, cols))")
+        if call.done:
+            return
+        if not call.started:
+            call._resize_pending = size
+            return
+        self.send_frames([wire.header(wire.RESIZE, call.call_id), wire.encode(size)], block=True)
 
     def wait_io(self, fds, timeout: float | None = None, *, interruptible: bool = True) -> tuple[int, ...]:
         """Handle what arrives from the daemon until one of ``fds`` is readable or
@@ -647,6 +672,9 @@ class Client:
                 return
             call.pid = st.pid
             call.executor = st.executor
+            if call._resize_pending is not None:
+                size, call._resize_pending = call._resize_pending, None
+                self.send_frames([wire.header(wire.RESIZE, call.call_id), wire.encode(size)], block=False)
             if call.on_started is not None:
                 call.on_started(call)
         elif kind == wire.ACK:  # stdin the command has read

@@ -34,6 +34,8 @@ def make_request(
     cpu_time: int | str | None = None,
     limits: Limits | None = None,
     stdin: bool = False,
+    tty: wire.Winsize | tuple[int, int] | None = None,
+    interactive: bool = False,
 ) -> wire.RunRequest:
     """Validate the arguments of :meth:`Client.submit`; raises :class:`UsageError`.
 
@@ -52,6 +54,16 @@ def make_request(
 
     ``stdin=True``: the caller feeds the command's stdin (:meth:`Client.write_stdin`,
     :meth:`Client.close_stdin`); otherwise it reads /dev/null.
+
+    ``tty=(rows, cols)`` (or a :class:`broker.wire.frames.Winsize`): a pty of that size,
+    made by the executor outside the sandbox, is the command's stdin, stdout and stderr
+    and its controlling terminal; all its output arrives as stream 1, what is written to
+    its stdin is typed into it (``b"\\x03"`` is Ctrl-C), and :meth:`Client.resize`
+    changes its size. Without ``stdin=True`` nothing can be typed into it.
+
+    ``interactive=True``: the command waits for input, maybe for long (a shell, a REPL,
+    an editor): it takes none of an executor's slots, so it never holds up other
+    commands (an executor hosts a bounded number of them).
     """
     if isinstance(argv, (str, bytes)):
         raise UsageError("the command must be a list of arguments, not a string")
@@ -115,6 +127,10 @@ def make_request(
         raise UsageError(f"limits must be a landlock_helper.limits.Limits, got {type(limits).__name__}")
     asked = (limits or Limits()).merged(asked)
 
+    winsize = _winsize(tty)
+    if not isinstance(interactive, bool):
+        raise UsageError(f"interactive must be True or False, got {interactive!r}")
+
     return wire.RunRequest(
         argv=argv,
         cwd=cwd,
@@ -125,4 +141,24 @@ def make_request(
         capture_limit=capture_limit,
         limits=None if asked == Limits() else asked,
         stdin=bool(stdin),
+        tty=winsize,
+        interactive=interactive,
     )
+
+
+def winsize(rows, cols) -> wire.Winsize:
+    """A checked window size (1..65535 rows and columns); raises :class:`UsageError`."""
+    for what, n in (("rows", rows), ("columns", cols)):
+        if isinstance(n, bool) or not isinstance(n, int) or not 0 < n < 65536:
+            raise UsageError(f"terminal {what} must be a whole number from 1 to 65535, got {n!r}")
+    return wire.Winsize(rows=rows, cols=cols)
+
+
+def _winsize(tty) -> wire.Winsize | None:
+    if tty is None:
+        return None
+    if isinstance(tty, wire.Winsize):
+        return winsize(tty.rows, tty.cols)
+    if isinstance(tty, (tuple, list)) and len(tty) == 2:
+        return winsize(*tty)
+    raise UsageError(f"tty must be (rows, columns) or a Winsize, got {tty!r}")

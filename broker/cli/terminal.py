@@ -1,0 +1,110 @@
+"""The caller's terminal for ``sluice run -t`` and ``sluice sandbox -t``: raw mode, always
+restored, and its window size and changes.
+
+In raw mode every key is a byte for the program on the other side (Ctrl-C is ``\\x03``,
+Ctrl-Z ``\\x1a``): the pty in the sandbox, with its own line discipline, turns them into
+signals for the program's foreground job, as any terminal does. Our terminal must then
+be given back as it was on every way out; :class:`RawTerminal` restores it when its
+``with`` block ends, however it ends (the callers turn SIGTERM and SIGHUP into an
+orderly end of that block), and says nothing while it is raw except through
+:meth:`RawTerminal.say`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+import termios
+import tty
+
+# When a terminal's size cannot be read (0x0, or not a terminal): what terminals start with.
+DEFAULT_ROWS, DEFAULT_COLS = 24, 80
+
+
+def is_terminal(fd: int) -> bool:
+    try:
+        return os.isatty(fd)
+    except OSError:
+        return False
+
+
+def window_size(*fds: int) -> tuple[int, int]:
+    """(rows, columns) of the first of ``fds`` that is a terminal with a size, else 24x80."""
+    for fd in fds:
+        try:
+            size = os.get_terminal_size(fd)
+        except OSError:
+            continue
+        if size.lines > 0 and size.columns > 0:
+            return min(size.lines, 65535), min(size.columns, 65535)
+    return DEFAULT_ROWS, DEFAULT_COLS
+
+
+class RawTerminal:
+    """``with RawTerminal(fd) as term:`` ``fd``'s terminal in raw mode, and SIGWINCH noted
+    (:meth:`resized` says whether it came since last asked; the signal also wakes a
+    poller on Python's wakeup fd, which the callers have set). On the way out the
+    terminal gets back the attributes it had, and SIGWINCH its previous handler."""
+
+    def __init__(self, fd: int = 0) -> None:
+        self.fd = fd
+        self.active = False
+        self._saved: list | None = None
+        self._winch = False
+        self._old_winch = None
+
+    def __enter__(self) -> RawTerminal:
+        self._saved = termios.tcgetattr(self.fd)
+        self._old_winch = signal.signal(signal.SIGWINCH, self._on_winch)
+        try:
+            # TCSANOW: keys typed ahead of the program are kept for it, not flushed.
+            tty.setraw(self.fd, termios.TCSANOW)
+        except BaseException:
+            signal.signal(signal.SIGWINCH, self._old_winch)
+            raise
+        self.active = True
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.restore()
+
+    def restore(self) -> None:
+        """Give the terminal back as it was (idempotent)."""
+        if self._saved is None:
+            return
+        saved, self._saved = self._saved, None
+        self.active = False
+        signal.signal(signal.SIGWINCH, self._old_winch if self._old_winch is not None else signal.SIG_DFL)
+        # A process of a background job that sets its terminal's attributes is stopped
+        # with SIGTTOU; being given back the terminal must not stop us.
+        old_ttou = signal.signal(signal.SIGTTOU, signal.SIG_IGN)
+        try:
+            with contextlib.suppress(OSError, termios.error):
+                termios.tcsetattr(self.fd, termios.TCSADRAIN, saved)
+        finally:
+            signal.signal(signal.SIGTTOU, old_ttou)
+
+    def _on_winch(self, signum, frame) -> None:
+        self._winch = True
+
+    def resized(self) -> bool:
+        """True once per SIGWINCH (or burst of them) since the last call."""
+        changed, self._winch = self._winch, False
+        return changed
+
+    def size(self) -> tuple[int, int]:
+        return window_size(self.fd, 1, 2)
+
+    def say(self, line: str) -> None:
+        """One line on stderr, as ``sluice: ...``, legible in raw mode too (CR LF)."""
+        end = "\r\n" if self.active else "\n"
+        try:
+            sys.stderr.write(f"sluice: {line}{end}")
+            sys.stderr.flush()
+        except (OSError, ValueError):
+            pass
+
+
+NOT_A_TERMINAL = "the input device is not a terminal: -t needs stdin to be one (use -i to forward a pipe or file)"
