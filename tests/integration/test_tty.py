@@ -8,6 +8,7 @@ from __future__ import annotations
 import fcntl
 import os
 import select
+import signal
 import struct
 import termios
 import time
@@ -150,3 +151,19 @@ def test_interactive_commands_take_no_slot(daemon_factory, tmp_path):
     for call in waiting:
         client.cancel(call)
     assert all(r.aborted for r in client.wait_all(waiting, timeout=20))
+
+
+def test_an_interactive_command_whose_executor_dies_ends_with_a_clear_error(daemon_factory, tmp_path):
+    d = daemon_factory.start(executors=1)
+    client = d.client()
+    output = bytearray()
+    call = client.submit_request(_tty_request(["bash", "--norc", "-i"], tmp_path),
+                                 on_output=lambda call, stream, chunk: output.extend(chunk))
+    _type(client, call, b"echo ready-$((6*7))\r")
+    _until(client, call, output, b"ready-42")
+    (executor,) = d.executor_pids()
+    os.kill(executor, signal.SIGKILL)
+    result = client.wait(call, timeout=20)
+    assert result.error and "executor" in result.error, result
+    # Its replacement serves the next one.
+    assert client.run(["echo", "ok"], cwd=str(tmp_path), wait_timeout=60).stdout == b"ok\n"
