@@ -1,14 +1,23 @@
-"""One command in flight: its sandboxed process, its two pipes, its flow-control window.
+"""One command in flight: its sandboxed process, its two pipes (or its terminal), its
+flow-control window.
 
-A call is finished when both pipes have hit EOF *and* every ``done_fd`` of the sandbox
+A call is finished when its pipes have hit EOF *and* every ``done_fd`` of the sandbox
 is readable (the whole process tree is dead). Only then is ``exit`` sent, so a frontend
 never sees ``exit`` before the last chunk, nor before the last setsid escapee is gone.
+
+A run with ``tty`` gets a pty made here, outside the sandbox: the command has the slave
+as its terminal, and the master is its one output stream (stdout), where its stdin is
+written and its window size set. Reading the master fails with EIO once every process
+holding the slave has gone: that is its end of file.
 """
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
+import struct
+import termios
 import time
 from typing import TYPE_CHECKING
 
@@ -116,6 +125,8 @@ class Call:
             return self._fail(f"sandbox_cwd must be an absolute path: {sandbox_cwd}")
         # Again, though the sender filtered it: a sender of another version, or none.
         env = filter_env(os.environ if req.env is None else req.env, req.env_passthrough)
+        if req.tty is not None:
+            return self._start_tty(req, env, sandbox_cwd)
         fds: list[int] = []
         r_in = w_in = None
         try:
@@ -153,14 +164,44 @@ class Call:
             _close_all((w_out, w_err, *((r_in,) if r_in is not None else ())))
         if w_in is not None:
             self.stdin = _Stdin(self, w_in)
+        return self._started(r_out, r_err)
 
-        proc = self.proc
+    def _start_tty(self, req: wire.RunRequest, env: dict, sandbox_cwd: str) -> bool:
+        try:
+            master, slave = os.openpty()
+        except OSError as e:
+            return self._fail(f"cannot make a terminal: {e.strerror}")
+        w_in = None
+        try:
+            os.set_inheritable(master, False)
+            _set_size(master, req.tty.rows, req.tty.cols)
+            w_in = os.dup(master) if req.stdin else None
+            self.started_at = time.monotonic()
+            self.proc = self.worker.spawn(req.argv, cwd=req.cwd, env=env, policy=req.sandbox, stdout=slave,
+                                          stderr=slave, stdin=slave, sandbox_cwd=os.path.normpath(sandbox_cwd),
+                                          limits=req.limits or Limits(), tty=True)
+        except (OSError, SandboxError) as e:
+            _close_all((master, *((w_in,) if w_in is not None else ())))
+            return self._fail(wire.one_line(e.strerror if isinstance(e, OSError) else e) or "unknown error")
+        except Exception as e:  # a spawn failure must never take the worker down
+            log.exception("spawn failed", corr=self.corr)
+            _close_all((master, *((w_in,) if w_in is not None else ())))
+            return self._fail(wire.one_line(f"cannot start command: {e}"))
+        finally:
+            os.close(slave)  # ours would keep the master from its end of file
+        os.set_blocking(master, False)
+        if w_in is not None:
+            self.stdin = _Stdin(self, w_in)
+        return self._started(master, None)
+
+    def _started(self, out_fd: int, err_fd: int | None) -> bool:
+        """Report ``started`` and start reading ``out_fd`` (and ``err_fd``, None for a terminal)."""
+        req, proc = self.req, self.proc
         self._send(wire.message(wire.STARTED, self.corr, wire.Started(pid=proc.pid, executor=self.worker.name)))
         limit = min(req.capture_limit, CAPTURE_MAX)
-        self.streams = (
-            _Stream(r_out, wire.header(wire.OUT, self.corr, stream=wire.STDOUT), limit),
-            _Stream(r_err, wire.header(wire.OUT, self.corr, stream=wire.STDERR), limit),
-        )
+        out = _Stream(out_fd, wire.header(wire.OUT, self.corr, stream=wire.STDOUT), limit)
+        self.streams = (out,) if err_fd is None else (
+            out, _Stream(err_fd, wire.header(wire.OUT, self.corr, stream=wire.STDERR), limit))
         loop = self._loop
         self._done_pending = set(proc.done_fds)
         for fd in proc.done_fds:
@@ -187,7 +228,8 @@ class Call:
         except BlockingIOError:
             return
         except OSError as e:
-            log.warning("pipe read failed", corr=self.corr, error=e.strerror)
+            if e.errno != errno.EIO:  # EIO: a terminal nobody holds any more
+                log.warning("pipe read failed", corr=self.corr, error=e.strerror)
             chunk = b""
         if not chunk:
             self._on_eof(s)
@@ -319,11 +361,13 @@ class Call:
                 self._loop.call_later(POLL_RETRY_S, self._finish)
                 return
         duration = time.monotonic() - self.started_at
-        out, err = self.streams
+        out = self.streams[0]
+        err = self.streams[1] if len(self.streams) > 1 else None
         if outcome is not None and outcome.notes:
             note = "".join(f"{line}\n" for line in outcome.notes).encode()
-            self._send([err.header, note])
-            err.capture.add(note)
+            self._send([wire.header(wire.OUT, self.corr, stream=wire.STDERR), note])
+            if err is not None:
+                err.capture.add(note)
         if outcome is None:
             exit_code = signal = None
             error = self.error or "the command's exit status is unavailable"
@@ -340,15 +384,23 @@ class Call:
             aborted=self.aborted,
             duration_s=duration,
             stdout=out.capture.value(),
-            stderr=err.capture.value(),
+            stderr=err.capture.value() if err is not None else b"",
             stdout_dropped=out.capture.dropped,
-            stderr_dropped=err.capture.dropped,
+            stderr_dropped=err.capture.dropped if err is not None else 0,
             error=error,
             limit=outcome.limit if outcome is not None else None,
         )
         self._send(wire.message(wire.EXIT, self.corr, status))
         self._release()
         self.worker.call_finished(self)
+
+    def resize(self, rows: int, cols: int) -> None:
+        """The terminal's new size (the command gets SIGWINCH); nothing without a terminal."""
+        if self.req.tty is not None and self.streams and self.streams[0].fd >= 0:
+            try:
+                _set_size(self.streams[0].fd, rows, cols)
+            except OSError as e:
+                log.warning("resizing the terminal failed", corr=self.corr, error=e.strerror)
 
     def feed_stdin(self, data) -> None:
         """The next bytes of the command's stdin from the caller (empty: end of file)."""
@@ -454,6 +506,10 @@ class _Stdin:
             self.writing = False
         os.close(self.fd)
         self.fd = -1
+
+
+def _set_size(fd: int, rows: int, cols: int) -> None:
+    fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
 
 
 def _discard(parts) -> None:

@@ -103,6 +103,7 @@ class Worker:
             wire.RUN: self._on_run,
             wire.ACK: self._on_ack,
             wire.IN: self._on_stdin,
+            wire.RESIZE: self._on_resize,
             wire.CANCEL: self._on_cancel,
             wire.PING: self._on_ping,
             wire.PONG: _ignore,
@@ -461,7 +462,12 @@ class Worker:
         if not self.joined:
             self._refuse(corr, "executor not ready")
             return
-        if len(self.calls) >= self.slots:
+        interactive = sum(1 for call in self.calls.values() if call.req.interactive)
+        if req.interactive:
+            if interactive >= wire.INTERACTIVE_PER_EXECUTOR:
+                self._refuse(corr, f"executor busy: it hosts {interactive} interactive commands, its most")
+                return
+        elif len(self.calls) - interactive >= self.slots:
             self._refuse(corr, f"executor busy: all {self.slots} slots in use")
             return
         call = Call(self, corr, req)
@@ -481,6 +487,12 @@ class Worker:
         call = self.calls.get(h.corr)
         if call is not None and len(frames) >= 2:  # unknown: it may have just finished
             call.feed_stdin(frames[1].buffer)
+
+    def _on_resize(self, h: wire.Header, frames) -> None:
+        call = self.calls.get(h.corr)
+        if call is not None:
+            size = self._body(wire.RESIZE, frames)
+            call.resize(size.rows, size.cols)
 
     def _on_cancel(self, h: wire.Header, frames) -> None:
         call = self.calls.get(h.corr)

@@ -80,6 +80,7 @@ FRAME_COUNT = {
     wire.EXIT: 2,
     wire.ACK: 1,
     wire.IN: 2,
+    wire.RESIZE: 2,
     wire.CANCEL: 1,
     wire.PING: 1,
     wire.PONG: 1,
@@ -97,6 +98,8 @@ FRAME_COUNT = {
 # start with a zero byte, and the daemon drops local peers that picked this one.
 REMOTE = b"\x01"
 
+INTERACTIVE_FULL = (f"no executor can host another interactive command (each hosts at most "
+                    f"{wire.INTERACTIVE_PER_EXECUTOR}); end some first")
 SHUTDOWN_MESSAGE = "the sluice daemon shut down before this command finished"
 
 
@@ -197,10 +200,12 @@ class Call:
     """
 
     __slots__ = ("id", "caller", "executor", "frames", "sent", "sent_chunks", "acked", "acked_chunks", "held",
-                 "held_chunks")
+                 "held_chunks", "interactive")
 
-    def __init__(self, call_id: str, caller: Peer, frames: list) -> None:
+    def __init__(self, call_id: str, caller: Peer, frames: list, *, interactive: bool = False) -> None:
         self.id = call_id
+        # Takes no slot of its executor (``RunRequest.interactive``).
+        self.interactive = interactive
         self.caller: Peer | None = caller
         self.executor: Peer | None = None
         self.frames: list | None = frames
@@ -235,6 +240,9 @@ class RunQueue:
         self.bytes += _size(call.frames)
         if first:
             self._calls.move_to_end(call.id, last=False)
+
+    def first(self) -> Call:
+        return next(iter(self._calls.values()))
 
     def pop_first(self) -> Call:
         _, call = self._calls.popitem(last=False)
@@ -305,7 +313,8 @@ class Router:
         caller_handlers = {
             wire.RUN: self._on_run,
             wire.ACK: self._on_ack,
-            wire.IN: self._on_stdin,
+            wire.IN: self._to_executor,
+            wire.RESIZE: self._to_executor,
             wire.CANCEL: self._on_cancel,
             wire.PING: self._on_ping,
             wire.PONG: self._on_pong,
@@ -477,7 +486,7 @@ class Router:
         if not call_id:
             return self._reply_error(peer, call_id, "run needs a call id (header corr)")
         try:
-            wire.decode(wire.RUN, frames[2])
+            request = wire.decode(wire.RUN, frames[2])
         except wire.WireError as e:
             return self._reply_error(peer, call_id, f"bad run request: {e}")
         if call_id in self.calls:
@@ -485,10 +494,16 @@ class Router:
         if not self.queue.has_room(_size(frames[1:])):
             self._throttle("warning", "run refused: queue full", queued=len(self.queue), queued_bytes=self.queue.bytes)
             return self._reply_error(peer, call_id, "daemon busy: too many commands queued; try again later")
-        call = Call(call_id, peer, frames[1:])
+        if request.interactive:
+            # Never behind commands waiting for a slot; queued only while no executor is there.
+            executor = self._executor_for(True)
+            if executor is None and self.executors:
+                return self._reply_error(peer, call_id, INTERACTIVE_FULL)
+        else:
+            executor = None if self.queue else self._executor_for(False)
+        call = Call(call_id, peer, frames[1:], interactive=request.interactive)
         self.calls[call_id] = call
         peer.calls[call_id] = call
-        executor = None if self.queue else self._best_executor()
         if executor is None:
             self.queue.push(call)
             note = self.supervisor.restarting()
@@ -530,10 +545,11 @@ class Router:
         call.held = call.held_chunks = 0
         self._send(executor, [executor.identity, wire.header(wire.ACK, call.id, n=n, seq=chunks)])
 
-    def _on_stdin(self, peer: Peer, head: wire.Header, frames: list) -> None:
-        """The next bytes of a call's stdin, to its executor as they came. The caller's
-        window (:data:`~broker.wire.frames.STDIN_WINDOW_BYTES`, acked by the executor)
-        bounds what is in flight; bytes for a call not running (yet, or any more) are dropped."""
+    def _to_executor(self, peer: Peer, head: wire.Header, frames: list) -> None:
+        """``in`` (the next bytes of a call's stdin) and ``resize`` (its terminal's new size),
+        to its executor as they came. The caller's stdin window
+        (:data:`~broker.wire.frames.STDIN_WINDOW_BYTES`, acked by the executor) bounds what
+        is in flight; what comes for a call not running (yet, or any more) is dropped."""
         call = self.calls.get(head.corr)
         if call is None or call.caller is not peer or call.executor is None:
             return
@@ -754,21 +770,33 @@ class Router:
 
     # ----------------------------------------------------------- scheduling
 
-    def _best_executor(self) -> Peer | None:
+    def _executor_for(self, interactive: bool) -> Peer | None:
+        """The executor with the most free slots, or for an interactive call the one that
+        hosts the fewest interactive calls (below :data:`~broker.wire.frames.INTERACTIVE_PER_EXECUTOR`)."""
         best = None
-        best_free = 0
+        best_room = 0
         for executor in self.executors.values():
-            free = executor.slots - len(executor.calls)
-            if free > best_free and not executor.gone:
-                best, best_free = executor, free
+            hosted = sum(1 for call in executor.calls.values() if call.interactive)
+            if interactive:
+                room = wire.INTERACTIVE_PER_EXECUTOR - hosted
+            else:
+                room = executor.slots - (len(executor.calls) - hosted)
+            if room > best_room and not executor.gone:
+                best, best_room = executor, room
         return best
 
     def _dispatch(self) -> None:
         queue = self.queue
         while queue:
-            executor = self._best_executor()
+            interactive = queue.first().interactive
+            executor = self._executor_for(interactive)
             if executor is None:
-                return
+                if not interactive:
+                    return
+                call = queue.pop_first()  # every executor hosts its most
+                del self.calls[call.id]
+                self._fail(call, INTERACTIVE_FULL)
+                continue
             self._assign(queue.pop_first(), executor)
 
     def _assign(self, call: Call, executor: Peer) -> None:

@@ -102,8 +102,8 @@ A command that was not found gets ``exit_code`` 127 *and* ``error``. ``Started.p
 the pid of the command's sandbox supervisor, not of the command itself. Any message
 from the broker counts as a sign of life for an executor, not only ``ping``.
 
-Frame counts are strict: ``hello``, ``run``, ``started``, ``out``, ``exit``, ``submit`` and
-``event`` carry exactly one body frame, and so do the broker's ``attached`` and its
+Frame counts are strict: ``hello``, ``run``, ``started``, ``out``, ``in``, ``resize``,
+``exit``, ``submit`` and ``event`` carry exactly one body frame, and so do the broker's ``attached`` and its
 ``sessions`` answer; every other kind carries none. A frontend must answer
 ``ping`` with ``pong``; one that misses five while it has calls in flight is presumed gone
 and its calls are cancelled.

@@ -650,3 +650,40 @@ def test_session_acks_wait_for_proof_of_receipt_too(small_receipts) -> None:
     assert sub.acked < seq and sub.held_seq == seq  # behind: the ack waits
     d.send(frontend, wire.header(wire.PONG, _pings(d, frontend)[-1]))
     assert sub.acked == seq and sub.held_seq == 0
+
+
+def _run(d: Daemon, frontend: bytes, call_id: str, *, interactive: bool) -> None:
+    request = wire.RunRequest(argv=["cat"], cwd="/", sandbox=SandboxPolicy.from_mode("read-only"),
+                              interactive=interactive)
+    d.send(frontend, *wire.message(wire.RUN, call_id, request))
+
+
+def test_interactive_runs_take_no_slot_and_are_refused_beyond_what_executors_host(monkeypatch) -> None:
+    monkeypatch.setattr(wire, "INTERACTIVE_PER_EXECUTOR", 2)
+    d = Daemon()
+    frontend = d.connect("fe")
+    _run(d, frontend, "i0", interactive=True)  # no executor yet: it waits like any run
+    executors = [b"\x00ex1", b"\x00ex2"]
+    for pid, executor in enumerate(executors, 10):
+        d.send(executor, *wire.message(wire.HELLO, body=wire.Hello(role=wire.ROLE_EXECUTOR, token=TOKEN, pid=pid,
+                                                                     slots=1)))
+    for i in range(1, 4):
+        _run(d, frontend, f"i{i}", interactive=True)
+    _run(d, frontend, "p1", interactive=False)
+    _run(d, frontend, "p2", interactive=False)  # both slots taken by p1, p2: interactive ones took none
+
+    def runs(executor: bytes) -> list[str]:
+        return [h.corr for h, _ in d.messages(executor) if h.kind == wire.RUN]
+
+    assert sorted(runs(executors[0]) + runs(executors[1])) == ["i0", "i1", "i2", "i3", "p1", "p2"]
+    assert all(len([c for c in runs(e) if c.startswith("i")]) == 2 for e in executors)  # spread evenly
+    _run(d, frontend, "i4", interactive=True)
+    assert "interactive command" in _last_error(d, frontend)
+    _run(d, frontend, "p3", interactive=False)  # waits for a slot, like any run
+    assert "p3" not in runs(executors[0]) + runs(executors[1])
+    d.send(executors[0], *wire.message(wire.EXIT, "i0", wire.ExitStatus(exit_code=0)))
+    _run(d, frontend, "i5", interactive=True)  # room again, and not behind the queued p3
+    assert "i5" in runs(executors[0])
+    d.send(frontend, wire.header(wire.RESIZE, "i5"), wire.encode(wire.Winsize(50, 132)))
+    resized = [b for h, b in d.messages(executors[0]) if h.kind == wire.RESIZE]
+    assert [wire.decode(wire.RESIZE, b) for b in resized] == [wire.Winsize(50, 132)]
