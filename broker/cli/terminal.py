@@ -54,18 +54,24 @@ class RawTerminal:
         self._saved: list | None = None
         self._winch = False
         self._old_winch = None
+        self._old_cont = None
 
     def __enter__(self) -> RawTerminal:
         self._saved = termios.tcgetattr(self.fd)
         self._old_winch = signal.signal(signal.SIGWINCH, self._on_winch)
+        self._old_cont = signal.signal(signal.SIGCONT, self._on_cont)
         try:
             # TCSANOW: keys typed ahead of the program are kept for it, not flushed.
             tty.setraw(self.fd, termios.TCSANOW)
         except BaseException:
-            signal.signal(signal.SIGWINCH, self._old_winch)
+            self._handlers_back()
             raise
         self.active = True
         return self
+
+    def _handlers_back(self) -> None:
+        signal.signal(signal.SIGWINCH, self._old_winch if self._old_winch is not None else signal.SIG_DFL)
+        signal.signal(signal.SIGCONT, self._old_cont if self._old_cont is not None else signal.SIG_DFL)
 
     def __exit__(self, *exc) -> None:
         self.restore()
@@ -76,7 +82,7 @@ class RawTerminal:
             return
         saved, self._saved = self._saved, None
         self.active = False
-        signal.signal(signal.SIGWINCH, self._old_winch if self._old_winch is not None else signal.SIG_DFL)
+        self._handlers_back()
         # A process of a background job that sets its terminal's attributes is stopped
         # with SIGTTOU; being given back the terminal must not stop us.
         old_ttou = signal.signal(signal.SIGTTOU, signal.SIG_IGN)
@@ -87,6 +93,14 @@ class RawTerminal:
             signal.signal(signal.SIGTTOU, old_ttou)
 
     def _on_winch(self, signum, frame) -> None:
+        self._winch = True
+
+    def _on_cont(self, signum, frame) -> None:
+        # Stopped from outside (kill -STOP) and continued: the shell gave the terminal its
+        # own modes meanwhile, and the window may have changed.
+        if self.active:
+            with contextlib.suppress(OSError, termios.error):
+                tty.setraw(self.fd, termios.TCSANOW)
         self._winch = True
 
     def resized(self) -> bool:

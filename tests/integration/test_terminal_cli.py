@@ -1,0 +1,149 @@
+"""``sluice run -t`` and ``sluice sandbox -t`` on a real terminal (a pty made by the test,
+the CLI its foreground job): keys reach the program (Ctrl-C as a key), window changes
+reach it, ``vi`` edits and saves a file, the caller's terminal is raw while the program
+runs and is given back as it was on every way out. ``-i`` forwards lines typed on a
+terminal; without ``-t`` the command sees no terminal. Both commands behave the same:
+every test runs for each."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+
+import pytest
+
+from tests.support.terminal import OnTerminal
+
+pytestmark = pytest.mark.timeout(90)
+
+PROBE = r"""
+import os, signal, sys, time
+print("size", os.get_terminal_size(), os.isatty(0), os.isatty(1), os.isatty(2), flush=True)
+signal.signal(signal.SIGWINCH, lambda *_: print("winch", os.get_terminal_size(), flush=True))
+try:
+    print("read", input(), flush=True)
+    time.sleep(60)
+except KeyboardInterrupt:
+    print("interrupted", flush=True)
+"""
+
+
+@pytest.fixture(params=["sandbox", "run"])
+def cli(request, sluice, tmp_path):
+    """How the test runs sluice: ``argv(*flags, "--", *cmd)`` and the environment, for
+    ``sluice sandbox`` (no daemon) and ``sluice run`` (a daemon shared by the module)."""
+    env = dict(os.environ, TERM="xterm")
+    if request.param == "run":
+        env.update(request.getfixturevalue("module_daemon").env_for_children())
+        env["TERM"] = "xterm"
+        return _Cli("run", [*sluice, "run", "--cwd", str(tmp_path)], env, tmp_path)
+    return _Cli("sandbox", [*sluice, "sandbox", "--cwd", str(tmp_path)], env, tmp_path)
+
+
+class _Cli:
+    def __init__(self, name, prefix, env, cwd) -> None:
+        self.name, self.prefix, self.env, self.cwd = name, prefix, env, cwd
+
+    def argv(self, *args: str) -> list[str]:
+        return [*self.prefix, *args]
+
+    def terminal(self, *args: str, rows: int = 24, cols: int = 80) -> OnTerminal:
+        return OnTerminal(self.argv(*args), env=self.env, cwd=str(self.cwd), rows=rows, cols=cols)
+
+
+def test_keys_window_changes_and_ctrl_c_reach_the_program(cli):
+    with cli.terminal("-t", "--", "python3", "-c", PROBE, rows=30, cols=100) as term:
+        term.expect(b"size os.terminal_size(columns=100, lines=30) True True True")
+        assert term.is_raw()
+        term.type(b"hello\r")  # Enter is a carriage return on a terminal
+        at = term.expect(b"read hello")
+        term.resize(45, 140)
+        at = term.expect(b"winch os.terminal_size(columns=140, lines=45)", since=at)
+        term.type(b"\x03")  # raw mode: a byte for the program's terminal, which makes it SIGINT
+        term.expect(b"interrupted", since=at)
+        assert term.wait() == 0
+        assert term.attrs() == term.initial_attrs
+
+
+def test_vi_edits_and_saves_a_file_in_the_workspace(cli):
+    with cli.terminal("-t", "--", "vi", "notes.txt", rows=30, cols=100) as term:
+        term.expect(b"notes.txt")  # vi has drawn its screen
+        term.type(b"ihello from vi\x1b:wq\r")
+        assert term.wait() == 0, bytes(term.output)[-500:]
+        assert term.attrs() == term.initial_attrs
+    assert (cli.cwd / "notes.txt").read_text() == "hello from vi\n"
+
+
+KILLABLE = r"""
+import os, signal
+print("ready", flush=True)
+input()
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_the_terminal_is_restored_when_the_program_is_killed(cli):
+    with cli.terminal("-t", "--", "python3", "-c", KILLABLE) as term:
+        term.expect(b"ready")
+        assert term.is_raw() and term.attrs() != term.initial_attrs
+        term.type(b"\r")
+        assert term.wait() == 128 + signal.SIGKILL
+        assert term.attrs() == term.initial_attrs
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
+def test_the_terminal_is_restored_when_sluice_is_told_to_stop(cli, signum):
+    with cli.terminal("-t", "--", "python3", "-c", PROBE) as term:
+        term.expect(b"size")
+        assert term.is_raw()
+        term.signal(signum)
+        code = term.wait()
+        assert code in (128 + signal.SIGTERM, 128 + signum), bytes(term.output)
+        assert term.attrs() == term.initial_attrs
+
+
+def test_the_terminal_is_restored_when_the_daemon_goes_away(daemon_factory, sluice, tmp_path):
+    d = daemon_factory.start(executors=1)
+    env = dict(d.env_for_children(), TERM="xterm")
+    with OnTerminal([*sluice, "run", "--cwd", str(tmp_path), "-t", "--", "python3", "-c", PROBE],
+                    env=env, cwd=str(tmp_path)) as term:
+        term.expect(b"size")
+        assert term.is_raw()
+        os.kill(d.pid, signal.SIGKILL)
+        assert term.wait() == 125
+        assert term.attrs() == term.initial_attrs
+        assert b"sluice: error:" in term.output
+
+
+@pytest.mark.parametrize("command", ["sandbox", "run"])
+def test_t_needs_a_terminal_on_stdin(command, sluice, module_daemon, tmp_path):
+    env = module_daemon.env_for_children() if command == "run" else None
+    r = subprocess.run([*sluice, command, "--cwd", str(tmp_path), "-t", "--", "true"], input=b"", env=env,
+                       capture_output=True, timeout=60)
+    assert r.returncode == 2
+    assert r.stderr.count(b"\n") == 1 and b"not a terminal" in r.stderr, r.stderr
+
+
+def test_i_forwards_lines_typed_on_a_terminal(cli):
+    script = "test -t 0 || echo stdin-is-not-a-terminal; while read line; do echo got-$line; done; echo eof"
+    with cli.terminal("-i", "--", "sh", "-c", script) as term:
+        at = term.expect(b"stdin-is-not-a-terminal")
+        assert not term.is_raw()  # the terminal stays ours: it echoes and edits the line
+        term.type(b"first\n")
+        at = term.expect(b"got-first", since=at)
+        term.type(b"second\n")
+        at = term.expect(b"got-second", since=at)
+        term.type(b"\x04")  # Ctrl-D at the start of a line: end of file
+        term.expect(b"eof", since=at)
+        assert term.wait() == 0
+
+
+def test_without_t_the_command_sees_no_terminal(cli):
+    script = "for fd in 0 1 2; do test -t $fd && echo $fd-is-a-terminal; done; cat; echo done"
+    with cli.terminal("--", "sh", "-c", script) as term:
+        # Stdin, a terminal, is not forwarded without -i: cat reads /dev/null and ends.
+        term.expect(b"done")
+        assert term.wait() == 0
+        assert b"is-a-terminal" not in term.output
+        assert term.attrs() == term.initial_attrs
