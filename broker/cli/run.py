@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import signal
 import stat
@@ -134,6 +135,7 @@ def _feed_stdin(client, call, fd: int) -> None:
     """Forward ``fd`` to ``call``'s stdin until its end (then end of file) or the call's:
     at most what the executor's acks leave room for, so a 1 GiB stdin is read as the
     command reads it, not into anyone's memory."""
+    _widen_pipe(fd)
     while not call.done:
         room = client.stdin_room(call)
         if not room:
@@ -152,6 +154,20 @@ def _feed_stdin(client, call, fd: int) -> None:
             client.close_stdin(call)
             return
         client.write_stdin(call, data)
+
+
+# A pipe on our stdin is widened to this (the default most systems allow unprivileged):
+# a writer ahead of us then leaves reads of up to STDIN_READ, not 64 KiB, so a big stdin
+# goes in a quarter of the messages, each of which costs the daemon and the executor.
+STDIN_PIPE_SIZE = 1024 * 1024
+
+
+def _widen_pipe(fd: int) -> None:
+    try:
+        if stat.S_ISFIFO(os.fstat(fd).st_mode):
+            fcntl.fcntl(fd, getattr(fcntl, "F_SETPIPE_SZ", 1031), STDIN_PIPE_SIZE)
+    except OSError:
+        pass  # above the system's limit, or not ours to change: the default size works too
 
 
 def _feed_terminal(client, call, term: RawTerminal) -> None:

@@ -1,0 +1,64 @@
+"""stdin: `head -c 1073741824 /dev/zero | sluice run -- wc -c`, stdin through the daemon.
+
+The whole command line as a person runs it: ``sluice run`` (a subprocess, start-up
+included) reads its piped stdin and feeds it, with flow control, through the daemon to
+the sandboxed ``wc -c``, whose count must equal the size. Baseline: ``head -c N
+/dev/zero | wc -c`` run by ``sh`` from this process, timed in the same run, alternating
+with the measured runs. Figures are MB/s (10^6 bytes per second), the median of the
+repetitions. No target.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+from common import GiB, MiB, ROOT, WORK_DIR, Daemon, Row, Stats, bench_main, log, ratio, warm_up
+
+
+def through_sluice(env: dict[str, str], size: int) -> tuple[int, int]:
+    """(bytes the command counted, nanoseconds) for ``size`` bytes piped into ``sluice run``."""
+    t0 = time.perf_counter_ns()
+    proc = subprocess.run(["sh", "-c", f'head -c {size} /dev/zero | "$0" -m broker run -- wc -c', sys.executable],
+                          env=env, cwd=WORK_DIR, capture_output=True, timeout=600)
+    elapsed = time.perf_counter_ns() - t0
+    if proc.returncode != 0:
+        raise RuntimeError(f"sluice run exited {proc.returncode}: {proc.stderr.decode(errors='replace')[-300:]}")
+    return int(proc.stdout.split()[0]), elapsed
+
+
+def pipe_baseline(size: int) -> int:
+    t0 = time.perf_counter_ns()
+    subprocess.run(["sh", "-c", f"head -c {size} /dev/zero | wc -c > /dev/null"], check=True)
+    return time.perf_counter_ns() - t0
+
+
+def run(quick: bool) -> list[Row]:
+    size = 256 * MiB if quick else GiB
+    reps = 3 if quick else 5
+    rates: list[float] = []
+    base_rates: list[float] = []
+    short: list[str] = []
+    with Daemon() as daemon:
+        env = dict(daemon.env(), PYTHONPATH=ROOT)
+        warm_up(daemon.client(), 5)
+        through_sluice(env, 64 * MiB)
+        pipe_baseline(64 * MiB)
+        log(f"stdin: {reps} x {size // MiB} MiB piped into sluice run, {reps} x the same into wc -c directly")
+        for _ in range(reps):
+            base_rates.append(size / pipe_baseline(size) * 1e3)  # bytes/ns * 1e3 = MB/s
+            counted, elapsed = through_sluice(env, size)
+            rates.append(size / elapsed * 1e3)
+            if counted != size:
+                short.append(f"the command counted {counted} of {size} bytes")
+    stats, base = Stats.of(rates), Stats.of(base_rates)
+    note = f"{size // MiB} MiB per run, {reps} runs, sluice run's start-up included; baseline MB/s: {base.text()}"
+    if short:
+        note += "; WRONG BYTE COUNT: " + ", ".join(short)
+    return [Row("stdin", stats.median, "MB/s", base.median, ratio(stats.median, base.median), None,
+                None if not short else False, stats, note)]
+
+
+if __name__ == "__main__":
+    bench_main(run, __doc__)
