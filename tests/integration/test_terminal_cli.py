@@ -13,14 +13,16 @@ import subprocess
 
 import pytest
 
+from broker.client import UsageError
+from tests.support.harness import wait_for
 from tests.support.terminal import OnTerminal
 
 pytestmark = pytest.mark.timeout(90)
 
 PROBE = r"""
 import os, signal, sys, time
-print("size", os.get_terminal_size(), os.isatty(0), os.isatty(1), os.isatty(2), flush=True)
 signal.signal(signal.SIGWINCH, lambda *_: print("winch", os.get_terminal_size(), flush=True))
+print("size", os.get_terminal_size(), os.isatty(0), os.isatty(1), os.isatty(2), flush=True)
 try:
     print("read", input(), flush=True)
     time.sleep(60)
@@ -147,3 +149,41 @@ def test_without_t_the_command_sees_no_terminal(cli):
         assert term.wait() == 0
         assert b"is-a-terminal" not in term.output
         assert term.attrs() == term.initial_attrs
+
+
+def test_the_client_library_runs_a_command_on_a_terminal(module_daemon, tmp_path):
+    """``submit(tty=(rows, cols), stdin=True, interactive=True)``, keys by ``write_stdin``,
+    ``resize`` before the command started (sent once it has) and after."""
+    client = module_daemon.client()
+    output = bytearray()
+
+    def until(needle: bytes) -> None:
+        wait_for(lambda: client.poll(0.05) >= 0 and needle in output, timeout=20, what=repr(needle))
+
+    def type_(keys: bytes) -> None:
+        while keys:
+            client.poll(0.02)
+            keys = keys[client.write_stdin(call, keys):]
+
+    call = client.submit(["sh", "-c", "read line; echo got-$line; stty size"], cwd=str(tmp_path), tty=(30, 100),
+                         stdin=True, interactive=True, on_output=lambda call, stream, chunk: output.extend(chunk))
+    client.resize(call, 33, 111)  # not started yet: kept, and sent once it has (before any key)
+    type_(b"first\r")
+    until(b"got-first\r\n33 111\r\n")
+    assert client.wait(call, timeout=20).exit_code == 0
+
+    output.clear()
+    call = client.submit(["python3", "-c", PROBE], cwd=str(tmp_path), tty=(30, 100), stdin=True, interactive=True,
+                         on_output=lambda call, stream, chunk: output.extend(chunk))
+    until(b"size os.terminal_size(columns=100, lines=30) True True True")
+    type_(b"typed\r")
+    until(b"read typed")
+    client.resize(call, 40, 120)
+    until(b"winch os.terminal_size(columns=120, lines=40)")
+    type_(b"\x03")
+    until(b"interrupted")
+    assert client.wait(call, timeout=20).exit_code == 0
+    with pytest.raises(UsageError, match="no terminal to resize"):
+        client.resize(client.submit(["true"], cwd=str(tmp_path)), 24, 80)
+    with pytest.raises(UsageError, match="rows must be"):
+        client.resize(call, 0, 80)
