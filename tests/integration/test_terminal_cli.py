@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import termios
 
 import pytest
 
@@ -187,3 +188,21 @@ def test_the_client_library_runs_a_command_on_a_terminal(module_daemon, tmp_path
         client.resize(client.submit(["true"], cwd=str(tmp_path)), 24, 80)
     with pytest.raises(UsageError, match="rows must be"):
         client.resize(call, 0, 80)
+
+
+def test_raw_mode_comes_back_after_sluice_is_stopped_and_continued(cli):
+    """A shell gives the terminal its own modes while a job is stopped; on SIGCONT sluice
+    makes it raw again (and the window size is sent again)."""
+    with cli.terminal("-t", "--", "python3", "-c", PROBE) as term:
+        term.expect(b"size")
+        assert term.is_raw()
+        term.signal(signal.SIGSTOP)
+        termios.tcsetattr(term.slave, termios.TCSANOW, term.initial_attrs)  # what the shell does
+        term.signal(signal.SIGCONT)
+        wait_for(term.is_raw, timeout=20, what="raw mode again")
+        term.type(b"after\r")
+        term.expect(b"read after")
+        term.type(b"\x03")
+        term.expect(b"interrupted")
+        assert term.wait() == 0
+        assert term.attrs() == term.initial_attrs
