@@ -11,8 +11,9 @@ tells what it will do through the daemon:
   over, end of file at Ctrl-D), and a stdout or stderr that is a terminal is relayed
   through a pipe. A pipe, a file or /dev/null is handed to the command as it is.
 
-SIGINT, SIGTERM and SIGHUP to sluice end the command's whole tree; sluice exits with
-the command's status (128+N when signal N killed it, 127 when it was not found).
+SIGINT, SIGTERM and SIGHUP to sluice end the command's whole tree (sluice then exits
+with 128 + that signal, as ``sluice run`` does); otherwise sluice exits with the
+command's status (128+N when signal N killed it, 127 when it was not found).
 """
 
 from __future__ import annotations
@@ -163,6 +164,9 @@ class _Relay:
             print_error(outcome.limit)
         if outcome.error:
             print_error(outcome.error)
+        if self.signum is not None:
+            # As `sluice run`: 130, 143, 129 when we were told to stop (and stopped the command).
+            return EXIT_SIGNAL_BASE + self.signum
         if outcome.signal is not None:
             return EXIT_SIGNAL_BASE + outcome.signal
         return outcome.exit_code if outcome.exit_code is not None else 1

@@ -101,8 +101,7 @@ def test_the_terminal_is_restored_when_sluice_is_told_to_stop(cli, signum):
         term.expect(b"size")
         assert term.is_raw()
         term.signal(signum)
-        code = term.wait()
-        assert code in (128 + signal.SIGTERM, 128 + signum), bytes(term.output)
+        assert term.wait() == 128 + signum, bytes(term.output)
         assert term.attrs() == term.initial_attrs
 
 
@@ -206,3 +205,20 @@ def test_raw_mode_comes_back_after_sluice_is_stopped_and_continued(cli):
         term.expect(b"interrupted")
         assert term.wait() == 0
         assert term.attrs() == term.initial_attrs
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
+def test_sandbox_told_to_stop_exits_as_run_does(sluice, tmp_path, signum):
+    """130, 143, 129: the command's tree ended, as `sluice run` says it."""
+    proc = subprocess.Popen([*sluice, "sandbox", "--cwd", str(tmp_path), "--", "sh", "-c", "echo ready; exec sleep 60"],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert proc.stdout.readline() == b"ready\n"
+        proc.send_signal(signum)
+        assert proc.wait(timeout=30) == 128 + signum
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proc.stdout.close()
+        proc.stderr.close()
