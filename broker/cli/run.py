@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import os
 import signal
@@ -247,8 +248,11 @@ class _RawOutput:
             return
         try:
             write_all(1, chunk)
-        except BrokenPipeError:
-            # Like a command writing into a closed pipe: stop it.
+        except OSError as e:
+            # A closed pipe, or a terminal hung up (EIO): like a command writing into a
+            # closed pipe, stop it. Anything else (a full disk) is said, not swallowed.
+            if not isinstance(e, BrokenPipeError) and e.errno != errno.EIO:
+                raise
             self.stdout_closed = True
             if self._client is not None:
                 self._client.cancel(call)
