@@ -12,6 +12,7 @@ import signal
 import subprocess
 import termios
 
+import psutil
 import pytest
 
 from broker.client import UsageError
@@ -222,3 +223,30 @@ def test_sandbox_told_to_stop_exits_as_run_does(sluice, tmp_path, signum):
             proc.wait()
         proc.stdout.close()
         proc.stderr.close()
+
+
+def test_ctrl_z_stops_a_job_of_an_interactive_shell(cli):
+    """``-it -- bash -i``: job control works on the command's own terminal (Ctrl-Z, fg, Ctrl-C)."""
+    def sleeper(status: str | None = None):
+        for p in psutil.process_iter(["cmdline", "status"]):
+            if p.info["cmdline"] == ["sleep", "97.25"] and (status is None or p.info["status"] == status):
+                return p
+        return None
+
+    with cli.terminal("-it", "--", "bash", "--norc", "--noprofile", "-i") as term:
+        term.type(b"echo ready-$((6*7))\r")
+        at = term.expect(b"ready-42")
+        term.type(b"sleep 97.25\r")
+        wait_for(sleeper, timeout=20, what="sleep to run in the foreground")
+        term.type(b"\x1a")
+        at = term.expect(b"Stopped", since=at)
+        wait_for(lambda: sleeper(psutil.STATUS_STOPPED), timeout=20, what="sleep to be stopped")
+        term.type(b"fg\r")
+        wait_for(lambda: sleeper(psutil.STATUS_SLEEPING), timeout=20, what="sleep to run again")
+        term.type(b"\x03")
+        at = term.expect(b"\n", since=term.expect(b"^C", since=at))
+        term.type(b"echo status-$?\r")
+        term.expect(b"status-130", since=at)
+        term.type(b"exit 3\r")
+        assert term.wait() == 3
+        assert term.attrs() == term.initial_attrs
