@@ -1,5 +1,8 @@
 """``sluice run``: one command through the daemon, its output streamed as it comes
-(raw bytes, or Codex-shaped events with ``--json``), its exit code ours."""
+(raw bytes, or Codex-shaped events with ``--json``), its exit code ours. Its stdin is
+ours when that is a pipe or a file (or, with ``-i``, a terminal); with ``-t`` it gets a
+terminal of its own in the sandbox, to which our raw terminal's keys and window size go
+(:mod:`broker.cli.terminal`)."""
 
 from __future__ import annotations
 

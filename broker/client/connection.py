@@ -302,7 +302,7 @@ class Client:
 
     def resize(self, call: Call, rows: int, cols: int) -> None:
         """Change the window size of ``call``'s terminal (a call submitted with ``tty``);
-        the command gets SIGWINCH. Before the command started, the size is sent once it
+        the command gets SIGWINCH if the size changed. Before the command started, the size is sent once it
         has; after it ended, nothing is sent. Raises :class:`UsageError` for a call
         without a terminal or a size out of range (1..65535)."""
         size = winsize(rows, cols)
