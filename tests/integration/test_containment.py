@@ -545,9 +545,11 @@ _TIOCSTI = ("import fcntl, termios\n"
 
 @pytest.mark.timeout(60)
 def test_a_command_on_the_persons_terminal_cannot_type_into_it(tmp_path):
-    """``sluice sandbox`` hands the command the terminal it runs on; the command runs in a
-    session of its own, so that terminal is not its controlling one and TIOCSTI (type
-    into it) is refused, whatever ``dev.tty.legacy_tiocsti`` says."""
+    """``python -m landlock_helper`` hands the command the terminal it runs on (``sluice
+    sandbox`` no longer does: it relays a terminal through pipes, or gives ``-t`` a pty of
+    its own, as ``sluice run`` does); the command runs in a session of its own, so that
+    terminal is not its controlling one and TIOCSTI (type into it) is refused, whatever
+    ``dev.tty.legacy_tiocsti`` says."""
     import pty
     import select
 
