@@ -11,8 +11,9 @@ tells what it will do through the daemon:
   over, end of file at Ctrl-D), and a stdout or stderr that is a terminal is relayed
   through a pipe. A pipe, a file or /dev/null is handed to the command as it is.
 
-SIGINT, SIGTERM and SIGHUP to sluice end the command's whole tree (sluice then exits
-with 128 + that signal, as ``sluice run`` does); otherwise sluice exits with the
+SIGINT, SIGTERM and SIGHUP to sluice end the command's whole tree (SIGTERM, SIGKILL
+after :data:`KILL_GRACE_S`; sluice then exits with 128 + that signal, as ``sluice run``
+does); otherwise sluice exits with the
 command's status (128+N when signal N killed it, 127 when it was not found).
 """
 
@@ -27,6 +28,7 @@ import signal
 import struct
 import sys
 import termios
+import time
 
 from broker.cli.base import USAGE_SANDBOX, command_of, env_report, fail, print_error, write_all
 from broker.cli.terminal import NOT_A_TERMINAL, RawTerminal, is_terminal, window_size
@@ -42,6 +44,9 @@ from landlock_helper.spawn import SandboxError, spawn
 RELAY_READ = 64 * 1024
 # Exit status when the sandbox could not be set up (as ``python -m landlock_helper``).
 EXIT_SETUP = 2
+# After SIGTERM to the command's tree, how long until SIGKILL (as the executor's cancel):
+# an interactive shell ignores SIGTERM.
+KILL_GRACE_S = 0.5
 
 
 def sandbox_main(args) -> int:
@@ -89,6 +94,9 @@ class _Relay:
         self.pending = b""
         self.mine: list[int] = []  # fds of ours to close at the end
         self.signum: int | None = None
+        self.proc = None
+        self.kill_at: float | None = None
+        self.killed = False
 
     def _pipe(self) -> tuple[int, int]:
         r, w = os.pipe2(os.O_CLOEXEC)
@@ -139,25 +147,27 @@ class _Relay:
         return stdin, out[0], out[1], theirs
 
     def run(self, command, *, cwd, env, policy, hide) -> int:
-        try:
-            stdin, stdout, stderr, theirs = self._stdio()
+        with self._signals():
             try:
-                proc = spawn(command, cwd=cwd, env=env, policy=policy, stdin=stdin, stdout=stdout, stderr=stderr,
-                             hidden_paths=hide, tty=self.tty)
-            finally:
-                for fd in theirs:
-                    self._close(fd)
-        except (SandboxError, OSError) as e:
-            self._close_all()
-            return fail(str(e), EXIT_SETUP)
-        try:
-            with self._signals(proc):
+                stdin, stdout, stderr, theirs = self._stdio()
+                try:
+                    proc = self.proc = spawn(command, cwd=cwd, env=env, policy=policy, stdin=stdin, stdout=stdout,
+                                             stderr=stderr, hidden_paths=hide, tty=self.tty)
+                finally:
+                    for fd in theirs:
+                        self._close(fd)
+            except (SandboxError, OSError) as e:
+                self._close_all()
+                return fail(str(e), EXIT_SETUP)
+            try:
+                if self.signum is not None:  # told to stop while it was starting
+                    self._stop()
                 with RawTerminal(0) if self.tty else contextlib.nullcontext() as term:
                     self._pump(proc, term)
-            outcome = proc.wait()
-        finally:
-            proc.close()
-            self._close_all()
+                outcome = proc.wait()
+            finally:
+                proc.close()
+                self._close_all()
         for note in outcome.notes:
             _say(note)  # already "sluice: ..."
         if outcome.limit:
@@ -175,8 +185,14 @@ class _Relay:
         for fd in list(self.mine):
             self._close(fd)
 
+    def _stop(self) -> None:
+        """SIGTERM to the command's tree now, SIGKILL after :data:`KILL_GRACE_S`."""
+        if self.proc is not None and self.kill_at is None:
+            self.proc.terminate()
+            self.kill_at = time.monotonic() + KILL_GRACE_S
+
     @contextlib.contextmanager
-    def _signals(self, proc):
+    def _signals(self):
         """SIGINT, SIGTERM, SIGHUP end the command's tree (we relay until it is dead);
         every signal with a handler wakes the relay's select through the wakeup fd."""
         r, w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
@@ -184,7 +200,7 @@ class _Relay:
 
         def end(signum, frame):
             self.signum = signum
-            proc.terminate()
+            self._stop()
 
         old_fd = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
         old = {}
@@ -220,8 +236,16 @@ class _Relay:
                 wlist.append(self.stdin_to)
             elif reading_stdin:
                 rlist.append(0)
+            timeout = None if done_fds else 0.1
+            if self.kill_at is not None and not self.killed:
+                left = self.kill_at - time.monotonic()
+                if left <= 0:
+                    proc.kill()
+                    self.killed = True
+                else:
+                    timeout = left if timeout is None else min(timeout, left)
             try:
-                readable, writable, _ = select.select(rlist, wlist, [], None if done_fds else 0.1)
+                readable, writable, _ = select.select(rlist, wlist, [], timeout)
             except InterruptedError:
                 continue
             if self.wake in readable:

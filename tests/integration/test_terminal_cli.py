@@ -250,3 +250,14 @@ def test_ctrl_z_stops_a_job_of_an_interactive_shell(cli):
         term.type(b"exit 3\r")
         assert term.wait() == 3
         assert term.attrs() == term.initial_attrs
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
+def test_a_shell_that_ignores_sigterm_still_ends_when_sluice_is_told_to_stop(cli, signum):
+    """An interactive bash ignores SIGTERM: its tree is killed after a short grace."""
+    with cli.terminal("-t", "--", "bash", "--norc", "--noprofile", "-i") as term:
+        term.type(b"echo ready-$((6*7))\r")
+        term.expect(b"ready-42")
+        term.signal(signum)
+        assert term.wait() == 128 + signum
+        assert term.attrs() == term.initial_attrs
