@@ -6,15 +6,18 @@ sandbox: by default a server gets the session's sandbox policy *without network*
 that needs more says so with ``network = true`` and ``writable_roots = ["/abs/path"]``,
 and ``sandbox = "read-only" | "workspace-write" | "danger-full-access"`` replaces the
 session's mode for it. What a server is granted beyond the default is shown to the user
-when the session starts (:func:`grants`).
+when the session starts (:func:`grants`). A server is a
+:class:`broker.wire.protocol.McpServerConfig`: the frontend reads the table and sends the
+servers in ``configure_session``.
 """
 
 from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass, field
 from typing import Any
+
+from broker.wire.protocol import McpServerConfig
 
 DEFAULT_STARTUP_TIMEOUT_S = 10.0
 DEFAULT_TOOL_TIMEOUT_S = 60.0
@@ -28,27 +31,7 @@ class McpConfigError(ValueError):
     """A server's table that cannot be used; ``str()`` is one line naming the key."""
 
 
-@dataclass(frozen=True)
-class ServerConfig:
-    name: str
-    command: str
-    args: tuple[str, ...] = ()
-    env: dict[str, str] = field(default_factory=dict)
-    startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S
-    tool_timeout_s: float = DEFAULT_TOOL_TIMEOUT_S
-    network: bool = False
-    writable_roots: tuple[str, ...] = ()
-    # None: the session's sandbox mode.
-    sandbox: str | None = None
-    # None: the session's working directory.
-    cwd: str | None = None
-
-    @property
-    def argv(self) -> list[str]:
-        return [self.command, *self.args]
-
-
-def parse_servers(table: Any) -> list[ServerConfig]:
+def parse_servers(table: Any) -> list[McpServerConfig]:
     """The enabled servers of ``mcp_servers`` (a TOML table), by name; raises McpConfigError."""
     if table is None:
         return []
@@ -70,7 +53,7 @@ def parse_servers(table: Any) -> list[ServerConfig]:
     return servers
 
 
-def _server(name: str, section: dict, where: str) -> ServerConfig:
+def _server(name: str, section: dict, where: str) -> McpServerConfig:
     command = section.get("command")
     if not isinstance(command, str) or not command:
         raise McpConfigError(f"{where}.command must be a non-empty string")
@@ -98,11 +81,12 @@ def _server(name: str, section: dict, where: str) -> ServerConfig:
     cwd = section.get("cwd")
     if cwd is not None and not (isinstance(cwd, str) and os.path.isabs(cwd)):
         raise McpConfigError(f"{where}.cwd must be an absolute path")
-    return ServerConfig(name, command, tuple(args), dict(env), timeouts["startup_timeout_sec"],
-                        timeouts["tool_timeout_sec"], network, tuple(roots), sandbox, cwd)
+    return McpServerConfig(name=name, command=command, args=list(args), env=dict(env),
+                           startup_timeout_s=timeouts["startup_timeout_sec"], tool_timeout_s=timeouts["tool_timeout_sec"],
+                           network=network, writable_roots=list(roots), sandbox=sandbox, cwd=cwd)
 
 
-def grants(server: ServerConfig) -> list[str]:
+def grants(server: McpServerConfig) -> list[str]:
     """What ``server`` is allowed beyond a session's sandbox without network, one phrase each."""
     out = []
     if server.sandbox == "danger-full-access":

@@ -25,8 +25,8 @@ from typing import Any, Protocol
 import structlog
 
 from agent.mcp.client import McpClient, McpError
-from agent.mcp.config import ServerConfig
 from agent.mcp.tools import McpTool, declaration, offered_tools, result_for_model
+from broker.wire.protocol import McpServerConfig
 
 log = structlog.get_logger("agent.mcp")
 
@@ -53,7 +53,7 @@ class Streams:
 
 
 # (server, where its output goes) -> the running process; raises McpError (one line).
-Launcher = Callable[[ServerConfig, Streams], Awaitable[Process]]
+Launcher = Callable[[McpServerConfig, Streams], Awaitable[Process]]
 
 
 @dataclass
@@ -67,7 +67,7 @@ class CallOutcome:
 
 
 class _Server:
-    def __init__(self, config: ServerConfig) -> None:
+    def __init__(self, config: McpServerConfig) -> None:
         self.config = config
         self.client: McpClient | None = None
         self.process: Process | None = None
@@ -76,7 +76,7 @@ class _Server:
 
 
 class McpManager:
-    def __init__(self, servers: list[ServerConfig], launcher: Launcher, *, roots: list[str] = ()) -> None:
+    def __init__(self, servers: list[McpServerConfig], launcher: Launcher, *, roots: list[str] = ()) -> None:
         self._servers = {s.name: _Server(s) for s in servers}
         self._launcher = launcher
         self._roots = list(roots)
@@ -84,7 +84,7 @@ class McpManager:
         self._closed = False
 
     @property
-    def servers(self) -> list[ServerConfig]:
+    def servers(self) -> list[McpServerConfig]:
         return [s.config for s in self._servers.values()]
 
     async def start(self) -> list[str]:

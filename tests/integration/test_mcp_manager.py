@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from agent.mcp.client import McpError
-from agent.mcp.config import ServerConfig
 from agent.mcp.manager import McpManager, Streams
+from broker.wire.protocol import McpServerConfig
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -61,7 +61,7 @@ class LocalProcess:
 
 
 def launcher(started: list[LocalProcess]):
-    async def launch(config: ServerConfig, streams: Streams) -> LocalProcess:
+    async def launch(config: McpServerConfig, streams: Streams) -> LocalProcess:
         proc = await asyncio.create_subprocess_exec(
             *config.argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE, env={**os.environ, **config.env})
@@ -71,8 +71,8 @@ def launcher(started: list[LocalProcess]):
     return launch
 
 
-def server(name: str = "fake", **kw) -> ServerConfig:
-    return ServerConfig(name, sys.executable, (SERVER,), **kw)
+def server(name: str = "fake", **kw) -> McpServerConfig:
+    return McpServerConfig(name=name, command=sys.executable, args=[SERVER], **kw)
 
 
 def run(coro):
@@ -137,7 +137,7 @@ def test_servers_that_cannot_start_are_reported_and_the_others_serve():
         started: list[LocalProcess] = []
         servers = [
             server("good"),
-            ServerConfig("missing", "/nonexistent/mcp-server"),
+            McpServerConfig(name="missing", command="/nonexistent/mcp-server"),
             server("silent", env={"FAKE_MCP_SILENT": "1"}, startup_timeout_s=0.5),
             server("old", env={"FAKE_MCP_VERSION": "1999-01-01"}),
         ]
