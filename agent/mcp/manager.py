@@ -121,9 +121,7 @@ class McpManager:
             client = await self._ready(server)
             result = await client.call_tool(tool.name, arguments, server.config.tool_timeout_s)
         except McpError as err:
-            if server.client is not None and server.client.gone is None and "did not answer" in str(err):
-                # A server that does not answer in time may answer nothing more: start afresh next time.
-                await self._stop(server)
+            # A timeout leaves the server running (told the call is cancelled), as Codex does.
             return CallOutcome(f"tool call failed: {err}", False, None, time.monotonic() - started)
         text, success = result_for_model(result)
         return CallOutcome(text, success, result, time.monotonic() - started)
