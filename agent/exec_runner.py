@@ -33,7 +33,8 @@ Long-lived interactive commands (a shell, a REPL, a dev server)::
 never did, with ``proc.done`` set and the reason in ``proc.result.error``). Such a run
 has no timeout and takes none of an executor's slots. With ``tty`` (a
 :class:`~broker.wire.frames.Winsize`) the command's stdin, stdout and stderr are a
-terminal, and all its output comes as stdout; with ``tty=None`` they are pipes. Its
+terminal, and all its output comes as stdout; with ``tty=None`` they are pipes.
+``stdin=False`` gives it /dev/null (its output still streams until it exits). Its
 stdin is written in ``in`` messages, at most :data:`~broker.wire.frames.STDIN_WINDOW_BYTES`
 unacknowledged by the executor, so a command that stops reading holds up only its own
 writer. ``on_exit(result)`` (optional) is called once, from the event loop, when it has
@@ -152,6 +153,7 @@ class CommandRunner(abc.ABC):
         on_output: OutputCallback | None = None,
         *,
         tty: wire.Winsize | None = None,
+        stdin: bool = True,
         on_exit: ExitCallback | None = None,
         call_id: str | None = None,
         env: Mapping[str, str] | None = None,
@@ -362,6 +364,7 @@ class BrokerRunner(CommandRunner):
         on_output: OutputCallback | None = None,
         *,
         tty: wire.Winsize | None = None,
+        stdin: bool = True,
         on_exit: ExitCallback | None = None,
         call_id: str | None = None,
         env: Mapping[str, str] | None = None,
@@ -376,6 +379,7 @@ class BrokerRunner(CommandRunner):
         future: asyncio.Future[ExecResult] = loop.create_future()
         running = _Running(call_id, on_output, future, HeadTailBuffer(self.aggregate_limit), interactive=True,
                            started=loop.create_future(), on_exit=on_exit, stdin_room=asyncio.Event())
+        running.stdin_closed = not stdin
         process = _BrokerProcess(self, running, tty is not None)
         if self.link.broken is not None:
             self._finish(running, ExecResult(error=str(self.link.broken)))
@@ -392,7 +396,7 @@ class BrokerRunner(CommandRunner):
             capture_limit=min(self.capture_limit, INTERACTIVE_CAPTURE_LIMIT),
             sandbox_cwd=sandbox_cwd or cwd,
             limits=limits,
-            stdin=True,
+            stdin=stdin,
             tty=tty,
             interactive=True,
         )
