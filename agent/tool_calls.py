@@ -32,6 +32,14 @@ writable roots: approving it opens that root for the rest of the session) or a r
 the patch applied by the agent itself (verified first, written atomically),
 ``patch_apply_end``, and the turn's diff tracker updated.
 
+Long-lived commands (:mod:`agent.unified_exec`; the seed's ``unified_exec``, Codex's
+``exec_command`` / ``write_stdin``, answered only when the session's ``unified_exec``
+setting offers them): starting one goes through steps 1, 2 and 4 above exactly as a
+``shell`` command (:func:`approve_command`, :func:`approve_retry`: the retry when the
+command exits within its first wait looking denied); writes to a running one are not
+approved again, as what it runs stays in its sandbox. An interrupt cancels the call
+waiting on a session, not the session.
+
 Interrupted while a command runs: the command is cancelled through the runner and its
 ``exec_command_end`` says so (exit code 130, ``formatted_output`` "aborted") before the
 cancellation goes on.
