@@ -88,10 +88,11 @@ def test_a_bash_session_keeps_an_exported_variable_and_sessions_are_independent(
         server.script(
             seed("c1", "bash", "-i"),
             seed("c2", "export", "CODEX_INTERACTIVE_SHELL_VAR=codex\n", session=1000),
-            seed("c3", "echo [$CODEX_INTERACTIVE_SHELL_VAR]\n", session=1000),
+            # Calls whose answers are checked wait longer, for a loaded machine.
+            seed("c3", "echo [$CODEX_INTERACTIVE_SHELL_VAR]\n", session=1000, timeout_ms=1500),
             seed("c4", "bash", "-i"),
-            seed("c5", "echo [$CODEX_INTERACTIVE_SHELL_VAR]\n", session=1001),
-            seed("c6", "echo [$CODEX_INTERACTIVE_SHELL_VAR]\n", session=1000),
+            seed("c5", "echo [$CODEX_INTERACTIVE_SHELL_VAR]\n", session=1001, timeout_ms=1500),
+            seed("c6", "echo [$CODEX_INTERACTIVE_SHELL_VAR]\n", session=1000, timeout_ms=1500),
             response(assistant("Done.")),
         )
 
@@ -208,7 +209,7 @@ def test_a_python_repl_driven_over_several_calls(module_daemon, tmp_path) -> Non
             exec_command("c1", cmd="/usr/bin/python3 -i -q", tty=True, yield_time_ms=1500),
             write_stdin("c2", 1000, "x = 6 * 7\n"),
             write_stdin("c3", 1000, "def f(n):\n    return n * x\n\n"),
-            write_stdin("c4", 1000, "print('answer', f(10))\n"),
+            write_stdin("c4", 1000, "print('answer', f(10))\n", yield_time_ms=1500),
             write_stdin("c5", 1000, "import sys; sys.exit(3)\n", yield_time_ms=5000),
             write_stdin("c6", 1000, "1\n"),
             response(assistant("Done.")),
@@ -233,7 +234,7 @@ def test_exec_command_without_a_terminal(module_daemon, tmp_path) -> None:
     with FakeModelServer() as server:
         server.script(
             exec_command("c1", cmd="echo one; echo two >&2", yield_time_ms=5000),
-            exec_command("c2", cmd="echo started; sleep 30", yield_time_ms=300),
+            exec_command("c2", cmd="echo started; sleep 30", yield_time_ms=1500),
             write_stdin("c3", 1001, "more\n"),
             exec_command("c4", cmd="seq 1 20000", yield_time_ms=5000, max_output_tokens=50),
             response(assistant("Done.")),
@@ -323,7 +324,8 @@ def test_interrupt_keeps_sessions_and_shutdown_kills_them(module_daemon, tmp_pat
             sub = await h.say("start things")
             await h.until(lambda e: e.id == sub and tag(e) == "exec_command_begin" and e.msg.call_id == "c2",
                           timeout=30)
-            await _wait(lambda: len(server.requests) >= 3, what="the long poll")
+            sessions = h.session.unified_exec.sessions
+            await _wait(lambda: 1000 in sessions and sessions[1000].busy, what="the long poll")
             await h.submit(Interrupt())
             assert h.tags(sub, deltas=False)[-2:] == ["error", "turn_aborted"]
             assert live_processes(sleeper) and sorted(h.session.unified_exec.sessions) == [1000, 1001]
@@ -353,7 +355,7 @@ def test_the_session_cap_closes_the_one_idle_longest(module_daemon, tmp_path) ->
             seed("c3", "echo used\n", session=1000, timeout_ms=200),  # 1001 is now the idle one
             seed("c4", "bash", "-i", timeout_ms=200),
             seed("c5", session=1001, timeout_ms=100),
-            seed("c6", "echo [still]\n", session=1000, timeout_ms=300),
+            seed("c6", "echo [still]\n", session=1000, timeout_ms=1500),
             response(assistant("Done.")),
         )
 
