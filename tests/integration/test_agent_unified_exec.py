@@ -13,6 +13,7 @@ import json
 import os
 import random
 import threading
+import time
 
 import pytest
 
@@ -24,11 +25,14 @@ from broker.wire.protocol import (
     Interrupt,
     ReviewDecision,
     Shutdown,
+    TextInput,
     UnifiedExecSettings,
+    UserInput,
 )
 from landlock_helper.policy import SandboxPolicy
 from tests.support.fake_model import FakeModelServer, Harness, assistant, call, gated, outputs_of, response, tag
 from tests.support.harness import live_processes
+from tests.support.sessions import collect, configure_op
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -417,3 +421,30 @@ def test_the_tools_follow_the_setting(module_daemon, tmp_path) -> None:
     assert got["c1"] == "unsupported call: unified_exec"
     # Not offered, but a model that calls it anyway is served as before.
     assert json.loads(got["c2"])["metadata"]["exit_code"] == 0
+
+
+# -- through the daemon's own agent process -------------------------------------------
+
+
+def test_the_setting_travels_with_the_session_to_the_agent_process(module_daemon, tmp_path) -> None:
+    sleeper = ["sleep", f"{random.randint(1000, 9999)}.{random.randint(100, 999)}"]
+    with FakeModelServer() as server:
+        server.script(
+            exec_command("c1", cmd=" ".join(sleeper), login=False, yield_time_ms=300),
+            response(assistant("Left it running.")),
+        )
+        client = module_daemon.client()
+        session = client.open_session(configure_op(server, str(tmp_path), unified_exec=CODEX))
+        collect(session, "session_configured")
+        session.submit(UserInput([TextInput("start it")]))
+        collect(session, "task_complete", timeout=30)
+        assert [t["name"] for t in server.requests[0]["json"]["tools"]][:2] == ["exec_command", "write_stdin"]
+        assert "Process running with session ID 1000" in answers(server)["c1"]
+        assert live_processes(sleeper)
+        session.submit(Shutdown())
+        events = collect(session, "shutdown_complete", timeout=30)
+        assert [e.msg.call_id for e in events if tag(e) == "exec_command_end"] == ["c1"]
+        deadline = time.monotonic() + 10
+        while live_processes(sleeper) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert not live_processes(sleeper)
