@@ -94,7 +94,14 @@ from agent.tools import (
     parse_write_stdin_arguments,
     shell_params_from_local_call,
 )
-from agent.unified_exec import DEFAULT_WINSIZE, Collected, ExecSession, UnknownSessionId, clamp_timeout
+from agent.unified_exec import (
+    DEFAULT_WINSIZE,
+    Collected,
+    ExecSession,
+    UnknownSessionId,
+    clamp_timeout,
+    session_env,
+)
 from broker.wire.frames import Winsize
 from broker.wire.protocol import (
     AgentMessageEvent,
@@ -297,7 +304,7 @@ async def _start_session(
         policy = sess.sandbox_policy if sandboxed else sess.unsandboxed_policy
         session, more = await manager.open(
             argv, cwd, policy, call_id=call_id, sub_id=task.sub_id, sandboxed=sandboxed, tty=tty, stdin=stdin,
-            env=sess.command_env, sandbox_cwd=sess.config.cwd, env_passthrough=sess.command_env_passthrough,
+            env=session_env(sess.command_env), sandbox_cwd=sess.config.cwd, env_passthrough=sess.command_env_passthrough,
             limits=sess.command_limits)
         notes.extend(more)
         return session, await manager.collect(session, timeout_s, task.sub_id)

@@ -24,6 +24,8 @@ Behaviour (the seed's ``unified_exec/mod.rs``, and Codex's ``exec_command`` /
   candidates), and :meth:`UnifiedExecManager.open` returns a note saying so for the model.
 - A session no call has used for ``idle_timeout_s`` (default :data:`DEFAULT_IDLE_TIMEOUT_S`;
   0: never) is closed by a reaper task.
+- A session's command runs with :data:`SESSION_ENV` added to the session's environment
+  (:func:`session_env`): no colours, no pager, a plain terminal type, UTF-8.
 - Interrupting a turn cancels the call waiting on a session, never the session.
   :meth:`UnifiedExecManager.close_all` (the agent session's shutdown) kills every one and
   waits, bounded, for their trees to be reported dead.
@@ -39,6 +41,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import os
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -70,6 +73,19 @@ DEFAULT_WINSIZE = wire.Winsize(24, 80)
 # How long close_all waits for the executors to report the killed trees dead.
 CLOSE_GRACE_S = 5.0
 FIRST_SESSION_ID = 1000
+# Set for every session's command, as Codex does for its interactive commands: output
+# meant for a model, not a person (no colours, no pager waiting for a key).
+SESSION_ENV = {
+    "NO_COLOR": "1",
+    "TERM": "dumb",
+    "LANG": "C.UTF-8",
+    "LC_CTYPE": "C.UTF-8",
+    "LC_ALL": "C.UTF-8",
+    "COLORTERM": "",
+    "PAGER": "cat",
+    "GIT_PAGER": "cat",
+    "GH_PAGER": "cat",
+}
 
 Send = Callable[[str, EventMsg], None]
 
@@ -404,6 +420,11 @@ class UnifiedExecManager:
                 if not session.busy and now - session.last_used >= self.idle_timeout_s:
                     log.info("idle session reaped", id=session.id, idle_s=round(now - session.last_used, 1))
                     await self.close(session.id, wait=False)
+
+
+def session_env(env: Mapping[str, str] | None) -> dict[str, str]:
+    """A session command's environment: ``env`` (None: the agent's own) with :data:`SESSION_ENV`."""
+    return {**(os.environ if env is None else env), **SESSION_ENV}
 
 
 def _command_text(argv: Sequence[str], limit: int = 60) -> str:

@@ -261,7 +261,7 @@ def test_the_manager_caps_reaps_forgets_and_closes() -> None:
         manager.configure(max_sessions=2, idle_timeout_s=0.05)
         d, _ = await open_one("d")
         for _ in range(200):
-            if not manager.sessions:
+            if not manager.sessions and c.exited and d.exited:
                 break
             await asyncio.sleep(0.01)
         assert not manager.sessions and c.exited and d.exited
