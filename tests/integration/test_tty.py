@@ -30,9 +30,9 @@ ENV = {"PATH": "/usr/bin:/bin", "TERM": "xterm"}
 
 PROBE = """
 import os, signal, sys, time
-print("tty", os.isatty(0), os.isatty(1), os.isatty(2), os.get_terminal_size(), os.tcgetpgrp(0) == os.getpgrp(), flush=True)
-signal.signal(signal.SIGWINCH, lambda *_: print("winch", os.get_terminal_size(), flush=True))
+signal.signal(signal.SIGWINCH, lambda *_: os.write(1, f"winch {os.get_terminal_size()}\\n".encode()))
 try:
+    print("tty", os.isatty(0), os.isatty(1), os.isatty(2), os.get_terminal_size(), os.tcgetpgrp(0) == os.getpgrp(), flush=True)
     time.sleep(30)
 except KeyboardInterrupt:
     print("interrupted", flush=True)
@@ -104,7 +104,7 @@ def _resize(client, call, rows: int, cols: int) -> None:
 def test_a_command_run_with_a_terminal_through_the_daemon(daemon, tmp_path):
     client = daemon.client()
     output = bytearray()
-    probe = PROBE.replace("time.sleep(30)", "print('read', input(), flush=True); time.sleep(30)")
+    probe = PROBE.replace("    time.sleep(30)", "    print('read', input(), flush=True)\n    time.sleep(30)")
     call = client.submit_request(_tty_request([PYTHON, "-c", probe], tmp_path, 30, 100),
                                  on_output=lambda call, stream, chunk: output.extend(chunk))
     _until(client, call, output, b"tty True True True os.terminal_size(columns=100, lines=30) True")
