@@ -255,12 +255,12 @@ class _BrokerProcess(InteractiveProcess):
         if running.stdin_closed or running.future.done():
             return
         running.stdin_closed = True
-        self._runner.link.send([wire.header(wire.IN, running.call_id), b""])
+        self._runner._send_soon([wire.header(wire.IN, running.call_id), b""])
 
     def resize(self, rows: int, cols: int) -> None:
         if self.tty and not self.done:
             body = wire.encode(wire.Winsize(rows, cols))
-            self._runner.link.send([wire.header(wire.RESIZE, self.call_id), body])
+            self._runner._send_soon([wire.header(wire.RESIZE, self.call_id), body])
 
     async def cancel(self) -> None:
         if not self.done:
@@ -292,6 +292,7 @@ class BrokerRunner(CommandRunner):
         self.aggregate_limit = aggregate_limit
         self._owns_link = owns_link
         self._running: dict[str, _Running] = {}
+        self._senders: set[asyncio.Task[None]] = set()
         link.on(wire.OUT, self._on_out)
         link.on(wire.STARTED, self._on_started)
         link.on(wire.EXIT, self._on_exit)
@@ -442,6 +443,20 @@ class BrokerRunner(CommandRunner):
     async def cancel(self, call_id: str) -> None:
         if call_id in self._running:
             self._send_cancel(call_id)
+
+    def _send_soon(self, parts: list[bytes]) -> None:
+        """Send now, or (the queue being full) as soon as the link takes it."""
+        if self.link.send(parts) or self.link.broken is not None:
+            return
+        task = asyncio.get_running_loop().create_task(self._send_later(parts))
+        self._senders.add(task)
+        task.add_done_callback(self._senders.discard)
+
+    async def _send_later(self, parts: list[bytes]) -> None:
+        try:
+            await self.link.send_wait(parts)
+        except LinkError as err:
+            log.warning("could not send", kind=wire.decode_header(parts[0]).kind, error=str(err))
 
     def _send_cancel(self, call_id: str) -> None:
         if not self.link.send([wire.header(wire.CANCEL, call_id)]):

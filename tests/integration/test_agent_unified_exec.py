@@ -448,3 +448,37 @@ def test_the_setting_travels_with_the_session_to_the_agent_process(module_daemon
         while live_processes(sleeper) and time.monotonic() < deadline:
             time.sleep(0.01)
         assert not live_processes(sleeper)
+
+
+def test_an_approved_retry_or_escalation_starts_the_session_unsandboxed(module_daemon, tmp_path, outside) -> None:
+    retried = os.path.join(outside, "retried")
+    escalated = os.path.join(outside, "escalated")
+    with FakeModelServer() as server:
+        server.script(
+            seed("c1", "bash", "-c", f"echo x > {retried}", timeout_ms=5000),
+            response(assistant("Retried.")),
+            exec_command("c2", cmd=f"echo y > {escalated}", with_escalated_permissions=True,
+                         justification="write outside", login=False, yield_time_ms=5000),
+            response(assistant("Escalated.")),
+        )
+
+        async def body(h: Harness) -> None:
+            await h.configure(sandbox_policy=WORKSPACE, unified_exec=SEED, approval_policy=AskForApproval.ON_FAILURE)
+            sub = await h.say("write outside")
+            request = await h.until(lambda e: e.id == sub and tag(e) == "exec_approval_request", timeout=30)
+            assert request.msg.reason == "command failed; retry without sandbox?"
+            await h.submit(ExecApproval(sub, ReviewDecision.APPROVED))
+            assert tag(await h.done(sub, timeout=30)) == "task_complete"
+            assert [b.call_id for b in h.of("exec_command_begin", sub)] == ["c1", "c1"]
+
+            await h.configure(sandbox_policy=WORKSPACE, unified_exec=CODEX, approval_policy=AskForApproval.ON_REQUEST)
+            sub = await h.say("write outside again")
+            request = await h.until(lambda e: e.id == sub and tag(e) == "exec_approval_request", timeout=30)
+            assert request.msg.command[-1] == f"echo y > {escalated}" and request.msg.reason == "write outside"
+            await h.submit(ExecApproval(sub, ReviewDecision.APPROVED))
+            assert tag(await h.done(sub, timeout=30)) == "task_complete"
+
+        run(server, module_daemon, tmp_path, body)
+    assert open(retried).read() == "x\n" and open(escalated).read() == "y\n"
+    assert seed_answer(server, "c1")["session_id"] is None
+    assert "Process exited with code 0" in answers(server)["c2"]
