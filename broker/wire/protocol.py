@@ -340,7 +340,8 @@ class UnifiedExecSettings(msgspec.Struct, frozen=True, kw_only=True):
     tools: str = "seed"
     """Which tools the model is offered: ``off`` (``shell`` only), ``seed`` (the seed's
     ``unified_exec`` beside ``shell``), ``codex`` (``exec_command`` and ``write_stdin``
-    instead of ``shell``); one of :data:`UNIFIED_EXEC_TOOLS`."""
+    instead of ``shell``); one of :data:`UNIFIED_EXEC_TOOLS`. The default, ``seed``,
+    only adds a tool: a model that knows nothing but ``shell`` loses nothing."""
     max_sessions: int = 64
     """Live sessions per agent session; one more closes the one idle longest."""
     idle_timeout_ms: int = 30 * 60 * 1000
