@@ -321,7 +321,7 @@ async def _start_session(
 def _session_text(notes: list[str], collected: Collected) -> str:
     text = "".join(f"{note}\n" for note in notes) + _text(collected.output)
     result = collected.result
-    if result is not None and result.error and result.exit_code is None and result.signal is None:
+    if result is not None and result.error and result.error not in text:
         text += f"{result.error}\n"  # it never ran (or its executor failed): say why
     if result is not None and result.limit:
         text += f"sluice: {result.limit}\n"

@@ -164,6 +164,7 @@ def test_an_exited_session_is_gone_and_its_id_unknown(module_daemon, tmp_path) -
             seed("c2", "exit\n", session=1000, timeout_ms=5000),
             seed("c3", session=1000, timeout_ms=100),
             seed("c4", "/bin/echo", "codex", timeout_ms=5000),
+            seed("c5", "/no/such/program", timeout_ms=5000),
             response(assistant("Done.")),
         )
 
@@ -171,7 +172,8 @@ def test_an_exited_session_is_gone_and_its_id_unknown(module_daemon, tmp_path) -
             sub = await h.say("exit the shell")
             assert tag(await h.done(sub, timeout=30)) == "task_complete"
             ends = h.of("exec_command_end", sub)
-            assert [e.call_id for e in ends] == ["c1", "c4"] and ends[0].exit_code == 0
+            assert [e.call_id for e in ends] == ["c1", "c4", "c5"] and ends[0].exit_code == 0
+            assert ends[2].exit_code == 127
             assert not h.session.unified_exec.sessions
 
         run(server, module_daemon, tmp_path, body)
@@ -179,6 +181,8 @@ def test_an_exited_session_is_gone_and_its_id_unknown(module_daemon, tmp_path) -
     assert answers(server)["c3"] == "unified exec failed: Unknown session id 1000"
     # A command that exits within its timeout never holds a session.
     assert seed_answer(server, "c4")["session_id"] is None and "codex" in seed_answer(server, "c4")["output"]
+    missing = seed_answer(server, "c5")
+    assert missing["session_id"] is None and "/no/such/program" in missing["output"], missing
 
 
 def test_a_timeout_above_the_maximum_is_clamped_with_a_warning(module_daemon, tmp_path) -> None:
