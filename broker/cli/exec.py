@@ -52,6 +52,7 @@ import uuid
 
 import broker.client as C
 from agent.config import ConfigError, load_config, resolve_provider
+from agent.mcp.config import McpConfigError, parse_servers
 from broker.cli.attach import NoSuchSession, resolve_session
 from broker.cli.base import CliExit, add_connect_args, connect_client, print_error, write_all
 from broker.cli.render import APPROVAL_PROMPT, HumanRenderer, JsonRenderer, describe_approval, parse_approval_answer
@@ -183,6 +184,10 @@ def _configure_op(args):
     # The commands' environment is built here, from ours, under the user's
     # shell_environment_policy: the secrets never leave this process.
     commands_env = config.shell_environment_policy.apply(os.environ)
+    try:
+        mcp_servers = parse_servers(config.raw.get("mcp_servers"))
+    except McpConfigError as err:
+        raise _usage(f"{config.path or 'config'}: {err}") from None
     if args.env_report:
         _env_report(commands_env)
     op = ConfigureSession(
@@ -202,6 +207,7 @@ def _configure_op(args):
         env_passthrough=commands_env.passthrough or UNSET,
         show_raw_agent_reasoning=config.show_raw_agent_reasoning or UNSET,
         limits=config.limits if config.limits != Limits() else UNSET,
+        mcp_servers=mcp_servers or UNSET,
     )
     header = {"provider": provider.id, "approval": str(approval), "sandbox": mode, "cwd": cwd}
     return op, header, not config.hide_agent_reasoning

@@ -357,6 +357,32 @@ class UnifiedExecSettings(msgspec.Struct, frozen=True, kw_only=True):
             raise msgspec.ValidationError(f"unified_exec_idle_timeout_ms must be >= 0, got {self.idle_timeout_ms}")
 
 
+class McpServerConfig(msgspec.Struct, frozen=True, kw_only=True):
+    """sluice's own: one MCP server a session starts (the frontend's ``[mcp_servers.NAME]``,
+    see :mod:`agent.mcp.config`). It runs in the sandbox: the session's policy without
+    network unless ``network``, ``writable_roots`` or ``sandbox`` (a mode) say more."""
+
+    name: str
+    command: str
+    args: list[str] = []
+    env: dict[str, str] = {}
+    startup_timeout_s: float = 10.0
+    tool_timeout_s: float = 60.0
+    network: bool = False
+    writable_roots: list[str] = []
+    sandbox: str | None = None
+    """None: the session's sandbox mode."""
+    cwd: str | None = None
+    """None: the session's cwd."""
+
+    @property
+    def argv(self) -> list[str]:
+        return [self.command, *self.args]
+
+    def __repr__(self) -> str:
+        return f"McpServerConfig(name={self.name!r}, command={self.command!r}, env=<{len(self.env)} variables>)"
+
+
 class ConfigureSession(_Op, tag="configure_session", kw_only=True):
     """Configure the session; the agent answers with ``session_configured``."""
 
@@ -399,6 +425,9 @@ class ConfigureSession(_Op, tag="configure_session", kw_only=True):
     table of the frontend's config); unset fields take the executor's defaults."""
     unified_exec: UnifiedExecSettings | UnsetType = UNSET
     """sluice's own: the interactive tools offered and their bounds; unset: the defaults."""
+    mcp_servers: list[McpServerConfig] | UnsetType = UNSET
+    """sluice's own: the MCP servers whose tools the session offers (the frontend's
+    ``[mcp_servers]``; Codex reads them from its config in-process)."""
 
     def __repr__(self) -> str:
         def shown(name: str, value: object) -> str:
@@ -408,6 +437,8 @@ class ConfigureSession(_Op, tag="configure_session", kw_only=True):
                 return "<hidden>"
             if name == "env":
                 return f"<{len(value)} variables>"  # type: ignore[arg-type]
+            if name == "mcp_servers":
+                return repr([server.name for server in value])  # type: ignore[union-attr]
             return repr(value)
 
         fields = ", ".join(f"{f}={shown(f, getattr(self, f))}" for f in self.__struct_fields__)

@@ -1,0 +1,269 @@
+"""A client of one MCP server: JSON-RPC 2.0 over a byte stream, newline-delimited.
+
+The server is an untrusted program (it runs in the sandbox, see :mod:`agent.mcp.manager`),
+so everything it sends is checked: a line that is not JSON, is too long, or answers no
+request of ours is dropped with a throttled log line, never an exception in the caller;
+a server that stops making sense is closed. What the client needs from the stream is a
+:class:`Transport`; the bytes the server writes are given to :meth:`McpClient.feed` and
+its end to :meth:`McpClient.closed`.
+
+The protocol as the client speaks it (MCP, https://modelcontextprotocol.io):
+
+- :meth:`McpClient.initialize`: ``initialize`` with our latest protocol version, our
+  capabilities (``roots``) and name; the server answers with the version it speaks, which
+  must be one of :data:`PROTOCOL_VERSIONS`; then the ``notifications/initialized``
+  notification.
+- :meth:`McpClient.list_tools`: ``tools/list``, following ``nextCursor`` pages.
+- :meth:`McpClient.call_tool`: ``tools/call``; on a timeout or when the caller is
+  cancelled the server is told ``notifications/cancelled`` for that request.
+- Requests from the server: ``ping`` is answered, ``roots/list`` gives the roots the
+  manager set; anything else gets "method not found". Its notifications are logged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
+
+import structlog
+
+from broker.net.logging import Throttle
+
+log = structlog.get_logger("agent.mcp")
+
+# Newest first: what we offer, and what we accept a server to answer.
+PROTOCOL_VERSIONS = ("2025-06-18", "2025-03-26", "2024-11-05")
+# One message from a server, at most (a tool's result included).
+MAX_LINE_BYTES = 16 * 1024 * 1024
+# tools/list pages followed, at most (a server that pages forever is cut off).
+MAX_PAGES = 100
+CLIENT_INFO = {"name": "sluice", "version": "0.1.0"}
+
+# JSON-RPC error codes.
+PARSE_ERROR = -32700
+METHOD_NOT_FOUND = -32601
+
+
+class McpError(Exception):
+    """A request that failed: the server's error, a timeout, or the server gone; one line."""
+
+
+class Transport(Protocol):
+    """How bytes reach the server's stdin."""
+
+    async def write(self, data: bytes) -> None:
+        """Send ``data`` (in order); raises :class:`McpError` when the server is gone."""
+
+
+class McpClient:
+    """One connection to one server (see the module docstring)."""
+
+    def __init__(self, name: str, transport: Transport, *, roots: list[str] = ()) -> None:
+        self.name = name
+        self.transport = transport
+        self.roots = list(roots)
+        self.server_info: dict[str, Any] = {}
+        self.protocol_version: str | None = None
+        self.instructions: str | None = None
+        self._ids = itertools.count(1)
+        self._pending: dict[int, asyncio.Future] = {}
+        self._buffer = bytearray()
+        self._gone: str | None = None
+        self._throttle = Throttle(log)
+        # Called with (method, params) for each notification from the server.
+        self.on_notification: Callable[[str, Any], None] | None = None
+        self._writes: asyncio.Lock | None = None
+
+    # -- what the server sends -----------------------------------------------------------
+
+    def feed(self, data: bytes) -> None:
+        """Bytes the server wrote to its stdout."""
+        if self._gone is not None:
+            return
+        self._buffer += data
+        while True:
+            end = self._buffer.find(b"\n")
+            if end < 0:
+                if len(self._buffer) > MAX_LINE_BYTES:
+                    self.closed(f"sent a message over {MAX_LINE_BYTES >> 20} MiB")
+                return
+            line = bytes(self._buffer[:end])
+            del self._buffer[:end + 1]
+            if line.strip():
+                self._on_line(line)
+
+    def closed(self, why: str) -> None:
+        """The server is gone (it exited, or makes no sense): every request fails with ``why``."""
+        if self._gone is not None:
+            return
+        self._gone = why
+        pending, self._pending = self._pending, {}
+        for future in pending.values():
+            if not future.done():
+                future.set_exception(McpError(f"MCP server {self.name} {why}"))
+
+    @property
+    def gone(self) -> str | None:
+        """Why the server is gone (None while it is there)."""
+        return self._gone
+
+    def _on_line(self, line: bytes) -> None:
+        try:
+            message = json.loads(line)
+        except (ValueError, RecursionError):
+            self._throttle("warning", "MCP server sent a line that is not JSON", server=self.name,
+                           line=line[:200].decode(errors="replace"))
+            return
+        if isinstance(message, list):  # a batch (2025-03-26 allows them)
+            for item in message[:1000]:
+                self._on_message(item)
+        else:
+            self._on_message(message)
+
+    def _on_message(self, message: Any) -> None:
+        if not isinstance(message, dict):
+            self._throttle("warning", "MCP server sent a message that is not an object", server=self.name)
+            return
+        method = message.get("method")
+        if isinstance(method, str):
+            if "id" in message:
+                self._spawn(self._answer(message["id"], method, message.get("params")))
+            elif self.on_notification is not None:
+                self.on_notification(method, message.get("params"))
+            return
+        future = self._pending.pop(message.get("id"), None) if _is_id(message.get("id")) else None
+        if future is None:
+            self._throttle("warning", "MCP server answered no request of ours", server=self.name)
+            return
+        if future.done():
+            return
+        error = message.get("error")
+        if error is not None:
+            future.set_exception(McpError(_error_text(error)))
+        else:
+            future.set_result(message.get("result"))
+
+    async def _answer(self, request_id: Any, method: str, params: Any) -> None:
+        if method == "ping":
+            reply: dict[str, Any] = {"result": {}}
+        elif method == "roots/list":
+            reply = {"result": {"roots": [{"uri": "file://" + root, "name": root} for root in self.roots]}}
+        else:
+            reply = {"error": {"code": METHOD_NOT_FOUND, "message": f"method not found: {method}"}}
+        try:
+            await self._send({"jsonrpc": "2.0", "id": request_id, **reply})
+        except McpError:
+            pass
+
+    def _spawn(self, coro: Awaitable) -> None:
+        asyncio.ensure_future(coro)
+
+    # -- what we send --------------------------------------------------------------------
+
+    async def _send(self, message: dict) -> None:
+        if self._gone is not None:
+            raise McpError(f"MCP server {self.name} {self._gone}")
+        if self._writes is None:
+            self._writes = asyncio.Lock()
+        data = json.dumps(message, separators=(",", ":"), ensure_ascii=False).encode() + b"\n"
+        async with self._writes:
+            await self.transport.write(data)
+
+    async def notify(self, method: str, params: dict | None = None) -> None:
+        message: dict[str, Any] = {"jsonrpc": "2.0", "method": method}
+        if params is not None:
+            message["params"] = params
+        await self._send(message)
+
+    async def request(self, method: str, params: dict | None = None, *, timeout: float | None = None) -> Any:
+        """The result of ``method``; raises :class:`McpError` (an error answer, the server
+        gone, or ``timeout`` seconds passed: the server is then told the request is cancelled,
+        as it is when the caller is cancelled)."""
+        request_id = next(self._ids)
+        future = asyncio.get_running_loop().create_future()
+        self._pending[request_id] = future
+        message: dict[str, Any] = {"jsonrpc": "2.0", "id": request_id, "method": method}
+        if params is not None:
+            message["params"] = params
+        try:
+            await self._send(message)
+            return await asyncio.wait_for(asyncio.shield(future), timeout)
+        except asyncio.TimeoutError:
+            await self._cancel(request_id, "timed out")
+            raise McpError(f"MCP server {self.name} did not answer {method} within {timeout:g} s") from None
+        except asyncio.CancelledError:
+            await asyncio.shield(self._cancel(request_id, "cancelled by the user"))
+            raise
+        finally:
+            self._pending.pop(request_id, None)
+
+    async def _cancel(self, request_id: int, reason: str) -> None:
+        if self._pending.pop(request_id, None) is None or self._gone is not None:
+            return
+        try:
+            await self.notify("notifications/cancelled", {"requestId": request_id, "reason": reason})
+        except McpError:
+            pass
+
+    # -- the protocol --------------------------------------------------------------------
+
+    async def initialize(self, timeout: float) -> None:
+        """The handshake; raises :class:`McpError` (one line) when it fails."""
+        capabilities: dict[str, Any] = {"roots": {"listChanged": False}} if self.roots else {}
+        result = await self.request("initialize", {
+            "protocolVersion": PROTOCOL_VERSIONS[0],
+            "capabilities": capabilities,
+            "clientInfo": CLIENT_INFO,
+        }, timeout=timeout)
+        if not isinstance(result, dict):
+            raise McpError(f"MCP server {self.name} answered initialize with {type(result).__name__}, not an object")
+        version = result.get("protocolVersion")
+        if version not in PROTOCOL_VERSIONS:
+            raise McpError(f"MCP server {self.name} speaks protocol version {version!r}; sluice speaks "
+                           f"{', '.join(PROTOCOL_VERSIONS)}")
+        self.protocol_version = version
+        info = result.get("serverInfo")
+        self.server_info = info if isinstance(info, dict) else {}
+        instructions = result.get("instructions")
+        self.instructions = instructions if isinstance(instructions, str) else None
+        await self.notify("notifications/initialized")
+
+    async def list_tools(self, timeout: float) -> list[dict]:
+        """Every tool the server offers (following its pages), as it describes them."""
+        tools: list[dict] = []
+        cursor = None
+        for _ in range(MAX_PAGES):
+            result = await self.request("tools/list", {"cursor": cursor} if cursor else {}, timeout=timeout)
+            if not isinstance(result, dict) or not isinstance(result.get("tools"), list):
+                raise McpError(f"MCP server {self.name} answered tools/list without a list of tools")
+            tools += [tool for tool in result["tools"] if isinstance(tool, dict)]
+            cursor = result.get("nextCursor")
+            if not cursor or not isinstance(cursor, str):
+                return tools
+        log.warning("MCP server pages its tools without end; the first pages are used", server=self.name,
+                    pages=MAX_PAGES)
+        return tools
+
+    async def call_tool(self, tool: str, arguments: Any, timeout: float | None) -> dict:
+        """The result of ``tools/call`` (``content``, ``structuredContent``, ``isError``)."""
+        result = await self.request("tools/call", {"name": tool, "arguments": arguments if arguments is not None else {}},
+                                    timeout=timeout)
+        if not isinstance(result, dict):
+            raise McpError(f"MCP server {self.name} answered tools/call with {type(result).__name__}, not an object")
+        return result
+
+
+def _is_id(value: Any) -> bool:
+    return isinstance(value, (int, str)) and not isinstance(value, bool)
+
+
+def _error_text(error: Any) -> str:
+    if isinstance(error, dict):
+        message = error.get("message")
+        code = error.get("code")
+        text = message if isinstance(message, str) and message else "unknown error"
+        return f"{text} (code {code})" if isinstance(code, int) else text
+    return str(error)[:500]

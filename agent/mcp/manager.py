@@ -1,0 +1,200 @@
+"""The MCP servers of one agent session: started together, their tools offered, calls routed.
+
+:meth:`McpManager.start` starts every configured server at once through a
+:data:`Launcher` (the session's: a long-lived sandboxed process in an executor, speaking
+over its stdin and stdout), runs the MCP handshake and lists the tools, each server within
+its ``startup_timeout_sec``. A server that fails is reported (one line each, returned for
+the session to send as ``error`` events) and the session goes on without it.
+
+:meth:`McpManager.call` runs one tool call with the server's ``tool_timeout_sec``; a server
+that crashed or stopped answering fails that call with a clear error, and is started again
+for the next call (its tools keep the names they were offered under). Cancelling the
+awaiting task cancels the call (the server is told ``notifications/cancelled``).
+:meth:`McpManager.aclose` stops every server. A server's stderr goes to the log, at most
+:data:`STDERR_LOG_BYTES` of it per start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import structlog
+
+from agent.mcp.client import McpClient, McpError
+from agent.mcp.tools import McpTool, declaration, offered_tools, result_for_model
+from broker.wire.protocol import McpServerConfig
+
+log = structlog.get_logger("agent.mcp")
+
+STDERR_LOG_BYTES = 64 * 1024
+
+
+class Process(Protocol):
+    """A running server as the launcher gives it."""
+
+    async def write(self, data: bytes) -> None:
+        """To its stdin; raises McpError once it is gone."""
+
+    async def stop(self) -> None:
+        """Kill it (its whole process tree); returns once it is gone."""
+
+
+@dataclass
+class Streams:
+    """Where a launched server's output goes."""
+
+    stdout: Callable[[bytes], None]
+    stderr: Callable[[bytes], None]
+    exited: Callable[[str], None]
+
+
+# (server, where its output goes) -> the running process; raises McpError (one line).
+Launcher = Callable[[McpServerConfig, Streams], Awaitable[Process]]
+
+
+@dataclass
+class CallOutcome:
+    """A tool call's end: what the model is told, and the event's ``success`` and ``result``."""
+
+    text: str
+    success: bool
+    result: dict[str, Any] | None
+    duration_s: float
+
+
+class _Server:
+    def __init__(self, config: McpServerConfig) -> None:
+        self.config = config
+        self.client: McpClient | None = None
+        self.process: Process | None = None
+        self.stderr_left = STDERR_LOG_BYTES
+        self.starting: asyncio.Task | None = None
+
+
+class McpManager:
+    def __init__(self, servers: list[McpServerConfig], launcher: Launcher, *, roots: list[str] = ()) -> None:
+        self._servers = {s.name: _Server(s) for s in servers}
+        self._launcher = launcher
+        self._roots = list(roots)
+        self.tools: dict[str, McpTool] = {}
+        self._closed = False
+
+    @property
+    def servers(self) -> list[McpServerConfig]:
+        return [s.config for s in self._servers.values()]
+
+    async def start(self) -> list[str]:
+        """Start every server at once; the errors, one line each (the servers that failed
+        are left out, and their tools are not offered)."""
+        names = list(self._servers)
+        outcomes = await asyncio.gather(*(self._start(self._servers[n]) for n in names), return_exceptions=True)
+        errors = []
+        taken: set[str] = set()
+        for name, outcome in zip(names, outcomes):
+            if isinstance(outcome, BaseException):
+                if isinstance(outcome, asyncio.CancelledError):
+                    raise outcome
+                why = str(outcome) if isinstance(outcome, McpError) else f"MCP server {name}: {outcome!r}"
+                errors.append(f"MCP client for `{name}` failed to start: {why}")
+                await self._stop(self._servers[name])
+                continue
+            offered, notes = offered_tools(name, outcome, taken)
+            for note in notes:
+                log.warning(note)
+            for tool in offered:
+                self.tools[tool.qualified] = tool
+        return errors
+
+    def declarations(self) -> list[dict[str, Any]]:
+        return [declaration(tool) for tool in self.tools.values()]
+
+    async def call(self, qualified: str, arguments: Any) -> CallOutcome:
+        """Call the tool offered as ``qualified`` (one of :attr:`tools`)."""
+        tool = self.tools[qualified]
+        server = self._servers[tool.server]
+        started = time.monotonic()
+        try:
+            client = await self._ready(server)
+            result = await client.call_tool(tool.name, arguments, server.config.tool_timeout_s)
+        except McpError as err:
+            if server.client is not None and server.client.gone is None and "did not answer" in str(err):
+                # A server that does not answer in time may answer nothing more: start afresh next time.
+                await self._stop(server)
+            return CallOutcome(f"tool call failed: {err}", False, None, time.monotonic() - started)
+        text, success = result_for_model(result)
+        return CallOutcome(text, success, result, time.monotonic() - started)
+
+    async def aclose(self) -> None:
+        self._closed = True
+        await asyncio.gather(*(self._stop(s) for s in self._servers.values()), return_exceptions=True)
+
+    # -- one server ----------------------------------------------------------------------
+
+    async def _ready(self, server: _Server) -> McpClient:
+        """The server's client, starting it again if it is gone."""
+        if server.client is not None and server.client.gone is None:
+            return server.client
+        if self._closed:
+            raise McpError(f"MCP server {server.config.name} is stopped: the session is shutting down")
+        log.info("restarting MCP server", server=server.config.name,
+                 why=server.client.gone if server.client is not None else None)
+        await self._stop(server)
+        await self._start(server)
+        return server.client
+
+    async def _start(self, server: _Server) -> list[dict]:
+        config = server.config
+        server.stderr_left = STDERR_LOG_BYTES
+        client = McpClient(config.name, _Unstarted(), roots=self._roots)
+        client.on_notification = lambda method, params: log.debug("MCP notification", server=config.name,
+                                                                  method=method)
+        streams = Streams(client.feed, lambda data: self._stderr(server, data),
+                          lambda why: client.closed(why))
+        server.client = client
+        timeout = config.startup_timeout_s
+        deadline = time.monotonic() + timeout
+        try:
+            process = await asyncio.wait_for(self._launcher(config, streams), timeout)
+        except asyncio.TimeoutError:
+            raise McpError(f"MCP server {config.name} did not start within {timeout:g} s") from None
+        server.process = process
+        client.transport = process
+        left = max(0.0, deadline - time.monotonic())
+        try:
+            await client.initialize(left)
+            return await client.list_tools(max(0.001, deadline - time.monotonic()))
+        except McpError as err:
+            if "did not answer" in str(err):
+                raise McpError(f"MCP server {config.name} did not finish starting within {timeout:g} s") from None
+            raise
+
+    def _stderr(self, server: _Server, data: bytes) -> None:
+        if server.stderr_left <= 0:
+            return
+        text = data[:server.stderr_left].decode(errors="replace")
+        server.stderr_left -= len(data)
+        for line in text.splitlines():
+            if line.strip():
+                log.info("MCP server stderr", server=server.config.name, line=line[:1000])
+        if server.stderr_left <= 0:
+            log.info("MCP server stderr: the rest of it is not logged", server=server.config.name,
+                     limit=STDERR_LOG_BYTES)
+
+    async def _stop(self, server: _Server) -> None:
+        process, server.process = server.process, None
+        if server.client is not None:
+            server.client.closed("was stopped")
+        if process is not None:
+            try:
+                await process.stop()
+            except Exception as err:  # noqa: BLE001 - stopping must never fail the caller
+                log.warning("stopping an MCP server failed", server=server.config.name, error=str(err))
+
+
+class _Unstarted:
+    async def write(self, data: bytes) -> None:
+        raise McpError("not started yet")

@@ -1,0 +1,160 @@
+"""The MCP client and manager against a real server process (tests/support/fake_mcp_server.py),
+started by a plain local launcher: the handshake, paginated tools, calls, timeouts,
+cancellation, a crash mid-call and the restart after it, servers that fail to start."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from agent.mcp.client import McpError
+from agent.mcp.manager import McpManager, Streams
+from broker.wire.protocol import McpServerConfig
+
+pytestmark = pytest.mark.timeout(60)
+
+SERVER = str(Path(__file__).resolve().parents[1] / "support" / "fake_mcp_server.py")
+
+
+class LocalProcess:
+    """A server as a plain child process (no sandbox): what a launcher gives the manager."""
+
+    def __init__(self, proc: asyncio.subprocess.Process, streams: Streams) -> None:
+        self.proc = proc
+        self.stderr = bytearray()
+        self._tasks = [asyncio.ensure_future(self._pump(proc.stdout, streams.stdout)),
+                       asyncio.ensure_future(self._pump(proc.stderr, self._stderr(streams.stderr)))]
+        self._exit = asyncio.ensure_future(self._wait(streams))
+
+    def _stderr(self, forward):
+        def on(data: bytes) -> None:
+            self.stderr.extend(data)
+            forward(data)
+        return on
+
+    async def _pump(self, stream, to) -> None:
+        while chunk := await stream.read(65536):
+            to(chunk)
+
+    async def _wait(self, streams: Streams) -> None:
+        code = await self.proc.wait()
+        await asyncio.gather(*self._tasks)
+        streams.exited(f"exited with status {code}")
+
+    async def write(self, data: bytes) -> None:
+        if self.proc.returncode is not None:
+            raise McpError("gone")
+        self.proc.stdin.write(data)
+        try:
+            await self.proc.stdin.drain()
+        except (BrokenPipeError, ConnectionResetError):
+            raise McpError("gone") from None
+
+    async def stop(self) -> None:
+        if self.proc.returncode is None:
+            self.proc.kill()
+        await self._exit
+
+
+def launcher(started: list[LocalProcess]):
+    async def launch(config: McpServerConfig, streams: Streams) -> LocalProcess:
+        proc = await asyncio.create_subprocess_exec(
+            *config.argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE, env={**os.environ, **config.env})
+        process = LocalProcess(proc, streams)
+        started.append(process)
+        return process
+    return launch
+
+
+def server(name: str = "fake", **kw) -> McpServerConfig:
+    return McpServerConfig(name=name, command=sys.executable, args=[SERVER], **kw)
+
+
+def run(coro):
+    return asyncio.run(asyncio.wait_for(coro, 50))
+
+
+def test_tools_are_listed_across_pages_and_called():
+    async def main():
+        started: list[LocalProcess] = []
+        manager = McpManager([server()], launcher(started))
+        assert await manager.start() == []
+        assert sorted(manager.tools) == ["fake__add", "fake__crash", "fake__echo", "fake__fail", "fake__sleep",
+                                         "fake__write"]
+        assert manager.tools["fake__write"].parameters["type"] == "object"  # inferred from its properties
+        assert manager.tools["fake__fail"].parameters == {"type": "object", "properties": {}}  # `true` as a schema
+        outcome = await manager.call("fake__add", {"a": 2, "b": 40})
+        assert outcome.success and outcome.result["structuredContent"] == {"sum": 42}
+        assert '"structuredContent": {"sum": 42}' in outcome.text
+        outcome = await manager.call("fake__fail", {})
+        assert not outcome.success and '"isError": true' in outcome.text
+        await manager.aclose()
+        assert all(p.proc.returncode is not None for p in started)
+    run(main())
+
+
+def test_a_timeout_cancels_the_request_and_so_does_cancelling_the_call():
+    async def main():
+        started: list[LocalProcess] = []
+        manager = McpManager([server(tool_timeout_s=0.3)], launcher(started))
+        assert await manager.start() == []
+        outcome = await manager.call("fake__sleep", {"seconds": 30})
+        assert not outcome.success and "did not answer tools/call within 0.3 s" in outcome.text
+        await _until(lambda: b"cancelled 5" in started[0].stderr)  # initialize 1, three pages 2-4, the call 5
+        # A server that did not answer is started afresh for the next call.
+        assert (await manager.call("fake__echo", {"text": "again"})).success and len(started) == 2
+        task = asyncio.ensure_future(manager.call("fake__sleep", {"seconds": 30}))
+        await _until(lambda: b"call 6" in started[1].stderr)  # in flight at the server
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await _until(lambda: b"cancelled 6" in started[1].stderr)
+        await manager.aclose()
+    run(main())
+
+
+def test_a_server_that_crashes_mid_call_fails_that_call_and_is_restarted():
+    async def main():
+        started: list[LocalProcess] = []
+        manager = McpManager([server()], launcher(started))
+        assert await manager.start() == []
+        outcome = await manager.call("fake__crash", {})
+        assert not outcome.success and "MCP server fake exited with status 3" in outcome.text
+        outcome = await manager.call("fake__echo", {"text": "back"})
+        assert outcome.success and '"text": "back"' in outcome.text
+        assert len(started) == 2
+        await manager.aclose()
+    run(main())
+
+
+def test_servers_that_cannot_start_are_reported_and_the_others_serve():
+    async def main():
+        started: list[LocalProcess] = []
+        servers = [
+            server("good"),
+            McpServerConfig(name="missing", command="/nonexistent/mcp-server"),
+            server("silent", env={"FAKE_MCP_SILENT": "1"}, startup_timeout_s=0.5),
+            server("old", env={"FAKE_MCP_VERSION": "1999-01-01"}),
+        ]
+        manager = McpManager(servers, launcher(started))
+        errors = await manager.start()
+        assert len(errors) == 3, errors
+        assert any(e.startswith("MCP client for `missing` failed to start:") for e in errors)
+        assert any("`silent`" in e and "did not finish starting within 0.5 s" in e for e in errors)
+        assert any("`old`" in e and "protocol version '1999-01-01'" in e for e in errors)
+        assert {t.server for t in manager.tools.values()} == {"good"}
+        await manager.aclose()
+        assert all(p.proc.returncode is not None for p in started)
+    run(main())
+
+
+async def _until(condition, timeout: float = 10) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not condition():
+        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
+        await asyncio.sleep(0.01)
