@@ -30,6 +30,10 @@ The file has Codex's ``config.toml`` shape. ``$SLUICE_HOME`` relocates ``~/.slui
     model = "qwen3-coder"
     model_provider = "local"
 
+    unified_exec = "seed"              # interactive tools: off | seed | codex (below)
+    unified_exec_max_sessions = 64     # live interactive sessions per agent session
+    unified_exec_idle_timeout_ms = 1800000   # an unused session is closed after this; 0: never
+
     [limits]                           # resource limits of every command (docker's spelling)
     memory = "2G"                      # the command's tree; 0: none
     pids = 1024                        # processes and threads at once (or pids-limit)
@@ -59,6 +63,13 @@ variables and the API key are fixed there, so a daemon started earlier from anot
 shell uses the caller's settings. The key travels as a :class:`Secret`, which never
 shows itself in ``repr``, ``str`` or log output.
 
+``unified_exec`` chooses the tools the model gets for long-lived commands (a shell, a
+REPL, a dev server): ``off`` offers only ``shell``; ``seed`` (the default) adds the seed's
+``unified_exec`` tool beside ``shell``, so a model that knows only ``shell`` loses
+nothing; ``codex`` offers Codex's ``exec_command`` and ``write_stdin`` instead of
+``shell``, for models trained on them. The frontend sends the three keys with
+``configure_session`` (:meth:`Config.unified_exec_settings`).
+
 ``shell_environment_policy`` is Codex's: ``sluice exec`` builds its commands'
 environment from its own with it (:class:`landlock_helper.env.ShellEnvironmentPolicy`),
 the secret rule of :mod:`landlock_helper.env` standing for Codex's default excludes.
@@ -82,10 +93,12 @@ from urllib.parse import urlencode
 import msgspec
 
 from broker.wire.protocol import (
+    UNIFIED_EXEC_TOOLS,
     AskForApproval,
     ModelProviderInfo,
     ReasoningEffort,
     ReasoningSummary,
+    UnifiedExecSettings,
     WireApi,
     parse_approval_policy,
 )
@@ -98,6 +111,7 @@ DEFAULT_MODEL = "gpt-5"
 DEFAULT_MODEL_PROVIDER = "openai"
 DEFAULT_APPROVAL_POLICY = AskForApproval.ON_REQUEST
 DEFAULT_SANDBOX_MODE = "read-only"
+_UNIFIED_EXEC_DEFAULTS = UnifiedExecSettings()
 OPENAI_DEFAULT_BASE_URL = "https://api.openai.com/v1"
 OLLAMA_DEFAULT_BASE_URL = "http://localhost:11434/v1"
 
@@ -350,6 +364,9 @@ class Config:
     shell_environment_policy: ShellEnvironmentPolicy = field(default_factory=ShellEnvironmentPolicy)
     limits: Limits = field(default_factory=Limits)
     """``[limits]``: the commands' resource limits; unset fields take the executor's defaults."""
+    unified_exec: str = _UNIFIED_EXEC_DEFAULTS.tools
+    unified_exec_max_sessions: int = _UNIFIED_EXEC_DEFAULTS.max_sessions
+    unified_exec_idle_timeout_ms: int = _UNIFIED_EXEC_DEFAULTS.idle_timeout_ms
     raw: dict[str, Any] = field(default_factory=dict, repr=False)
     """The effective table, for keys this class does not model."""
     _file_table: dict[str, Any] = field(default_factory=dict, repr=False)
@@ -361,6 +378,11 @@ class Config:
         """This configuration with more flag overrides on top."""
         merged = {**self._overrides, **overrides}
         return _build(self.path, self._text, self._file_table, merged, self._env)
+
+    def unified_exec_settings(self) -> UnifiedExecSettings:
+        """The ``unified_exec`` keys as ``configure_session`` carries them."""
+        return UnifiedExecSettings(tools=self.unified_exec, max_sessions=self.unified_exec_max_sessions,
+                                   idle_timeout_ms=self.unified_exec_idle_timeout_ms)
 
     def sandbox_policy(self) -> SandboxPolicy:
         try:
@@ -495,6 +517,19 @@ def _build(path: Path | None, text: str, file_table: dict[str, Any], overrides: 
     config.show_raw_agent_reasoning = get("show_raw_agent_reasoning", bool, False)
     config.model_providers = _providers(table.get("model_providers"), env, where)
     config.shell_environment_policy = _shell_environment_policy(table.get("shell_environment_policy"), where)
+    config.unified_exec = get("unified_exec", str, _UNIFIED_EXEC_DEFAULTS.tools)
+    if config.unified_exec not in UNIFIED_EXEC_TOOLS:
+        raise ConfigError(f"{where('unified_exec')}: unified_exec must be one of {', '.join(UNIFIED_EXEC_TOOLS)}, "
+                          f"got {config.unified_exec!r}")
+    config.unified_exec_max_sessions = get("unified_exec_max_sessions", int, _UNIFIED_EXEC_DEFAULTS.max_sessions)
+    if isinstance(config.unified_exec_max_sessions, bool) or config.unified_exec_max_sessions < 1:
+        raise ConfigError(f"{where('unified_exec_max_sessions')}: unified_exec_max_sessions must be a whole "
+                          f"number of at least 1, got {config.unified_exec_max_sessions!r}")
+    config.unified_exec_idle_timeout_ms = get("unified_exec_idle_timeout_ms", int,
+                                              _UNIFIED_EXEC_DEFAULTS.idle_timeout_ms)
+    if isinstance(config.unified_exec_idle_timeout_ms, bool) or config.unified_exec_idle_timeout_ms < 0:
+        raise ConfigError(f"{where('unified_exec_idle_timeout_ms')}: unified_exec_idle_timeout_ms must be a "
+                          f"number of milliseconds >= 0 (0: never), got {config.unified_exec_idle_timeout_ms!r}")
     section = table.get("limits")
     if section is not None:
         try:

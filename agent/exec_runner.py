@@ -20,6 +20,26 @@ without waiting for the executor to confirm).
 of ``sandbox_policy`` (a policy that allows everything runs it unsandboxed). Output is
 acknowledged as ``on_output`` returns, so a slow consumer slows only its own command.
 
+Long-lived interactive commands (a shell, a REPL, a dev server)::
+
+    proc = await runner.start_interactive(argv, cwd, sandbox_policy, on_output,
+                                          tty=Winsize(24, 80), sandbox_cwd=session_cwd)
+    await proc.write(b"print(1)\n")   # waits while the stdin window is full
+    proc.resize(40, 120)              # a terminal's new size (nothing for pipes)
+    await proc.cancel()               # kill its tree; ``await proc.wait()`` then returns
+    result = await proc.wait()        # how it ended, once it has
+
+``start_interactive`` returns once the executor reports the command started (or, if it
+never did, with ``proc.done`` set and the reason in ``proc.result.error``). Such a run
+has no timeout and takes none of an executor's slots. With ``tty`` (a
+:class:`~broker.wire.frames.Winsize`) the command's stdin, stdout and stderr are a
+terminal, and all its output comes as stdout; with ``tty=None`` they are pipes.
+``stdin=False`` gives it /dev/null (its output still streams until it exits). Its
+stdin is written in ``in`` messages, at most :data:`~broker.wire.frames.STDIN_WINDOW_BYTES`
+unacknowledged by the executor, so a command that stops reading holds up only its own
+writer. ``on_exit(result)`` (optional) is called once, from the event loop, when it has
+ended, whoever ended it.
+
 Every result carries ``aggregated``: stdout and stderr interleaved as they came, of which
 at most ``aggregate_limit`` bytes are kept, half from the start and half from the end
 (``aggregated_omitted`` counts what was dropped in between). The model is only ever shown
@@ -49,8 +69,12 @@ from landlock_helper.limits import Limits
 log = structlog.get_logger("agent.exec_runner")
 
 DEFAULT_AGGREGATE_LIMIT = 1024 * 1024
+# What the executor keeps of an interactive run's output for its exit status: little,
+# since the caller keeps its own copy as the output streams (``aggregated``).
+INTERACTIVE_CAPTURE_LIMIT = 64 * 1024
 
 OutputCallback = Callable[[ExecOutputStream, bytes], None]
+ExitCallback = Callable[["ExecResult"], None]
 
 _STREAMS = {wire.STDOUT: ExecOutputStream.STDOUT, wire.STDERR: ExecOutputStream.STDERR}
 
@@ -121,8 +145,66 @@ class CommandRunner(abc.ABC):
     async def cancel(self, call_id: str) -> None:
         """Kill the command ``call_id`` (and its whole tree) if it is still running."""
 
+    async def start_interactive(
+        self,
+        argv: Sequence[str],
+        cwd: str,
+        sandbox_policy: SandboxPolicy,
+        on_output: OutputCallback | None = None,
+        *,
+        tty: wire.Winsize | None = None,
+        stdin: bool = True,
+        on_exit: ExitCallback | None = None,
+        call_id: str | None = None,
+        env: Mapping[str, str] | None = None,
+        sandbox_cwd: str | None = None,
+        env_passthrough: Iterable[str] = (),
+        limits: Limits | None = None,
+    ) -> InteractiveProcess:
+        """Start a long-lived command whose stdin stays open (see the module docstring)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot run interactive commands")
+
     async def aclose(self) -> None:
         """Release what the runner holds; commands still running are cancelled."""
+
+
+class InteractiveProcess(abc.ABC):
+    """A long-lived command started by :meth:`CommandRunner.start_interactive`."""
+
+    call_id: str
+    pid: int | None
+    tty: bool
+
+    @property
+    @abc.abstractmethod
+    def done(self) -> bool:
+        """True once it has ended (or never started)."""
+
+    @property
+    @abc.abstractmethod
+    def result(self) -> ExecResult | None:
+        """How it ended; None while it runs."""
+
+    @abc.abstractmethod
+    async def write(self, data: bytes) -> bool:
+        """Write ``data`` to its stdin, waiting while the window is full; False if it
+        ended (or its stdin was closed) before all of it was sent."""
+
+    @abc.abstractmethod
+    def close_stdin(self) -> None:
+        """End of file on its stdin, after what was written."""
+
+    @abc.abstractmethod
+    def resize(self, rows: int, cols: int) -> None:
+        """Its terminal's new size (nothing for a command without one)."""
+
+    @abc.abstractmethod
+    async def cancel(self) -> None:
+        """Kill its whole tree; :meth:`wait` then returns with ``aborted`` set."""
+
+    @abc.abstractmethod
+    async def wait(self) -> ExecResult:
+        """How it ended, once it has."""
 
 
 @dataclass(slots=True, eq=False)
@@ -134,6 +216,62 @@ class _Running:
     pid: int | None = None
     unacked_bytes: int = 0
     unacked_chunks: int = 0
+    # Interactive runs only.
+    interactive: bool = False
+    started: asyncio.Future[None] | None = None
+    on_exit: ExitCallback | None = None
+    stdin_unacked: int = 0
+    stdin_closed: bool = False
+    stdin_room: asyncio.Event | None = None
+
+
+class _BrokerProcess(InteractiveProcess):
+    """An interactive run of a :class:`BrokerRunner`."""
+
+    def __init__(self, runner: BrokerRunner, running: _Running, tty: bool) -> None:
+        self._runner = runner
+        self._running = running
+        self.call_id = running.call_id
+        self.tty = tty
+
+    @property
+    def pid(self) -> int | None:  # type: ignore[override]
+        return self._running.pid
+
+    @property
+    def done(self) -> bool:
+        return self._running.future.done()
+
+    @property
+    def result(self) -> ExecResult | None:
+        future = self._running.future
+        return future.result() if future.done() else None
+
+    async def write(self, data: bytes) -> bool:
+        return await self._runner._write_stdin(self._running, data)
+
+    def close_stdin(self) -> None:
+        running = self._running
+        if running.stdin_closed or running.future.done():
+            return
+        running.stdin_closed = True
+        self._runner._send_soon([wire.header(wire.IN, running.call_id), b""])
+
+    def resize(self, rows: int, cols: int) -> None:
+        if self.tty and not self.done:
+            body = wire.encode(wire.Winsize(rows, cols))
+            self._runner._send_soon([wire.header(wire.RESIZE, self.call_id), body])
+
+    async def cancel(self) -> None:
+        if not self.done:
+            self._runner._send_cancel(self.call_id)
+
+    async def wait(self) -> ExecResult:
+        return await asyncio.shield(self._running.future)
+
+    def __repr__(self) -> str:
+        state = "done" if self.done else "running"
+        return f"<InteractiveProcess {self.call_id} pid={self.pid} {state}>"
 
 
 class BrokerRunner(CommandRunner):
@@ -154,10 +292,12 @@ class BrokerRunner(CommandRunner):
         self.aggregate_limit = aggregate_limit
         self._owns_link = owns_link
         self._running: dict[str, _Running] = {}
+        self._senders: set[asyncio.Task[None]] = set()
         link.on(wire.OUT, self._on_out)
         link.on(wire.STARTED, self._on_started)
         link.on(wire.EXIT, self._on_exit)
         link.on(wire.ERROR, self._on_error)
+        link.on(wire.ACK, self._on_stdin_ack)
         link.on_broken.append(self._on_broken)
 
     @classmethod
@@ -217,9 +357,106 @@ class BrokerRunner(CommandRunner):
         finally:
             self._running.pop(call_id, None)
 
+    async def start_interactive(
+        self,
+        argv: Sequence[str],
+        cwd: str,
+        sandbox_policy: SandboxPolicy,
+        on_output: OutputCallback | None = None,
+        *,
+        tty: wire.Winsize | None = None,
+        stdin: bool = True,
+        on_exit: ExitCallback | None = None,
+        call_id: str | None = None,
+        env: Mapping[str, str] | None = None,
+        sandbox_cwd: str | None = None,
+        env_passthrough: Iterable[str] = (),
+        limits: Limits | None = None,
+    ) -> InteractiveProcess:
+        call_id = call_id or new_call_id()
+        if call_id in self._running:
+            raise ValueError(f"call id {call_id} is already running")
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[ExecResult] = loop.create_future()
+        running = _Running(call_id, on_output, future, HeadTailBuffer(self.aggregate_limit), interactive=True,
+                           started=loop.create_future(), on_exit=on_exit, stdin_room=asyncio.Event())
+        running.stdin_closed = not stdin
+        process = _BrokerProcess(self, running, tty is not None)
+        if self.link.broken is not None:
+            self._finish(running, ExecResult(error=str(self.link.broken)))
+            return process
+        passthrough = list(env_passthrough)
+        request = wire.RunRequest(
+            argv=list(argv),
+            cwd=cwd,
+            sandbox=sandbox_policy,
+            env=filter_env(self.env if env is None else env, passthrough),
+            env_passthrough=passthrough,
+            timeout_ms=None,
+            # The caller keeps what it needs of the output as it streams.
+            capture_limit=min(self.capture_limit, INTERACTIVE_CAPTURE_LIMIT),
+            sandbox_cwd=sandbox_cwd or cwd,
+            limits=limits,
+            stdin=stdin,
+            tty=tty,
+            interactive=True,
+        )
+        self._running[call_id] = running
+        try:
+            await self.link.send_wait([wire.header(wire.RUN, call_id), wire.encode(request)])
+            assert running.started is not None
+            await asyncio.wait([running.started, future], return_when=asyncio.FIRST_COMPLETED)
+        except LinkError as err:
+            self._finish(running, ExecResult(error=str(err)))
+        except asyncio.CancelledError:
+            # Nobody will ever know its id: it must not outlive the cancelled caller.
+            self._send_cancel(call_id)
+            self._running.pop(call_id, None)
+            raise
+        return process
+
+    async def _write_stdin(self, running: _Running, data: bytes) -> bool:
+        view = memoryview(data)
+        room_event = running.stdin_room
+        assert room_event is not None
+        while view:
+            if running.future.done() or running.stdin_closed:
+                return False
+            room = wire.STDIN_WINDOW_BYTES - running.stdin_unacked
+            if room <= 0:
+                room_event.clear()
+                waiter = asyncio.ensure_future(room_event.wait())
+                try:
+                    await asyncio.wait([waiter, running.future], return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    waiter.cancel()
+                continue
+            n = min(room, len(view))
+            try:
+                await self.link.send_wait([wire.header(wire.IN, running.call_id), bytes(view[:n])])
+            except LinkError:
+                return False
+            running.stdin_unacked += n
+            view = view[n:]
+        return True
+
     async def cancel(self, call_id: str) -> None:
         if call_id in self._running:
             self._send_cancel(call_id)
+
+    def _send_soon(self, parts: list[bytes]) -> None:
+        """Send now, or (the queue being full) as soon as the link takes it."""
+        if self.link.send(parts) or self.link.broken is not None:
+            return
+        task = asyncio.get_running_loop().create_task(self._send_later(parts))
+        self._senders.add(task)
+        task.add_done_callback(self._senders.discard)
+
+    async def _send_later(self, parts: list[bytes]) -> None:
+        try:
+            await self.link.send_wait(parts)
+        except LinkError as err:
+            log.warning("could not send", kind=wire.decode_header(parts[0]).kind, error=str(err))
 
     def _send_cancel(self, call_id: str) -> None:
         if not self.link.send([wire.header(wire.CANCEL, call_id)]):
@@ -259,6 +496,16 @@ class BrokerRunner(CommandRunner):
             running.pid = wire.decode(wire.STARTED, frames[1].buffer).pid
         except wire.WireError:
             pass
+        if running.started is not None and not running.started.done():
+            running.started.set_result(None)
+
+    def _on_stdin_ack(self, head: wire.Header, frames: list[zmq.Frame]) -> None:
+        # The executor has written ``n`` more bytes of the call's stdin to the command.
+        running = self._running.get(head.corr)
+        if running is None or running.stdin_room is None:
+            return
+        running.stdin_unacked = max(0, running.stdin_unacked - head.n)
+        running.stdin_room.set()
 
     def _on_exit(self, head: wire.Header, frames: list[zmq.Frame]) -> None:
         running = self._running.get(head.corr)
@@ -293,3 +540,15 @@ class BrokerRunner(CommandRunner):
         result = msgspec.structs.replace(result, aggregated=running.aggregated.getvalue(),
                                          aggregated_omitted=running.aggregated.omitted)
         running.future.set_result(result)
+        if not running.interactive:
+            return
+        # Nobody awaits run() for it: it leaves the table here.
+        if self._running.get(running.call_id) is running:
+            del self._running[running.call_id]
+        if running.stdin_room is not None:
+            running.stdin_room.set()
+        if running.on_exit is not None:
+            try:
+                running.on_exit(result)
+            except Exception:
+                log.exception("on_exit callback failed", call_id=running.call_id)

@@ -35,8 +35,9 @@ What each op does is Codex's ``submission_loop``:
 - ``exec_approval`` / ``patch_approval`` answer the request of the task with that
   submission ``id`` (the request's ``call_id`` is accepted too).
 - ``compact`` runs a compaction task (after the running task, if there is one).
-- ``shutdown`` aborts any task, syncs and closes the rollout, then ``shutdown_complete``;
-  later submissions get an ``error``.
+- ``shutdown`` aborts any task, kills the session's long-lived commands (unified exec,
+  :mod:`agent.unified_exec`; an interrupt leaves them running), syncs and closes the
+  rollout, then ``shutdown_complete``; later submissions get an ``error``.
 - ``add_to_history`` appends to ``history.jsonl``; ``get_history_entry_request`` answers
   ``get_history_entry_response``.
 
@@ -76,6 +77,7 @@ from agent.items import Item, input_texts
 from agent.model_client import DEFAULT_BACKOFF_BASE, ModelClient, reasoning_param
 from agent.rollout import RolloutError, RolloutRecorder, sessions_dir
 from agent.turn import run_compact_task, run_task
+from agent.unified_exec import UnifiedExecManager
 from broker.wire.protocol import (
     NO_SESSION,
     TURN_INTERRUPTED,
@@ -98,6 +100,7 @@ from broker.wire.protocol import (
     Submission,
     TurnAbortedEvent,
     TurnAbortReason,
+    UnifiedExecSettings,
     UserInput,
 )
 from landlock_helper.limits import Limits
@@ -129,6 +132,8 @@ class SessionConfig:
     """Set when the provider needs a key and none came: the error to report."""
     reasoning: dict | None = None
     """The Responses API ``reasoning`` settings sent with every request (None: none)."""
+    unified_exec: UnifiedExecSettings = field(default_factory=UnifiedExecSettings)
+    """Which interactive tools the model gets, and their bounds."""
 
 
 @dataclass(eq=False)
@@ -210,6 +215,9 @@ class Session:
         self._secrets: list[str] = []
         self._submit_lock = asyncio.Lock()
         self._current_sub = ""  # the submission being handled
+        # Long-lived commands (unified exec): they outlive turns and interrupts, and die
+        # with the session (shutdown, aclose).
+        self.unified_exec = UnifiedExecManager(runner, self.send)
 
     # -- events -----------------------------------------------------------------------
 
@@ -437,6 +445,9 @@ class Session:
             self.command_env = self._default_command_env
             self.command_env_passthrough = []
         self.command_limits = op.limits if isinstance(op.limits, Limits) else None
+        unified_exec = op.unified_exec if isinstance(op.unified_exec, UnifiedExecSettings) else UnifiedExecSettings()
+        self.unified_exec.configure(max_sessions=unified_exec.max_sessions,
+                                    idle_timeout_s=unified_exec.idle_timeout_ms / 1000)
         user = await asyncio.to_thread(user_instructions, op.instructions, cwd)
         sandbox_policy = op.sandbox_policy
         self.config = SessionConfig(
@@ -454,6 +465,7 @@ class Session:
                 op.model_reasoning_effort if isinstance(op.model_reasoning_effort, str) else None,
                 op.model_reasoning_summary if isinstance(op.model_reasoning_summary, str) else None,
             ),
+            unified_exec=unified_exec,
         )
         if isinstance(op.show_raw_agent_reasoning, bool):
             self.show_raw_agent_reasoning = op.show_raw_agent_reasoning
@@ -523,6 +535,7 @@ class Session:
     async def _shutdown(self, sub_id: str) -> None:
         await self.abort()
         self.closed = True
+        await self.unified_exec.close_all()
         if self.rollout is not None:
             await self.rollout.shutdown()  # a failure to sync is reported by the recorder
             self.rollout = None
@@ -541,6 +554,7 @@ class Session:
             task.handle.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task.handle
+        await self.unified_exec.close_all()
         if self.rollout is not None:
             await self.rollout.shutdown()
             self.rollout = None

@@ -32,6 +32,14 @@ writable roots: approving it opens that root for the rest of the session) or a r
 the patch applied by the agent itself (verified first, written atomically),
 ``patch_apply_end``, and the turn's diff tracker updated.
 
+Long-lived commands (:mod:`agent.unified_exec`; the seed's ``unified_exec``, Codex's
+``exec_command`` / ``write_stdin``, answered only when the session's ``unified_exec``
+setting offers them): starting one goes through steps 1, 2 and 4 above exactly as a
+``shell`` command (:func:`approve_command`, :func:`approve_retry`: the retry when the
+command exits within its first wait looking denied); writes to a running one are not
+approved again, as what it runs stays in its sandbox. An interrupt cancels the call
+waiting on a session, not the session.
+
 Interrupted while a command runs: the command is cancelled through the runner and its
 ``exec_command_end`` says so (exit code 130, ``formatted_output`` "aborted") before the
 cancellation goes on.
@@ -41,6 +49,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import secrets
 import stat
 import time
 from typing import TYPE_CHECKING
@@ -63,19 +72,37 @@ from agent.safety import (
 from agent.tools import (
     APPLY_PATCH,
     CONTAINER_EXEC,
+    EXEC_COMMAND,
     PLAN_UPDATED,
     SHELL,
+    UNIFIED_EXEC,
     UPDATE_PLAN,
+    WRITE_STDIN,
     ArgumentError,
     ShellParams,
     ToolOutput,
+    clamp_yield_time,
+    format_exec_command_output,
     format_exec_output,
+    format_unified_exec_output,
     model_output_text,
     parse_apply_patch_arguments,
+    parse_exec_command_arguments,
     parse_plan_arguments,
     parse_shell_arguments,
+    parse_unified_exec_arguments,
+    parse_write_stdin_arguments,
     shell_params_from_local_call,
 )
+from agent.unified_exec import (
+    DEFAULT_WINSIZE,
+    Collected,
+    ExecSession,
+    UnknownSessionId,
+    clamp_timeout,
+    session_env,
+)
+from broker.wire.frames import Winsize
 from broker.wire.protocol import (
     AgentMessageEvent,
     AgentReasoningEvent,
@@ -147,6 +174,14 @@ async def handle_function_call(sess: Session, task: AgentTask, name: str, argume
         if name == UPDATE_PLAN:
             sess.send(task.sub_id, parse_plan_arguments(arguments))
             return ToolOutput(call_id, PLAN_UPDATED)
+        # The interactive tools answer only when the session offers them.
+        tools = sess.config.unified_exec.tools
+        if name == UNIFIED_EXEC and tools == "seed":
+            return await handle_unified_exec(sess, task, arguments, call_id)
+        if name == EXEC_COMMAND and tools == "codex":
+            return await handle_exec_command(sess, task, arguments, call_id)
+        if name == WRITE_STDIN and tools == "codex":
+            return await handle_write_stdin(sess, task, arguments, call_id)
     except ArgumentError as err:
         return ToolOutput(call_id, str(err))
     return ToolOutput(call_id, f"unsupported call: {name}")
@@ -195,14 +230,33 @@ async def handle_exec(sess: Session, task: AgentTask, params: ShellParams, call_
     if patch is not None:
         return await apply_patch(sess, task, call_id, patch)
 
-    safety = assess_command_safety(
-        argv, config.approval_policy, sess.sandbox_policy, sess.approved_commands,
-        bool(params.with_escalated_permissions),
-    )
+    decision = await approve_command(sess, task, call_id, argv, cwd, bool(params.with_escalated_permissions),
+                                     params.justification)
+    if isinstance(decision, ToolOutput):
+        return decision
+    sandboxed = decision
+
+    timeout_ms = params.timeout_ms or sess.default_timeout_ms
+    result, output = await run_command(sess, task, call_id, argv, cwd, sandboxed, timeout_ms)
+    if sandboxed and should_retry_unsandboxed(result, config.approval_policy, sess.sandbox_policy):
+        if not await approve_retry(sess, task, call_id, argv, cwd, result):
+            return output  # the failure, as it was
+        result, output = await run_command(sess, task, call_id, argv, cwd, False, timeout_ms)
+    return output
+
+
+async def approve_command(
+    sess: Session, task: AgentTask, call_id: str, argv: list[str], cwd: str, escalate: bool,
+    justification: str | None,
+) -> bool | ToolOutput:
+    """Whether to run ``argv`` sandboxed (True) or not (False), asking the user if the
+    policies say so; a :class:`ToolOutput` for the model when it must not run."""
+    config = sess.config
+    safety = assess_command_safety(argv, config.approval_policy, sess.sandbox_policy, sess.approved_commands, escalate)
     if isinstance(safety, Reject):
         return ToolOutput(call_id, f"exec command rejected: {safety.reason}")
     if isinstance(safety, AskUser):
-        request = ExecApprovalRequestEvent(call_id, argv, cwd, safety.reason or params.justification)
+        request = ExecApprovalRequestEvent(call_id, argv, cwd, safety.reason or justification)
         decision = await sess.request_approval(task, call_id, request)
         if decision not in _APPROVED:
             return ToolOutput(call_id, REJECTED_BY_USER)
@@ -210,24 +264,154 @@ async def handle_exec(sess: Session, task: AgentTask, params: ShellParams, call_
             sess.approved_commands.add(tuple(argv))
         # Approved by a person: run unsandboxed, as Codex does (it is usually approved
         # precisely because it needs what the sandbox forbids).
-        sandboxed = False
-    else:
-        assert isinstance(safety, AutoApprove)
-        sandboxed = safety.run_sandboxed
+        return False
+    assert isinstance(safety, AutoApprove)
+    return safety.run_sandboxed
 
-    timeout_ms = params.timeout_ms or sess.default_timeout_ms
-    result, output = await run_command(sess, task, call_id, argv, cwd, sandboxed, timeout_ms)
-    if sandboxed and should_retry_unsandboxed(result, config.approval_policy, sess.sandbox_policy):
-        sess.send(task.sub_id, BackgroundEventEvent(f"Execution failed: {_denial_summary(result)}"))
-        request = ExecApprovalRequestEvent(call_id, argv, cwd, RETRY_WITHOUT_SANDBOX_REASON)
-        decision = await sess.request_approval(task, call_id, request)
-        if decision not in _APPROVED:
-            return output  # the failure, as it was
-        if decision == ReviewDecision.APPROVED_FOR_SESSION:
-            sess.approved_commands.add(tuple(argv))
-        sess.send(task.sub_id, BackgroundEventEvent("retrying command without sandbox"))
-        result, output = await run_command(sess, task, call_id, argv, cwd, False, timeout_ms)
-    return output
+
+async def approve_retry(sess: Session, task: AgentTask, call_id: str, argv: list[str], cwd: str,
+                        result: ExecResult) -> bool:
+    """After a sandboxed run that looks denied: ask "retry without sandbox?"; True if approved."""
+    sess.send(task.sub_id, BackgroundEventEvent(f"Execution failed: {_denial_summary(result)}"))
+    request = ExecApprovalRequestEvent(call_id, argv, cwd, RETRY_WITHOUT_SANDBOX_REASON)
+    decision = await sess.request_approval(task, call_id, request)
+    if decision not in _APPROVED:
+        return False
+    if decision == ReviewDecision.APPROVED_FOR_SESSION:
+        sess.approved_commands.add(tuple(argv))
+    sess.send(task.sub_id, BackgroundEventEvent("retrying command without sandbox"))
+    return True
+
+
+# -- long-lived commands (unified exec) -----------------------------------------------
+
+
+async def _start_session(
+    sess: Session, task: AgentTask, call_id: str, argv: list[str], cwd: str, *, escalate: bool,
+    justification: str | None, tty: Winsize | None, stdin: bool, timeout_s: float,
+) -> tuple[ExecSession, list[str], Collected] | ToolOutput:
+    """Approve and start ``argv`` as a session exactly as ``shell`` runs a command, and
+    gather its first output; a sandboxed start that exits looking denied is retried
+    unsandboxed if the user approves, as for ``shell``."""
+    decision = await approve_command(sess, task, call_id, argv, cwd, escalate, justification)
+    if isinstance(decision, ToolOutput):
+        return decision
+    sandboxed = decision
+    manager = sess.unified_exec
+    notes: list[str] = []
+
+    async def start(sandboxed: bool) -> tuple[ExecSession, Collected]:
+        policy = sess.sandbox_policy if sandboxed else sess.unsandboxed_policy
+        session, more = await manager.open(
+            argv, cwd, policy, call_id=call_id, sub_id=task.sub_id, sandboxed=sandboxed, tty=tty, stdin=stdin,
+            env=session_env(sess.command_env), sandbox_cwd=sess.config.cwd, env_passthrough=sess.command_env_passthrough,
+            limits=sess.command_limits)
+        notes.extend(more)
+        return session, await manager.collect(session, timeout_s, task.sub_id)
+
+    session, collected = await start(sandboxed)
+    result = collected.result
+    if sandboxed and result is not None and should_retry_unsandboxed(result, sess.config.approval_policy,
+                                                                     sess.sandbox_policy):
+        if await approve_retry(sess, task, call_id, argv, cwd, result):
+            session, collected = await start(False)
+    return session, notes, collected
+
+
+def _session_text(notes: list[str], collected: Collected) -> str:
+    text = "".join(f"{note}\n" for note in notes) + _text(collected.output)
+    result = collected.result
+    if result is not None and result.error and result.error not in text:
+        text += f"{result.error}\n"  # it never ran (or its executor failed): say why
+    if result is not None and result.limit:
+        text += f"sluice: {result.limit}\n"
+    return text
+
+
+async def handle_unified_exec(sess: Session, task: AgentTask, arguments: str, call_id: str) -> ToolOutput:
+    """The seed's ``unified_exec`` tool."""
+    params, session_id = parse_unified_exec_arguments(arguments)
+    timeout_ms, warning = clamp_timeout(params.timeout_ms)
+    manager = sess.unified_exec
+    if session_id is None:
+        argv = list(params.input)
+        cwd = sess.config.cwd
+        patch = maybe_parse_apply_patch_verified(argv, cwd)
+        if isinstance(patch, PatchError):
+            return ToolOutput(call_id, f"error: {patch}")
+        if patch is not None:
+            return await apply_patch(sess, task, call_id, patch)
+        started = await _start_session(sess, task, call_id, argv, cwd, escalate=False, justification=None,
+                                       tty=DEFAULT_WINSIZE, stdin=True, timeout_s=timeout_ms / 1000)
+        if isinstance(started, ToolOutput):
+            return started
+        session, notes, collected = started
+    else:
+        try:
+            session = manager.get(session_id)
+        except UnknownSessionId as err:
+            return ToolOutput(call_id, f"unified exec failed: {err}", success=False)
+        notes = []
+        await manager.write(session, " ".join(params.input).encode(), task.sub_id)
+        collected = await manager.collect(session, timeout_ms / 1000, task.sub_id)
+    output = (warning or "") + _session_text(notes, collected)
+    live_id = None if collected.result is not None else session.id
+    return ToolOutput(call_id, format_unified_exec_output(live_id, output), success=True)
+
+
+STDIN_CLOSED = "stdin is closed for this session; rerun exec_command with tty=true to keep stdin open"
+DEFAULT_SHELL = "/bin/bash"
+
+
+async def handle_exec_command(sess: Session, task: AgentTask, arguments: str, call_id: str) -> ToolOutput:
+    """Codex's ``exec_command``: ``cmd`` in a shell, as a session."""
+    params = parse_exec_command_arguments(arguments)
+    try:
+        cwd = resolve_workdir(sess.config.cwd, params.workdir)
+    except WorkdirError as err:
+        return ToolOutput(call_id, f"exec_command failed: {err}", success=False)
+    shell = params.shell or (DEFAULT_SHELL if os.path.exists(DEFAULT_SHELL) else "/bin/sh")
+    login = True if params.login is None else params.login
+    argv = [shell, "-lc" if login else "-c", params.cmd]
+    patch = maybe_parse_apply_patch_verified(argv, cwd)
+    if isinstance(patch, PatchError):
+        return ToolOutput(call_id, f"error: {patch}")
+    if patch is not None:
+        return await apply_patch(sess, task, call_id, patch)
+    started = await _start_session(
+        sess, task, call_id, argv, cwd, escalate=bool(params.with_escalated_permissions),
+        justification=params.justification, tty=DEFAULT_WINSIZE if params.tty else None, stdin=params.tty,
+        timeout_s=clamp_yield_time(params.yield_time_ms) / 1000)
+    if isinstance(started, ToolOutput):
+        return started
+    session, notes, collected = started
+    return _exec_command_answer(call_id, session, collected, _session_text(notes, collected), params.max_output_tokens)
+
+
+async def handle_write_stdin(sess: Session, task: AgentTask, arguments: str, call_id: str) -> ToolOutput:
+    """Codex's ``write_stdin``: type into a session (or only poll it)."""
+    params = parse_write_stdin_arguments(arguments)
+    manager = sess.unified_exec
+    try:
+        session = manager.get(params.session_id)
+    except UnknownSessionId as err:
+        return ToolOutput(call_id, f"write_stdin failed: {err}", success=False)
+    if params.chars:
+        if session.process is None or not session.process.tty:
+            return ToolOutput(call_id, f"write_stdin failed: {STDIN_CLOSED}", success=False)
+        await manager.write(session, params.chars.encode(), task.sub_id)
+    collected = await manager.collect(session, clamp_yield_time(params.yield_time_ms) / 1000, task.sub_id)
+    return _exec_command_answer(call_id, session, collected, _session_text([], collected), params.max_output_tokens)
+
+
+def _exec_command_answer(call_id: str, session: ExecSession, collected: Collected, text: str,
+                         max_output_tokens: int | None) -> ToolOutput:
+    result = collected.result
+    content = format_exec_command_output(
+        text, chunk_id=secrets.token_hex(3), wall_time_s=collected.wall_time_s,
+        exit_code=result.returncode if result is not None else None,
+        session_id=session.id if result is None else None, max_output_tokens=max_output_tokens)
+    return ToolOutput(call_id, content, success=True)
 
 
 def _text(data: bytes) -> str:

@@ -12,6 +12,21 @@ the model client converts them for Chat Completions. Codex's tools:
 - ``update_plan``: ``explanation`` and ``plan`` (``step`` + ``status``), shown to the
   user as a ``plan_update`` event; the model gets ``Plan updated``.
 
+Long-lived commands (:mod:`agent.unified_exec`), offered as the ``unified_exec`` setting
+says (:func:`tools_for`):
+
+- ``seed``: the seed's ``unified_exec`` (``input``: a command's argv, or with
+  ``session_id`` the chunks to write to that session, joined by spaces; ``timeout_ms``),
+  beside ``shell``. Its answer is the JSON ``{"session_id": "<id>" | null, "output"}``
+  (:func:`format_unified_exec_output`).
+- ``codex``: Codex's ``exec_command`` (``cmd`` run by ``shell`` (default bash) with
+  ``-lc``, or ``-c`` when ``login`` is false; ``workdir``, ``yield_time_ms``,
+  ``max_output_tokens``, ``tty``) and ``write_stdin`` (``session_id``, ``chars``,
+  ``yield_time_ms``, ``max_output_tokens``) instead of ``shell``. Their answer is
+  Codex's text (:func:`format_exec_command_output`): chunk id, wall time, "Process
+  exited with code N" or "Process running with session ID N", the original token count,
+  then the output, cut in the middle to ``max_output_tokens`` (about 4 bytes a token).
+
 Arguments the model sends are JSON text; one that does not parse, or lacks what the
 tool needs, is answered ``failed to parse function arguments: <why>`` so the model can
 try again (:class:`ArgumentError`).
@@ -43,6 +58,17 @@ SHELL = "shell"
 CONTAINER_EXEC = "container.exec"
 APPLY_PATCH = "apply_patch"
 UPDATE_PLAN = "update_plan"
+UNIFIED_EXEC = "unified_exec"
+EXEC_COMMAND = "exec_command"
+WRITE_STDIN = "write_stdin"
+
+# Codex's exec_command / write_stdin bounds.
+EXEC_COMMAND_DEFAULT_YIELD_MS = 10_000
+WRITE_STDIN_DEFAULT_YIELD_MS = 250
+MIN_YIELD_TIME_MS = 250
+MAX_YIELD_TIME_MS = 30_000
+DEFAULT_MAX_OUTPUT_TOKENS = 10_000
+APPROX_BYTES_PER_TOKEN = 4
 
 MODEL_FORMAT_MAX_BYTES = 10 * 1024
 MODEL_FORMAT_MAX_LINES = 256
@@ -151,10 +177,118 @@ UPDATE_PLAN_TOOL: dict[str, Any] = {
 }
 
 
-def tools_for(approval_policy: AskForApproval, sandbox_policy: SandboxPolicy) -> list[dict[str, Any]]:
-    """The tools offered to the model in a session with these policies."""
+def _escalation_properties() -> dict[str, Any]:
+    return {
+        "with_escalated_permissions": {
+            "type": "boolean",
+            "description": "Whether to request escalated permissions. Set to true if command needs "
+            "to be run without sandbox restrictions",
+        },
+        "justification": {
+            "type": "string",
+            "description": "Only set if with_escalated_permissions is true. 1-sentence explanation "
+            "of why we want to run this command.",
+        },
+    }
+
+
+UNIFIED_EXEC_TOOL: dict[str, Any] = {
+    "type": "function",
+    "name": UNIFIED_EXEC,
+    "description": (
+        "Runs a command in a terminal that stays open across calls, for interactive programs: "
+        "shells, REPLs, debuggers, servers. Without session_id, input is the command to start "
+        "(an argv, e.g. [\"bash\", \"-i\"]); with session_id, the input chunks (joined by spaces) "
+        "are written to that session's terminal (end a line with \\n). Returns the output printed "
+        "within timeout_ms, and the session_id while the process still runs."
+    ),
+    "strict": False,
+    "parameters": {
+        "type": "object",
+        "properties": {
+            "input": {
+                "type": "array",
+                "items": {"type": "string"},
+                "description": "The command's argv when starting a session; otherwise the text to write to it",
+            },
+            "session_id": {
+                "type": "string",
+                "description": "The id of a running session to write to; omit it to start a new one",
+            },
+            "timeout_ms": {
+                "type": "number",
+                "description": "How long to wait for output, in milliseconds (default 1000, at most 60000)",
+            },
+        },
+        "required": ["input"],
+        "additionalProperties": False,
+    },
+}
+
+
+def exec_command_tool(*, offer_escalation: bool) -> dict[str, Any]:
+    properties: dict[str, Any] = {
+        "cmd": {"type": "string", "description": "The command line, run by the shell."},
+        "workdir": {"type": "string",
+                    "description": "Where to run it (relative to the session's directory); default: that directory."},
+        "shell": {"type": "string", "description": "The shell that runs cmd (default /bin/bash)."},
+        "login": {"type": "boolean", "description": "Run cmd in a login shell (-lc rather than -c); default true."},
+        "tty": {"type": "boolean",
+                "description": "Whether to allocate a terminal for the command, so that it can be written to "
+                "later with write_stdin. Defaults to false (plain output, stdin closed)."},
+        "yield_time_ms": {"type": "number",
+                          "description": "Milliseconds to gather output before answering (default 10000, "
+                          "at most 30000); a command that exits sooner answers at once."},
+        "max_output_tokens": {"type": "number",
+                              "description": "Most tokens of output to return (default 10000); the middle "
+                              "of longer output is left out."},
+    }
+    if offer_escalation:
+        properties.update(_escalation_properties())
+    return {
+        "type": "function",
+        "name": EXEC_COMMAND,
+        "description": ("Starts a command and returns what it prints within yield_time_ms: with its exit "
+                        "code if it has ended, else with a session ID for write_stdin to poll it or "
+                        "(with tty) type into it."),
+        "strict": False,
+        "parameters": {"type": "object", "properties": properties, "required": ["cmd"],
+                       "additionalProperties": False},
+    }
+
+
+WRITE_STDIN_TOOL: dict[str, Any] = {
+    "type": "function",
+    "name": WRITE_STDIN,
+    "description": "Types chars into a session started by exec_command (empty: just wait) and returns what it printed since.",
+    "strict": False,
+    "parameters": {
+        "type": "object",
+        "properties": {
+            "session_id": {"type": "number", "description": "The session ID exec_command returned."},
+            "chars": {"type": "string", "description": "Text to type; \\n ends a line, \\u0003 is Ctrl-C. Empty: only poll."},
+            "yield_time_ms": {"type": "number",
+                              "description": "Milliseconds to gather output before answering (default 250)."},
+            "max_output_tokens": {"type": "number",
+                                  "description": "Most tokens of output to return (default 10000)."},
+        },
+        "required": ["session_id"],
+        "additionalProperties": False,
+    },
+}
+
+
+def tools_for(approval_policy: AskForApproval, sandbox_policy: SandboxPolicy,
+              unified_exec: str = "off") -> list[dict[str, Any]]:
+    """The tools offered to the model in a session with these policies and this
+    ``unified_exec`` setting (``off``, ``seed`` or ``codex``)."""
     offer = approval_policy == AskForApproval.ON_REQUEST and not sandbox_policy.is_unrestricted()
-    return [shell_tool(offer_escalation=offer), APPLY_PATCH_TOOL, UPDATE_PLAN_TOOL]
+    if unified_exec == "codex":
+        return [exec_command_tool(offer_escalation=offer), WRITE_STDIN_TOOL, APPLY_PATCH_TOOL, UPDATE_PLAN_TOOL]
+    tools = [shell_tool(offer_escalation=offer), APPLY_PATCH_TOOL, UPDATE_PLAN_TOOL]
+    if unified_exec == "seed":
+        tools.insert(1, UNIFIED_EXEC_TOOL)
+    return tools
 
 
 # -- arguments ------------------------------------------------------------------------
@@ -166,6 +300,31 @@ class ShellParams(msgspec.Struct, forbid_unknown_fields=False):
     timeout_ms: int | None = None
     with_escalated_permissions: bool | None = None
     justification: str | None = None
+
+
+class UnifiedExecParams(msgspec.Struct, forbid_unknown_fields=False):
+    input: list[str]
+    session_id: str | int | None = None
+    timeout_ms: int | None = None
+
+
+class ExecCommandParams(msgspec.Struct, forbid_unknown_fields=False):
+    cmd: str
+    workdir: str | None = None
+    shell: str | None = None
+    login: bool | None = None
+    tty: bool = False
+    yield_time_ms: int = EXEC_COMMAND_DEFAULT_YIELD_MS
+    max_output_tokens: int | None = None
+    with_escalated_permissions: bool | None = None
+    justification: str | None = None
+
+
+class WriteStdinParams(msgspec.Struct, forbid_unknown_fields=False):
+    session_id: int
+    chars: str = ""
+    yield_time_ms: int = WRITE_STDIN_DEFAULT_YIELD_MS
+    max_output_tokens: int | None = None
 
 
 class _PatchParams(msgspec.Struct):
@@ -191,6 +350,36 @@ def parse_shell_arguments(arguments: str) -> ShellParams:
     if params.timeout_ms is not None and params.timeout_ms <= 0:
         raise ArgumentError("`timeout_ms` must be a positive number of milliseconds")
     return params
+
+
+def parse_unified_exec_arguments(arguments: str) -> tuple[UnifiedExecParams, int | None]:
+    """The seed tool's arguments and its session id as a number (None: start one)."""
+    params = _decode(arguments, UnifiedExecParams)
+    session_id = params.session_id
+    if isinstance(session_id, str):
+        try:
+            session_id = int(session_id.strip())
+        except ValueError:
+            raise ArgumentError(f"invalid session_id: {params.session_id!r} is not a number") from None
+    if session_id is None and not params.input:
+        raise ArgumentError("missing command line for unified exec request")
+    return params, session_id
+
+
+def parse_exec_command_arguments(arguments: str) -> ExecCommandParams:
+    params = _decode(arguments, ExecCommandParams)
+    if not params.cmd.strip():
+        raise ArgumentError("`cmd` must not be empty")
+    return params
+
+
+def parse_write_stdin_arguments(arguments: str) -> WriteStdinParams:
+    return _decode(arguments, WriteStdinParams)
+
+
+def clamp_yield_time(ms: int) -> int:
+    """Codex's bounds for ``yield_time_ms``."""
+    return min(max(ms, MIN_YIELD_TIME_MS), MAX_YIELD_TIME_MS)
 
 
 def parse_apply_patch_arguments(arguments: str) -> str:
@@ -288,6 +477,52 @@ def format_exec_output(output: str, exit_code: int, duration_s: float) -> str:
         "metadata": {"exit_code": exit_code, "duration_seconds": math.floor(max(duration_s, 0.0) * 10 + 0.5) / 10},
     }
     return json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
+
+
+def format_unified_exec_output(session_id: int | None, output: str) -> str:
+    """The seed tool's answer: ``{"session_id": "<id>" | null, "output": "..."}``."""
+    payload = {"session_id": None if session_id is None else str(session_id), "output": output}
+    return json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
+
+
+def approx_token_count(text: str) -> int:
+    return (len(text.encode("utf-8")) + APPROX_BYTES_PER_TOKEN - 1) // APPROX_BYTES_PER_TOKEN
+
+
+def truncate_to_tokens(text: str, max_tokens: int) -> str:
+    """``text`` if it fits ``max_tokens`` (at 4 bytes a token), else its head and tail,
+    half the budget each, around ``…N tokens truncated…``."""
+    budget = max(0, max_tokens) * APPROX_BYTES_PER_TOKEN
+    data = text.encode("utf-8")
+    if len(data) <= budget:
+        return text
+    head = _take_bytes(text, budget // 2)
+    tail = _take_last_bytes(text, budget - len(head.encode("utf-8")))
+    removed = len(data) - len(head.encode("utf-8")) - len(tail.encode("utf-8"))
+    marker = f"…{(removed + APPROX_BYTES_PER_TOKEN - 1) // APPROX_BYTES_PER_TOKEN} tokens truncated…"
+    return f"{head}{marker}{tail}"
+
+
+def format_exec_command_output(
+    output: str,
+    *,
+    chunk_id: str,
+    wall_time_s: float,
+    exit_code: int | None,
+    session_id: int | None,
+    max_output_tokens: int | None,
+) -> str:
+    """Codex's text for ``exec_command`` / ``write_stdin``: what the model reads."""
+    lines = [f"Chunk ID: {chunk_id}", f"Wall time: {wall_time_s:.4f} seconds"]
+    if exit_code is not None:
+        lines.append(f"Process exited with code {exit_code}")
+    if session_id is not None:
+        lines.append(f"Process running with session ID {session_id}")
+    lines.append(f"Original token count: {approx_token_count(output)}")
+    lines.append("Output:")
+    lines.append(truncate_to_tokens(output, DEFAULT_MAX_OUTPUT_TOKENS if max_output_tokens is None
+                                    else max_output_tokens))
+    return "\n".join(lines)
 
 
 @dataclass(frozen=True, slots=True)

@@ -330,6 +330,33 @@ class _Op(msgspec.Struct, tag_field="type"):
     pass
 
 
+UNIFIED_EXEC_TOOLS = ("off", "seed", "codex")
+
+
+class UnifiedExecSettings(msgspec.Struct, frozen=True, kw_only=True):
+    """sluice's own: the long-lived commands the model may run (the ``unified_exec``
+    keys of the frontend's config)."""
+
+    tools: str = "seed"
+    """Which tools the model is offered: ``off`` (``shell`` only), ``seed`` (the seed's
+    ``unified_exec`` beside ``shell``), ``codex`` (``exec_command`` and ``write_stdin``
+    instead of ``shell``); one of :data:`UNIFIED_EXEC_TOOLS`. The default, ``seed``,
+    only adds a tool: a model that knows nothing but ``shell`` loses nothing."""
+    max_sessions: int = 64
+    """Live sessions per agent session; one more closes the one idle longest."""
+    idle_timeout_ms: int = 30 * 60 * 1000
+    """A session no call used for this long is closed; 0: never."""
+
+    def __post_init__(self) -> None:
+        if self.tools not in UNIFIED_EXEC_TOOLS:
+            raise msgspec.ValidationError(f"unified_exec must be one of {', '.join(UNIFIED_EXEC_TOOLS)}, "
+                                          f"got {self.tools!r}")
+        if self.max_sessions < 1:
+            raise msgspec.ValidationError(f"unified_exec_max_sessions must be at least 1, got {self.max_sessions}")
+        if self.idle_timeout_ms < 0:
+            raise msgspec.ValidationError(f"unified_exec_idle_timeout_ms must be >= 0, got {self.idle_timeout_ms}")
+
+
 class McpServerConfig(msgspec.Struct, frozen=True, kw_only=True):
     """sluice's own: one MCP server a session starts (the frontend's ``[mcp_servers.NAME]``,
     see :mod:`agent.mcp.config`). It runs in the sandbox: the session's policy without
@@ -396,6 +423,8 @@ class ConfigureSession(_Op, tag="configure_session", kw_only=True):
     limits: Limits | UnsetType = UNSET
     """sluice's own: the resource limits of the session's commands (the ``[limits]``
     table of the frontend's config); unset fields take the executor's defaults."""
+    unified_exec: UnifiedExecSettings | UnsetType = UNSET
+    """sluice's own: the interactive tools offered and their bounds; unset: the defaults."""
     mcp_servers: list[McpServerConfig] | UnsetType = UNSET
     """sluice's own: the MCP servers whose tools the session offers (the frontend's
     ``[mcp_servers]``; Codex reads them from its config in-process)."""

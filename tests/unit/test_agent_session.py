@@ -136,7 +136,7 @@ def test_user_input_runs_a_task_with_text_tokens_and_instructions(server, tmp_pa
     assert body["input"] == [user_item("hi")]
     assert "Be brief." + PROJECT_DOC_SEPARATOR + "Always run the tests." in body["instructions"]
     assert f"working directory: {tmp_path / 'work'}" in body["instructions"]
-    assert [t["name"] for t in body["tools"]] == ["shell", "apply_patch", "update_plan"]
+    assert [t["name"] for t in body["tools"]] == ["shell", "unified_exec", "apply_patch", "update_plan"]
     shell = body["tools"][0]["parameters"]["properties"]
     assert "with_escalated_permissions" in shell and "justification" in shell  # on-request offers escalation
     # The reasoning and the assistant message join the conversation, without their ids.
