@@ -63,6 +63,7 @@ from broker.wire.protocol import (
     ReviewDecision,
     Shutdown,
     TextInput,
+    UnifiedExecSettings,
     UserInput,
     parse_approval_policy,
 )
@@ -184,6 +185,7 @@ def _configure_op(args):
     # The commands' environment is built here, from ours, under the user's
     # shell_environment_policy: the secrets never leave this process.
     commands_env = config.shell_environment_policy.apply(os.environ)
+    unified = config.unified_exec_settings()
     try:
         mcp_servers = parse_servers(config.raw.get("mcp_servers"))
     except McpConfigError as err:
@@ -208,6 +210,7 @@ def _configure_op(args):
         show_raw_agent_reasoning=config.show_raw_agent_reasoning or UNSET,
         limits=config.limits if config.limits != Limits() else UNSET,
         mcp_servers=mcp_servers or UNSET,
+        unified_exec=unified if unified != UnifiedExecSettings() else UNSET,
     )
     header = {"provider": provider.id, "approval": str(approval), "sandbox": mode, "cwd": cwd}
     return op, header, not config.hide_agent_reasoning

@@ -523,3 +523,14 @@ def test_reasoning_settings_reach_the_model_and_the_screen(dmn, server, work, tm
     tags = [tag(e) for e in json_events(p.stdout)]
     # JSON lines carry every event, whatever a person's screen hides.
     assert "agent_reasoning" in tags and "agent_reasoning_raw_content" in tags, tags
+
+
+def test_the_unified_exec_setting_chooses_the_tools_the_model_is_offered(fe, server, work) -> None:
+    for setting, expected in [(None, {"shell", "unified_exec"}), ("codex", {"exec_command", "write_stdin"}),
+                              ("off", {"shell"})]:
+        server.requests.clear()
+        server.script(response(assistant("ok")))
+        p = fe.run(*(["-c", f"unified_exec={setting}"] if setting else []), "--cd", str(work), "hello")
+        assert p.returncode == 0, p.stderr
+        names = {tool["name"] for tool in server.requests[0]["json"]["tools"]}
+        assert names & {"shell", "unified_exec", "exec_command", "write_stdin"} == expected, names
