@@ -74,6 +74,9 @@ from agent.config import OPENAI_DEFAULT_BASE_URL, ResolvedProvider, sluice_home
 from agent.exec_runner import CommandRunner
 from agent.instructions import BASE_INSTRUCTIONS, full_instructions, user_instructions
 from agent.items import Item, input_texts
+from agent.mcp.config import grants
+from agent.mcp.launcher import sandboxed_launcher
+from agent.mcp.manager import McpManager
 from agent.model_client import DEFAULT_BACKOFF_BASE, ModelClient, reasoning_param
 from agent.rollout import RolloutError, RolloutRecorder, sessions_dir
 from agent.turn import run_compact_task, run_task
@@ -83,6 +86,7 @@ from broker.wire.protocol import (
     TURN_INTERRUPTED,
     AddToHistory,
     AskForApproval,
+    BackgroundEventEvent,
     Compact,
     ConfigureSession,
     ErrorEvent,
@@ -218,6 +222,8 @@ class Session:
         # Long-lived commands (unified exec): they outlive turns and interrupts, and die
         # with the session (shutdown, aclose).
         self.unified_exec = UnifiedExecManager(runner, self.send)
+        # The session's MCP servers (agent.mcp), from configure_session's mcp_servers.
+        self.mcp: McpManager | None = None
 
     # -- events -----------------------------------------------------------------------
 
@@ -490,10 +496,33 @@ class Session:
         )
         log.info("session configured", session_id=str(self.session_id), model=op.model, provider=repr(provider),
                  cwd=cwd, approval_policy=str(op.approval_policy), resumed=restored is not None)
+        mcp_errors = await self._start_mcp(op, sandbox_policy, cwd)
         log_id, count = await asyncio.to_thread(message_history.history_metadata, self._history_path)
         self.send(sub_id, SessionConfiguredEvent(self.session_id, op.model, log_id, count))
-        for message in errors:
+        for server in self.mcp.servers if self.mcp is not None else ():
+            granted = grants(server)
+            if granted:
+                self.send(sub_id, BackgroundEventEvent(f"MCP server {server.name} runs with {' and '.join(granted)} "
+                                                       "(its configuration asks for it)"))
+        for message in [*errors, *mcp_errors]:
             self.error(sub_id, message)
+
+    async def _start_mcp(self, op: ConfigureSession, sandbox_policy: SandboxPolicy, cwd: str) -> list[str]:
+        """Start the session's MCP servers (those of a previous configure are stopped); the
+        ones that fail are reported after ``session_configured`` and left out."""
+        if self.mcp is not None:
+            await self.mcp.aclose()
+            self.mcp = None
+        servers = op.mcp_servers if isinstance(op.mcp_servers, list) else []
+        if not servers:
+            return []
+        launcher = sandboxed_launcher(self.runner, session_policy=sandbox_policy, cwd=cwd, sandbox_cwd=cwd,
+                                      env=self.command_env, env_passthrough=self.command_env_passthrough,
+                                      limits=self.command_limits)
+        self.mcp = McpManager(servers, launcher, roots=[cwd])
+        errors = await self.mcp.start()
+        log.info("MCP servers started", servers=[s.name for s in servers], failed=len(errors), tools=len(self.mcp.tools))
+        return errors
 
     def _resolve_provider(self, op: ConfigureSession) -> tuple[ResolvedProvider, str | None]:
         key = op.api_key if isinstance(op.api_key, str) and op.api_key else None
@@ -536,6 +565,8 @@ class Session:
         await self.abort()
         self.closed = True
         await self.unified_exec.close_all()
+        if self.mcp is not None:
+            await self.mcp.aclose()
         if self.rollout is not None:
             await self.rollout.shutdown()  # a failure to sync is reported by the recorder
             self.rollout = None
@@ -555,6 +586,8 @@ class Session:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task.handle
         await self.unified_exec.close_all()
+        if self.mcp is not None:
+            await self.mcp.aclose()
         if self.rollout is not None:
             await self.rollout.shutdown()
             self.rollout = None

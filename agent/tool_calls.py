@@ -48,6 +48,7 @@ cancellation goes on.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import secrets
 import stat
@@ -109,12 +110,15 @@ from broker.wire.protocol import (
     AgentReasoningRawContentEvent,
     ApplyPatchApprovalRequestEvent,
     BackgroundEventEvent,
+    CallToolResult,
     Duration,
     ExecApprovalRequestEvent,
     ExecCommandBeginEvent,
     ExecCommandEndEvent,
     ExecCommandOutputDeltaEvent,
     ExecOutputStream,
+    McpToolCallBeginEvent,
+    McpToolCallEndEvent,
     PatchApplyBeginEvent,
     PatchApplyEndEvent,
     ReviewDecision,
@@ -182,9 +186,41 @@ async def handle_function_call(sess: Session, task: AgentTask, name: str, argume
             return await handle_exec_command(sess, task, arguments, call_id)
         if name == WRITE_STDIN and tools == "codex":
             return await handle_write_stdin(sess, task, arguments, call_id)
+        if sess.mcp is not None and name in sess.mcp.tools:
+            return await handle_mcp_call(sess, task, name, arguments, call_id)
     except ArgumentError as err:
         return ToolOutput(call_id, str(err))
     return ToolOutput(call_id, f"unsupported call: {name}")
+
+
+async def handle_mcp_call(sess: Session, task: AgentTask, name: str, arguments: str, call_id: str) -> ToolOutput:
+    """A tool of one of the session's MCP servers (offered as ``name``): as the seed does it,
+    ``mcp_tool_call_begin``, the call (its server's timeout), ``mcp_tool_call_end``, and the
+    result as the model's function output. No approval is asked, as in the seed: the server
+    runs in the sandbox. An interrupt cancels the call (the server is told) and ends it
+    with an error result."""
+    try:
+        parsed = json.loads(arguments) if arguments.strip() else {}
+    except ValueError as err:
+        return ToolOutput(call_id, f"failed to parse function arguments: {err}")
+    tool = sess.mcp.tools[name]
+    sess.send(task.sub_id, McpToolCallBeginEvent(call_id, tool.server, tool.name, parsed))
+    try:
+        outcome = await sess.mcp.call(name, parsed)
+    except asyncio.CancelledError:
+        cancelled = CallToolResult(content=[{"type": "text", "text": "cancelled: the turn was interrupted"}], is_error=True)
+        sess.send(task.sub_id, McpToolCallEndEvent(call_id, False, cancelled))
+        raise
+    result = outcome.result
+    shown = None if result is None else CallToolResult(
+        content=result.get("content") if isinstance(result.get("content"), list) else [],
+        is_error=result.get("isError") if isinstance(result.get("isError"), bool) else None,
+        structured_content=result.get("structuredContent"),
+    )
+    if shown is None:
+        shown = CallToolResult(content=[{"type": "text", "text": outcome.text}], is_error=True)
+    sess.send(task.sub_id, McpToolCallEndEvent(call_id, outcome.success, shown))
+    return ToolOutput(call_id, outcome.text, outcome.success)
 
 
 class WorkdirError(ValueError):

@@ -136,7 +136,8 @@ def _prompt(sess: Session, **overrides: object) -> Prompt:
     fields = {
         "input": conv.with_aborted_outputs(sess.history),
         "instructions": config.instructions,
-        "tools": tools_for(config.approval_policy, config.sandbox_policy, config.unified_exec.tools),
+        "tools": tools_for(config.approval_policy, config.sandbox_policy, config.unified_exec.tools)
+        + (sess.mcp.declarations() if sess.mcp is not None else []),
         "model": config.model,
         "reasoning": config.reasoning,
         "prompt_cache_key": str(sess.session_id),

@@ -298,6 +298,7 @@ class CallToolResult(msgspec.Struct, omit_defaults=True):
 
     content: list[dict[str, Any]]
     is_error: bool | None = msgspec.field(default=None, name="isError")
+    structured_content: Any = msgspec.field(default=None, name="structuredContent")
 
 
 # -- input items ----------------------------------------------------------------------
