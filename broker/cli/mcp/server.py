@@ -1,27 +1,8 @@
-"""``sluice mcp``: sluice as an MCP server, over stdio.
-
-Any MCP client (Claude Code, Cursor, Codex, ...) starts ``sluice mcp`` and gets tools
-that run commands through the sluice daemon, each in the kernel sandbox: ``run`` (one
-command, its exit status and output) and interactive sessions (``session_start``,
-``session_write``, ``session_read``, ``session_close``). The policy (sandbox mode,
-workspace, writable roots, network, resource limits) comes from our flags and the config
-file when the server starts; no tool argument can change it.
-
-The protocol is JSON-RPC 2.0, one message per line (the MCP stdio transport), spoken here
-by hand: it is small, and the official SDK would bring pydantic, starlette and uvicorn
-into the one process that must start fast and stay out of the sandbox's way.
-
-One thread does everything but connecting: an event loop that waits, through the client
-library's :meth:`~broker.client.Client.wait_io`, on the daemon's socket, our stdin and a
-wake-up pipe at once, so a long ``run`` never blocks ``ping``, ``tools/list`` or another
-``run``. Connecting (which may start a daemon, a second or so) runs on a thread of its own
-and hands the client over; the client is used from the loop's thread only. Stdout carries
-only protocol messages, written under a lock from one function; logs go to stderr.
-"""
+"""The protocol of ``sluice mcp``: JSON-RPC 2.0 over stdio, one message per line, and the
+loop that serves it (see :mod:`broker.cli.mcp`)."""
 
 from __future__ import annotations
 
-import codecs
 import contextlib
 import json
 import os
@@ -31,18 +12,32 @@ import signal
 import threading
 import time
 
-import msgspec
-
 import broker.client as C
 from broker.cli.base import print_error, write_all
-from broker.wire.results import EXIT_NOT_FOUND, EXIT_OK, EXIT_USAGE
+from broker.cli.mcp.tools import (
+    DEFAULT_TIMEOUT_S,
+    DEFAULT_YIELD_MS,
+    MAX_SESSIONS,
+    MAX_TIMEOUT_S,
+    MAX_YIELD_MS,
+    STRUCTURED_SINCE,
+    TOOL_NAMES,
+    Policy,
+    Run,
+    Session,
+    ToolError,
+    argv_of,
+    not_run,
+    number_arg,
+    tool_result,
+    tools_for,
+)
+from broker.wire.results import EXIT_OK
 
 SERVER_NAME = "sluice"
 SERVER_VERSION = "0.1.0"
 # Newest first: the answer to a client whose version we do not know.
 PROTOCOL_VERSIONS = ("2025-11-25", "2025-06-18", "2025-03-26", "2024-11-05")
-# structuredContent, outputSchema and tool titles came with this version.
-STRUCTURED_SINCE = "2025-06-18"
 
 PARSE_ERROR = -32700
 INVALID_REQUEST = -32600
@@ -52,29 +47,10 @@ INTERNAL_ERROR = -32603
 
 # A line longer than this is answered with a parse error and skipped.
 MAX_LINE = 16 * 1024 * 1024
-# Output a `run` returns: the first HEAD and the last TAIL bytes of each stream.
-OUTPUT_HEAD = 8 * 1024
-OUTPUT_TAIL = 24 * 1024
-# Progress notifications: at most one per call per interval, each at most this much text.
-PROGRESS_INTERVAL_S = 0.1
-PROGRESS_MAX = 16 * 1024
-# Interactive sessions: how many at once, and the output each keeps (the oldest goes).
-MAX_SESSIONS = 16
-SESSION_KEEP = 128 * 1024
-# What a session tool returns at most per call (the rest stays for the next read).
-SESSION_READ_MAX = 64 * 1024
 # session_write/read return early once output came and then none for this long.
 QUIET_S = 0.2
-DEFAULT_YIELD_MS = {"session_start": 500, "session_write": 1000, "session_read": 0}
-MAX_YIELD_MS = 30_000
-DEFAULT_TIMEOUT_S = 600
-MAX_TIMEOUT_S = 24 * 3600
 # At the end: how long cancelled commands get to die before we exit anyway.
 SHUTDOWN_WAIT_S = 5.0
-
-
-class ToolError(Exception):
-    """A tool call that failed: answered as a result with isError, one line."""
 
 
 class ProtocolError(Exception):
@@ -83,397 +59,6 @@ class ProtocolError(Exception):
     def __init__(self, code: int, message: str) -> None:
         super().__init__(message)
         self.code = code
-
-
-# -- policy -----------------------------------------------------------------------------
-
-
-class Policy:
-    """What every command gets, fixed when the server starts: from flags and config.toml."""
-
-    def __init__(self, args) -> None:
-        from agent.config import ConfigError, load_config
-
-        try:
-            config = load_config()
-        except ConfigError as e:
-            raise C.UsageError(str(e)) from None
-        # sluice run's default unless config.toml names a mode (the agent's default is read-only).
-        self.mode = args.sandbox or (config.sandbox_mode if "sandbox_mode" in config.raw else "workspace-write")
-        workspace_write = self.mode == "workspace-write"
-        self.writable = list(config.writable_roots if workspace_write else ()) + list(args.writable)
-        self.network = bool(args.network or (workspace_write and config.network_access))
-        self.env_passthrough = list(args.env)
-        self.limits = config.limits
-        self.limit_flags = dict(memory=args.memory, pids_limit=args.pids_limit, file_size=args.file_size,
-                                cpu_time=args.cpu_time)
-        try:
-            root = os.path.realpath(args.cwd or os.getcwd())
-        except FileNotFoundError:
-            raise C.UsageError("the current directory no longer exists; cd somewhere else or pass --cwd") from None
-        if not os.path.isdir(root):
-            what = "is not a directory" if os.path.exists(root) else "does not exist"
-            raise C.UsageError(f"--cwd {root} {what}")
-        self.workspace = root
-        self.request(["true"], root)  # every mistake in the flags, now rather than per call
-
-    def cwd(self, given) -> str:
-        """The tool's ``cwd`` (relative to the workspace, or absolute), inside the workspace."""
-        if given is None:
-            return self.workspace
-        if not isinstance(given, str) or not given:
-            raise ToolError("cwd must be a non-empty string")
-        path = os.path.realpath(os.path.join(self.workspace, given))
-        if os.path.commonpath([path, self.workspace]) != self.workspace:
-            raise ToolError(f"cwd {given} is outside the workspace {self.workspace}")
-        if not os.path.isdir(path):
-            raise ToolError(f"cwd {given} is not a directory in the workspace")
-        return path
-
-    def request(self, argv: list[str], cwd: str, *, timeout_ms: int | None = None, interactive: bool = False):
-        request = C.make_request(
-            argv, cwd=cwd, sandbox=self.mode, writable=self.writable, network=self.network,
-            env_passthrough=self.env_passthrough, timeout_ms=timeout_ms, capture_limit=0,
-            limits=self.limits, stdin=interactive, **self.limit_flags)
-        # The workspace is the writable cwd wherever in it the command runs.
-        request = msgspec.structs.replace(request, sandbox_cwd=self.workspace)
-        if interactive:
-            request = msgspec.structs.replace(request, interactive=True)
-        return request
-
-    def describe(self) -> str:
-        if self.mode == "danger-full-access":
-            text = "Commands run WITHOUT a sandbox (danger-full-access)"
-        elif self.mode == "read-only":
-            text = "Commands run in a kernel sandbox: the filesystem is read-only"
-        else:
-            text = f"Commands run in a kernel sandbox: only the workspace {self.workspace} and /tmp are writable"
-        if self.writable:
-            text += f", plus {', '.join(self.writable)}"
-        if self.mode != "danger-full-access":
-            text += "; network access is " + ("allowed" if self.network else "blocked")
-        return (f"{text}. The workspace is {self.workspace}; a tool's cwd must be inside it. "
-                "The sandbox is set by the user and cannot be changed from here.")
-
-
-# -- tools ------------------------------------------------------------------------------
-
-_COMMAND_PROPS = {
-    "command": {"type": "string", "description": "A shell command line, run with `bash -lc`."},
-    "argv": {"type": "array", "items": {"type": "string"}, "minItems": 1,
-             "description": "The command as a list of arguments, run without a shell. Give this or `command`."},
-    "cwd": {"type": "string", "description": "Where it runs: a directory inside the workspace (relative to it, "
-                                             "or absolute). Default: the workspace."},
-}
-_YIELD = {"type": "integer", "minimum": 0, "maximum": MAX_YIELD_MS,
-          "description": "How long to wait for output, in milliseconds (returns early once output came and "
-                         "paused, or the session ended)."}
-_SESSION_ID = {"type": "string", "description": "The id session_start returned."}
-
-_RUN_OUTPUT = {
-    "type": "object",
-    "properties": {
-        "exit_code": {"type": ["integer", "null"], "description": "null when killed by a signal or timed out"},
-        "signal": {"type": ["integer", "null"]},
-        "timed_out": {"type": "boolean"},
-        "duration_s": {"type": "number"},
-        "stdout": {"type": "string"},
-        "stderr": {"type": "string"},
-        "stdout_bytes": {"type": "integer", "description": "bytes the command wrote to stdout"},
-        "stderr_bytes": {"type": "integer"},
-        "stdout_truncated": {"type": "boolean", "description": "the middle of stdout was left out"},
-        "stderr_truncated": {"type": "boolean"},
-        "limit": {"type": ["string", "null"], "description": "a resource limit the command ran into"},
-    },
-    "required": ["exit_code", "signal", "timed_out", "stdout", "stderr", "stdout_truncated", "stderr_truncated"],
-}
-_SESSION_OUTPUT = {
-    "type": "object",
-    "properties": {
-        "session_id": {"type": "string"},
-        "output": {"type": "string", "description": "stdout and stderr as they came, since the last call"},
-        "dropped_bytes": {"type": "integer", "description": "output lost before it was read (the oldest goes "
-                                                           f"beyond {SESSION_KEEP // 1024} KiB)"},
-        "more": {"type": "boolean", "description": "more output is waiting: call session_read"},
-        "running": {"type": "boolean"},
-        "exit_code": {"type": ["integer", "null"]},
-        "signal": {"type": ["integer", "null"]},
-    },
-    "required": ["session_id", "output", "running"],
-}
-
-TOOLS = [
-    {
-        "name": "run",
-        "title": "Run a command in the sandbox",
-        "description": (
-            "Run one command in sluice's kernel sandbox and return its exit code, stdout and stderr. "
-            "Stdin is empty. Give `command` (a shell line) or `argv`. Output longer than "
-            f"{(OUTPUT_HEAD + OUTPUT_TAIL) // 1024} KiB per stream keeps its start and end; the result says "
-            f"when. Default timeout {DEFAULT_TIMEOUT_S} s. Progress notifications carry output as it comes."),
-        "inputSchema": {"type": "object", "properties": {
-            **_COMMAND_PROPS,
-            "timeout_s": {"type": "number", "exclusiveMinimum": 0, "maximum": MAX_TIMEOUT_S,
-                          "description": f"Kill the command's whole tree after this many seconds "
-                                         f"(default {DEFAULT_TIMEOUT_S})."},
-        }},
-        "outputSchema": _RUN_OUTPUT,
-    },
-    {
-        "name": "session_start",
-        "title": "Start an interactive session",
-        "description": (
-            "Start a long-lived command in the sandbox with stdin open (a REPL, a shell, a server); returns its "
-            "session_id and first output. Not a terminal: use e.g. `python3 -i -u` or `bash --norc -i`. "
-            f"At most {MAX_SESSIONS} sessions; each keeps the last {SESSION_KEEP // 1024} KiB of unread output."),
-        "inputSchema": {"type": "object", "properties": {**_COMMAND_PROPS, "yield_ms": _YIELD}},
-        "outputSchema": _SESSION_OUTPUT,
-    },
-    {
-        "name": "session_write",
-        "title": "Write to a session",
-        "description": ("Send text to a session's stdin exactly as given (end a line with \\n), then wait up to "
-                        "yield_ms for output and return it. close_stdin: then end its input."),
-        "inputSchema": {"type": "object", "properties": {
-            "session_id": _SESSION_ID, "text": {"type": "string"}, "yield_ms": _YIELD,
-            "close_stdin": {"type": "boolean", "description": "end of file after the text"},
-        }, "required": ["session_id", "text"]},
-        "outputSchema": _SESSION_OUTPUT,
-    },
-    {
-        "name": "session_read",
-        "title": "Read a session's output",
-        "description": "Return a session's output since the last call, waiting up to yield_ms (default 0) for some.",
-        "inputSchema": {"type": "object", "properties": {"session_id": _SESSION_ID, "yield_ms": _YIELD},
-                        "required": ["session_id"]},
-        "outputSchema": _SESSION_OUTPUT,
-    },
-    {
-        "name": "session_close",
-        "title": "Close a session",
-        "description": "Kill a session's whole process tree and return its last output and exit status.",
-        "inputSchema": {"type": "object", "properties": {"session_id": _SESSION_ID}, "required": ["session_id"]},
-        "outputSchema": _SESSION_OUTPUT,
-    },
-]
-TOOL_NAMES = {t["name"] for t in TOOLS}
-
-
-def _tools_for(version: str) -> list[dict]:
-    if version >= STRUCTURED_SINCE:
-        return TOOLS
-    return [{k: v for k, v in t.items() if k not in ("outputSchema", "title")} for t in TOOLS]
-
-
-def _argv_of(arguments: dict) -> list[str]:
-    command, argv = arguments.get("command"), arguments.get("argv")
-    if (command is None) == (argv is None):
-        raise ToolError("give exactly one of `command` (a shell line) and `argv` (a list of strings)")
-    if command is not None:
-        if not isinstance(command, str) or not command.strip():
-            raise ToolError("`command` must be a non-empty string")
-        return ["bash", "-lc", command]
-    if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv) or not argv[0]:
-        raise ToolError("`argv` must be a non-empty list of strings")
-    return argv
-
-
-def _number(arguments: dict, name: str, default, maximum, *, integer: bool = False, minimum=0):
-    value = arguments.get(name, default)
-    if value is None:
-        return default
-    kinds = (int,) if integer else (int, float)
-    if isinstance(value, bool) or not isinstance(value, kinds) or not minimum <= value <= maximum:
-        raise ToolError(f"`{name}` must be a number from {minimum} to {maximum}, got {value!r}")
-    return value
-
-
-def _decode(data) -> str:
-    return bytes(data).decode("utf-8", "replace")
-
-
-class Capture:
-    """One stream of a `run`: its first and last bytes, and how many there were."""
-
-    def __init__(self) -> None:
-        self.head = bytearray()
-        self.tail = bytearray()
-        self.total = 0
-
-    def add(self, chunk) -> None:
-        self.total += len(chunk)
-        room = OUTPUT_HEAD - len(self.head)
-        if room > 0:
-            self.head += chunk[:room]
-            chunk = chunk[room:]
-        if chunk:
-            self.tail += chunk
-            if len(self.tail) > OUTPUT_TAIL:
-                del self.tail[: len(self.tail) - OUTPUT_TAIL]
-
-    @property
-    def truncated(self) -> bool:
-        return self.total > len(self.head) + len(self.tail)
-
-    def text(self) -> str:
-        if not self.truncated:
-            return _decode(self.head + self.tail)
-        left_out = self.total - len(self.head) - len(self.tail)
-        return f"{_decode(self.head)}\n[... {left_out} bytes left out ...]\n{_decode(self.tail)}"
-
-
-def _status_line(result) -> str:
-    if result.timed_out:
-        line = "timed out (its process tree was killed)"
-    elif result.signal is not None:
-        line = f"killed by signal {result.signal}"
-    elif result.aborted:
-        line = "cancelled"
-    else:
-        line = f"exit code {result.exit_code}"
-    if result.limit:
-        line += f"; {result.limit}"
-    return line
-
-
-def _not_run(result, argv: list[str]) -> str:
-    """Why a command never ran, one line."""
-    if result.returncode == EXIT_NOT_FOUND:
-        return f"command not found: {argv[0]}"
-    return " ".join(str(result.error).split())
-
-
-class Run:
-    """A `run` tool call in flight."""
-
-    def __init__(self, req_id, token, argv: list[str], request) -> None:
-        self.req_id = req_id
-        self.token = token
-        self.argv = argv
-        self.request = request
-        self.call = None
-        self.out = Capture()
-        self.err = Capture()
-        self.pending = []  # decoded output not yet sent as progress
-        self.pending_len = 0
-        self.decoder = codecs.getincrementaldecoder("utf-8")("replace")
-        self.seen = 0
-        self.last_progress = 0.0
-
-    def on_output(self, call, stream, chunk) -> None:
-        (self.err if stream == 2 else self.out).add(chunk)
-        if self.token is not None:
-            self.seen += len(chunk)
-            text = self.decoder.decode(bytes(chunk))
-            self.pending.append(text)
-            self.pending_len += len(text)
-            while self.pending_len > PROGRESS_MAX and len(self.pending) > 1:
-                self.pending_len -= len(self.pending.pop(0))
-
-    def progress_due(self, now: float) -> float | None:
-        if not self.pending:
-            return None
-        return self.last_progress + PROGRESS_INTERVAL_S
-
-    def take_progress(self, now: float) -> dict:
-        text = "".join(self.pending)[-PROGRESS_MAX:]
-        self.pending.clear()
-        self.pending_len = 0
-        self.last_progress = now
-        return {"progressToken": self.token, "progress": self.seen, "message": text}
-
-    def outcome(self, structured: bool) -> dict:
-        result = self.call.result
-        if result.error is not None:  # it never ran, or its executor failed
-            raise ToolError(_not_run(result, self.argv))
-        data = {
-            "exit_code": result.exit_code if result.signal is None and not result.timed_out else None,
-            "signal": result.signal,
-            "timed_out": result.timed_out,
-            "duration_s": round(result.duration_s, 3),
-            "stdout": self.out.text(),
-            "stderr": self.err.text(),
-            "stdout_bytes": self.out.total,
-            "stderr_bytes": self.err.total,
-            "stdout_truncated": self.out.truncated,
-            "stderr_truncated": self.err.truncated,
-            "limit": result.limit,
-        }
-        parts = [_status_line(result)]
-        for name, cap in (("stdout", self.out), ("stderr", self.err)):
-            if cap.total:
-                note = f" ({cap.total} bytes, the middle left out)" if cap.truncated else ""
-                parts.append(f"--- {name}{note} ---\n{data[name]}")
-        return _result("\n".join(parts), data, structured)
-
-
-def _result(text: str, data: dict | None, structured: bool, error: bool = False) -> dict:
-    out = {"content": [{"type": "text", "text": text}], "isError": error}
-    if structured and data is not None:
-        out["structuredContent"] = data
-    return out
-
-
-class Session:
-    """An interactive command, its stdin open, its output kept (the last SESSION_KEEP bytes)."""
-
-    def __init__(self, sid: str, argv: list[str], request) -> None:
-        self.sid = sid
-        self.argv = argv
-        self.request = request
-        self.call = None
-        self.buf = bytearray()
-        self.total = 0  # bytes of output ever
-        self.read_to = 0  # the first byte not yet returned (absolute)
-        self.last_output = 0.0
-        self.stdin = bytearray()  # written by the model, not yet taken by the window
-        self.eof_wanted = False
-        self.closing = False
-        self.failure: str | None = None  # never ran, or lost with the daemon
-        # The one tool call waiting on this session: (req_id, tool, deadline, started_at, total_then).
-        self.waiter = None
-
-    def on_output(self, call, stream, chunk) -> None:
-        self.buf += chunk
-        self.total += len(chunk)
-        if len(self.buf) > SESSION_KEEP:
-            del self.buf[: len(self.buf) - SESSION_KEEP]
-        self.last_output = time.monotonic()
-
-    @property
-    def ended(self) -> bool:
-        return self.failure is not None or (self.call is not None and self.call.done)
-
-    def unread(self) -> bool:
-        return self.read_to < self.total
-
-    def take(self, structured: bool) -> dict:
-        start = self.total - len(self.buf)
-        dropped = max(0, start - self.read_to)
-        frm = max(self.read_to, start)
-        end = min(self.total, frm + SESSION_READ_MAX)
-        text = _decode(self.buf[frm - start: end - start])
-        self.read_to = end
-        data = {"session_id": self.sid, "output": text, "dropped_bytes": dropped, "more": end < self.total,
-                "running": not self.ended, "exit_code": None, "signal": None}
-        head = f"session {self.sid}: "
-        if self.ended:
-            result = self.call.result if self.call is not None else None
-            if self.failure is not None or result is None:
-                head += f"ended: {self.failure}"
-            elif result.error is not None:
-                head += f"ended: {_not_run(result, self.argv)}"
-            else:
-                data["exit_code"] = result.exit_code
-                data["signal"] = result.signal
-                head += f"ended, {_status_line(result)}"
-        else:
-            head += "running"
-        if dropped:
-            head += f"; {dropped} bytes of output were lost before they were read"
-        if data["more"]:
-            head += "; more output waiting (session_read)"
-        return _result(f"{head}\n{text}" if text else head, data, structured)
 
 
 # -- the server -------------------------------------------------------------------------
@@ -608,13 +193,13 @@ class Server:
     def answer_session(self, req_id, s: Session) -> None:
         if s.ended and s.call is None and s.failure is not None and s.total == 0:
             self.sessions.pop(s.sid, None)
-            self.reply(req_id, _result(f"session {s.sid}: {s.failure}", None, False, error=True))
+            self.reply(req_id, tool_result(f"session {s.sid}: {s.failure}", None, False, error=True))
             return
         if s.ended and s.call is not None and s.total == 0:
             r = s.call.result
             if r is not None and r.error is not None:
                 self.sessions.pop(s.sid, None)
-                self.reply(req_id, _result(_not_run(r, s.argv), None, False, error=True))
+                self.reply(req_id, tool_result(not_run(r, s.argv), None, False, error=True))
                 return
         result = s.take(self.structured)
         if s.ended and (s.closing or not s.unread()):
@@ -624,7 +209,7 @@ class Server:
     def finish_run(self, run: Run) -> None:
         call = run.call
         if call.failure is not None:
-            self.reply(run.req_id, _result(f"lost the sluice daemon: {call.failure}", None, False, error=True))
+            self.reply(run.req_id, tool_result(f"lost the sluice daemon: {call.failure}", None, False, error=True))
             return
         if call.result.aborted and not call.result.timed_out:
             return  # cancelled by the client: no response (the spec's rule)
@@ -634,7 +219,7 @@ class Server:
         try:
             self.reply(run.req_id, run.outcome(self.structured))
         except ToolError as e:
-            self.reply(run.req_id, _result(str(e), None, False, error=True))
+            self.reply(run.req_id, tool_result(str(e), None, False, error=True))
 
     # -- the daemon ---------------------------------------------------------------------
 
@@ -688,7 +273,7 @@ class Server:
     def fail_item(self, item, message: str) -> None:
         if isinstance(item, Run):
             self.runs.pop(_key(item.req_id), None)
-            self.reply(item.req_id, _result(message, None, False, error=True))
+            self.reply(item.req_id, tool_result(message, None, False, error=True))
         else:
             item.failure = message
 
@@ -806,7 +391,7 @@ class Server:
         if method == "ping":
             return {}
         if method == "tools/list":
-            return {"tools": _tools_for(self.version)}
+            return {"tools": tools_for(self.version)}
         if method == "tools/call":
             return self.call_tool(req_id, params)
         raise ProtocolError(METHOD_NOT_FOUND, f"method not found: {method}")
@@ -830,16 +415,16 @@ class Server:
         try:
             return getattr(self, f"tool_{name}")(req_id, arguments, token)
         except ToolError as e:
-            return _result(str(e), None, False, error=True)
+            return tool_result(str(e), None, False, error=True)
         except C.UsageError as e:
-            return _result(f"invalid command: {e}", None, False, error=True)
+            return tool_result(f"invalid command: {e}", None, False, error=True)
 
     # -- tools --------------------------------------------------------------------------
 
     def tool_run(self, req_id, arguments: dict, token):
-        argv = _argv_of(arguments)
+        argv = argv_of(arguments)
         cwd = self.policy.cwd(arguments.get("cwd"))
-        timeout_s = _number(arguments, "timeout_s", DEFAULT_TIMEOUT_S, MAX_TIMEOUT_S)
+        timeout_s = number_arg(arguments, "timeout_s", DEFAULT_TIMEOUT_S, MAX_TIMEOUT_S)
         if timeout_s <= 0:
             raise ToolError("`timeout_s` must be more than 0")
         request = self.policy.request(argv, cwd, timeout_ms=max(1, int(timeout_s * 1000)))
@@ -849,9 +434,9 @@ class Server:
         return None  # answered when it ends
 
     def tool_session_start(self, req_id, arguments: dict, token):
-        argv = _argv_of(arguments)
+        argv = argv_of(arguments)
         cwd = self.policy.cwd(arguments.get("cwd"))
-        yield_ms = _number(arguments, "yield_ms", DEFAULT_YIELD_MS["session_start"], MAX_YIELD_MS, integer=True)
+        yield_ms = number_arg(arguments, "yield_ms", DEFAULT_YIELD_MS["session_start"], MAX_YIELD_MS, integer=True)
         if len(self.sessions) >= MAX_SESSIONS:
             raise ToolError(f"too many sessions ({MAX_SESSIONS}); close one with session_close")
         request = self.policy.request(argv, cwd, interactive=True)
@@ -889,7 +474,7 @@ class Server:
         close = arguments.get("close_stdin", False)
         if not isinstance(close, bool):
             raise ToolError("`close_stdin` must be true or false")
-        yield_ms = _number(arguments, "yield_ms", DEFAULT_YIELD_MS["session_write"], MAX_YIELD_MS, integer=True)
+        yield_ms = number_arg(arguments, "yield_ms", DEFAULT_YIELD_MS["session_write"], MAX_YIELD_MS, integer=True)
         if s.ended:
             raise ToolError(f"session {s.sid} has ended; session_read returns its last output")
         if s.eof_wanted or s.closing:
@@ -901,7 +486,7 @@ class Server:
 
     def tool_session_read(self, req_id, arguments: dict, token):
         s = self.session(arguments)
-        yield_ms = _number(arguments, "yield_ms", DEFAULT_YIELD_MS["session_read"], MAX_YIELD_MS, integer=True)
+        yield_ms = number_arg(arguments, "yield_ms", DEFAULT_YIELD_MS["session_read"], MAX_YIELD_MS, integer=True)
         if s.unread() or s.ended or yield_ms == 0:
             if s.waiter is not None:
                 previous, s.waiter = s.waiter, None
@@ -989,16 +574,3 @@ def _valid_id(req_id) -> bool:
 def _key(req_id):
     """Request ids 1 and "1" are different requests."""
     return (type(req_id).__name__, req_id)
-
-
-def mcp_main(args) -> int:
-    try:
-        policy = Policy(args)
-    except C.UsageError as e:
-        print_error(f"error: {e}")
-        return EXIT_USAGE
-    if args.env_report:
-        from broker.cli.base import env_report
-
-        env_report(args.env)
-    return Server(policy).serve()
