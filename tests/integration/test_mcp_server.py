@@ -12,6 +12,7 @@ import contextlib
 import json
 import os
 import select
+import shutil
 import subprocess
 import time
 import uuid
@@ -446,3 +447,30 @@ def test_stdin_eof_ends_running_commands_and_the_server(raw) -> None:
 
 
 # -- the MCP Inspector's CLI ----------------------------------------------------------
+
+INSPECTOR = "@modelcontextprotocol/inspector@2.12.0"
+
+
+def _inspector(sluice, daemon, workspace, *args) -> dict:
+    env = daemon.env_for_children()
+    argv = ["npx", "-y", INSPECTOR, "--cli", *sluice, "mcp", "--cwd", workspace]
+    for name in ("PYTHONPATH", "SLUICE_RUNTIME_DIR", "SLUICE_HOME"):
+        argv += ["-e", f"{name}={env[name]}"]
+    p = subprocess.run([*argv, *args], capture_output=True, text=True, env=env, cwd=workspace, timeout=150)
+    if p.returncode != 0 and ("npm ERR" in p.stderr or "npm error" in p.stderr):
+        pytest.skip(f"npx could not fetch {INSPECTOR}: {p.stderr.strip().splitlines()[-1]}")
+    assert p.returncode == 0, p.stdout + p.stderr
+    return json.loads(p.stdout)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(not shutil.which("npx"), reason="npx (Node.js) is not installed: the MCP Inspector's CLI needs it")
+def test_the_mcp_inspector_cli_lists_and_calls(sluice, module_daemon, workspace) -> None:
+    tools = _inspector(sluice, module_daemon, workspace, "--method", "tools/list")["tools"]
+    assert {t["name"] for t in tools} == TOOLS
+    result = _inspector(sluice, module_daemon, workspace, "--method", "tools/call", "--tool-name", "run",
+                        "--tool-arg", 'argv=["echo","from the inspector"]')
+    assert result["isError"] is False and result["structuredContent"]["stdout"] == "from the inspector\n"
+    result = _inspector(sluice, module_daemon, workspace, "--method", "tools/call", "--tool-name", "run",
+                        "--tool-arg", "command=exit 5")
+    assert result["structuredContent"]["exit_code"] == 5

@@ -479,7 +479,7 @@ class Server:
             raise ToolError(f"session {s.sid} has ended; session_read returns its last output")
         if s.eof_wanted or s.closing:
             raise ToolError(f"the stdin of session {s.sid} is closed")
-        s.stdin += text.encode("utf-8")
+        s.stdin += text.encode("utf-8", "replace")  # a lone surrogate from JSON becomes "?"
         s.eof_wanted = close
         self.wait_on(s, req_id, "session_write", yield_ms)
         return None
