@@ -124,6 +124,8 @@ def test_run_echo_a_shell_line_and_a_failing_command(sluice, module_daemon, work
 
 
 def test_tool_errors_are_results_with_one_line(sluice, module_daemon, workspace, outside) -> None:
+    os.symlink(outside, os.path.join(workspace, "link"))
+
     async def main():
         async with connected(sluice, module_daemon, workspace) as session:
             cases = [
@@ -134,6 +136,7 @@ def test_tool_errors_are_results_with_one_line(sluice, module_daemon, workspace,
                 ({"command": "true", "cwd": outside}, f"cwd {outside} is outside the workspace {workspace}"),
                 ({"command": "true", "cwd": "../"}, "is outside the workspace"),
                 ({"command": "true", "cwd": "missing"}, "cwd missing is not a directory in the workspace"),
+                ({"command": "true", "cwd": "link"}, f"cwd link is outside the workspace {workspace}"),
                 ({"command": "true", "timeout_s": -1}, "`timeout_s` must be a number"),
             ]
             for arguments, expected in cases:
@@ -299,6 +302,36 @@ def test_a_session_over_several_writes(sluice, module_daemon, workspace) -> None
     wait_for(lambda: not _marked(marker), 10, "the session's process to be gone")
 
 
+def test_a_session_keeps_its_last_output_and_says_what_it_lost(sluice, module_daemon, workspace) -> None:
+    marker = f"mcp-lost-{uuid.uuid4().hex[:8]}"
+    size = 300_000
+    script = f"cat >/dev/null; head -c {size} /dev/zero | tr '\\0' x; echo; echo END # {marker}"
+
+    async def main():
+        async with connected(sluice, module_daemon, workspace) as session:
+            r = await session.call_tool("session_start", {"argv": ["sh", "-c", script], "yield_ms": 0})
+            sid = r.structured_content["session_id"]
+            outputs, dropped, notes = [], 0, []
+            r = await session.call_tool("session_write", {"session_id": sid, "text": "", "close_stdin": True,
+                                                          "yield_ms": 10000})
+            await anyio.to_thread.run_sync(lambda: wait_for(lambda: not _marked(marker), 10, "the command's end"))
+            while True:
+                out = r.structured_content
+                outputs.append(out["output"])
+                dropped += out["dropped_bytes"]
+                if out["dropped_bytes"]:
+                    notes.append(_text(r).splitlines()[0])
+                if not out["running"] and not out["more"]:
+                    break
+                r = await session.call_tool("session_read", {"session_id": sid, "yield_ms": 10000})
+            text = "".join(outputs)
+            assert text.endswith("\nEND\n") and out["exit_code"] == 0
+            assert dropped > 0 and dropped + len(text) == size + len("\nEND\n")
+            assert notes and all("bytes of output were lost before they were read" in n for n in notes)
+
+    anyio.run(main)
+
+
 def test_sessions_are_capped_and_die_with_the_server(sluice, module_daemon, workspace) -> None:
     marker = f"mcp-eof-{uuid.uuid4().hex[:8]}"
 
@@ -443,6 +476,17 @@ def test_stdin_eof_ends_running_commands_and_the_server(raw) -> None:
     wait_for(lambda: len(_marked(marker)) == 2, 15, "both commands")
     code, stderr = raw.close()
     assert code == 0, stderr
+    wait_for(lambda: not _marked(marker), 10, "every command to be gone")
+
+
+def test_sigterm_ends_running_commands_and_the_server(raw) -> None:
+    marker = f"6{uuid.uuid4().int % 10**6}.5"
+    raw.send(_req(1, "tools/call", {"name": "session_start", "arguments": {"argv": ["sleep", marker]}}))
+    raw.send(_req(2, "tools/call", {"name": "run", "arguments": {"argv": ["sleep", marker]}}))
+    wait_for(lambda: len(_marked(marker)) == 2, 15, "both commands")
+    raw.proc.terminate()
+    assert raw.proc.wait(15) == 0
+    assert "stopping on signal 15" in raw.proc.stderr.read().decode()
     wait_for(lambda: not _marked(marker), 10, "every command to be gone")
 
 
