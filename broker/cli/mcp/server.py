@@ -179,7 +179,8 @@ class Server:
                 except (C.DaemonError, C.UsageError):
                     n = len(s.stdin)
                 del s.stdin[:n]
-            if s.eof_wanted and not s.stdin and self.client is not None and s.call is not None and not s.ended:
+            if (s.eof_wanted and not s.stdin and self.client is not None and s.call is not None and s.call.started
+                    and not s.ended):
                 with contextlib.suppress(C.DaemonError):
                     self.client.close_stdin(s.call)
                 s.eof_wanted = False
@@ -211,7 +212,7 @@ class Server:
         if call.failure is not None:
             self.reply(run.req_id, tool_result(f"lost the sluice daemon: {call.failure}", None, False, error=True))
             return
-        if call.result.aborted and not call.result.timed_out:
+        if run.cancelled:
             return  # cancelled by the client: no response (the spec's rule)
         if run.token is not None and run.pending:
             self.send({"jsonrpc": "2.0", "method": "notifications/progress",
@@ -521,10 +522,10 @@ class Server:
                 self.waiting.remove(run)
             return
         run.token = None
+        run.cancelled = True
         if self.client is not None:
             with contextlib.suppress(C.DaemonError):
                 self.client.cancel(run.call)
-        # finish_run sends nothing for a cancelled call (one that ended first is answered)
 
     # -- the end ------------------------------------------------------------------------
 

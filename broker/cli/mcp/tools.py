@@ -319,6 +319,7 @@ class Run:
         self.decoder = codecs.getincrementaldecoder("utf-8")("replace")
         self.seen = 0
         self.last_progress = 0.0
+        self.cancelled = False  # by notifications/cancelled: it gets no response
 
     def on_output(self, call, stream, chunk) -> None:
         (self.err if stream == 2 else self.out).add(chunk)
