@@ -417,6 +417,7 @@ def test_garbage_unknown_methods_and_bad_params_get_one_error_each(raw) -> None:
         (json.dumps(_req(4, "tools/call", {"name": "warp"})).encode(), 4, -32602),
         (json.dumps(_req(5, "tools/call", {"arguments": {}})).encode(), 5, -32602),
         (json.dumps(_req(6, "tools/call", {"name": "run", "arguments": "echo"})).encode(), 6, -32602),
+        (b"x" * (17 * 1024 * 1024), None, -32700),
     ]
     for line, want_id, code in cases:
         raw.send(line)

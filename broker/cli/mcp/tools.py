@@ -364,7 +364,8 @@ class Run:
         for name, cap in (("stdout", self.out), ("stderr", self.err)):
             if cap.total:
                 note = f" ({cap.total} bytes, the middle left out)" if cap.truncated else ""
-                parts.append(f"--- {name}{note} ---\n{data[name]}")
+                text = data[name][:-1] if data[name].endswith("\n") else data[name]
+                parts.append(f"--- {name}{note} ---\n{text}")
         return tool_result("\n".join(parts), data, structured)
 
 
