@@ -470,6 +470,17 @@ def test_a_cancelled_request_gets_no_response(raw) -> None:
     assert raw.buf == b""  # nothing more came: no response for 2
 
 
+def test_a_cancelled_session_start_ends_the_session(raw) -> None:
+    marker = f"5{uuid.uuid4().int % 10**6}.5"
+    raw.send(_req(1, "tools/call", {"name": "session_start",
+                                    "arguments": {"argv": ["sleep", marker], "yield_ms": 30000}}))
+    wait_for(lambda: _marked(marker), 10, "the session's command")
+    raw.send({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 1}})
+    wait_for(lambda: not _marked(marker), 10, "the session's command to die")
+    raw.send(_req(2, "ping"))
+    assert raw.recv() == {"jsonrpc": "2.0", "id": 2, "result": {}}
+
+
 def test_stdin_eof_ends_running_commands_and_the_server(raw) -> None:
     marker = f"9{uuid.uuid4().int % 10**6}.5"
     raw.send(_req(1, "tools/call", {"name": "run", "arguments": {"argv": ["sleep", marker]}}))

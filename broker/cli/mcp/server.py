@@ -184,6 +184,8 @@ class Server:
                 with contextlib.suppress(C.DaemonError):
                     self.client.close_stdin(s.call)
                 s.eof_wanted = False
+            if s.waiter is None and s.closing and s.ended:
+                self.sessions.pop(s.sid, None)
             if s.waiter is not None:
                 req_id, tool, deadline, _, total_then = s.waiter
                 quiet = s.total > total_then and now >= s.last_output + QUIET_S and tool != "session_close"
@@ -499,22 +501,29 @@ class Server:
 
     def tool_session_close(self, req_id, arguments: dict, token):
         s = self.session(arguments)
-        s.closing = True
-        if s.call is not None and self.client is not None and not s.ended:
-            self.client.cancel(s.call)
-        elif s.call is None and not s.ended:
-            s.failure = "closed before it started"
+        self.close_session(s)
         self.wait_on(s, req_id, "session_close", int(SHUTDOWN_WAIT_S * 1000))
         return None
+
+    def close_session(self, s: Session) -> None:
+        """Kill its tree; it leaves the table once ended and answered (see tick)."""
+        s.closing = True
+        if s.call is not None and self.client is not None and not s.ended:
+            with contextlib.suppress(C.DaemonError):
+                self.client.cancel(s.call)
+        elif s.call is None and not s.ended:
+            s.failure = "closed before it started"
 
     def cancel(self, req_id) -> None:
         if not _valid_id(req_id):
             return
         run = self.runs.get(_key(req_id))
         if run is None:
-            for s in self.sessions.values():  # a waiting session call: answered no more
+            for s in list(self.sessions.values()):  # a waiting session call: answered no more
                 if s.waiter is not None and _key(s.waiter[0]) == _key(req_id):
-                    s.waiter = None
+                    tool, s.waiter = s.waiter[1], None
+                    if tool == "session_start":  # nobody learnt its id: it goes
+                        self.close_session(s)
             return
         if run.call is None:  # still waiting for the daemon: never submitted
             self.runs.pop(_key(req_id), None)
