@@ -87,20 +87,6 @@ def _parser():
     add_connect_args(run)
     run.add_argument("command", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
 
-    mcp = sub.add_parser(
-        "mcp", usage="sluice mcp [--sandbox MODE] [--cwd WORKSPACE] [--writable PATH]... [--network] [options]",
-        help="serve MCP over stdio: tools that run commands in the sandbox",
-        description="Speak MCP (JSON-RPC over stdio) to an MCP client such as Claude Code, Cursor or Codex, and "
-                    "offer it tools that run commands through the daemon (started if needed), each in the sandbox: "
-                    "run, session_start, session_write, session_read, session_close. The policy is fixed by these "
-                    "flags and $SLUICE_HOME/config.toml (sandbox_mode, [sandbox_workspace_write], [limits]); no "
-                    "tool argument can widen it. A tool's cwd must lie inside the workspace (--cwd). At the end "
-                    "of stdin every command and session is killed, then sluice mcp exits.")
-    policy_flags(mcp, None, "read-only, workspace-write or danger-full-access (default: sandbox_mode in "
-                            "config.toml, else workspace-write)",
-                 "the workspace: commands run here or below, never elsewhere (default: the current directory)")
-    limit_flags(mcp)
-
     # Listed for --help only: main() hands ``exec`` to broker.cli.exec before parsing.
     sub.add_parser("exec", help="give the agent a task and watch it work (see `sluice exec --help`)", add_help=False)
 
@@ -132,6 +118,20 @@ def _parser():
     bridge.add_argument("--since", metavar="N", type=event_seq, default=None,
                         help="with --session: replay from event N (0: all) instead of the start of the current turn")
     add_connect_args(bridge)
+
+    mcp = sub.add_parser(
+        "mcp", usage="sluice mcp [--sandbox MODE] [--cwd WORKSPACE] [--writable PATH]... [--network] [options]",
+        help="serve MCP over stdio: tools that run commands in the sandbox",
+        description="Speak MCP (JSON-RPC over stdio) to an MCP client such as Claude Code, Cursor or Codex, and "
+                    "offer it tools that run commands through the daemon (started if needed), each in the sandbox: "
+                    "run, session_start, session_write, session_read, session_close. The policy is fixed by these "
+                    "flags and $SLUICE_HOME/config.toml (sandbox_mode, [sandbox_workspace_write], [limits]); no "
+                    "tool argument can widen it. A tool's cwd must lie inside the workspace (--cwd). At the end "
+                    "of stdin every command and session is killed, then sluice mcp exits.")
+    policy_flags(mcp, None, "read-only, workspace-write or danger-full-access (default: sandbox_mode in "
+                            "config.toml, else workspace-write)",
+                 "the workspace: commands run here or below, never elsewhere (default: the current directory)")
+    limit_flags(mcp)
 
     sandbox = sub.add_parser("sandbox", usage=USAGE_SANDBOX, help="run a command in the sandbox here, without the daemon",
                              description="Apply the sandbox policy and run CMD directly (no daemon).")

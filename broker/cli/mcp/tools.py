@@ -107,7 +107,8 @@ class Policy:
         elif self.mode == "read-only":
             text = "Commands run in a kernel sandbox: the filesystem is read-only"
         else:
-            text = f"Commands run in a kernel sandbox: only the workspace {self.workspace} and /tmp are writable"
+            text = (f"Commands run in a kernel sandbox: only the workspace {self.workspace} (its .git and .sluice "
+                    "excepted) and /tmp are writable")
         if self.writable:
             text += f", plus {', '.join(self.writable)}"
         if self.mode != "danger-full-access":
