@@ -450,6 +450,30 @@ def test_protocol_version_negotiation(raw, asked, answered) -> None:
     assert ("structuredContent" in result) == structured and "hi" in result["content"][0]["text"]
 
 
+def test_a_batch_gets_one_array_of_its_responses(raw) -> None:
+    marker = f"4{uuid.uuid4().int % 10**6}.5"
+    batch = [
+        _req("a", "ping"),
+        _req("b", "tools/call", {"name": "run", "arguments": {"argv": ["echo", "in a batch"]}}),
+        {"jsonrpc": "2.0", "method": "notifications/initialized"},
+        42,
+        _req("c", "no/such/method"),
+        _req("d", "tools/call", {"name": "run", "arguments": {"argv": ["sleep", marker]}}),
+    ]
+    raw.send(json.dumps(batch).encode())
+    wait_for(lambda: _marked(marker), 10, "the batch's sleep")
+    raw.send({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": "d"}})
+    answer = raw.recv()  # after d's cancel: nothing waits for d any more
+    assert isinstance(answer, list) and len(answer) == 4, answer
+    by_id = {m["id"]: m for m in answer}
+    assert by_id["a"]["result"] == {} and by_id["c"]["error"]["code"] == -32601
+    assert by_id["b"]["result"]["structuredContent"]["stdout"] == "in a batch\n"
+    assert by_id[None]["error"]["code"] == -32600
+    raw.send(json.dumps([{"jsonrpc": "2.0", "method": "notifications/initialized"}]).encode())
+    raw.send(_req("e", "ping"))
+    assert raw.recv() == {"jsonrpc": "2.0", "id": "e", "result": {}}  # a batch of notifications: no answer
+
+
 def test_a_cancelled_request_gets_no_response(raw) -> None:
     raw.send(_req(1, "initialize", {"protocolVersion": "2025-06-18", "capabilities": {},
                                     "clientInfo": {"name": "raw", "version": "0"}}))

@@ -53,6 +53,16 @@ QUIET_S = 0.2
 SHUTDOWN_WAIT_S = 5.0
 
 
+class Batch:
+    """A JSON-RPC batch (an array of messages on one line): its responses go out together,
+    as one array, once every request in it that gets a response has one."""
+
+    def __init__(self) -> None:
+        self.responses: list[dict] = []
+        self.pending: set = set()  # keys of its requests still unanswered
+        self.open = True  # still being dispatched
+
+
 class ProtocolError(Exception):
     """A request we answer with a JSON-RPC error."""
 
@@ -77,6 +87,8 @@ class Server:
         self.waiting: list = []  # Runs and Sessions to submit once connected
         self.runs: dict = {}  # request key -> Run
         self.sessions: dict[str, Session] = {}
+        self.batch_of: dict = {}  # request key -> the Batch it came in
+        self.current_batch: Batch | None = None  # the one being dispatched
         self.inbuf = bytearray()
         self.skipping = False  # inside an over-long line
         self.eof = False
@@ -85,7 +97,7 @@ class Server:
 
     # -- output -------------------------------------------------------------------------
 
-    def send(self, message: dict) -> None:
+    def send(self, message: dict | list) -> None:
         """The one writer of stdout."""
         line = json.dumps(message, ensure_ascii=False, separators=(",", ":")).encode("utf-8", "replace") + b"\n"
         with self.write_lock:
@@ -95,10 +107,35 @@ class Server:
                 self.eof = True  # nobody reads us any more: wind down
 
     def reply(self, req_id, result: dict) -> None:
-        self.send({"jsonrpc": "2.0", "id": req_id, "result": result})
+        self.respond({"jsonrpc": "2.0", "id": req_id, "result": result})
 
     def error(self, req_id, code: int, message: str) -> None:
-        self.send({"jsonrpc": "2.0", "id": req_id, "error": {"code": code, "message": message}})
+        self.respond({"jsonrpc": "2.0", "id": req_id, "error": {"code": code, "message": message}})
+
+    def respond(self, message: dict) -> None:
+        """A response goes out now, or with the rest of its batch."""
+        req_id = message["id"]
+        batch = self.batch_of.pop(_key(req_id), None) if req_id is not None else self.current_batch
+        if batch is None:
+            self.send(message)
+            return
+        batch.responses.append(message)
+        batch.pending.discard(_key(req_id))
+        self.flush(batch)
+
+    def forget(self, req_id) -> None:
+        """``req_id`` gets no response (it was cancelled): its batch waits for it no more."""
+        batch = self.batch_of.pop(_key(req_id), None)
+        if batch is not None:
+            batch.pending.discard(_key(req_id))
+            self.flush(batch)
+
+    def flush(self, batch: Batch) -> None:
+        if batch.open or batch.pending:
+            return
+        responses, batch.responses = batch.responses, []
+        if responses:  # a batch of notifications only gets nothing
+            self.send(responses)
 
     def log(self, message: str) -> None:
         print_error(f"mcp: {message}")
@@ -215,7 +252,8 @@ class Server:
             self.reply(run.req_id, tool_result(f"lost the sluice daemon: {call.failure}", None, False, error=True))
             return
         if run.cancelled:
-            return  # cancelled by the client: no response (the spec's rule)
+            self.forget(run.req_id)  # cancelled by the client: no response (the spec's rule)
+            return
         if run.token is not None and run.pending:
             self.send({"jsonrpc": "2.0", "method": "notifications/progress",
                        "params": run.take_progress(time.monotonic())})
@@ -331,6 +369,32 @@ class Server:
         except (ValueError, RecursionError) as e:
             self.error(None, PARSE_ERROR, f"parse error: {str(e)[:200]}")
             return
+        if isinstance(message, list) and message:
+            self.handle_batch(message)
+        else:
+            self.handle_guarded(message)
+
+    def handle_batch(self, messages: list) -> None:
+        batch = Batch()
+        for m in messages:
+            if isinstance(m, dict) and isinstance(m.get("method"), str) and _valid_id(m.get("id")):
+                key = _key(m["id"])
+                if key not in self.batch_of:
+                    self.batch_of[key] = batch
+                    batch.pending.add(key)
+        self.current_batch = batch
+        try:
+            for m in messages:
+                if isinstance(m, list):
+                    self.error(None, INVALID_REQUEST, "a batch inside a batch")
+                else:
+                    self.handle_guarded(m)
+        finally:
+            self.current_batch = None
+            batch.open = False
+        self.flush(batch)
+
+    def handle_guarded(self, message) -> None:
         try:
             self.handle(message)
         except Exception as e:  # noqa: BLE001 (a bug must not end the server)
@@ -341,7 +405,7 @@ class Server:
 
     def handle(self, message) -> None:
         if isinstance(message, list):
-            self.error(None, INVALID_REQUEST, "JSON-RPC batches are not supported; send one message per line")
+            self.error(None, INVALID_REQUEST, "an empty batch")
             return
         if not isinstance(message, dict):
             self.error(None, INVALID_REQUEST, "a message must be a JSON object")
@@ -522,11 +586,13 @@ class Server:
             for s in list(self.sessions.values()):  # a waiting session call: answered no more
                 if s.waiter is not None and _key(s.waiter[0]) == _key(req_id):
                     tool, s.waiter = s.waiter[1], None
+                    self.forget(req_id)
                     if tool == "session_start":  # nobody learnt its id: it goes
                         self.close_session(s)
             return
         if run.call is None:  # still waiting for the daemon: never submitted
             self.runs.pop(_key(req_id), None)
+            self.forget(req_id)
             with contextlib.suppress(ValueError):
                 self.waiting.remove(run)
             return
