@@ -13,9 +13,10 @@ import msgspec
 import broker.client as C
 from broker.wire.results import EXIT_NOT_FOUND
 
-# Output a `run` returns: the first HEAD and the last TAIL bytes of each stream.
-OUTPUT_HEAD = 8 * 1024
-OUTPUT_TAIL = 24 * 1024
+# Output a `run` returns: the first HEAD and the last TAIL bytes of each stream (twice: as text and
+# as structuredContent, so both streams at their most stay near 16k tokens).
+OUTPUT_HEAD = 4 * 1024
+OUTPUT_TAIL = 12 * 1024
 # Progress notifications: at most one per call per interval, each at most this much text.
 PROGRESS_INTERVAL_S = 0.1
 PROGRESS_MAX = 16 * 1024
