@@ -24,7 +24,7 @@ PROGRESS_MAX = 16 * 1024
 MAX_SESSIONS = 16
 SESSION_KEEP = 128 * 1024
 # What a session tool returns at most per call (the rest stays for the next read).
-SESSION_READ_MAX = 64 * 1024
+SESSION_READ_MAX = 16 * 1024
 DEFAULT_YIELD_MS = {"session_start": 500, "session_write": 1000, "session_read": 0}
 MAX_YIELD_MS = 30_000
 DEFAULT_TIMEOUT_S = 600
@@ -416,6 +416,12 @@ class Session:
         dropped = max(0, start - self.read_to)
         frm = max(self.read_to, start)
         end = min(self.total, frm + SESSION_READ_MAX)
+        if end < self.total:  # not inside a UTF-8 character: the next read gets all of it
+            back = 0
+            while back < 3 and end - back > frm and (self.buf[end - back - start] & 0xC0) == 0x80:
+                back += 1
+            if end - back > frm:
+                end -= back
         text = _decode(self.buf[frm - start: end - start])
         self.read_to = end
         data = {"session_id": self.sid, "output": text, "dropped_bytes": dropped, "more": end < self.total,
