@@ -186,6 +186,36 @@ def test_read_only_flag_is_the_policy(sluice, module_daemon, workspace) -> None:
     assert not os.path.exists(os.path.join(workspace, "file.txt"))
 
 
+def test_config_toml_sets_the_policy_and_the_flags_override_it(sluice, module_daemon, workspace) -> None:
+    home, extra = short_tempdir("sl-mcp-home-"), short_tempdir("sl-mcp-extra-")
+    config = os.path.join(home, "config.toml")
+
+    async def write_both(flags=()):
+        params = _params(sluice, module_daemon, workspace, flags)
+        params.env["SLUICE_HOME"] = home
+        async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
+            await session.initialize()
+            r = await session.call_tool("run", {"command": f"echo a > {workspace}/w.txt; echo b > {extra}/x.txt"})
+            return session.initialize_result.instructions, r.structured_content
+
+    def outcome(flags=()):
+        for path in (f"{workspace}/w.txt", f"{extra}/x.txt"):
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(path)
+        instructions, _ = anyio.run(write_both, flags)
+        return instructions, os.path.exists(f"{workspace}/w.txt"), os.path.exists(f"{extra}/x.txt")
+
+    with open(config, "w") as f:
+        f.write(f'[sandbox_workspace_write]\nwritable_roots = ["{extra}"]\n')
+    instructions, ws, ex = outcome()
+    assert (ws, ex) == (True, True) and extra in instructions
+    with open(config, "w") as f:
+        f.write(f'sandbox_mode = "read-only"\n[sandbox_workspace_write]\nwritable_roots = ["{extra}"]\n')
+    instructions, ws, ex = outcome()
+    assert (ws, ex) == (False, False) and "read-only" in instructions
+    assert outcome(["--sandbox", "workspace-write"])[1:] == (True, True)
+
+
 def test_progress_notifications_carry_output_while_it_runs(sluice, module_daemon, workspace) -> None:
     async def main():
         seen: list[tuple[float, str]] = []
