@@ -535,6 +535,32 @@ def test_a_cancelled_session_start_ends_the_session(raw) -> None:
     assert raw.recv() == {"jsonrpc": "2.0", "id": 2, "result": {}}
 
 
+def test_an_unreachable_daemon_is_a_tool_error_and_ping_goes_on(sluice, module_daemon, workspace) -> None:
+    bad = short_tempdir("sl-mcp-bad-")
+    os.chmod(bad, 0o755)  # a runtime dir others could have written to: refused, never used
+
+    class Elsewhere:
+        def env_for_children(self):
+            return {**module_daemon.env_for_children(), "SLUICE_RUNTIME_DIR": bad}
+
+    raw = Raw(sluice, Elsewhere(), workspace)
+    try:
+        raw.send(_req(1, "tools/call", {"name": "run", "arguments": {"argv": ["true"]}}))
+        raw.send(_req(2, "ping"))
+        answers = {m["id"]: m for m in (raw.recv(), raw.recv())}
+        assert answers[2]["result"] == {}
+        result = answers[1]["result"]
+        assert result["isError"] is True
+        text = result["content"][0]["text"]
+        assert text.startswith("cannot reach the sluice daemon: runtime dir") and "\n" not in text
+        code, stderr = raw.close()
+        assert code == 0 and "Traceback" not in stderr
+    finally:
+        if raw.proc.poll() is None:
+            raw.proc.kill()
+            raw.proc.wait()
+
+
 def test_stdin_eof_ends_running_commands_and_the_server(raw) -> None:
     marker = f"9{uuid.uuid4().int % 10**6}.5"
     raw.send(_req(1, "tools/call", {"name": "run", "arguments": {"argv": ["sleep", marker]}}))
