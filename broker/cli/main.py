@@ -1,11 +1,11 @@
-"""The ``sluice`` command line: run, exec, sessions, attach, bridge, sandbox, daemon, keys, executor.
+"""The ``sluice`` command line: run, exec, sessions, attach, bridge, mcp, sandbox, daemon, keys, executor.
 
 This module parses and dispatches; each command lives in a module of its own, imported
 once it is chosen, so ``sluice run`` loads only the client (zmq, msgspec, the wire and
 the policy) and its start-up stays small next to the command it runs: :mod:`.run`,
 :mod:`.sandbox` (landlock_helper's command line), :mod:`.daemon`, :mod:`.keys` (``keys``,
 ``daemon --listen``, ``executor``), :mod:`.attach` (``sessions``, ``attach``),
-:mod:`.bridge`, and :mod:`.exec`, which gets its arguments unparsed (it needs the agent's
+:mod:`.bridge`, :mod:`.mcp`, and :mod:`.exec`, which gets its arguments unparsed (it needs the agent's
 configuration).
 
 Exit codes of ``sluice run``: the command's own exit code; 124 when it timed out;
@@ -49,13 +49,14 @@ def _parser():
     event_seq = whole_number(0, "an event sequence number", "0 (every event)")
     count = whole_number(0)
 
-    def policy_flags(p) -> None:
-        p.add_argument("--sandbox", metavar="MODE", default="workspace-write",
-                       help="read-only, workspace-write (default) or danger-full-access")
+    def policy_flags(p, sandbox_default: str | None = "workspace-write",
+                     sandbox_help: str = "read-only, workspace-write (default) or danger-full-access",
+                     cwd_help: str = "working directory (default: the current one)") -> None:
+        p.add_argument("--sandbox", metavar="MODE", default=sandbox_default, help=sandbox_help)
         p.add_argument("--writable", metavar="PATH", action="append", default=[],
                        help="an extra writable directory (absolute, existing); repeatable")
         p.add_argument("--network", action="store_true", help="allow network access")
-        p.add_argument("--cwd", metavar="DIR", default=None, help="working directory (default: the current one)")
+        p.add_argument("--cwd", metavar="DIR", default=None, help=cwd_help)
         p.add_argument("--env", metavar="NAME", action="append", default=[],
                        help="pass this variable through even if it looks secret; repeatable")
         p.add_argument("--env-report", action="store_true",
@@ -71,7 +72,7 @@ def _parser():
                             "Ctrl-D ends them); -it for a terminal both ways")
 
     parser = Parser(prog="sluice", description="Run commands sandboxed, streamed and interruptible through the sluice daemon.")
-    sub = parser.add_subparsers(dest="subcommand", metavar="{run,exec,sessions,attach,bridge,sandbox,daemon,keys,executor}", parser_class=Parser)
+    sub = parser.add_subparsers(dest="subcommand", metavar="{run,exec,sessions,attach,bridge,mcp,sandbox,daemon,keys,executor}", parser_class=Parser)
 
     run = sub.add_parser("run", usage=USAGE_RUN, help="run a command through the daemon",
                          description="Run CMD in the sandbox through the daemon (started if needed), "
@@ -80,15 +81,18 @@ def _parser():
     terminal_flags(run)
     run.add_argument("--timeout-ms", metavar="N", type=positive_int, default=None,
                      help="kill the command after N milliseconds (exit 124)")
-    run.add_argument("--memory", metavar="SIZE", default=None,
-                     help="memory limit of the command's tree (512M, 1G; 0: none; default: half of RAM where a "
-                          "memory cgroup enforces it); the command is killed at the limit")
-    run.add_argument("--pids-limit", metavar="N", default=None,
-                     help="processes and threads the command may have at once (default 1024; -1 or 0: none)")
-    run.add_argument("--file-size", metavar="SIZE", default=None,
-                     help="largest file the command may write (default 8G; 0: none)")
-    run.add_argument("--cpu-time", metavar="SECONDS", default=None,
-                     help="CPU time per process (60, 5m; default: none)")
+    def limit_flags(p) -> None:
+        p.add_argument("--memory", metavar="SIZE", default=None,
+                       help="memory limit of the command's tree (512M, 1G; 0: none; default: half of RAM where a "
+                            "memory cgroup enforces it); the command is killed at the limit")
+        p.add_argument("--pids-limit", metavar="N", default=None,
+                       help="processes and threads the command may have at once (default 1024; -1 or 0: none)")
+        p.add_argument("--file-size", metavar="SIZE", default=None,
+                       help="largest file the command may write (default 8G; 0: none)")
+        p.add_argument("--cpu-time", metavar="SECONDS", default=None,
+                       help="CPU time per process (60, 5m; default: none)")
+
+    limit_flags(run)
     run.add_argument("--json", action="store_true", help="print Codex-shaped events, one JSON object per line")
     add_connect_args(run)
     run.add_argument("command", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
@@ -124,6 +128,20 @@ def _parser():
     bridge.add_argument("--since", metavar="N", type=event_seq, default=None,
                         help="with --session: replay from event N (0: all) instead of the start of the current turn")
     add_connect_args(bridge)
+
+    mcp = sub.add_parser(
+        "mcp", usage="sluice mcp [--sandbox MODE] [--cwd WORKSPACE] [--writable PATH]... [--network] [options]",
+        help="serve MCP over stdio: tools that run commands in the sandbox",
+        description="Speak MCP (JSON-RPC over stdio) to an MCP client such as Claude Code, Cursor or Codex, and "
+                    "offer it tools that run commands through the daemon (started if needed), each in the sandbox: "
+                    "run, session_start, session_write, session_read, session_close. The policy is fixed by these "
+                    "flags and $SLUICE_HOME/config.toml (sandbox_mode, [sandbox_workspace_write], [limits]); no "
+                    "tool argument can widen it. A tool's cwd must lie inside the workspace (--cwd). At the end "
+                    "of stdin every command and session is killed, then sluice mcp exits.")
+    policy_flags(mcp, None, "read-only, workspace-write or danger-full-access (default: sandbox_mode in "
+                            "config.toml, else workspace-write)",
+                 "the workspace: commands run here or below, never elsewhere (default: the current directory)")
+    limit_flags(mcp)
 
     sandbox = sub.add_parser("sandbox", usage=USAGE_SANDBOX, help="run a command in the sandbox here, without the daemon",
                              description="Apply the sandbox policy and run CMD directly (no daemon).")
@@ -179,6 +197,10 @@ def main(argv: list[str] | None = None) -> int:
             from broker.cli.bridge import bridge_main
 
             return bridge_main(args)
+        if args.subcommand == "mcp":
+            from broker.cli.mcp import mcp_main
+
+            return mcp_main(args)
         if args.subcommand == "sandbox":
             from broker.cli.sandbox import sandbox_main
 

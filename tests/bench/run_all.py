@@ -28,6 +28,7 @@ BENCHMARKS = {
     "bench_memory": "memory",
     "bench_cli": "cli-true",
     "bench_fanout": "fanout",
+    "bench_mcp": "mcp-true",
 }
 
 
