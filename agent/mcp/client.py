@@ -31,20 +31,13 @@ from typing import Any, Protocol
 import structlog
 
 from broker.net.logging import Throttle
+from broker.wire.mcp import MAX_LINE_BYTES, METHOD_NOT_FOUND, PROTOCOL_VERSIONS
 
 log = structlog.get_logger("agent.mcp")
 
-# Newest first: what we offer, and what we accept a server to answer.
-PROTOCOL_VERSIONS = ("2025-06-18", "2025-03-26", "2024-11-05")
-# One message from a server, at most (a tool's result included).
-MAX_LINE_BYTES = 16 * 1024 * 1024
 # tools/list pages followed, at most (a server that pages forever is cut off).
 MAX_PAGES = 100
 CLIENT_INFO = {"name": "sluice", "version": "0.1.0"}
-
-# JSON-RPC error codes.
-PARSE_ERROR = -32700
-METHOD_NOT_FOUND = -32601
 
 
 class McpError(Exception):

@@ -32,21 +32,19 @@ from broker.cli.mcp.tools import (
     tool_result,
     tools_for,
 )
+from broker.wire.mcp import (
+    INTERNAL_ERROR,
+    INVALID_PARAMS,
+    INVALID_REQUEST,
+    MAX_LINE_BYTES,
+    METHOD_NOT_FOUND,
+    PARSE_ERROR,
+    PROTOCOL_VERSIONS,
+)
 from broker.wire.results import EXIT_OK
 
 SERVER_NAME = "sluice"
 SERVER_VERSION = "0.1.0"
-# Newest first: the answer to a client whose version we do not know.
-PROTOCOL_VERSIONS = ("2025-11-25", "2025-06-18", "2025-03-26", "2024-11-05")
-
-PARSE_ERROR = -32700
-INVALID_REQUEST = -32600
-METHOD_NOT_FOUND = -32601
-INVALID_PARAMS = -32602
-INTERNAL_ERROR = -32603
-
-# A line longer than this is answered with a parse error and skipped.
-MAX_LINE = 16 * 1024 * 1024
 # session_write/read return early once output came and then none for this long.
 QUIET_S = 0.2
 # At the end: how long cancelled commands get to die before we exit anyway.
@@ -349,9 +347,9 @@ class Server:
         while True:
             nl = self.inbuf.find(b"\n")
             if nl < 0:
-                if len(self.inbuf) > MAX_LINE:
+                if len(self.inbuf) > MAX_LINE_BYTES:
                     if not self.skipping:
-                        self.error(None, PARSE_ERROR, f"message longer than {MAX_LINE} bytes; skipped")
+                        self.error(None, PARSE_ERROR, f"message longer than {MAX_LINE_BYTES} bytes; skipped")
                     self.skipping = True
                     self.inbuf.clear()
                 return
