@@ -504,6 +504,8 @@ class Session:
             if granted:
                 self.send(sub_id, BackgroundEventEvent(f"MCP server {server.name} runs with {' and '.join(granted)} "
                                                        "(its configuration asks for it)"))
+        for note in self.mcp.notes if self.mcp is not None else ():
+            self.send(sub_id, BackgroundEventEvent(note))
         for message in [*errors, *mcp_errors]:
             self.error(sub_id, message)
 

@@ -81,6 +81,8 @@ class McpManager:
         self._launcher = launcher
         self._roots = list(roots)
         self.tools: dict[str, McpTool] = {}
+        # Tools left out at start (a schema that cannot be offered, a name taken), one line each.
+        self.notes: list[str] = []
         self._closed = False
 
     @property
@@ -105,6 +107,7 @@ class McpManager:
             offered, notes = offered_tools(name, outcome, taken)
             for note in notes:
                 log.warning(note)
+            self.notes += notes
             for tool in offered:
                 self.tools[tool.qualified] = tool
         return errors

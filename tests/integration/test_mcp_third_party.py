@@ -1,0 +1,142 @@
+"""Part A against servers no one here wrote, through ``sluice exec``, the daemon and a
+scripted model: the reference ``server-everything`` (npm) and ``mcp-server-time`` (PyPI).
+Both run in the sandbox like any server. Skipped, with the reason, only when a server
+cannot be installed (no node or npm, or the registry unreachable); CI installs both."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import psutil
+import pytest
+
+from tests.integration.test_exec import Frontend
+from tests.support.fake_model import assistant, call, outputs_of, response
+from tests.support.frontends import json_events
+from tests.support.harness import daemons, wait_for
+from tests.support.mcp_servers import everything_entry, everything_table, time_available, time_table
+
+pytestmark = pytest.mark.timeout(180)
+
+
+@pytest.fixture(scope="module")
+def dmn():
+    with daemons() as factory:
+        yield factory.start(executors=1)
+
+
+@pytest.fixture(scope="module")
+def everything():
+    entry, why = everything_entry()
+    if entry is None:
+        pytest.skip(why)
+    return entry
+
+
+@pytest.fixture
+def work(tmp_path):
+    path = tmp_path / "work"
+    path.mkdir()
+    return path
+
+
+def ends(stdout: str) -> dict:
+    return {e.msg.call_id: e.msg for e in json_events(stdout) if type(e.msg).__name__ == "McpToolCallEndEvent"}
+
+
+def test_server_everything_tools_text_structured_and_image_content(dmn, server, work, tmp_path, everything):
+    server.script(
+        response(call("everything__echo", {"message": "hello from sluice"}, "m1"),
+                 call("everything__get-sum", {"a": 2, "b": 40}, "m2")),
+        response(call("everything__get-structured-content", {"location": "New York"}, "m3"),
+                 call("everything__get-tiny-image", {}, "m4")),
+        response(call("everything__get-env", {}, "m5")),
+        response(assistant("done")),
+    )
+    fe = Frontend(dmn.runtime, server, tmp_path / "home", extra_config=everything_table())
+    p = fe.run("--json", "--cd", str(work), "use the tools", timeout=120)
+    assert p.returncode == 0, p.stderr
+    tools = {t["name"]: t for t in server.requests[0]["json"]["tools"]}
+    assert {"everything__echo", "everything__get-sum", "everything__trigger-long-running-operation"} <= set(tools)
+    assert tools["everything__get-sum"]["parameters"]["type"] == "object"
+    out = {**outputs_of(server.requests[1]["json"]), **outputs_of(server.requests[2]["json"]),
+           **outputs_of(server.requests[3]["json"])}
+    assert "hello from sluice" in json.loads(out["m1"])["content"][0]["text"]
+    assert "42" in json.loads(out["m2"])["content"][0]["text"]
+    structured = json.loads(out["m3"])
+    assert "structuredContent" in structured, structured
+    image = json.loads(out["m4"])["content"]
+    assert any(item.get("type") == "image" and item.get("data") for item in image), image
+    # Its environment is the session's commands', secrets filtered: the model's key is not in it.
+    assert "FAKE_KEY" not in out["m5"] and "sk-exec-test" not in out["m5"]
+    events = ends(p.stdout)
+    assert all(events[c].success for c in ("m1", "m2", "m3", "m4")), events
+
+
+def test_server_everything_a_timeout_a_kill_and_the_restart(dmn, server, work, tmp_path, everything):
+    server.script(
+        response(call("everything__trigger-long-running-operation", {"duration": 30, "steps": 3}, "m1")),
+        response(call("everything__echo", {"message": "after the timeout"}, "m2")),
+        response(assistant("done")),
+    )
+    fe = Frontend(dmn.runtime, server, tmp_path / "home", extra_config=everything_table(tool_timeout_sec="1"))
+    started = time.monotonic()
+    p = fe.run("--json", "--cd", str(work), "take long", timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert time.monotonic() - started < 30
+    timed_out = outputs_of(server.requests[1]["json"])["m1"]
+    assert "did not answer tools/call within 1 s" in timed_out, timed_out
+    assert "after the timeout" in outputs_of(server.requests[2]["json"])["m2"]  # the same server serves on
+
+    # Killed mid-call: that call fails, the next one starts it again.
+    server.requests.clear()
+    server.script(
+        response(call("everything__trigger-long-running-operation", {"duration": 60, "steps": 3}, "k1")),
+        response(call("everything__echo", {"message": "restarted"}, "k2")),
+        response(assistant("done")),
+    )
+    fe = Frontend(dmn.runtime, server, tmp_path / "home2", extra_config=everything_table())
+    proc = fe.popen("--json", "--cd", str(work), "kill it")
+    try:
+        for line in proc.stdout:  # the call is on its way once its begin event is out
+            if b"mcp_tool_call_begin" in line:
+                break
+        for victim in _servers(everything):  # the fault: the server dies under the call
+            victim.kill()
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, err
+    killed = outputs_of(server.requests[1]["json"])["k1"]
+    assert "tool call failed: MCP server everything" in killed and "signal 9" in killed, killed
+    assert "restarted" in outputs_of(server.requests[2]["json"])["k2"]
+    wait_for(lambda: not _servers(everything), timeout=20, what="the servers to be stopped")
+
+
+def test_mcp_server_time(dmn, server, work, tmp_path):
+    ok, why = time_available()
+    if not ok:
+        pytest.skip(why)
+    server.script(
+        response(call("time__convert_time", {"source_timezone": "Europe/Paris", "time": "12:00",
+                                             "target_timezone": "Asia/Tokyo"}, "t1")),
+        response(assistant("done")),
+    )
+    fe = Frontend(dmn.runtime, server, tmp_path / "home", extra_config=time_table())
+    p = fe.run("--json", "--cd", str(work), "what time", timeout=120)
+    assert p.returncode == 0, p.stderr
+    names = {t["name"] for t in server.requests[0]["json"]["tools"]}
+    assert {"time__get_current_time", "time__convert_time"} <= names
+    text = json.loads(outputs_of(server.requests[1]["json"])["t1"])["content"][0]["text"]
+    assert "+09:00" in text and "Asia/Tokyo" in text
+
+
+def _servers(entry: str) -> list[psutil.Process]:
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        if entry in (p.info["cmdline"] or []):
+            found.append(p)
+    return found
