@@ -4,6 +4,7 @@ and ``mcp-server-time`` (PyPI, a test extra). Each is a ``[mcp_servers.NAME]`` t
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -40,9 +41,7 @@ def everything_table(name: str = "everything", **extra: str) -> str:
 
 
 def time_available() -> tuple[bool, str]:
-    try:
-        import mcp_server_time  # noqa: F401
-    except ImportError:
+    if importlib.util.find_spec("mcp_server_time") is None:
         return False, "mcp-server-time is not installed (pip install '.[test]')"
     return True, ""
 
