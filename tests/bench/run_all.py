@@ -29,6 +29,8 @@ BENCHMARKS = {
     "bench_cli": "cli-true",
     "bench_fanout": "fanout",
     "bench_mcp": "mcp-true",
+    "bench_mcp_agent": "mcp-start",
+    "bench_unified_exec": "uexec-roundtrip",
 }
 
 

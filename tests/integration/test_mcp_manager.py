@@ -5,70 +5,19 @@ cancellation, a crash mid-call and the restart after it, servers that fail to st
 from __future__ import annotations
 
 import asyncio
-import os
 import sys
 from pathlib import Path
 
 import pytest
 
-from agent.mcp.client import McpError
-from agent.mcp.manager import McpManager, Streams
+from agent.mcp.manager import McpManager
 from broker.wire.protocol import McpServerConfig
+from tests.support.mcp_servers import LocalProcess
+from tests.support.mcp_servers import local_launcher as launcher
 
 pytestmark = pytest.mark.timeout(60)
 
 SERVER = str(Path(__file__).resolve().parents[1] / "support" / "fake_mcp_server.py")
-
-
-class LocalProcess:
-    """A server as a plain child process (no sandbox): what a launcher gives the manager."""
-
-    def __init__(self, proc: asyncio.subprocess.Process, streams: Streams) -> None:
-        self.proc = proc
-        self.stderr = bytearray()
-        self._tasks = [asyncio.ensure_future(self._pump(proc.stdout, streams.stdout)),
-                       asyncio.ensure_future(self._pump(proc.stderr, self._stderr(streams.stderr)))]
-        self._exit = asyncio.ensure_future(self._wait(streams))
-
-    def _stderr(self, forward):
-        def on(data: bytes) -> None:
-            self.stderr.extend(data)
-            forward(data)
-        return on
-
-    async def _pump(self, stream, to) -> None:
-        while chunk := await stream.read(65536):
-            to(chunk)
-
-    async def _wait(self, streams: Streams) -> None:
-        code = await self.proc.wait()
-        await asyncio.gather(*self._tasks)
-        streams.exited(f"exited with status {code}")
-
-    async def write(self, data: bytes) -> None:
-        if self.proc.returncode is not None:
-            raise McpError("gone")
-        self.proc.stdin.write(data)
-        try:
-            await self.proc.stdin.drain()
-        except (BrokenPipeError, ConnectionResetError):
-            raise McpError("gone") from None
-
-    async def stop(self) -> None:
-        if self.proc.returncode is None:
-            self.proc.kill()
-        await self._exit
-
-
-def launcher(started: list[LocalProcess]):
-    async def launch(config: McpServerConfig, streams: Streams) -> LocalProcess:
-        proc = await asyncio.create_subprocess_exec(
-            *config.argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE, env={**os.environ, **config.env})
-        process = LocalProcess(proc, streams)
-        started.append(process)
-        return process
-    return launch
 
 
 def server(name: str = "fake", **kw) -> McpServerConfig:

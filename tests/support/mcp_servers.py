@@ -1,15 +1,23 @@
-"""Third-party MCP servers for the tests, installed on first use: the reference
-``@modelcontextprotocol/server-everything`` (npm) into a cache outside the repository,
-and ``mcp-server-time`` (PyPI, a test extra). Each is a ``[mcp_servers.NAME]`` table."""
+"""MCP servers for the tests and benchmarks: third-party ones installed on first use (the
+reference ``@modelcontextprotocol/server-everything`` from npm into a cache outside the
+repository, and ``mcp-server-time`` from PyPI, a test extra), each as a
+``[mcp_servers.NAME]`` table; and :func:`local_launcher`, which starts servers as plain
+children of this process (no daemon, no sandbox) for the manager's own tests and as the
+baseline of the benchmark."""
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
 import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+from agent.mcp.client import McpError
+from agent.mcp.manager import Streams
+from broker.wire.protocol import McpServerConfig
 
 CACHE = Path(os.environ.get("SLUICE_TEST_CACHE", Path.home() / ".cache" / "sluice-tests"))
 EVERYTHING = "@modelcontextprotocol/server-everything"
@@ -54,3 +62,55 @@ def _table(name: str, command: str, args: list[str], extra: dict[str, str]) -> s
     lines = [f"[mcp_servers.{name}]", f'command = "{command}"', "args = [" + ", ".join(f'"{a}"' for a in args) + "]"]
     lines += [f"{key} = {value}" for key, value in extra.items()]
     return "\n".join(lines) + "\n"
+
+
+class LocalProcess:
+    """A server as a plain child process (no sandbox): what a launcher gives the manager."""
+
+    def __init__(self, proc: asyncio.subprocess.Process, streams: Streams) -> None:
+        self.proc = proc
+        self.stderr = bytearray()
+        self._tasks = [asyncio.ensure_future(self._pump(proc.stdout, streams.stdout)),
+                       asyncio.ensure_future(self._pump(proc.stderr, self._stderr(streams.stderr)))]
+        self._exit = asyncio.ensure_future(self._wait(streams))
+
+    def _stderr(self, forward):
+        def on(data: bytes) -> None:
+            self.stderr.extend(data)
+            forward(data)
+        return on
+
+    async def _pump(self, stream, to) -> None:
+        while chunk := await stream.read(65536):
+            to(chunk)
+
+    async def _wait(self, streams: Streams) -> None:
+        code = await self.proc.wait()
+        await asyncio.gather(*self._tasks)
+        streams.exited(f"exited with status {code}")
+
+    async def write(self, data: bytes) -> None:
+        if self.proc.returncode is not None:
+            raise McpError("gone")
+        self.proc.stdin.write(data)
+        try:
+            await self.proc.stdin.drain()
+        except (BrokenPipeError, ConnectionResetError):
+            raise McpError("gone") from None
+
+    async def stop(self) -> None:
+        if self.proc.returncode is None:
+            self.proc.kill()
+        await self._exit
+
+
+def local_launcher(started: list[LocalProcess]):
+    """A launcher that starts servers as plain children of this process, recorded in ``started``."""
+    async def launch(config: McpServerConfig, streams: Streams) -> LocalProcess:
+        proc = await asyncio.create_subprocess_exec(
+            *config.argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE, env={**os.environ, **config.env})
+        process = LocalProcess(proc, streams)
+        started.append(process)
+        return process
+    return launch
