@@ -13,12 +13,10 @@ import struct
 import termios
 import time
 
-import msgspec
 import psutil
 import pytest
 
 from broker.client import make_request
-from broker.wire import frames as wire
 from landlock_helper.policy import SandboxPolicy
 from landlock_helper.spawn import spawn
 from tests.support.harness import wait_for
@@ -78,8 +76,8 @@ def test_a_sandboxed_command_owns_its_terminal(tmp_path, mode):
 # -- through the daemon --------------------------------------------------------------------
 
 def _tty_request(argv, cwd, rows=24, cols=80, *, interactive=True):
-    request = make_request(argv, cwd=str(cwd), sandbox="workspace-write", stdin=True)
-    return msgspec.structs.replace(request, tty=wire.Winsize(rows, cols), interactive=interactive)
+    return make_request(argv, cwd=str(cwd), sandbox="workspace-write", stdin=True, tty=(rows, cols),
+                        interactive=interactive)
 
 
 def _until(client, call, output: bytearray, needle: bytes, timeout: float = 20) -> None:
@@ -97,10 +95,6 @@ def _type(client, call, data: bytes) -> None:
         data = data[client.write_stdin(call, data):]
 
 
-def _resize(client, call, rows: int, cols: int) -> None:
-    client.send_frames([wire.header(wire.RESIZE, call.call_id), wire.encode(wire.Winsize(rows, cols))], block=True)
-
-
 def test_a_command_run_with_a_terminal_through_the_daemon(daemon, tmp_path):
     client = daemon.client()
     output = bytearray()
@@ -110,7 +104,7 @@ def test_a_command_run_with_a_terminal_through_the_daemon(daemon, tmp_path):
     _until(client, call, output, b"tty True True True os.terminal_size(columns=100, lines=30) True")
     _type(client, call, b"hello\r")  # as typed: Enter is a carriage return
     _until(client, call, output, b"read hello")
-    _resize(client, call, 45, 140)
+    client.resize(call, 45, 140)
     _until(client, call, output, b"winch os.terminal_size(columns=140, lines=45)")
     _type(client, call, b"\x03")
     _until(client, call, output, b"interrupted")
@@ -140,8 +134,8 @@ def test_interactive_commands_take_no_slot(daemon_factory, tmp_path):
     d = daemon_factory.start(executors=1)
     client = d.client()
     waiting = [client.submit_request(_tty_request(["cat"], tmp_path)) for _ in range(6)]
-    plain = make_request(["cat"], cwd=str(tmp_path), stdin=True)
-    piped = client.submit_request(msgspec.structs.replace(plain, interactive=True))
+    plain = make_request(["cat"], cwd=str(tmp_path), stdin=True, interactive=True)
+    piped = client.submit_request(plain)
     wait_for(lambda: client.poll(0.05) >= 0 and all(c.started for c in [*waiting, piped]), timeout=20,
              what="the interactive commands to start")
     assert client.run(["echo", "ok"], cwd=str(tmp_path), wait_timeout=30).stdout == b"ok\n"

@@ -95,12 +95,9 @@ class Policy:
         request = C.make_request(
             argv, cwd=cwd, sandbox=self.mode, writable=self.writable, network=self.network,
             env_passthrough=self.env_passthrough, timeout_ms=timeout_ms, capture_limit=0,
-            limits=self.limits, stdin=interactive, **self.limit_flags)
+            limits=self.limits, stdin=interactive, interactive=interactive, **self.limit_flags)
         # The workspace is the writable cwd wherever in it the command runs.
-        request = msgspec.structs.replace(request, sandbox_cwd=self.workspace)
-        if interactive:
-            request = msgspec.structs.replace(request, interactive=True)
-        return request
+        return msgspec.structs.replace(request, sandbox_cwd=self.workspace)
 
     def describe(self) -> str:
         if self.mode == "danger-full-access":
