@@ -20,14 +20,13 @@ from agent.mcp.launcher import sandboxed_launcher
 from agent.mcp.manager import McpManager
 from broker.wire.protocol import McpServerConfig
 from landlock_helper.policy import SandboxPolicy
-from tests.support.mcp_servers import everything_entry, local_launcher, time_available
+from tests.support.mcp_servers import everything_entry, local_launcher, time_server
 
 POLICY = SandboxPolicy.from_mode("workspace-write")
 
 
 def _servers() -> list[tuple[McpServerConfig, str, dict]]:
     import shutil
-    import sys
 
     out = []
     entry, why = everything_entry()
@@ -36,10 +35,10 @@ def _servers() -> list[tuple[McpServerConfig, str, dict]]:
                     "everything__echo", {"message": "hi"}))
     else:
         log(f"server-everything left out: {why}")
-    ok, why = time_available()
-    if ok:
-        out.append((McpServerConfig(name="time", command=sys.executable,
-                                    args=["-m", "mcp_server_time", "--local-timezone", "Etc/UTC"]),
+    found, why = time_server()
+    if found is not None:
+        command, args, env = found
+        out.append((McpServerConfig(name="time", command=command, args=args, env=env),
                     "time__get_current_time", {"timezone": "Etc/UTC"}))
     else:
         log(f"mcp-server-time left out: {why}")

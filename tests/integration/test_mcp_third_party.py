@@ -15,7 +15,7 @@ from tests.integration.test_exec import Frontend
 from tests.support.fake_model import assistant, call, outputs_of, response
 from tests.support.frontends import json_events
 from tests.support.harness import daemons, wait_for
-from tests.support.mcp_servers import everything_entry, everything_table, time_available, time_table
+from tests.support.mcp_servers import everything_entry, everything_table, time_server, time_table
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -58,7 +58,8 @@ def test_server_everything_tools_text_structured_and_image_content(dmn, server, 
     p = fe.run("--json", "--cd", str(work), "use the tools", timeout=120)
     assert p.returncode == 0, p.stderr
     tools = {t["name"]: t for t in server.requests[0]["json"]["tools"]}
-    assert {"everything__echo", "everything__get-sum", "everything__trigger-long-running-operation"} <= set(tools)
+    assert {"everything__echo", "everything__get-sum", "everything__trigger-long-running-operation"} <= set(tools), \
+        p.stdout[-2000:]
     assert tools["everything__get-sum"]["parameters"]["type"] == "object"
     out = {**outputs_of(server.requests[1]["json"]), **outputs_of(server.requests[2]["json"]),
            **outputs_of(server.requests[3]["json"])}
@@ -117,8 +118,8 @@ def test_server_everything_a_timeout_a_kill_and_the_restart(dmn, server, work, t
 
 
 def test_mcp_server_time(dmn, server, work, tmp_path):
-    ok, why = time_available()
-    if not ok:
+    found, why = time_server()
+    if found is None:
         pytest.skip(why)
     server.script(
         response(call("time__convert_time", {"source_timezone": "Europe/Paris", "time": "12:00",
@@ -129,7 +130,7 @@ def test_mcp_server_time(dmn, server, work, tmp_path):
     p = fe.run("--json", "--cd", str(work), "what time", timeout=120)
     assert p.returncode == 0, p.stderr
     names = {t["name"] for t in server.requests[0]["json"]["tools"]}
-    assert {"time__get_current_time", "time__convert_time"} <= names
+    assert {"time__get_current_time", "time__convert_time"} <= names, p.stdout[-2000:]
     text = json.loads(outputs_of(server.requests[1]["json"])["t1"])["content"][0]["text"]
     assert "+09:00" in text and "Asia/Tokyo" in text
 

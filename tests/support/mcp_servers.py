@@ -1,6 +1,6 @@
-"""MCP servers for the tests and benchmarks: third-party ones installed on first use (the
-reference ``@modelcontextprotocol/server-everything`` from npm into a cache outside the
-repository, and ``mcp-server-time`` from PyPI, a test extra), each as a
+"""MCP servers for the tests and benchmarks: third-party ones installed on first use into
+a cache outside the repository (the reference ``@modelcontextprotocol/server-everything``
+from npm, and ``mcp-server-time`` from PyPI), each as a
 ``[mcp_servers.NAME]`` table; and :func:`local_launcher`, which starts servers as plain
 children of this process (no daemon, no sandbox) for the manager's own tests and as the
 baseline of the benchmark."""
@@ -8,7 +8,6 @@ baseline of the benchmark."""
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import os
 import shutil
 import subprocess
@@ -48,14 +47,33 @@ def everything_table(name: str = "everything", **extra: str) -> str:
     return _table(name, shutil.which("node"), [entry, "stdio"], extra)
 
 
-def time_available() -> tuple[bool, str]:
-    if importlib.util.find_spec("mcp_server_time") is None:
-        return False, "mcp-server-time is not installed (pip install '.[test]')"
-    return True, ""
+def time_server() -> tuple[tuple[str, list[str], dict[str, str]] | None, str]:
+    """((command, args, env) of mcp-server-time, "") or (None, why it is not there).
+
+    Installed with pip into the cache on first use, and run by the interpreter this
+    virtual environment is made from: a command in the sandbox may not see the test's own
+    environment (a checkout under /tmp is not visible under workspace-write)."""
+    target = CACHE / "python" / f"py{sys.version_info[0]}{sys.version_info[1]}"
+    if not (target / "mcp_server_time").is_dir():
+        target.mkdir(parents=True, exist_ok=True)
+        try:
+            r = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check",
+                                "--target", str(target), "mcp-server-time"],
+                               capture_output=True, text=True, timeout=300)
+        except subprocess.TimeoutExpired:
+            return None, "pip install mcp-server-time took over 300 s (registry unreachable?)"
+        if r.returncode != 0 or not (target / "mcp_server_time").is_dir():
+            return None, f"pip install mcp-server-time failed (registry unreachable?): {r.stderr.strip()[-300:]}"
+    python = os.path.realpath(sys.executable)
+    return (python, ["-m", "mcp_server_time", "--local-timezone", "Etc/UTC"], {"PYTHONPATH": str(target)}), ""
 
 
 def time_table(name: str = "time", **extra: str) -> str:
-    return _table(name, sys.executable, ["-m", "mcp_server_time", "--local-timezone", "Etc/UTC"], extra)
+    server, why = time_server()
+    assert server is not None, why
+    command, args, env = server
+    pairs = ", ".join(f'{k} = "{v}"' for k, v in env.items())
+    return _table(name, command, args, {"env": "{ " + pairs + " }", **extra})
 
 
 def _table(name: str, command: str, args: list[str], extra: dict[str, str]) -> str:
