@@ -447,15 +447,15 @@ class HumanRenderer(_Output):
     def tick_interval(self) -> float | None:
         return 0.1 if self.status else None
 
-    def tick(self) -> None:
+    def tick(self, now: float | None = None) -> None:
         """Nothing came for a while: on a terminal, while a turn runs and nothing else is
         on the line, a status line on stderr says the agent is at work (cleared as soon
-        as anything is written)."""
+        as anything is written). ``now``: the monotonic clock's time (default: read it)."""
         if not (self.status and self.busy) or self._message_open or self._reasoning_open:
             return
         if not self._err_at_line_start:
             return
-        idle = time.monotonic() - self._last_output
+        idle = (time.monotonic() if now is None else now) - self._last_output
         if idle < 0.3 and not self._status_shown:
             return
         frames = "|/-\\"
@@ -733,7 +733,7 @@ class JsonRenderer(_Output):
     tick_interval = None
     interrupt_noted = False
 
-    def tick(self) -> None:
+    def tick(self, now: float | None = None) -> None:
         pass
 
     def line(self, text: str, style: str = "") -> None:
