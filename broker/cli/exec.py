@@ -148,7 +148,8 @@ def _read_prompt(prompt: str | None) -> str:
         prompt.encode("utf-8")
     except UnicodeEncodeError as e:
         bad = prompt[e.start].encode("utf-8", "surrogateescape")
-        raise _usage(f"{source} is not valid UTF-8 (byte 0x{bad.hex()} at character {e.start}); "
+        offset = len(prompt[:e.start].encode("utf-8", "surrogateescape"))
+        raise _usage(f"{source} is not valid UTF-8 (byte 0x{bad.hex()} at offset {offset}); "
                      "convert it first, e.g. with iconv") from None
     if not prompt.strip():
         raise _usage("the prompt is empty")
