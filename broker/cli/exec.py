@@ -4,7 +4,7 @@
 
     sluice exec [--model M] [--provider P] [--approval-policy P] [--sandbox MODE] [--cd DIR]
                 [--json] [--output-last-message FILE] [-c key=value]... [--session ID] [--detach]
-                [--connect tcp://HOST:PORT --server-key FILE --key FILE] PROMPT
+                [-v] [--connect tcp://HOST:PORT --server-key FILE --key FILE] PROMPT
 
 The frontend resolves everything in its own process, against its own environment: the
 configuration (flags, then ``-c`` overrides, then ``~/.sluice/config.toml``, then the
@@ -18,14 +18,17 @@ starts (or reuses) the daemon, opens a session (``configure_session``), submits 
 (``-`` reads it from stdin), renders the events (:mod:`broker.cli.render`) until the task
 ends, and shuts the session down (its rollout flushed). ``experimental_resume = "PATH"``
 (``-c experimental_resume=PATH``) resumes the conversation of a rollout file, as in Codex.
-``--session ID`` (an id or a unique prefix of one) continues a session that is already open
+``--session ID`` (an id or a unique prefix of one; never starting a daemon, and an unknown
+one said as ``sluice attach`` says it: :func:`broker.cli.attach.no_session`) continues a session that is already open
 instead: it follows the session live from there (no replay) and leaves it open at the end.
 ``--detach`` starts the task and leaves it to the daemon: it prints the session id on
 stdout and exits 0 once the daemon has the task; ``sluice attach ID`` follows it (and
 answers its approvals, which wait for someone to attach).
 
 Approvals are asked on the terminal (``y`` yes, ``a`` always for this session, ``n`` no,
-``abort`` to end the task); without a terminal on stdin they are denied, with a note.
+``abort`` to end the task, ``v`` to see in full what the question cut short; the question
+and the confirmation are :mod:`broker.cli.render`'s); without a terminal on stdin they
+are denied, with a note (its hint once).
 Another frontend attached to the session may answer first: the question is then dropped
 and who answered is shown. Ctrl-C interrupts the turn (the running command's process tree
 is killed); a second Ctrl-C leaves at once.
