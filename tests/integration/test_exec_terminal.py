@@ -211,3 +211,31 @@ def test_waiting_for_the_model_shows_a_status_line_on_a_terminal_only(fe, server
     threading.Timer(1.0, release.set).start()
     p = fe.run("exec", "--approval-policy", "never", "-C", str(work), "think")
     assert p.returncode == 0 and "working" not in p.stderr
+
+
+def test_attach_asks_the_same_question_and_confirms(fe, server, work) -> None:
+    server.script(
+        response(call("apply_patch", {"input": PATCH}, "p1")),
+        response(escalated(["bash", "-lc", "echo hi > made.txt"], "c1")),
+        response(assistant("Both done.")),
+    )
+    p = fe.run("exec", "--detach", "--sandbox", "read-only", "--approval-policy", "untrusted", "-C", str(work), "go")
+    assert p.returncode == 0, p.stderr
+    session_id = p.stdout.strip()
+    with fe.on_pty("attach", session_id) as person:
+        seen = person.read_until(b"Allow? [y]es")
+        assert b"The agent asks to apply a patch to hello.py, test_hello.py:" in seen
+        assert b"+    print(f\"Hello, {name}!\")" in seen and b"+def test_greet(capsys):" in seen
+        person.write(b"y\n")
+        person.read_until(b"approved: applying the patch\r\n")
+        person.read_until(b"[patch applied: 2 files changed, +7 -1 (M hello.py, A test_hello.py)]")
+        seen = person.read_until(b"Allow? [y]es", count=2)
+        assert b"The agent asks to run `echo hi > made.txt` in" in seen
+        assert b"If approved, it runs WITHOUT the sandbox" in seen
+        person.write(b"y\n")
+        person.read_until(b"approved: running it without the sandbox\r\n")
+        person.read_until(b"$ echo hi > made.txt\r\n  (running WITHOUT the sandbox, as approved)\r\n")
+        person.read_until(b"Both done.")
+        person.write(b"\x04")
+        assert person.wait() == 0
+    assert (work / "made.txt").read_text() == "hi\n"
