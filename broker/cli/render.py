@@ -35,6 +35,7 @@ is at work (:meth:`HumanRenderer.tick`), cleared before anything else is written
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -60,6 +61,8 @@ from broker.wire.protocol import (
     ExecCommandEndEvent,
     ExecCommandOutputDeltaEvent,
     FileChange,
+    McpToolCallBeginEvent,
+    McpToolCallEndEvent,
     PatchApplyBeginEvent,
     PatchApplyEndEvent,
     PlanUpdateEvent,
@@ -231,6 +234,9 @@ def command_text(command: list[str]) -> str:
 
 APPROVAL_PROMPT = "Allow? [y]es / [a]lways for this session / [n]o / abort: "
 APPROVAL_PROMPT_VIEW = "Allow? [y]es / [a]lways for this session / [n]o / abort / [v]iew in full: "
+
+# How many lines of an MCP tool's text result are shown (the model gets all of it).
+MCP_RESULT_LINES = 20
 
 # How many lines of a script or a diff a question shows before "[v] shows all".
 QUESTION_LINES = 30
@@ -635,6 +641,25 @@ class HumanRenderer(_Output):
         self._streamed_calls.discard(msg.call_id)
         seconds = msg.duration.seconds
         self.line(f"[exit {msg.exit_code}, {seconds:.2f}s]", "32" if msg.exit_code == 0 else "31")
+
+    def _on_mcp_tool_call_begin(self, msg: McpToolCallBeginEvent) -> None:
+        args = "" if msg.arguments is None else json.dumps(msg.arguments, ensure_ascii=False)
+        if len(args) > 200:
+            args = args[:200] + "..."
+        self.line(f"mcp: {msg.server}.{msg.tool}({args})", "1")
+
+    def _on_mcp_tool_call_end(self, msg: McpToolCallEndEvent) -> None:
+        # What the server said, made safe like everything else (a server is no more
+        # trusted with the terminal than the model is).
+        texts = [item.get("text", "") for item in (msg.result.content if msg.result else [])
+                 if isinstance(item, dict) and item.get("type") == "text"]
+        lines = "\n".join(texts).splitlines()
+        for text in lines[:MCP_RESULT_LINES]:
+            self.line(f"  {text}")
+        if len(lines) > MCP_RESULT_LINES:
+            self.line(f"  ... {len(lines) - MCP_RESULT_LINES} more lines", "2")
+        failed = not msg.success or (msg.result is not None and msg.result.is_error)
+        self.line("[mcp error]" if failed else "[mcp ok]", "31" if failed else "32")
 
     def _on_exec_approval_request(self, msg: ExecApprovalRequestEvent) -> None:
         self._requests[msg.call_id] = msg

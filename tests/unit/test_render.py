@@ -26,6 +26,7 @@ from broker.wire.protocol import (
     AgentMessageDeltaEvent,
     ApplyPatchApprovalRequestEvent,
     ApprovalResolvedEvent,
+    CallToolResult,
     DeleteFileChange,
     ErrorEvent,
     Event,
@@ -33,6 +34,8 @@ from broker.wire.protocol import (
     ExecCommandBeginEvent,
     ExecCommandOutputDeltaEvent,
     ExecOutputStream,
+    McpToolCallBeginEvent,
+    McpToolCallEndEvent,
     PatchApplyBeginEvent,
     PatchApplyEndEvent,
     ReviewDecision,
@@ -252,3 +255,13 @@ def test_the_status_line_shows_while_busy_and_is_cleared_before_output(tmp_path)
     quiet.tick(now=time.monotonic() + 1)
     assert read_quiet()[1] == "" and quiet.tick_interval is None
     assert APPROVAL_PROMPT_VIEW.endswith("[v]iew in full: ")
+
+
+def test_mcp_calls_are_shown_and_what_servers_say_is_made_safe(tmp_path) -> None:
+    render, read = _renderer(tmp_path)
+    render.event(Event("1", McpToolCallBeginEvent("m1", "time", "now", {"tz": "UTC"})))
+    result = CallToolResult([{"type": "text", "text": "\x1b[31m12:00\x1b]0;x\x07"}, {"type": "image", "data": "..."}])
+    render.event(Event("1", McpToolCallEndEvent("m1", True, result)))
+    render.event(Event("1", McpToolCallEndEvent("m2", True, CallToolResult([], is_error=True))))
+    assert read()[1].splitlines() == [
+        'mcp: time.now({"tz": "UTC"})', "  \\x1b[31m12:00\\x1b]0;x\\x07", "[mcp ok]", "[mcp error]"]
