@@ -762,10 +762,10 @@ class JsonRenderer(_Output):
         pass
 
     def line(self, text: str, style: str = "") -> None:
-        self.err(text.encode("utf-8", "replace") + b"\n")
+        self.err(safe_text(text).encode("utf-8", "replace") + b"\n")
 
     def prompt(self, text: str) -> None:
-        self.err(text.encode("utf-8", "replace"))
+        self.err(safe_text(text).encode("utf-8", "replace"))
 
     # Questions go to stderr, events to stdout: a question is never shown again below them.
     fresh_line = False
