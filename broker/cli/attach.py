@@ -29,7 +29,8 @@ still asking drops its question and says who answered.
 Exit status of ``attach``: 0 when detached (Ctrl-D) or, with ``--until-idle``, when the last
 turn completed; 1 when that turn failed, or the session was shut down by someone else or
 lost with the agent; 130 when that turn was aborted, or on leaving with Ctrl-C; 2 for an
-unknown or ambiguous ID; 3 when no daemon is running; 125 when the daemon went away.
+unknown or ambiguous ID (no daemon running included: then there is no session, and no
+daemon is started to look); 125 when the daemon went away.
 ``bridge`` exits 0 once its stdin has ended and the session is idle.
 """
 
@@ -45,7 +46,7 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from broker.cli.base import CliExit, connect_client, print_error, write_all
-from broker.cli.render import APPROVAL_PROMPT, HumanRenderer, JsonRenderer, describe_approval, parse_approval_answer
+from broker.cli.render import HumanRenderer, JsonRenderer, describe_approval, parse_approval_answer, wants_full_view
 from broker.cli.turns import APPROVAL_REQUESTS, TURN_EVENTS, approval_answer, isatty, tag_of, turn_end
 from broker.client import DaemonError, Interrupted, SessionError, daemon_status
 from broker.wire import frames as wire
@@ -90,9 +91,11 @@ _STATE_WORDS = {wire.STATE_IDLE: "idle", wire.STATE_RUNNING: "running", wire.STA
 # -- connecting and finding a session ---------------------------------------------------
 
 
-def connect(args, name: str, *, autostart: bool) -> Client:
+def connect(args, name: str, *, autostart: bool, session: str | None = None) -> Client:
     """A client for ``args`` (``--connect`` or the local daemon). Without ``autostart`` and
-    with no local daemon running: one line and :class:`CliExit` 3."""
+    with no local daemon running: one line and :class:`CliExit` 3; or, when ``session``
+    names the session wanted, :class:`NoSuchSession` (no daemon, no session), which every
+    command says the same way (:func:`no_session`)."""
     if not autostart and not getattr(args, "connect", None):
         try:
             status = daemon_status()
@@ -100,6 +103,8 @@ def connect(args, name: str, *, autostart: bool) -> Client:
             print_error(str(e))
             raise CliExit(EXIT_SLUICE) from None
         if not status.running:
+            if session is not None:
+                raise NoSuchSession(f"no session {session!r} (no daemon is running, so there are no sessions)")
             print_error(f"no daemon is running (runtime dir {status.runtime_dir}), so there are no sessions")
             raise CliExit(EXIT_NOT_RUNNING)
     return connect_client(args, name=name, autostart=autostart)
@@ -107,6 +112,16 @@ def connect(args, name: str, *, autostart: bool) -> Client:
 
 class NoSuchSession(Exception):
     """``ID`` names no session, or more than one; ``str(e)`` is one line."""
+
+
+def no_session(error: NoSuchSession, render=None) -> int:
+    """How every frontend command (``exec --session``, ``attach``, ``bridge --session``)
+    says that the session it was given does not exist: one line on stderr (and an
+    ``error`` event for a JSON reader) and exit status 2."""
+    if isinstance(render, JsonRenderer):
+        render.error(str(error))
+    print_error(f"error: {error}")
+    return EXIT_USAGE
 
 
 def resolve_session(client: Client, text: str) -> wire.SessionInfo:
@@ -384,11 +399,13 @@ class Attachment:
                 break
             fds = (self.reader.fd,) if self.input_mode != INPUT_NONE and not self.reader.eof else ()
             try:
-                got = self.session.next_event(None, fds=fds)
+                got = self.session.next_event(None if self.replaying else self.render.tick_interval, fds=fds)
             except Interrupted as e:
                 self._on_signal(e.signum)
                 continue
             if got is None:
+                self.render.busy = self.view.running and not self.asking
+                self.render.tick()
                 continue
             if isinstance(got, int):
                 self.reader.fill()
@@ -428,7 +445,7 @@ class Attachment:
             self._check_session_still_there()
         if self.asking and self.render.fresh_line:
             # Something was shown below the question: ask again underneath.
-            self.render.prompt(APPROVAL_PROMPT)
+            self.render.reprompt()
 
     def _settle(self, event: Event, tag: str) -> None:
         """Strike off the submissions of ours this event shows the effect of."""
@@ -511,14 +528,18 @@ class Attachment:
         self.asking = True
 
     def _answer(self, text: str) -> None:
+        if wants_full_view(text):
+            self.render.ask_approval(self.questions[0].msg, self.cwd, full=True)
+            return
         decision = parse_approval_answer(text)
         if decision is None:
-            self.render.prompt(APPROVAL_PROMPT)
+            self.render.reprompt()
             return
         event = self.questions.pop(0)
         self.asking = False
         op = approval_answer(event, decision)
         self.session.submit(op)
+        self.render.answered(event.msg, decision)
         self._ask_next()
 
     def _forget_question(self, call_id: str) -> None:
@@ -606,6 +627,7 @@ class Attachment:
         # The agent drops what the turn asked; so do we.
         self.questions.clear()
         self.asking = False
+        self.render.interrupt_noted = True
         self.render.note("interrupting the turn (Ctrl-C again within 1 s to detach)")
 
 
@@ -613,14 +635,16 @@ class Attachment:
 
 
 def attach_main(args) -> int:
-    client = connect(args, "sluice attach", autostart=False)
     render = JsonRenderer() if args.json else None
+    try:
+        client = connect(args, "sluice attach", autostart=False, session=args.id)
+    except NoSuchSession as e:
+        return no_session(e, render)
     with client:
         try:
             info = resolve_session(client, args.id)
         except NoSuchSession as e:
-            print_error(f"error: {e}")
-            return EXIT_USAGE
+            return no_session(e, render)
         except DaemonError as e:
             return daemon_gone(render, str(e))
         if render is None:

@@ -15,6 +15,7 @@ from broker.cli.attach import (
     connect,
     daemon_gone,
     detach,
+    no_session,
     parse_submission,
     resolve_session,
 )
@@ -32,7 +33,9 @@ def bridge_main(args) -> int:
         print_error("error: --since goes with --session ID (a new session has nothing to replay)")
         return EXIT_USAGE
     try:
-        client = connect(args, "sluice bridge", autostart=not args.session)
+        client = connect(args, "sluice bridge", autostart=not args.session, session=args.session)
+    except NoSuchSession as e:
+        return no_session(e, render)
     except CliExit as e:
         # The reason is on stderr already; a program reading stdout gets it as an event too.
         render.error("cannot reach the daemon (see stderr)" if e.code != EXIT_NOT_RUNNING else "no daemon is running")
@@ -44,7 +47,9 @@ def bridge_main(args) -> int:
                 try:
                     info = resolve_session(client, args.session)
                     session = client.attach(info.id, since=args.since)
-                except (NoSuchSession, SessionError) as e:
+                except NoSuchSession as e:
+                    return no_session(e, render)
+                except SessionError as e:
                     render.error(str(e))
                     print_error(f"error: {e}")
                     return EXIT_USAGE

@@ -4,7 +4,7 @@
 
     sluice exec [--model M] [--provider P] [--approval-policy P] [--sandbox MODE] [--cd DIR]
                 [--json] [--output-last-message FILE] [-c key=value]... [--session ID] [--detach]
-                [--connect tcp://HOST:PORT --server-key FILE --key FILE] PROMPT
+                [-v] [--connect tcp://HOST:PORT --server-key FILE --key FILE] PROMPT
 
 The frontend resolves everything in its own process, against its own environment: the
 configuration (flags, then ``-c`` overrides, then ``~/.sluice/config.toml``, then the
@@ -18,14 +18,17 @@ starts (or reuses) the daemon, opens a session (``configure_session``), submits 
 (``-`` reads it from stdin), renders the events (:mod:`broker.cli.render`) until the task
 ends, and shuts the session down (its rollout flushed). ``experimental_resume = "PATH"``
 (``-c experimental_resume=PATH``) resumes the conversation of a rollout file, as in Codex.
-``--session ID`` (an id or a unique prefix of one) continues a session that is already open
+``--session ID`` (an id or a unique prefix of one; never starting a daemon, and an unknown
+one said as ``sluice attach`` says it: :func:`broker.cli.attach.no_session`) continues a session that is already open
 instead: it follows the session live from there (no replay) and leaves it open at the end.
 ``--detach`` starts the task and leaves it to the daemon: it prints the session id on
 stdout and exits 0 once the daemon has the task; ``sluice attach ID`` follows it (and
 answers its approvals, which wait for someone to attach).
 
 Approvals are asked on the terminal (``y`` yes, ``a`` always for this session, ``n`` no,
-``abort`` to end the task); without a terminal on stdin they are denied, with a note.
+``abort`` to end the task, ``v`` to see in full what the question cut short; the question
+and the confirmation are :mod:`broker.cli.render`'s); without a terminal on stdin they
+are denied, with a note (its hint once).
 Another frontend attached to the session may answer first: the question is then dropped
 and who answered is shown. Ctrl-C interrupts the turn (the running command's process tree
 is killed); a second Ctrl-C leaves at once.
@@ -48,14 +51,13 @@ import os
 import signal
 import sys
 import time
-import uuid
 
 import broker.client as C
-from agent.config import ConfigError, load_config, resolve_provider
+from agent.config import ConfigError, default_config_path, load_config, resolve_provider
 from agent.mcp.config import McpConfigError, parse_servers
-from broker.cli.attach import NoSuchSession, resolve_session
+from broker.cli.attach import NoSuchSession, connect, no_session, resolve_session
 from broker.cli.base import CliExit, add_connect_args, connect_client, print_error, write_all
-from broker.cli.render import APPROVAL_PROMPT, HumanRenderer, JsonRenderer, describe_approval, parse_approval_answer
+from broker.cli.render import HumanRenderer, JsonRenderer, describe_approval, parse_approval_answer, wants_full_view
 from broker.cli.turns import APPROVAL_REQUESTS, approval_answer, isatty, rollout_failed, tag_of, turn_end
 from broker.wire.protocol import (
     UNSET,
@@ -102,6 +104,8 @@ def _parser(prog: str) -> argparse.ArgumentParser:
                    help="continue this open session (id or unique prefix) instead of starting one")
     p.add_argument("--detach", action="store_true",
                    help="start the task, print the session id and exit; `sluice attach ID` follows it")
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="show every token count as it comes (default: the turn's sum at its end)")
     p.add_argument("--env-report", action="store_true",
                    help="first say on stderr which variables the commands will not get (names only)")
     add_connect_args(p)
@@ -136,11 +140,20 @@ def _usage(message: str) -> CliExit:
 def _read_prompt(prompt: str | None) -> str:
     if prompt is None:
         raise _usage(f"missing PROMPT; usage: {USAGE}")
+    source = "the prompt"
     if prompt == "-":
+        source = "the prompt on stdin"
         try:
-            prompt = sys.stdin.read()
-        except (OSError, UnicodeDecodeError) as e:
-            raise _usage(f"cannot read the prompt from stdin: {e}") from None
+            prompt = sys.stdin.buffer.read().decode("utf-8", "surrogateescape")
+        except OSError as e:
+            raise _usage(f"cannot read the prompt from stdin: {e.strerror or e}") from None
+    try:
+        prompt.encode("utf-8")
+    except UnicodeEncodeError as e:
+        bad = prompt[e.start].encode("utf-8", "surrogateescape")
+        offset = len(prompt[:e.start].encode("utf-8", "surrogateescape"))
+        raise _usage(f"{source} is not valid UTF-8 (byte 0x{bad.hex()} at offset {offset}); "
+                     "convert it first, e.g. with iconv") from None
     if not prompt.strip():
         raise _usage("the prompt is empty")
     return prompt
@@ -151,6 +164,11 @@ def _configure_op(args):
     whether to show the agent's reasoning (``hide_agent_reasoning`` hides it)."""
     try:
         config = load_config(overrides=args.overrides)
+        if args.provider is not None and args.provider not in config.model_providers:
+            known = ", ".join(sorted(config.model_providers))
+            where = config.path or default_config_path()
+            raise _usage(f"--provider {args.provider}: no such model provider (known: {known}; "
+                         f"define [model_providers.{args.provider}] in {where} to add one)")
         provider = resolve_provider(args.provider, config=config)
     except ConfigError as e:
         raise _usage(str(e)) from None
@@ -233,7 +251,8 @@ class _Exec:
         self.op = op
         self.cwd = header.get("cwd", "")
         # JSON lines carry every event; hide_agent_reasoning is about what a person reads.
-        self.render = JsonRenderer() if args.json else HumanRenderer(header, show_reasoning=show_reasoning)
+        self.render = JsonRenderer() if args.json else HumanRenderer(header, show_reasoning=show_reasoning,
+                                                                     verbose=args.verbose)
         self.interrupted = False
         self.session = None
         self.task_id = ""
@@ -243,7 +262,14 @@ class _Exec:
         self.unrecorded = False  # the agent said the rollout can no longer be written
 
     def run(self, prompt: str) -> int:
-        client = connect_client(self.args, name="sluice exec")
+        if self.op is None:
+            # An existing session: never start a daemon for it (none running, no session).
+            try:
+                client = connect(self.args, "sluice exec", autostart=False, session=self.args.session)
+            except NoSuchSession as e:
+                return no_session(e, self.render)
+        else:
+            client = connect_client(self.args, name="sluice exec")
         self.render.me = client.peer_id
         with client, client.catch_signals((signal.SIGINT, signal.SIGTERM, signal.SIGHUP)):
             try:
@@ -261,7 +287,11 @@ class _Exec:
 
     def _run(self, client, prompt: str) -> int:
         if self.op is None:
-            self.session = client.session(self._resolve(client, self.args.session))
+            try:
+                session_id = self._resolve(client, self.args.session)
+            except NoSuchSession as e:
+                return no_session(e, self.render)
+            self.session = client.session(session_id)
         else:
             self.session = client.open_session(self.op, sub_id="0")
             code = self._wait_configured()
@@ -274,7 +304,7 @@ class _Exec:
         code = None
         while code is None:
             try:
-                event = self.session.next_event()
+                event = self.session.next_event(self.render.tick_interval)
             except C.Interrupted as e:
                 if e.signum == signal.SIGINT and self.can_ask:
                     self.render.echoed(False)  # after the ^C the terminal showed
@@ -283,8 +313,12 @@ class _Exec:
                     self._shutdown(wait=False)
                     return EXIT_INTERRUPTED
                 self.interrupted = True
+                self.render.interrupt_noted = True
                 self.render.note("interrupting (Ctrl-C again to leave at once)")
                 self.session.interrupt()
+                continue
+            if event is None:
+                self.render.tick()
                 continue
             code = self._on_event(event)
         if self.op is not None:
@@ -294,15 +328,9 @@ class _Exec:
         return code
 
     def _resolve(self, client, text: str) -> str:
-        """The id of the session ``--session`` names (an id or a unique prefix)."""
-        try:
-            return str(uuid.UUID(text))  # a whole id: the daemon itself says if it is unknown
-        except ValueError:
-            pass
-        try:
-            info = resolve_session(client, text)
-        except NoSuchSession as e:
-            raise _usage(str(e)) from None
+        """The id of the session ``--session`` names (an id or a unique prefix);
+        :class:`NoSuchSession` if none."""
+        info = resolve_session(client, text)
         self.cwd = self.cwd or info.cwd
         return info.id
 
@@ -363,8 +391,8 @@ class _Exec:
     def _approve(self, event) -> None:
         what = describe_approval(event.msg, self.cwd)
         if not self.can_ask:
-            self.render.note(f"denied: the agent asked to {what}, and there is no terminal to ask; "
-                             "run on a terminal, or choose --approval-policy / --sandbox to avoid asking")
+            self.render.note(f"denied: the agent asked to {what}, and there is no terminal to ask")
+            self.render.note_once("run on a terminal, or choose --approval-policy / --sandbox to avoid asking")
             decision = ReviewDecision.DENIED
         else:
             decision = self._ask(event)
@@ -397,13 +425,19 @@ class _Exec:
                     buffered += data
                 answer, _, buffered = buffered.partition(b"\n")
                 self.render.echoed(True)
-                decision = parse_approval_answer(answer.decode("utf-8", "replace"))
+                text = answer.decode("utf-8", "replace")
+                if wants_full_view(text):
+                    self.render.ask_approval(event.msg, self.cwd, full=True)
+                    continue
+                decision = parse_approval_answer(text)
                 if decision is not None:
+                    self.render.answered(event.msg, decision)
                     return decision
-                self.render.prompt(APPROVAL_PROMPT)
+                self.render.reprompt()
         except C.Interrupted:
             self.interrupted = True
             self.session.interrupt()
+            self.render.interrupt_noted = True
             self.render.note("interrupting")
             return ReviewDecision.ABORT
         finally:

@@ -14,18 +14,36 @@ Both write straight to the file descriptors (no buffering between an event and t
 screen) and note a closed stdout instead of failing.
 
 Approval requests are not rendered by :meth:`HumanRenderer.event`: the frontend decides
-whether to ask (:data:`APPROVAL_PROMPT`, :func:`parse_approval_answer`) or only to say
-what was asked (:func:`describe_approval`). An ``approval_resolved`` event is shown as
-who answered what, unless the answer was this frontend's own (``me``).
+whether to ask (:meth:`_Output.ask_approval`: :func:`approval_question`, a patch as its
+unified diff per file, a shell script as the script, and in plain words that an approved
+command runs without the sandbox; ``v`` shows what a long one left out;
+:func:`parse_approval_answer`; :meth:`_Output.answered` confirms the answer in one line)
+or only to say what was asked (:func:`describe_approval`). An ``approval_resolved`` event
+is shown as who answered what, unless the answer was this frontend's own (``me``); a
+command approved (here or elsewhere) is marked as running WITHOUT the sandbox when it
+starts. A patch applied is summed up (files, +/- lines).
+
+Terminal safety: everything from the model, a server or a command is shown with its
+control characters escaped (:func:`safe_text`, :class:`SafeStream`), so ``\x1b[31m`` or
+an OSC sequence is seen, not obeyed; ``sluice run`` (not here) keeps command output raw.
+
+Less noise: token counts are summed and shown once when a turn ends (each as it comes
+with ``verbose``); an interrupt the frontend announced itself is not announced again. On
+a terminal, while a turn runs and nothing is shown, a status line on stderr says the agent
+is at work (:meth:`HumanRenderer.tick`), cleared before anything else is written.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import shlex
+import time
 
 from broker.cli.base import write_all
 from broker.wire.protocol import (
+    TURN_INTERRUPTED,
     AddFileChange,
     AgentMessageDeltaEvent,
     AgentMessageEvent,
@@ -42,12 +60,16 @@ from broker.wire.protocol import (
     ExecCommandBeginEvent,
     ExecCommandEndEvent,
     ExecCommandOutputDeltaEvent,
+    FileChange,
+    McpToolCallBeginEvent,
+    McpToolCallEndEvent,
     PatchApplyBeginEvent,
     PatchApplyEndEvent,
     PlanUpdateEvent,
     ReviewDecision,
     SessionConfiguredEvent,
     StepStatus,
+    TaskCompleteEvent,
     TokenCountEvent,
     TurnAbortedEvent,
     UpdateFileChange,
@@ -64,9 +86,162 @@ def display_path(path: str, cwd: str) -> str:
     return path
 
 
+# -- terminal safety --------------------------------------------------------------------
+
+# C0 controls but \t and \n, DEL, and C1 controls (U+0080-U+009F): what would let text
+# from the model, a server or a command drive the terminal (colours, titles, cursor moves,
+# OSC 52 clipboard writes...). \r only when a \n follows it (a CRLF line end).
+_UNSAFE = re.compile("\r(?!\n)|[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\x80-\x9f]")
+
+
+def _escape(match: re.Match) -> str:
+    char = match.group()
+    return "\\r" if char == "\r" else f"\\x{ord(char):02x}"
+
+
+def safe_text(text: str) -> str:
+    """``text`` with every terminal control character shown as its escape (``\x1b``,
+    ``\r``), so it is seen instead of obeyed; ``\n``, ``\t`` and CRLF line ends stay."""
+    return _UNSAFE.sub(_escape, text)
+
+
+class SafeStream:
+    """:func:`safe_text` for a byte stream that may split characters (and a CRLF) across
+    chunks: :meth:`feed` returns what can be shown so far, :meth:`flush` the rest."""
+
+    def __init__(self) -> None:
+        self._held = b""
+
+    def feed(self, chunk: bytes) -> bytes:
+        data = self._held + chunk
+        keep = 0
+        # An incomplete UTF-8 sequence (or a \r whose \n may come next) waits for the rest.
+        for back in range(1, min(4, len(data)) + 1):
+            byte = data[-back]
+            if back == 1 and byte == 0x0D:
+                keep = 1
+                break
+            if byte & 0xC0 == 0xC0:  # a lead byte: complete if enough bytes follow it
+                need = 2 if byte < 0xE0 else 3 if byte < 0xF0 else 4
+                keep = back if back < need else 0
+                break
+            if byte < 0x80:
+                break
+        self._held = data[len(data) - keep:] if keep else b""
+        return self._show(data[:len(data) - keep])
+
+    def flush(self) -> bytes:
+        held, self._held = self._held, b""
+        return self._show(held)
+
+    @staticmethod
+    def _show(data: bytes) -> bytes:
+        return safe_text(data.decode("utf-8", "replace")).encode("utf-8")
+
+
+# -- patches ----------------------------------------------------------------------------
+
+
+def _diff_lines(text: str) -> list[str]:
+    return text.splitlines()
+
+
+def change_counts(change: FileChange) -> tuple[int, int]:
+    """Lines (added, removed) by one file's change (a deleted file: unknown, 0 and 0)."""
+    if isinstance(change, AddFileChange):
+        return len(change.content.splitlines()), 0
+    if isinstance(change, UpdateFileChange):
+        lines = _diff_lines(change.unified_diff)
+        added = sum(1 for line in lines if line.startswith("+") and not line.startswith("+++ "))
+        removed = sum(1 for line in lines if line.startswith("-") and not line.startswith("--- "))
+        return added, removed
+    return 0, 0
+
+
+def patch_summary(changes: dict[str, FileChange], cwd: str = "") -> str:
+    """What a patch changed in one line: ``2 files changed, +5 -1 (A hello.py, M b.py)``."""
+    added = removed = 0
+    names = []
+    for path, change in changes.items():
+        plus, minus = change_counts(change)
+        added += plus
+        removed += minus
+        names.append(f"{change_letter(change)} {display_path(path, cwd)}{_moved(change, cwd)}")
+    files = f"{len(changes)} file{'s' if len(changes) != 1 else ''} changed"
+    return f"{files}, +{added} -{removed} ({', '.join(names)})"
+
+
+def change_letter(change: FileChange) -> str:
+    return {"add": "A", "delete": "D", "update": "M"}.get(change.tag, "?")
+
+
+def _moved(change: FileChange, cwd: str) -> str:
+    if isinstance(change, UpdateFileChange) and change.move_path:
+        return f" -> {display_path(change.move_path, cwd)}"
+    return ""
+
+
+def patch_diff(changes: dict[str, FileChange], cwd: str = "") -> list[tuple[str, str]]:
+    """A patch as a unified diff per file, as (line, style) pairs: a ``diff`` header per
+    file (bold), ``@@`` hunk lines (cyan), additions (green), removals (red), context."""
+    shown: list[tuple[str, str]] = []
+    for path, change in changes.items():
+        name = display_path(path, cwd)
+        plus, minus = change_counts(change)
+        if isinstance(change, AddFileChange):
+            shown.append((f"A {name} (new file, +{plus})", "1"))
+            shown.append(("--- /dev/null", "1"))
+            shown.append((f"+++ b/{name}", "1"))
+            lines = change.content.splitlines()
+            if lines:
+                shown.append((f"@@ -0,0 +1,{len(lines)} @@", "36"))
+            shown += [("+" + safe_text(line), "32") for line in lines]
+        elif isinstance(change, DeleteFileChange):
+            shown.append((f"D {name} (deleted)", "1"))
+        elif isinstance(change, UpdateFileChange):
+            target = display_path(change.move_path, cwd) if change.move_path else name
+            shown.append((f"M {name}{_moved(change, cwd)} (+{plus} -{minus})", "1"))
+            shown.append((f"--- a/{name}", "1"))
+            shown.append((f"+++ b/{target}", "1"))
+            for line in _diff_lines(change.unified_diff):
+                style = {"+": "32", "-": "31", "@": "36"}.get(line[:1], "")
+                shown.append((safe_text(line), style))
+    return shown
+
+
+# -- commands ---------------------------------------------------------------------------
+
+_SHELLS = ("bash", "sh", "zsh", "dash", "ksh")
+
+
+def shell_script(command: list[str]) -> str | None:
+    """The script of ``bash -lc SCRIPT`` (``-c``, ``sh``, ``zsh``, ``/bin/bash``...), else None."""
+    if len(command) == 3 and os.path.basename(command[0]) in _SHELLS and command[1] in ("-c", "-lc", "-cl"):
+        return command[2]
+    return None
+
+
+def command_text(command: list[str]) -> str:
+    """A command on one line: a shell script as its text (newlines shown as ``; ``...
+    no: as ``\n``), anything else shell-quoted."""
+    script = shell_script(command)
+    if script is not None and "\n" not in script.strip():
+        return safe_text(script.strip())
+    return safe_text(shlex.join(command))
+
+
 # -- approvals --------------------------------------------------------------------------
 
 APPROVAL_PROMPT = "Allow? [y]es / [a]lways for this session / [n]o / abort: "
+APPROVAL_PROMPT_VIEW = "Allow? [y]es / [a]lways for this session / [n]o / abort / [v]iew in full: "
+
+# How many lines of an MCP tool's text result are shown (the model gets all of it).
+MCP_RESULT_LINES = 20
+
+# How many lines of a script or a diff a question shows before "[v] shows all".
+QUESTION_LINES = 30
+
+NO_SANDBOX = "If approved, it runs WITHOUT the sandbox: with your full access to files and network."
 
 _ANSWERS = {
     "y": ReviewDecision.APPROVED, "yes": ReviewDecision.APPROVED,
@@ -88,20 +263,86 @@ def parse_approval_answer(text: str) -> ReviewDecision | None:
     return _ANSWERS.get(text.strip().lower())
 
 
+def wants_full_view(text: str) -> bool:
+    """Whether a person typed ``v`` (view the whole script or diff) at the prompt."""
+    return text.strip().lower() in ("v", "view")
+
+
 def describe_approval(msg: ExecApprovalRequestEvent | ApplyPatchApprovalRequestEvent, cwd: str = "") -> str:
     """What an approval request asks, to follow "the agent asks to": ``run `ls` in /w (why)``."""
     if isinstance(msg, ExecApprovalRequestEvent):
-        what = f"run `{shlex.join(msg.command)}` in {msg.cwd}"
+        what = f"run `{command_text(msg.command)}` in {safe_text(msg.cwd)} without the sandbox"
     else:
         what = "apply a patch to " + ", ".join(display_path(path, cwd) for path in msg.changes)
         if msg.grant_root:
             what += f" (and allow writes beneath {msg.grant_root} for this session)"
-    return what + (f" ({msg.reason})" if msg.reason else "")
+    return safe_text(what) + (f" ({safe_text(msg.reason)})" if msg.reason else "")
+
+
+def approval_question(msg: ExecApprovalRequestEvent | ApplyPatchApprovalRequestEvent, cwd: str = "",
+                      *, full: bool = False) -> tuple[list[tuple[str, str]], bool]:
+    """An approval request as the lines (text, style) of a question for a person, and
+    whether some were left out (shown by asking again with ``full``): a command's script
+    as the script, a patch as its diff, and plainly when the command is to run without
+    the sandbox."""
+    lines: list[tuple[str, str]] = []
+    body: list[tuple[str, str]] = []
+    reason = f" ({safe_text(msg.reason)})" if msg.reason else ""
+    if isinstance(msg, ExecApprovalRequestEvent):
+        script = shell_script(msg.command)
+        where = safe_text(msg.cwd)
+        if script is not None and "\n" in script.strip():
+            shell = os.path.basename(msg.command[0])
+            lines.append((f"The agent asks to run this {shell} script in {where}{reason}:", "1;33"))
+            body = [("    " + safe_text(line), "") for line in script.strip("\n").splitlines()]
+        else:
+            lines.append((f"The agent asks to run `{command_text(msg.command)}` in {where}{reason}.", "1;33"))
+    else:
+        files = ", ".join(display_path(path, cwd) for path in msg.changes)
+        lines.append((f"The agent asks to apply a patch to {safe_text(files)}{reason}:", "1;33"))
+        body = patch_diff(msg.changes, cwd)
+    cut = not full and len(body) > QUESTION_LINES + 2
+    if cut:
+        left = len(body) - QUESTION_LINES
+        body = body[:QUESTION_LINES] + [(f"... {left} more lines ([v] shows them all)", "2")]
+    lines += body
+    if isinstance(msg, ExecApprovalRequestEvent):
+        lines.append((NO_SANDBOX, "1;31"))
+    elif msg.grant_root:
+        lines.append((f"If approved, the agent may also write anywhere beneath {safe_text(msg.grant_root)} "
+                      "for the rest of this session.", "1;31"))
+    return lines, cut
+
+
+def answer_confirmation(msg: ExecApprovalRequestEvent | ApplyPatchApprovalRequestEvent,
+                        decision: ReviewDecision) -> str:
+    """The one line that confirms an answer: what happens now."""
+    command = isinstance(msg, ExecApprovalRequestEvent)
+    if decision == ReviewDecision.APPROVED:
+        return "approved: running it without the sandbox" if command else "approved: applying the patch"
+    if decision == ReviewDecision.APPROVED_FOR_SESSION:
+        if command:
+            return ("approved for this session: this command runs without the sandbox, "
+                    "and from now on without asking")
+        return "approved for this session: applying the patch"
+    if decision == ReviewDecision.ABORT:
+        return "denied: the turn is aborted"
+    return "denied: the model is told so"
 
 
 def is_own(msg: ApprovalResolvedEvent, me: str) -> bool:
     """Whether ``msg.by`` (``frontend-7 (sluice attach)``) names the frontend ``me`` (``frontend-7``)."""
     return bool(me) and (msg.by == me or msg.by.startswith(me + " "))
+
+
+def format_tokens(counts: list[TokenCountEvent]) -> str:
+    """Token usage (summed over ``counts``) in one line: ``tokens: 10 in (2 cached), 5 out, 15 total``."""
+    def total(name: str) -> int:
+        return sum(getattr(c, name) or 0 for c in counts)
+    cached, reasoning = total("cached_input_tokens"), total("reasoning_output_tokens")
+    inp = f"{total('input_tokens')} in" + (f" ({cached} cached)" if cached else "")
+    out = f"{total('output_tokens')} out" + (f" ({reasoning} reasoning)" if reasoning else "")
+    return f"tokens: {inp}, {out}, {total('total_tokens')} total"
 
 
 class _Output:
@@ -112,10 +353,15 @@ class _Output:
         self.out_fd = out_fd
         self.err_fd = err_fd
         self.stdout_closed = False
+        self._notes: set[str] = set()
+
+    def _before_output(self) -> None:
+        """Called before anything is written (a status line to clear)."""
 
     def out(self, data: bytes) -> None:
         if self.stdout_closed or not data:
             return
+        self._before_output()
         try:
             write_all(self.out_fd, data)
         except BrokenPipeError:
@@ -124,16 +370,33 @@ class _Output:
     def err(self, data: bytes) -> None:
         if not data:
             return
+        self._before_output()
         try:
             write_all(self.err_fd, data)
         except OSError:
             pass
 
-    def ask_approval(self, msg: ExecApprovalRequestEvent | ApplyPatchApprovalRequestEvent, cwd: str = "") -> None:
+    def ask_approval(self, msg: ExecApprovalRequestEvent | ApplyPatchApprovalRequestEvent, cwd: str = "",
+                     *, full: bool = False) -> None:
         """An approval request as a question for the person at the terminal, and the prompt
-        for the answer (:func:`parse_approval_answer` reads it); the same in every frontend."""
-        self.line(f"The agent asks to {describe_approval(msg, cwd)}.", "1;33")
-        self.prompt(APPROVAL_PROMPT)
+        for the answer (:func:`parse_approval_answer` reads it; ``v`` asks again with
+        ``full``: :func:`wants_full_view`); the same in every frontend."""
+        lines, cut = approval_question(msg, cwd, full=full)
+        for text, style in lines:
+            self.line(text, style)
+        self.approval_prompt = APPROVAL_PROMPT_VIEW if cut else APPROVAL_PROMPT
+        self.prompt(self.approval_prompt)
+
+    approval_prompt = APPROVAL_PROMPT
+
+    def reprompt(self) -> None:
+        """The approval prompt again, after an answer that was not one."""
+        self.prompt(self.approval_prompt)
+
+    def answered(self, msg: ExecApprovalRequestEvent | ApplyPatchApprovalRequestEvent,
+                 decision: ReviewDecision) -> None:
+        """This frontend answered ``msg``: one line says what happens now."""
+        self.line(answer_confirmation(msg, decision), "33")
 
 
 class HumanRenderer(_Output):
@@ -141,7 +404,7 @@ class HumanRenderer(_Output):
 
     def __init__(self, header: dict[str, str] | None = None, *, out_fd: int = 1, err_fd: int = 2,
                  color: bool | None = None, label: str = "sluice exec", me: str = "",
-                 show_reasoning: bool = True) -> None:
+                 show_reasoning: bool = True, verbose: bool = False, status: bool | None = None) -> None:
         super().__init__(out_fd, err_fd)
         self.header = header or {}
         # Opens the line a session_configured event is shown as.
@@ -153,7 +416,27 @@ class HumanRenderer(_Output):
         if color is None:
             color = os.isatty(err_fd) and not os.environ.get("NO_COLOR") and os.environ.get("TERM") != "dumb"
         self.color = color
+        # True: every token_count as it comes; else the turn's sum once at its end.
+        self.verbose = verbose
+        # A status line while the model is at work (see :meth:`tick`): only on a terminal.
+        if status is None:
+            status = os.isatty(err_fd) and os.environ.get("TERM") != "dumb"
+        self.status = status
+        self.busy = False  # a turn is running
+        self._status_shown = False
+        self._last_output = time.monotonic()
+        self._spin = 0
+        self._turn_tokens: list[TokenCountEvent] = []
+        # The frontend said "interrupting" itself: the turn's end needs no more lines.
+        self.interrupt_noted = False
         self.cwd = self.header.get("cwd", "")
+        self._streams: dict[str, SafeStream] = {}
+        self._patches: dict[str, dict[str, FileChange]] = {}
+        # Approval requests seen (call_id -> request), and what was approved: commands a
+        # person approved run without the sandbox, and so do those approved for the session.
+        self._requests: dict[str, ExecApprovalRequestEvent | ApplyPatchApprovalRequestEvent] = {}
+        self._unsandboxed_calls: set[str] = set()
+        self._unsandboxed_commands: set[tuple[str, ...]] = set()
         self._message_streamed = False
         self._message_open = False  # stdout has a partial line of agent text
         self._reasoning_streamed = False
@@ -163,6 +446,42 @@ class HumanRenderer(_Output):
 
     # -- helpers ----------------------------------------------------------------------
 
+    # -- the status line ------------------------------------------------------------
+
+    # How often a frontend waiting for events should call :meth:`tick` (None: never).
+    @property
+    def tick_interval(self) -> float | None:
+        return 0.1 if self.status else None
+
+    def tick(self, now: float | None = None) -> None:
+        """Nothing came for a while: on a terminal, while a turn runs and nothing else is
+        on the line, a status line on stderr says the agent is at work (cleared as soon
+        as anything is written). ``now``: the monotonic clock's time (default: read it)."""
+        if not (self.status and self.busy) or self._message_open or self._reasoning_open:
+            return
+        if not self._err_at_line_start:
+            return
+        idle = (time.monotonic() if now is None else now) - self._last_output
+        if idle < 0.3 and not self._status_shown:
+            return
+        frames = "|/-\\"
+        self._spin += 1
+        text = f"{frames[self._spin % len(frames)]} working ({idle:.0f}s; Ctrl-C interrupts)"
+        try:
+            write_all(self.err_fd, b"\r\x1b[K" + self._style(text, "2").encode())
+        except OSError:
+            return
+        self._status_shown = True
+
+    def _before_output(self) -> None:
+        self._last_output = time.monotonic()
+        if self._status_shown:
+            self._status_shown = False
+            try:
+                write_all(self.err_fd, b"\r\x1b[K")
+            except OSError:
+                pass
+
     def _style(self, text: str, code: str) -> str:
         return f"\x1b[{code}m{text}\x1b[0m" if self.color else text
 
@@ -171,6 +490,7 @@ class HumanRenderer(_Output):
         self._close_open_lines()
         if not self._err_at_line_start:
             self.err(b"\n")
+        text = safe_text(text)
         self.err((self._style(text, style) if style else text).encode("utf-8", "replace") + b"\n")
         self._err_at_line_start = True
 
@@ -190,6 +510,12 @@ class HumanRenderer(_Output):
     def note(self, text: str) -> None:
         self.line(f"sluice: {text}", "2")
 
+    def note_once(self, text: str) -> None:
+        """:meth:`note`, unless this very note was made before."""
+        if text not in self._notes:
+            self._notes.add(text)
+            self.note(text)
+
     @property
     def fresh_line(self) -> bool:
         """Whether stderr's last line is complete (nothing is left open, such as a prompt)."""
@@ -205,10 +531,28 @@ class HumanRenderer(_Output):
         self._close_open_lines()
         if not self._err_at_line_start:
             self._raw_err(b"\n")
-        self._raw_err(text.encode("utf-8", "replace"))
+        self._raw_err(safe_text(text).encode("utf-8", "replace"))
 
     def error(self, message: str) -> None:
         self.line(f"error: {message}", "31")
+
+    # -- approvals ----------------------------------------------------------------------
+
+    def ask_approval(self, msg, cwd: str = "", *, full: bool = False) -> None:
+        self._requests[msg.call_id] = msg
+        super().ask_approval(msg, cwd, full=full)
+
+    def answered(self, msg, decision: ReviewDecision) -> None:
+        self._approved(msg, decision)
+        super().answered(msg, decision)
+
+    def _approved(self, msg, decision: ReviewDecision) -> None:
+        if not isinstance(msg, ExecApprovalRequestEvent):
+            return
+        if decision in (ReviewDecision.APPROVED, ReviewDecision.APPROVED_FOR_SESSION):
+            self._unsandboxed_calls.add(msg.call_id)
+        if decision == ReviewDecision.APPROVED_FOR_SESSION:
+            self._unsandboxed_commands.add(tuple(msg.command))
 
     # -- events -----------------------------------------------------------------------
 
@@ -227,14 +571,14 @@ class HumanRenderer(_Output):
         if self._reasoning_open:
             self._raw_err(b"\n")
             self._reasoning_open = False
-        self.out(msg.delta.encode("utf-8", "replace"))
+        self.out(safe_text(msg.delta).encode("utf-8", "replace"))
         self._message_streamed = True
         self._message_open = not msg.delta.endswith("\n")
 
     def _on_agent_message(self, msg: AgentMessageEvent) -> None:
         if not self._message_streamed:
             self._close_open_lines()
-            self.out(msg.message.encode("utf-8", "replace"))
+            self.out(safe_text(msg.message).encode("utf-8", "replace"))
             self._message_open = not msg.message.endswith("\n")
         self._message_streamed = False
         if self._message_open:
@@ -250,7 +594,7 @@ class HumanRenderer(_Output):
                 self._raw_err(b"\n")
             self._raw_err(self._style("thinking: ", "2;3").encode())
             self._reasoning_open = True
-        self._raw_err(self._style(msg.delta, "2;3").encode("utf-8", "replace"))
+        self._raw_err(self._style(safe_text(msg.delta), "2;3").encode("utf-8", "replace"))
         self._reasoning_streamed = True
 
     def _on_agent_reasoning(self, msg: AgentReasoningEvent) -> None:
@@ -270,35 +614,73 @@ class HumanRenderer(_Output):
 
     def _on_exec_command_begin(self, msg: ExecCommandBeginEvent) -> None:
         where = f"   (in {msg.cwd})" if msg.cwd and msg.cwd != self.cwd else ""
-        self.line(f"$ {shlex.join(msg.command)}{where}", "1")
+        unsandboxed = msg.call_id in self._unsandboxed_calls or tuple(msg.command) in self._unsandboxed_commands
+        self._unsandboxed_calls.discard(msg.call_id)
+        script = shell_script(msg.command)
+        if script is not None and "\n" in script.strip():
+            self.line(f"$ {os.path.basename(msg.command[0])} script{where}:", "1")
+            for text in script.strip("\n").splitlines():
+                self.line(f"    {text}", "1")
+        else:
+            self.line(f"$ {command_text(msg.command)}{where}", "1")
+        if unsandboxed:
+            self.line("  (running WITHOUT the sandbox, as approved)", "1;31")
 
     def _on_exec_command_output_delta(self, msg: ExecCommandOutputDeltaEvent) -> None:
         self._close_open_lines()
         self._streamed_calls.add(msg.call_id)
-        self._raw_err(msg.chunk)
+        stream = self._streams.setdefault(msg.call_id, SafeStream())
+        self._raw_err(stream.feed(msg.chunk))
 
     def _on_exec_command_end(self, msg: ExecCommandEndEvent) -> None:
+        stream = self._streams.pop(msg.call_id, None)
+        if stream is not None:
+            self._raw_err(stream.flush())
         if msg.call_id not in self._streamed_calls and msg.aggregated_output:
-            self._raw_err(msg.aggregated_output.encode("utf-8", "replace"))
+            self._raw_err(safe_text(msg.aggregated_output).encode("utf-8", "replace"))
         self._streamed_calls.discard(msg.call_id)
         seconds = msg.duration.seconds
         self.line(f"[exit {msg.exit_code}, {seconds:.2f}s]", "32" if msg.exit_code == 0 else "31")
 
+    def _on_mcp_tool_call_begin(self, msg: McpToolCallBeginEvent) -> None:
+        args = "" if msg.arguments is None else json.dumps(msg.arguments, ensure_ascii=False)
+        if len(args) > 200:
+            args = args[:200] + "..."
+        self.line(f"mcp: {msg.server}.{msg.tool}({args})", "1")
+
+    def _on_mcp_tool_call_end(self, msg: McpToolCallEndEvent) -> None:
+        # What the server said, made safe like everything else (a server is no more
+        # trusted with the terminal than the model is).
+        texts = [item.get("text", "") for item in (msg.result.content if msg.result else [])
+                 if isinstance(item, dict) and item.get("type") == "text"]
+        lines = "\n".join(texts).splitlines()
+        for text in lines[:MCP_RESULT_LINES]:
+            self.line(f"  {text}")
+        if len(lines) > MCP_RESULT_LINES:
+            self.line(f"  ... {len(lines) - MCP_RESULT_LINES} more lines", "2")
+        failed = not msg.success or (msg.result is not None and msg.result.is_error)
+        self.line("[mcp error]" if failed else "[mcp ok]", "31" if failed else "32")
+
+    def _on_exec_approval_request(self, msg: ExecApprovalRequestEvent) -> None:
+        self._requests[msg.call_id] = msg
+
+    _on_apply_patch_approval_request = _on_exec_approval_request
+
     def _on_patch_apply_begin(self, msg: PatchApplyBeginEvent) -> None:
-        self.line("patch" + ("" if msg.auto_approved else " (approved)") + ":", "1")
-        for path, change in msg.changes.items():
-            path = display_path(path, self.cwd)
-            if isinstance(change, AddFileChange):
-                self.line(f"  A {path}")
-            elif isinstance(change, DeleteFileChange):
-                self.line(f"  D {path}")
-            elif isinstance(change, UpdateFileChange):
-                moved = f" -> {display_path(change.move_path, self.cwd)}" if change.move_path else ""
-                self.line(f"  M {path}{moved}")
+        self._patches[msg.call_id] = msg.changes
+        if msg.auto_approved:
+            # Nobody was asked: the diff is shown here instead of in the question.
+            self.line("patch:", "1")
+            for text, style in patch_diff(msg.changes, self.cwd):
+                self.line(text, style)
+        # Else the question showed the diff, and the answer was confirmed (or, answered
+        # elsewhere, said who answered): the end's summary is next.
 
     def _on_patch_apply_end(self, msg: PatchApplyEndEvent) -> None:
+        changes = self._patches.pop(msg.call_id, None)
         if msg.success:
-            self.line("[patch applied]", "32")
+            summary = f": {patch_summary(changes, self.cwd)}" if changes else ""
+            self.line(f"[patch applied{summary}]", "32")
         else:
             detail = (msg.stderr or msg.stdout).strip()
             self.line("[patch failed]" + (f" {detail}" if detail else ""), "31")
@@ -311,25 +693,50 @@ class HumanRenderer(_Output):
             self.line(f"  {_PLAN_MARKS.get(item.status, '[ ]')} {item.step}")
 
     def _on_token_count(self, msg: TokenCountEvent) -> None:
-        inp = f"{msg.input_tokens} in" + (f" ({msg.cached_input_tokens} cached)" if msg.cached_input_tokens else "")
-        out = f"{msg.output_tokens} out" + (
-            f" ({msg.reasoning_output_tokens} reasoning)" if msg.reasoning_output_tokens else "")
-        self.line(f"tokens: {inp}, {out}, {msg.total_tokens} total", "2")
+        if self.verbose:
+            self.line(format_tokens([msg]), "2")
+        else:
+            self._turn_tokens.append(msg)
+
+    def _flush_tokens(self) -> None:
+        if self._turn_tokens:
+            counts, self._turn_tokens = self._turn_tokens, []
+            self.line(format_tokens(counts), "2")
+
+    def _on_task_started(self, msg) -> None:
+        self.busy = True
+        self.interrupt_noted = False
+
+    def _on_task_complete(self, msg: TaskCompleteEvent) -> None:
+        self.busy = False
+        self._flush_tokens()
 
     def _on_background_event(self, msg: BackgroundEventEvent) -> None:
         self.line(f"- {msg.message}", "2")
 
     def _on_error(self, msg: ErrorEvent) -> None:
+        if msg.message == TURN_INTERRUPTED:
+            return  # the turn_aborted that follows says it
         self.error(msg.message)
 
     def _on_turn_aborted(self, msg: TurnAbortedEvent) -> None:
+        self.busy = False
+        self._flush_tokens()
+        if self.interrupt_noted and msg.reason == "interrupted":
+            self.interrupt_noted = False
+            return  # the frontend's own "interrupting" line said it
         self.line(f"turn aborted ({msg.reason})", "33")
 
     def _on_approval_resolved(self, msg: ApprovalResolvedEvent) -> None:
+        request = self._requests.pop(msg.call_id, None)
+        if request is not None:
+            self._approved(request, msg.decision)
         if not is_own(msg, self.me):
             self.line(f"{msg.by} answered: {_DECISION_WORDS.get(msg.decision, str(msg.decision))}", "33")
 
     def finish(self) -> None:
+        self._flush_tokens()
+        self._before_output()
         self._close_open_lines()
 
 
@@ -342,11 +749,23 @@ class JsonRenderer(_Output):
     def note(self, text: str) -> None:
         self.err(f"sluice: {text}\n".encode("utf-8", "replace"))
 
+    def note_once(self, text: str) -> None:
+        if text not in self._notes:
+            self._notes.add(text)
+            self.note(text)
+
+    # No status line among JSON lines.
+    tick_interval = None
+    interrupt_noted = False
+
+    def tick(self, now: float | None = None) -> None:
+        pass
+
     def line(self, text: str, style: str = "") -> None:
-        self.err(text.encode("utf-8", "replace") + b"\n")
+        self.err(safe_text(text).encode("utf-8", "replace") + b"\n")
 
     def prompt(self, text: str) -> None:
-        self.err(text.encode("utf-8", "replace"))
+        self.err(safe_text(text).encode("utf-8", "replace"))
 
     # Questions go to stderr, events to stdout: a question is never shown again below them.
     fresh_line = False
