@@ -24,6 +24,11 @@ What each op does is Codex's ``submission_loop``:
   that another session holds, is an ``error`` after ``session_configured``, and the
   session starts afresh); the session id becomes the rollout's, as in Codex (the daemon
   learns it from ``session_configured``).
+- The model's instructions: ``base_instructions`` if given, else the built-in ones; then
+  ``user_instructions`` as given (later Codex's frontends put ``AGENTS.md`` in them), else
+  ``instructions`` with the project docs found from the cwd; then the environment.
+  ``model_reasoning_effort`` / ``model_reasoning_summary`` become the Responses API's
+  ``reasoning`` (for models that reason).
 - Before the first ``configure_session``, ``user_input``, ``interrupt``, approvals and
   ``compact`` get the ``error`` "No session initialized, expected 'ConfigureSession' as
   first Op". ``add_to_history``, ``get_history_entry_request`` and ``shutdown`` work

@@ -51,6 +51,7 @@ from broker.wire.protocol import (
     TokenCountEvent,
     TurnAbortedEvent,
     UpdateFileChange,
+    UserMessageEvent,
     encode_json,
 )
 
@@ -222,6 +223,13 @@ class HumanRenderer(_Output):
         parts = [f"session {msg.session_id}", f"model {msg.model}"]
         parts += [f"{k} {v}" for k, v in self.header.items() if k not in ("model",)]
         self.line(f"{self.label}: " + ", ".join(parts), "2")
+
+    def _on_user_message(self, msg: UserMessageEvent) -> None:
+        # What was asked, on one line: the first line of the text, and how many more.
+        lines = msg.message.splitlines() or [""]
+        more = f" (+{len(lines) - 1} lines)" if len(lines) > 1 else ""
+        images = f" [{len(msg.images)} image(s)]" if msg.images else ""
+        self.line(f"user: {lines[0]}{more}{images}", "1")
 
     def _on_agent_message_delta(self, msg: AgentMessageDeltaEvent) -> None:
         if self._reasoning_open:
