@@ -140,7 +140,8 @@ def test_killed_agent_is_reported_and_replaced(daemon_factory, tmp_path) -> None
             time.sleep(0.01)
         (pid,) = agent_pids(handle)
         os.kill(pid, signal.SIGKILL)
-        (error,) = collect(session, "error")
+        user_message, error = collect(session, "error")
+        assert tag(user_message) == "user_message" and user_message.msg.message == "wait"
         assert error.msg.message.startswith("the agent process died (killed by signal 9)")
         release.set()
 
