@@ -775,11 +775,13 @@ class TurnDiffTracker:
         return root
 
     def display_path(self, path: str) -> str:
+        """``path`` as the diff names it: relative to its git root (else the cwd); a path
+        outside both loses its leading slash, as the ``a/`` and ``b/`` prefixes give it one."""
         root = self._git_root(path)
         if root is None and self.cwd is not None and is_beneath(path, self.cwd):
             root = self.cwd
         if root is None:
-            return path
+            return path.lstrip("/")
         return os.path.relpath(path, root)
 
     def get_unified_diff(self) -> str | None:

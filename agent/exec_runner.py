@@ -73,6 +73,39 @@ DEFAULT_AGGREGATE_LIMIT = 1024 * 1024
 # since the caller keeps its own copy as the output streams (``aggregated``).
 INTERACTIVE_CAPTURE_LIMIT = 64 * 1024
 
+# What an ``exec_command_end`` carries of each of stdout, stderr and the aggregated
+# output, in characters (the seed's MAX_STREAM_OUTPUT): the deltas already carried every
+# byte to the frontends, and formatted_output is what the model saw.
+MAX_STREAM_OUTPUT = 5 * 1024
+
+
+def cap_stream_output(text: str) -> str:
+    return text[:MAX_STREAM_OUTPUT]
+
+
+class StreamedOutput:
+    """The beginning of a command's output as it streams, enough for an
+    ``exec_command_end`` when the command is cut short (an interrupt) and the result with
+    its own copy never comes."""
+
+    _KEEP = MAX_STREAM_OUTPUT * 4  # bytes: room for as many characters of UTF-8
+
+    def __init__(self) -> None:
+        self.stdout = bytearray()
+        self.stderr = bytearray()
+        self.aggregated = bytearray()
+
+    def add(self, stream: ExecOutputStream, chunk: bytes) -> None:
+        for buf in (self.stdout if stream == ExecOutputStream.STDOUT else self.stderr, self.aggregated):
+            if len(buf) < self._KEEP:
+                buf += chunk[: self._KEEP - len(buf)]
+
+    def texts(self) -> tuple[str, str, str]:
+        """stdout, stderr and the aggregated output, decoded and capped."""
+        return tuple(cap_stream_output(bytes(b).decode("utf-8", errors="replace"))  # type: ignore[return-value]
+                     for b in (self.stdout, self.stderr, self.aggregated))
+
+
 OutputCallback = Callable[[ExecOutputStream, bytes], None]
 ExitCallback = Callable[["ExecResult"], None]
 

@@ -144,6 +144,10 @@ class SessionHost:
             sub = decode_submission_msgpack(frames[1].bytes)
         except ProtocolError as err:
             self.outbox.event(session_id, Event(id="", msg=ErrorEvent(str(err))))
+            if session_id not in self.sessions:
+                # A session's first submission (its configure_session), unreadable: no
+                # session was made here, so the daemon must not keep one either.
+                self.outbox.put([wire.header(wire.CLOSED, session=session_id)])
             return
         hosted = self.sessions.get(session_id)
         if hosted is None and not isinstance(sub.op, ConfigureSession):

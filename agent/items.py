@@ -9,6 +9,8 @@ The conversation is a list of items in the shape the Responses API takes back as
     {"type": "function_call", "name": "shell", "arguments": "{...}", "call_id": "c1"}
     {"type": "local_shell_call", "call_id": "c2", "status": "completed", "action": {...}}
     {"type": "function_call_output", "call_id": "c1", "output": "..."}
+    {"type": "custom_tool_call", "name": "apply_patch", "input": "*** Begin Patch...", "call_id": "c3"}
+    {"type": "custom_tool_call_output", "call_id": "c3", "output": "..."}
 
 :func:`normalize` keeps only the fields Codex keeps of what the model sent (no item
 ``id`` except on reasoning, no ``status`` on messages, no annotations), so the items can
@@ -24,12 +26,13 @@ from typing import Any
 
 import structlog
 
-from broker.wire.protocol import ImageInput, InputItem, LocalImageInput, TextInput
+from broker.wire.protocol import ImageInput, InputItem, LocalImageInput, TextInput, UserMessageEvent
 
 log = structlog.get_logger("agent.items")
 
 Item = dict[str, Any]
-CALL_TYPES = ("function_call", "local_shell_call")
+CALL_TYPES = ("function_call", "local_shell_call", "custom_tool_call")
+OUTPUT_TYPES = ("function_call_output", "custom_tool_call_output")
 ABORTED_OUTPUT = "aborted"
 
 
@@ -49,6 +52,14 @@ def user_message(inputs: Sequence[InputItem]) -> Item | None:
     if not content:
         return None
     return {"type": "message", "role": "user", "content": content}
+
+
+def user_message_event(inputs: Sequence[InputItem]) -> UserMessageEvent:
+    """The ``user_message`` event that tells the frontends what was asked: the text parts
+    joined by newlines; images as given (local ones by their path, not read here)."""
+    images = [p.image_url if isinstance(p, ImageInput) else p.path
+              for p in inputs if isinstance(p, ImageInput | LocalImageInput)]
+    return UserMessageEvent("\n".join(input_texts(inputs)), images or None)
 
 
 def _data_url(path: str) -> str | None:
@@ -90,6 +101,9 @@ def normalize(item: Item) -> Item:
     if kind == "function_call":
         return {"type": kind, "name": item.get("name", ""), "arguments": item.get("arguments", ""),
                 "call_id": item.get("call_id") or item.get("id") or ""}
+    if kind == "custom_tool_call":
+        return {"type": kind, "call_id": item.get("call_id") or item.get("id") or "",
+                "name": item.get("name", ""), "input": item.get("input", "")}
     if kind == "local_shell_call":
         return {"type": kind, "call_id": item.get("call_id") or item.get("id") or "",
                 "status": item.get("status", "completed"), "action": item.get("action") or {}}
@@ -124,10 +138,11 @@ def last_assistant_message(items: Iterable[Item]) -> str | None:
 def with_aborted_outputs(items: Sequence[Item]) -> list[Item]:
     """``items`` with an ``aborted`` output right after every call that has none, so the
     model never sees a call left dangling (by an interrupt)."""
-    answered = {i.get("call_id") for i in items if i.get("type") == "function_call_output"}
+    answered = {i.get("call_id") for i in items if i.get("type") in OUTPUT_TYPES}
     out: list[Item] = []
     for item in items:
         out.append(item)
         if item.get("type") in CALL_TYPES and item.get("call_id") not in answered:
-            out.append({"type": "function_call_output", "call_id": item.get("call_id", ""), "output": ABORTED_OUTPUT})
+            kind = "custom_tool_call_output" if item.get("type") == "custom_tool_call" else "function_call_output"
+            out.append({"type": kind, "call_id": item.get("call_id", ""), "output": ABORTED_OUTPUT})
     return out

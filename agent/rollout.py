@@ -36,6 +36,7 @@ import asyncio
 import contextlib
 import datetime as dt
 import errno
+import fcntl
 import json
 import os
 import uuid
@@ -53,11 +54,16 @@ log = structlog.get_logger("agent.rollout")
 
 SESSIONS_SUBDIR = "sessions"
 REDACTED = "[redacted]"
-PERSISTED_TYPES = frozenset({"message", "reasoning", "function_call", "function_call_output", "local_shell_call"})
+PERSISTED_TYPES = frozenset({"message", "reasoning", "function_call", "function_call_output", "local_shell_call",
+                             "custom_tool_call", "custom_tool_call_output"})
 
 
 class RolloutError(Exception):
     """A rollout file that cannot be read or written; one line for a person."""
+
+
+class InUse(Exception):
+    """Another recorder holds the rollout file."""
 
 
 def is_persisted(item: Mapping[str, Any]) -> bool:
@@ -177,6 +183,8 @@ class RolloutRecorder:
         saved = await asyncio.to_thread(read_rollout, path)
         try:
             fd, size = await asyncio.to_thread(_open_for_append, Path(path))
+        except InUse:
+            raise RolloutError(f"rollout {path} is in use by another session; attach to that one") from None
         except OSError as err:
             raise RolloutError(f"cannot append to rollout {path}: {err.strerror}") from None
         return cls(Path(path), fd, secrets, size=size), saved
@@ -301,13 +309,22 @@ def make_private_dirs(directory: Path) -> None:
 
 def _open_new(path: Path) -> int:
     make_private_dirs(path.parent)
-    return os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # new: nobody else has it open
+    return fd
 
 
 def _open_for_append(path: Path) -> tuple[int, int]:
-    """``path`` opened to append, a partial last line cut off; the fd and the file's size."""
+    """``path`` opened to append, a partial last line cut off; the fd and the file's size.
+    The file is locked while a recorder holds it: a session resumed twice at once would
+    interleave its lines, and two sessions would claim the one session id
+    (:class:`InUse` if another recorder holds it)."""
     fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CLOEXEC)
     try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise InUse from None
         size = os.fstat(fd).st_size
         if size and os.pread(fd, 1, size - 1) != b"\n":
             with open(path, "rb") as f:

@@ -20,14 +20,22 @@ What each op does is Codex's ``submission_loop``:
   history_entry_count}``. A relative (or missing) cwd is an ``error`` and changes
   nothing. Configuring again aborts the running task and keeps the history, the commands
   approved for the session and the roots granted to patches. ``resume_path`` restores the
-  history from a rollout file and goes on recording in it (one that cannot be read is an
-  ``error`` after ``session_configured``, and the session starts afresh); the session id
-  becomes the rollout's unless the daemon named the session.
+  history from a rollout file and goes on recording in it (one that cannot be read, or
+  that another session holds, is an ``error`` after ``session_configured``, and the
+  session starts afresh); the session id becomes the rollout's, as in Codex (the daemon
+  learns it from ``session_configured``).
+- The model's instructions: ``base_instructions`` if given, else the built-in ones; then
+  ``user_instructions`` as given (later Codex's frontends put ``AGENTS.md`` in them), else
+  ``instructions`` with the project docs found from the cwd; then the environment.
+  ``model_reasoning_effort`` / ``model_reasoning_summary`` become the Responses API's
+  ``reasoning`` (for models that reason).
 - Before the first ``configure_session``, ``user_input``, ``interrupt``, approvals and
   ``compact`` get the ``error`` "No session initialized, expected 'ConfigureSession' as
   first Op". ``add_to_history``, ``get_history_entry_request`` and ``shutdown`` work
   without one, as in Codex.
-- ``user_input`` starts a task, or, while one runs, joins its next model request.
+- ``user_input`` starts a task, or, while one runs, joins its next model request; as it
+  joins the conversation it is announced as ``user_message{message, images?}`` (what was
+  asked, for every frontend; after ``task_started``, as in Codex).
 - ``interrupt`` (and an ``abort`` answer to an approval) cancels the running task at once:
   its running command is cancelled through the runner (``exec_command_end`` follows),
   pending approvals and queued input are dropped, then ``error`` "Turn interrupted" and
@@ -195,11 +203,8 @@ class Session:
         # Resource limits of the session's commands (ConfigureSession.limits); None: defaults.
         self.command_limits: Limits | None = None
 
-        # The daemon names the session (its routing key, what frontends attach to), and
-        # that name then stays, even when the session resumes a rollout recorded under
-        # another id; a library user may leave it to us, and resuming then takes the
-        # rollout's id, as in Codex.
-        self._named = session_id is not None
+        # The daemon names the session (a library user may leave it to us); resuming a
+        # rollout takes the rollout's id instead, as in Codex.
         if session_id is None:
             self.session_id = uuid.uuid4()
         else:
@@ -432,6 +437,9 @@ class Session:
         resume_path = op.resume_path if isinstance(op.resume_path, str) else None
         restored: list[Item] | None = None
         if resume_path is not None:
+            if self.rollout is not None and _same_file(self.rollout.path, resume_path):
+                await self.rollout.shutdown()  # its own rollout again: let go of it first
+                self.rollout = None
             try:
                 recorder, saved = await RolloutRecorder.resume(resume_path, secrets=self._secrets)
             except RolloutError as err:
@@ -440,8 +448,9 @@ class Session:
                 if self.rollout is not None:
                     await self.rollout.shutdown()
                 self._use_rollout(recorder)
-                if not self._named:
-                    self.session_id = saved.session_id
+                # The session is the rollout's again, as in Codex; the daemon learns the id
+                # from session_configured and addresses the session by it from then on.
+                self.session_id = saved.session_id
                 restored = saved.items
 
         if isinstance(op.env, dict):
@@ -454,7 +463,12 @@ class Session:
         unified_exec = op.unified_exec if isinstance(op.unified_exec, UnifiedExecSettings) else UnifiedExecSettings()
         self.unified_exec.configure(max_sessions=unified_exec.max_sessions,
                                     idle_timeout_s=unified_exec.idle_timeout_ms / 1000)
-        user = await asyncio.to_thread(user_instructions, op.instructions, cwd)
+        if isinstance(op.user_instructions, str):
+            user: str | None = op.user_instructions or None  # the frontend's, AGENTS.md included
+        else:
+            user = await asyncio.to_thread(user_instructions, op.instructions, cwd)
+        base = op.base_instructions if isinstance(op.base_instructions, str) and op.base_instructions \
+            else self.base_instructions
         sandbox_policy = op.sandbox_policy
         self.config = SessionConfig(
             model=op.model,
@@ -462,7 +476,7 @@ class Session:
             approval_policy=AskForApproval(op.approval_policy),
             sandbox_policy=sandbox_policy,
             cwd=cwd,
-            instructions=full_instructions(user, cwd, op.approval_policy, sandbox_policy, self.base_instructions),
+            instructions=full_instructions(user, cwd, op.approval_policy, sandbox_policy, base),
             notify=list(op.notify) if isinstance(op.notify, list) and op.notify else None,
             disable_response_storage=op.disable_response_storage,
             missing_key=missing_key,
@@ -606,3 +620,10 @@ class Session:
             with contextlib.suppress(asyncio.CancelledError):
                 await asyncio.shield(handle)
             await asyncio.sleep(0)
+
+
+def _same_file(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False

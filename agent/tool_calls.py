@@ -41,13 +41,18 @@ approved again, as what it runs stays in its sandbox. An interrupt cancels the c
 waiting on a session, not the session.
 
 Interrupted while a command runs: the command is cancelled through the runner and its
-``exec_command_end`` says so (exit code 130, ``formatted_output`` "aborted") before the
-cancellation goes on.
+``exec_command_end`` says so (exit code 130, ``formatted_output`` "aborted", and the
+output it streamed before, capped as below) before the cancellation goes on.
+
+``exec_command_end`` carries the first :data:`~agent.exec_runner.MAX_STREAM_OUTPUT`
+characters of ``stdout``, ``stderr`` and ``aggregated_output``, as the seed caps them: the
+deltas carried every byte already; ``formatted_output`` is what the model was shown.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import secrets
@@ -58,7 +63,7 @@ from typing import TYPE_CHECKING
 import structlog
 
 from agent.apply_patch import ApplyPatchAction, PatchError, apply_action, maybe_parse_apply_patch_verified
-from agent.exec_runner import ExecResult
+from agent.exec_runner import ExecResult, StreamedOutput, cap_stream_output
 from agent.items import Item, output_texts
 from agent.safety import (
     RETRY_WITHOUT_SANDBOX_REASON,
@@ -165,7 +170,21 @@ async def handle_response_item(sess: Session, task: AgentTask, item: Item) -> To
         except ArgumentError as err:
             return ToolOutput(call_id, str(err))
         return await handle_exec(sess, task, params, call_id)
+    if kind == "custom_tool_call":
+        return await handle_custom_tool_call(sess, task, item.get("name", ""), item.get("input", ""),
+                                             item.get("call_id") or "")
     return None
+
+
+async def handle_custom_tool_call(sess: Session, task: AgentTask, name: str, text: str, call_id: str) -> ToolOutput:
+    """A freeform call (Responses ``custom_tool_call``): Codex's freeform ``apply_patch``,
+    whose input is the patch itself, is applied as the ``apply_patch`` function is; any
+    other name is answered that it is not a tool of this session."""
+    if name == APPLY_PATCH:
+        output = await handle_exec(sess, task, ShellParams(command=[APPLY_PATCH, text]), call_id)
+    else:
+        output = ToolOutput(call_id, f"unsupported custom tool call: {name}", success=False)
+    return dataclasses.replace(output, custom=True)
 
 
 async def handle_function_call(sess: Session, task: AgentTask, name: str, arguments: str, call_id: str) -> ToolOutput:
@@ -474,7 +493,10 @@ async def run_command(
     sub_id = task.sub_id
     sess.send(sub_id, ExecCommandBeginEvent(call_id, argv, cwd))
 
+    streamed = StreamedOutput()
+
     def on_output(stream: ExecOutputStream, chunk: bytes) -> None:
+        streamed.add(stream, chunk)
         sess.send(sub_id, ExecCommandOutputDeltaEvent(call_id, stream, chunk))
 
     policy = sess.sandbox_policy if sandboxed else sess.unsandboxed_policy
@@ -487,8 +509,10 @@ async def run_command(
                                        sandbox_cwd=sess.config.cwd, env_passthrough=sess.command_env_passthrough,
                                        limits=sess.command_limits)
     except asyncio.CancelledError:
+        # What it printed before it was stopped, as far as it streamed.
+        out, err, both = streamed.texts()
         sess.send(sub_id, ExecCommandEndEvent(
-            call_id=call_id, stdout="", stderr="", aggregated_output="", exit_code=EXIT_INTERRUPTED,
+            call_id=call_id, stdout=out, stderr=err, aggregated_output=both, exit_code=EXIT_INTERRUPTED,
             duration=Duration.from_seconds(time.monotonic() - started), formatted_output=ABORTED,
         ))
         raise
@@ -510,7 +534,8 @@ async def run_command(
     exit_code = result.returncode
     formatted = model_output_text(aggregated, timed_out=result.timed_out, timeout_ms=timeout_ms)
     sess.send(sub_id, ExecCommandEndEvent(
-        call_id=call_id, stdout=stdout, stderr=stderr, aggregated_output=aggregated, exit_code=exit_code,
+        call_id=call_id, stdout=cap_stream_output(stdout), stderr=cap_stream_output(stderr),
+        aggregated_output=cap_stream_output(aggregated), exit_code=exit_code,
         duration=Duration.from_seconds(duration), formatted_output=formatted,
     ))
     output = ToolOutput(call_id, format_exec_output(formatted, exit_code, duration), success=exit_code == 0)

@@ -527,12 +527,15 @@ def format_exec_command_output(
 
 @dataclass(frozen=True, slots=True)
 class ToolOutput:
-    """A function call's answer: ``function_call_output`` for the model's next request."""
+    """A call's answer for the model's next request: ``function_call_output``, or
+    ``custom_tool_call_output`` for a freeform (``custom_tool_call``) call."""
 
     call_id: str
     content: str
     success: bool | None = None
+    custom: bool = False
 
     def to_item(self) -> dict[str, Any]:
         # Codex serialises FunctionCallOutputPayload as the bare content string.
-        return {"type": "function_call_output", "call_id": self.call_id, "output": self.content}
+        kind = "custom_tool_call_output" if self.custom else "function_call_output"
+        return {"type": kind, "call_id": self.call_id, "output": self.content}

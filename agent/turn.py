@@ -94,7 +94,11 @@ async def run_task(sess: Session, task: AgentTask) -> None:
         if config.missing_key is not None:
             sess.error(sub_id, config.missing_key)
             return
+        # Every input is announced as it joins the conversation, so every attached
+        # frontend (and a late one, from the journal) sees what was asked.
         first = conv.user_message(task.inputs)
+        if task.inputs:
+            sess.send(sub_id, conv.user_message_event(task.inputs))
         if first is not None:
             sess.record([first])
         task.input_messages = conv.input_texts(task.inputs) + task.input_messages
@@ -102,6 +106,7 @@ async def run_task(sess: Session, task: AgentTask) -> None:
         last_diff: str | None = None
         while True:
             for inputs in sess.take_pending_input():
+                sess.send(sub_id, conv.user_message_event(inputs))
                 message = conv.user_message(inputs)
                 if message is not None:
                     sess.record([message])
@@ -164,7 +169,7 @@ async def run_turn(sess: Session, task: AgentTask) -> _Turn:
                 sess.send(sub_id, AgentReasoningRawContentDeltaEvent(event.delta))
         elif isinstance(event, OutputItemDone):
             item = conv.normalize(event.item)
-            if item.get("type") == "function_call_output":
+            if item.get("type") in conv.OUTPUT_TYPES:
                 continue  # not something the model should send; Codex ignores it too
             turn.items.append(item)
             sess.record([item])

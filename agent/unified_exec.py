@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 
 import structlog
 
-from agent.exec_runner import CommandRunner, ExecResult, InteractiveProcess
+from agent.exec_runner import CommandRunner, ExecResult, InteractiveProcess, cap_stream_output
 from broker.wire import frames as wire
 from broker.wire.protocol import (
     Duration,
@@ -361,8 +361,10 @@ class UnifiedExecManager:
         if result.error and result.error not in stderr:
             stderr = f"{stderr}{result.error}\n"
             aggregated = f"{aggregated}{result.error}\n"
+        aggregated = cap_stream_output(aggregated)  # the deltas carried every byte
         self.send(session.sub_id, ExecCommandEndEvent(
-            call_id=session.call_id, stdout=stdout, stderr=stderr, aggregated_output=aggregated,
+            call_id=session.call_id, stdout=cap_stream_output(stdout), stderr=cap_stream_output(stderr),
+            aggregated_output=aggregated,
             exit_code=result.returncode, duration=Duration.from_seconds(time.monotonic() - session.started),
             formatted_output=aggregated,
         ))

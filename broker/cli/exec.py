@@ -298,6 +298,8 @@ class _Exec:
             if code is not None:
                 self._shutdown()
                 return code
+        if isinstance(self.render, HumanRenderer):
+            self.render.own_inputs.append(prompt)
         self.task_id = self.session.submit(UserInput([TextInput(prompt)]))
         if self.args.detach:
             return self._detach(client)

@@ -73,6 +73,7 @@ from broker.wire.protocol import (
     TokenCountEvent,
     TurnAbortedEvent,
     UpdateFileChange,
+    UserMessageEvent,
     encode_json,
 )
 
@@ -430,6 +431,8 @@ class HumanRenderer(_Output):
         # The frontend said "interrupting" itself: the turn's end needs no more lines.
         self.interrupt_noted = False
         self.cwd = self.header.get("cwd", "")
+        # Inputs this frontend submitted: their user_message events are not shown again.
+        self.own_inputs: list[str] = []
         self._streams: dict[str, SafeStream] = {}
         self._patches: dict[str, dict[str, FileChange]] = {}
         # Approval requests seen (call_id -> request), and what was approved: commands a
@@ -566,6 +569,17 @@ class HumanRenderer(_Output):
         parts = [f"session {msg.session_id}", f"model {msg.model}"]
         parts += [f"{k} {v}" for k, v in self.header.items() if k not in ("model",)]
         self.line(f"{self.label}: " + ", ".join(parts), "2")
+
+    def _on_user_message(self, msg: UserMessageEvent) -> None:
+        # What was asked, on one line: the first line of the text, and how many more;
+        # not what this frontend's own person just typed.
+        if msg.message in self.own_inputs:
+            self.own_inputs.remove(msg.message)
+            return
+        lines = msg.message.splitlines() or [""]
+        more = f" (+{len(lines) - 1} lines)" if len(lines) > 1 else ""
+        images = f" [{len(msg.images)} image(s)]" if msg.images else ""
+        self.line(f"user: {lines[0]}{more}{images}", "1")
 
     def _on_agent_message_delta(self, msg: AgentMessageDeltaEvent) -> None:
         if self._reasoning_open:

@@ -122,8 +122,8 @@ class ClientSession:
         """Stop this session's events coming here; the session goes on. Events already
         queued stay readable; submitting to the session attaches this client again."""
         table = self.client.session_table()
-        if table.by_id.get(self.id) is self:
-            del table.by_id[self.id]
+        for key in [key for key, found in table.by_id.items() if found is self]:  # its id, and an earlier one
+            del table.by_id[key]
         if self.attached:
             self.attached = False
             # Non-blocking: a detach never raises, not even for a daemon that has gone.
@@ -222,6 +222,11 @@ class SessionTable:
                 return
         session = self.by_id.get(head.session) if head.session else None
         if session is not None:
+            if isinstance(event.msg, P.SessionConfiguredEvent) and str(event.msg.session_id) != session.id:
+                # It resumed a rollout and took its id: the daemon calls it that from the
+                # next event on (the old id stays an alias there, and here).
+                session.id = str(event.msg.session_id)
+                self.by_id[session.id] = session
             session._received_event(event, head.seq, len(body))
 
     def on_lagged(self, head: wire.Header) -> None:

@@ -5,7 +5,10 @@ The broker hosts every session in the one agent process it spawns (see
 driven by the router (:mod:`broker.daemon.router`):
 
 - ``submit`` from a frontend: an empty session id with ``configure_session`` creates a
-  session (uuid4); a known id continues one. A frontend not attached to the session yet
+  session (uuid4); a known id continues one. A session whose ``session_configured``
+  names another id (it resumed a rollout, whose id it keeps, as in Codex) is called by
+  that id from the next event on; the first one stays an alias (frontends that have not
+  seen the event yet, and the agent, which knows the session by it). A frontend not attached to the session yet
   is attached at its head (told with ``attached``), and the submission goes to the agent
   as it came, at once, in arrival order; an interrupt is therefore never behind anything
   the broker holds. While the agent is starting, submissions wait in a bounded list.
@@ -13,7 +16,9 @@ driven by the router (:mod:`broker.daemon.router`):
   body frame is forwarded untouched), kept in a bounded memory log and in the session's
   journal on disk (:mod:`broker.daemon.journal`), and sent to every attached frontend.
 - ``attach`` from a frontend: subscribe from a given event on (``attached``, then a
-  replay of what it asked for); ``detach``: unsubscribe; ``sessions``: list them all.
+  replay of what it asked for); ``detach``: unsubscribe; ``sessions``: list them all,
+  except one whose ``configure_session`` was answered with an ``error`` and no
+  ``session_configured`` (the agent lets go of it; it is not shown meanwhile).
 - ``closed`` from the agent: it let go of the session (after ``shutdown``); forgotten.
 - The agent going away (its process died, it stopped answering, it left): every session
   gets an ``error`` event saying so and is forgotten; the supervisor starts a new agent.
@@ -54,7 +59,7 @@ What the broker itself reports about a session is an ``event`` whose body is a C
 events carry no ``corr``: a replay could not repeat one.
 
 Only heads are decoded (a submission's id, op type, ``cwd`` and approval fields; an
-event's id, type, ``call_id`` and ``model``): the rest, the API key of a
+event's id, type, ``call_id``, ``model`` and ``session_id``): the rest, the API key of a
 ``configure_session`` and every output chunk included, passes through as bytes.
 """
 
@@ -144,6 +149,8 @@ class _MsgHead(msgspec.Struct):
     type: str
     call_id: str | None = None
     model: str | None = None
+    # session_configured: the id the agent gives the session (a resumed rollout's)
+    session_id: str | None = None
 
 
 class _EventHead(msgspec.Struct):
@@ -190,12 +197,17 @@ class Session:
     """A session as the broker sees it: numbering, recent events, state, subscriptions."""
 
     __slots__ = (
-        "id", "seq", "log", "log_bytes", "journal", "created", "cwd", "model",
-        "task", "turn_start", "pending", "answered", "subscriptions",
+        "id", "agent_key", "seq", "log", "log_bytes", "journal", "created", "cwd", "model",
+        "task", "turn_start", "pending", "answered", "subscriptions", "configure_id", "configured", "refused",
+        "announced_id",
     )
 
     def __init__(self, session_id: str, journal: Journal | None = None) -> None:
+        # What frontends call the session: the daemon's uuid, or the id the agent gave it
+        # in session_configured (a resumed rollout's). The agent knows it by ``agent_key``,
+        # the daemon's uuid, for as long as it lives.
         self.id = session_id
+        self.agent_key = session_id
         self.seq = 0
         # (seq, body frame), oldest first, consecutive; bounded by LOG_EVENTS and LOG_BYTES.
         self.log: collections.deque = collections.deque()
@@ -213,6 +225,12 @@ class Session:
         # Answered requests, oldest first (bounded by ANSWERED_KEPT).
         self.answered: collections.OrderedDict[str, _Approval] = collections.OrderedDict()
         self.subscriptions: dict[bytes, Subscription] = {}
+        # The configure_session that created it; refused: it answered with an error and
+        # no session_configured (the agent lets go of it, and it is not listed meanwhile).
+        self.configure_id: str | None = None
+        self.configured = False
+        self.refused = False
+        self.announced_id: str | None = None
 
     # ---------------------------------------------------------------- events
 
@@ -286,8 +304,15 @@ class Session:
             self.pending.clear()
         elif kind in _APPROVAL_REQUESTS and head.msg.call_id:
             self.pending[head.msg.call_id] = _Approval(head.id, head.msg.call_id)
-        elif kind == "session_configured" and head.msg.model:
-            self.model = head.msg.model
+        elif kind == "session_configured":
+            self.configured = True
+            self.refused = False
+            if head.msg.model:
+                self.model = head.msg.model
+            if head.msg.session_id:
+                self.announced_id = head.msg.session_id
+        if kind == "error" and not self.configured and head.id == self.configure_id:
+            self.refused = True
 
     @property
     def state(self) -> str:
@@ -418,6 +443,9 @@ class Sessions:
         self.journal_dir = journal_dir
         self.max_sessions = MAX_SESSIONS
         self.sessions: dict[str, Session] = {}
+        # A session's earlier id (the daemon's uuid) -> its id now, for sessions that took
+        # their resumed rollout's id: frontends and the agent may still use the first one.
+        self.aliases: dict[str, str] = {}
         # session id -> the routing identities of its frontends, for sessions closed lately (bounded).
         self.closed: collections.OrderedDict[str, list[bytes]] = collections.OrderedDict()
         # The agent process's peer once it said hello (candidate), then serve (agent).
@@ -441,7 +469,7 @@ class Sessions:
         op = submission.op
         created = False
         if head.session:
-            session = self.sessions.get(head.session)
+            session = self._get(head.session)
             if session is None:
                 return self._tell(peer, head, submission.id, f"unknown session {head.session}")
         elif op.type != "configure_session":
@@ -452,24 +480,25 @@ class Sessions:
                               f"the daemon hosts {self.max_sessions} sessions already; shut some down")
         else:
             session = self._create()
+            session.configure_id = submission.id
             created = True
             log.info("session created", session=session.id, frontend=peer.name)
         if op.type == "configure_session" and op.cwd:
             session.cwd = op.cwd
         if peer.identity not in session.subscriptions:
             self._send_attached(self._subscribe(peer, session), head.corr, session.seq)
-        parts = [wire.header(wire.SUBMIT, head.corr, session=session.id), body]
+        parts = [wire.header(wire.SUBMIT, head.corr, session=session.agent_key), body]
         if op.type in _APPROVAL_ANSWERS and op.id:
             self._answer_approval(peer, head, session, submission, parts)
         elif not self._forward(session, submission.id, parts) and created:
             # The agent never heard of it (the error event said why): no session is left behind.
-            del self.sessions[session.id]
+            self._drop(session)
             self._forget(session)
             log.info("session refused", session=session.id, frontend=peer.name)
 
     def on_attach(self, peer: Peer, head: wire.Header, frames: list) -> None:
         """Subscribe ``peer`` from the event ``head.seq`` asks for (re-positioning it if it was)."""
-        session = self.sessions.get(head.session)
+        session = self._get(head.session)
         if session is None:
             return self._tell(peer, head, "", f"unknown session {head.session}")
         wanted = session.start_for(head.seq)
@@ -489,7 +518,7 @@ class Sessions:
         """Answer ``sessions`` with every session's :class:`~broker.wire.frames.SessionInfo`."""
         router = self.router
         listing = wire.SessionList(
-            sessions=[session.info() for session in self.sessions.values()],
+            sessions=[session.info() for session in self.sessions.values() if not session.refused],
             frontends=sum(1 for p in router.callers.values() if p.role == wire.ROLE_FRONTEND),
             executors=len(router.executors),
         )
@@ -497,7 +526,7 @@ class Sessions:
 
     def on_ack(self, peer: Peer, head: wire.Header, frames: list) -> None:
         """A session ack (``session`` set, no ``corr``): credit, and resume a frontend catching up."""
-        session = self.sessions.get(head.session)
+        session = self._get(head.session)
         sub = session.subscriptions.get(peer.identity) if session is not None else None
         if sub is None:
             return  # detached, or the session ended, while the ack was on its way
@@ -508,7 +537,7 @@ class Sessions:
     def caught_up(self, peer: Peer) -> None:
         """A frontend that was behind is no longer: credit the acks it sent meanwhile."""
         for session_id in list(peer.sessions):
-            session = self.sessions.get(session_id)
+            session = self._get(session_id)
             sub = session.subscriptions.get(peer.identity) if session is not None else None
             if sub is not None:
                 self._credit(sub)
@@ -524,6 +553,37 @@ class Sessions:
         if not sub.live and not sub.scheduled:
             self._pump(sub)
 
+    def _get(self, session_id: str) -> Session | None:
+        """The session known by ``session_id``, its id now or the one it had first."""
+        session = self.sessions.get(session_id)
+        if session is None and session_id in self.aliases:
+            session = self.sessions.get(self.aliases[session_id])
+        return session
+
+    def _drop(self, session: Session) -> None:
+        self.sessions.pop(session.id, None)
+        self.aliases.pop(session.agent_key, None)
+
+    def _adopt_id(self, session: Session) -> None:
+        """The agent gave the session another id (it resumed a rollout): frontends call it
+        that from now on. The event that said so went out under the old one, which stays
+        an alias, so a frontend that has not seen it yet still reaches the session."""
+        new_id, session.announced_id = session.announced_id, None
+        if new_id is None or new_id == session.id:
+            return
+        if new_id in self.sessions or new_id in self.aliases:
+            log.warning("session keeps its id: the one it announced is taken", session=session.id, announced=new_id)
+            return
+        old_id = session.id
+        del self.sessions[old_id]
+        self.sessions[new_id] = session
+        session.id = new_id
+        self.aliases[session.agent_key] = new_id
+        for sub in session.subscriptions.values():
+            sub.peer.sessions.discard(old_id)
+            sub.peer.sessions.add(new_id)
+        log.info("session takes its rollout's id", session=new_id, was=old_id)
+
     def _create(self) -> Session:
         session_id = str(uuid.uuid4())
         journal = Journal(self.journal_dir, session_id) if self.journal_dir is not None else None
@@ -538,11 +598,13 @@ class Sessions:
         return sub
 
     def _unsubscribe(self, peer: Peer, session_id: str) -> None:
-        session = self.sessions.get(session_id)
+        session = self._get(session_id)
         sub = session.subscriptions.pop(peer.identity, None) if session is not None else None
         if sub is not None:
             self._deactivate(sub)
         peer.sessions.discard(session_id)
+        if session is not None:
+            peer.sessions.discard(session.id)
 
     def _deactivate(self, sub: Subscription) -> None:
         sub.active = False
@@ -605,7 +667,7 @@ class Sessions:
     def on_event(self, peer: Peer, head: wire.Header, frames: list) -> None:
         if peer is not self.agent:
             return self.router.reply_error(peer, head.corr, "only the daemon's agent process may send events")
-        session = self.sessions.get(head.session)
+        session = self._get(head.session)
         if session is None:
             identities = self.closed.get(head.session)
             if identities is None:
@@ -620,14 +682,18 @@ class Sessions:
                     self.router.send(frontend, [identity, hdr, frames[2]])
             return
         self._publish(session, frames[2])
+        if session.announced_id is not None:
+            self._adopt_id(session)
 
     def on_closed(self, peer: Peer, head: wire.Header, frames: list) -> None:
         if peer is not self.agent:
             return self.router.reply_error(peer, head.corr, "only the daemon's agent process may close sessions")
-        session = self.sessions.pop(head.session, None)
+        session = self._get(head.session)
         if session is None:
             return
-        self.closed[session.id] = list(session.subscriptions)
+        self._drop(session)
+        # Late answers come from the agent under its key for the session.
+        self.closed[session.agent_key] = list(session.subscriptions)
         if len(self.closed) > RECENTLY_CLOSED:
             self.closed.popitem(last=False)
         for sub in session.subscriptions.values():
@@ -786,6 +852,7 @@ class Sessions:
         unnumbered for those still catching up (they will never get there)."""
         sessions = list(self.sessions.values())
         self.sessions.clear()
+        self.aliases.clear()
         for session in sessions:
             self._publish_error(session, "", message)
             for sub in session.subscriptions.values():

@@ -50,7 +50,7 @@ import enum
 import math
 import re
 import uuid
-from typing import Annotated, Any, ClassVar
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar
 
 import msgspec
 from msgspec import UNSET, UnsetType
@@ -102,6 +102,16 @@ _APPROVAL_ALIASES = {
     "unless-allow-listed": AskForApproval.UNTRUSTED,
     "auto-edit": AskForApproval.ON_REQUEST,
 }
+
+
+# ``ConfigureSession.approval_policy`` is decoded as a string and made an
+# :class:`AskForApproval` by the Struct's ``__post_init__``, so that the seeds' older names
+# (``unless-allow-listed``, ``auto-edit``) are taken as the aliases they are; encoding
+# writes the policy's own name. Type checkers see the enum.
+if TYPE_CHECKING:
+    WireApprovalPolicy = AskForApproval
+else:
+    WireApprovalPolicy = str
 
 
 def parse_approval_policy(value: str) -> AskForApproval:
@@ -393,8 +403,15 @@ class ConfigureSession(_Op, tag="configure_session", kw_only=True):
     """Unset: the default, ``medium``, for models that reason."""
     model_reasoning_summary: ReasoningSummary | UnsetType = UNSET
     """Unset: the default, ``auto``."""
+    user_instructions: str | UnsetType = UNSET
+    """The later Codex's name for the user's instructions, as the frontend already put
+    them together (with ``AGENTS.md``): taken as they are. When set, ``instructions`` and
+    the project docs are not read."""
+    base_instructions: str | UnsetType = UNSET
+    """Replaces the built-in instructions (Codex's ``base_instructions`` override)."""
     instructions: str | None = None
-    approval_policy: AskForApproval
+    """The earlier Codex's user instructions; ``AGENTS.md`` found from ``cwd`` is added."""
+    approval_policy: WireApprovalPolicy
     sandbox_policy: SandboxPolicy
     disable_response_storage: bool = False
     """Send the full context with every request instead of relying on stored responses."""
@@ -429,6 +446,9 @@ class ConfigureSession(_Op, tag="configure_session", kw_only=True):
     mcp_servers: list[McpServerConfig] | UnsetType = UNSET
     """sluice's own: the MCP servers whose tools the session offers (the frontend's
     ``[mcp_servers]``; Codex reads them from its config in-process)."""
+
+    def __post_init__(self) -> None:
+        self.approval_policy = parse_approval_policy(self.approval_policy)
 
     def __repr__(self) -> str:
         def shown(name: str, value: object) -> str:
@@ -530,6 +550,15 @@ class TokenCountEvent(_EventMsg, tag="token_count", kw_only=True):
 
 class AgentMessageEvent(_EventMsg, tag="agent_message"):
     message: str
+
+
+class UserMessageEvent(_EventMsg, tag="user_message", omit_defaults=True):
+    """What the user asked (later Codex's ``user_message``): the text of one
+    ``user_input``, its parts joined by newlines, and its images (``data:`` URIs, or the
+    paths of local ones) when there are any."""
+
+    message: str
+    images: list[str] | None = None
 
 
 class AgentMessageDeltaEvent(_EventMsg, tag="agent_message_delta"):
@@ -676,6 +705,7 @@ EventMsg = (
     | TaskCompleteEvent
     | TokenCountEvent
     | AgentMessageEvent
+    | UserMessageEvent
     | AgentMessageDeltaEvent
     | AgentReasoningEvent
     | AgentReasoningDeltaEvent

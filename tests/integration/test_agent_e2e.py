@@ -44,6 +44,9 @@ def test_session_over_the_daemon(daemon_factory, tmp_path) -> None:
             response(assistant("Wrote it.")),
             # 3: interrupted mid-command.
             response(call("shell", {"command": ["bash", "-c", f"echo go; {' '.join(sleeper)}"]}, "c3")),
+            # 4: 100 KB of output: every byte in the deltas, the end event capped.
+            response(call("shell", {"command": ["bash", "-c", "head -c 102400 /dev/zero | tr '\\0' x"]}, "c4")),
+            response(assistant("Big.")),
         )
 
         async def main():
@@ -78,11 +81,21 @@ def test_session_over_the_daemon(daemon_factory, tmp_path) -> None:
                 assert live_processes(sleeper)
                 await h.submit(Interrupt())
                 assert h.tags(sub_id, deltas=False)[-3:] == ["exec_command_end", "error", "turn_aborted"]
+                # What it printed before the interrupt, not empty strings.
+                end = h.of("exec_command_end", sub_id)[-1]
+                assert (end.exit_code, end.stdout, end.aggregated_output) == (130, "go\n", "go\n")
                 for _ in range(1000):
                     if not live_processes(sleeper):
                         break
                     await asyncio.sleep(0.01)
                 assert not live_processes(sleeper), "the interrupted command's tree survived"
+
+                sub_id = await h.say("print a lot")
+                assert (await h.done(sub_id, timeout=30)).msg.last_agent_message == "Big."
+                streamed = b"".join(d.chunk for d in h.of("exec_command_output_delta", sub_id))
+                assert streamed == b"x" * 102400
+                end = h.of("exec_command_end", sub_id)[0]
+                assert end.stdout == end.aggregated_output == "x" * 5120 and end.stderr == ""
             finally:
                 await runner.aclose()
 

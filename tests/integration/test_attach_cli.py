@@ -122,10 +122,15 @@ def test_exec_detach_then_attach_since_0_sees_the_whole_turn(fe, server, work) -
     events = json_events(p.stdout)
     assert [e.seq for e in events] == list(range(1, len(events) + 1))
     tags = [tag(e) for e in events]
-    assert tags[:2] == ["session_configured", "task_started"] and tags[-1] == "task_complete"
+    # What was asked is replayed like the rest: later Codex's user_message.
+    assert tags[:3] == ["session_configured", "task_started", "user_message"] and tags[-1] == "task_complete"
+    assert json.loads(lines[2])["msg"] == {"type": "user_message", "message": "say hi"}
     for expected in ("exec_command_begin", "exec_command_output_delta", "exec_command_end", "agent_message"):
         assert expected in tags
     assert events[-1].msg.last_agent_message == "Said hi."
+    # And a person attaching sees it as one line.
+    shown = fe.run("attach", session_id, "--until-idle", "--since", "0")
+    assert shown.returncode == 0 and "\nuser: say hi\n" in shown.stderr, shown.stderr
 
     # exec --session (by a prefix) joins live: nothing of the first turn again.
     server.script(response(assistant("Again.")))

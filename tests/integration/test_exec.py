@@ -146,6 +146,7 @@ def test_tool_call_runs_sandboxed_and_the_model_gets_its_output(fe, server, work
     # Token counts once, at the end of the turn: both requests' summed.
     assert p.stderr.count("tokens: ") == 1
     assert p.stderr.endswith("tokens: 24 in (8 cached), 14 out (4 reasoning), 38 total\n")
+    assert "user: list the files" not in p.stderr  # what the person just typed is not echoed
     assert last.read_text() == "There are two files."
     assert not os.path.exists(escaped)
 
@@ -318,9 +319,9 @@ def test_ctrl_c_kills_the_command_and_resume_answers_the_dangling_call_aborted(f
     p = fe.run("-c", f'experimental_resume="{rollout}"', "--approval-policy", "never", "-C", str(work), "go on")
     assert p.returncode == 0, p.stderr
     assert p.stdout == "Picking up where we left off.\n"
-    # The daemon's name for the new session stays (frontends attach to it); the
-    # conversation goes on in the resumed rollout file.
-    assert session_id_of(p.stderr) != session_id
+    # The session is the rollout's again, as in Codex (the daemon calls it that too);
+    # the conversation goes on in the resumed rollout file.
+    assert session_id_of(p.stderr) == session_id
     assert len(list((agent_home / "sessions").rglob("rollout-*.jsonl"))) == rollouts
     body = server.requests[-1]["json"]
     assert outputs_of(body)["c1"] == "aborted"

@@ -140,7 +140,8 @@ def test_killed_agent_is_reported_and_replaced(daemon_factory, tmp_path) -> None
             time.sleep(0.01)
         (pid,) = agent_pids(handle)
         os.kill(pid, signal.SIGKILL)
-        (error,) = collect(session, "error")
+        user_message, error = collect(session, "error")
+        assert tag(user_message) == "user_message" and user_message.msg.message == "wait"
         assert error.msg.message.startswith("the agent process died (killed by signal 9)")
         release.set()
 
@@ -150,3 +151,61 @@ def test_killed_agent_is_reported_and_replaced(daemon_factory, tmp_path) -> None
         assert collect(again, "task_complete")[-1].msg.last_agent_message == "Back."
         (new_pid,) = agent_pids(handle)
         assert new_pid != pid
+
+
+def test_a_resumed_rollout_keeps_its_session_id_and_the_daemon_uses_it(dmn, server, tmp_path, home) -> None:
+    server.script(response(assistant("First.")), response(assistant("Resumed.")), response(assistant("Third.")))
+    client = dmn.client()
+    first = client.open_session(configure_op(server, str(tmp_path)))
+    original = first.id
+    first.submit(UserInput([TextInput("hi")]))
+    collect(first, "task_complete")
+    first.submit(Shutdown())
+    collect(first, "shutdown_complete")
+    (rollout,) = (home / "sessions").rglob(f"rollout-*-{original}.jsonl")
+
+    resumed = client.open_session(configure_op(server, str(tmp_path), resume_path=str(rollout)))
+    uuid_given = resumed.id
+    configured = collect(resumed, "session_configured")[-1]
+    # As in Codex: the session is the rollout's, and the daemon calls it that from now on.
+    assert str(configured.msg.session_id) == original != uuid_given
+    assert resumed.id == original
+    listed = [info.id for info in client.list_sessions().sessions]
+    assert original in listed and uuid_given not in listed
+    resumed.submit(UserInput([TextInput("again")]))
+    events = collect(resumed, "task_complete")
+    assert events[-1].msg.last_agent_message == "Resumed."
+    assert [e.seq for e in events] == list(range(configured.seq + 1, configured.seq + 1 + len(events)))
+
+    # Another frontend attaches by that id and gets the whole stream (the journal's and
+    # the memory log's), session_configured included; submitting by it works too.
+    other = dmn.client()
+    watcher = other.attach(original, since=0)
+    replay = collect(watcher, "task_complete")
+    assert [e.seq for e in replay] == list(range(1, len(replay) + 1))
+    assert str(replay[0].msg.session_id) == original and watcher.id == original
+    assert [e.msg.message for e in replay if tag(e) == "user_message"] == ["again"]
+    watcher.submit(UserInput([TextInput("from the other one")]))
+    assert collect(watcher, "task_complete")[-1].msg.last_agent_message == "Third."
+    assert collect(resumed, "task_complete")[-1].msg.last_agent_message == "Third."
+    # The first id still reaches it (a frontend that had not seen session_configured yet).
+    assert other.attach(uuid_given, since=None).info.id == original
+    resumed.submit(Shutdown())
+    collect(resumed, "shutdown_complete")
+
+
+@pytest.mark.parametrize("bad", ["relative cwd", "unreadable op"])
+def test_a_session_whose_configuration_failed_is_not_listed(dmn, server, tmp_path, bad) -> None:
+    client = dmn.client()
+    if bad == "relative cwd":
+        op = configure_op(server, "relative/dir")
+    else:
+        op = configure_op(server, str(tmp_path), model=123)  # the agent cannot read it
+    session = client.open_session(op)
+    (error,) = collect(session, "error")
+    assert "cwd is not absolute" in error.msg.message if bad == "relative cwd" else "model" in error.msg.message
+    assert session.id not in [info.id for info in client.list_sessions().sessions]
+    # Nor is it there for long: it is forgotten, not only hidden.
+    session.submit(UserInput([TextInput("hello?")]))
+    (gone,) = collect(session, "error")
+    assert gone.msg.message == f"unknown session {session.id}"

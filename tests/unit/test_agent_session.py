@@ -28,6 +28,7 @@ from broker.wire.protocol import (
     Compact,
     ExecApproval,
     GetHistoryEntryRequest,
+    ImageInput,
     Interrupt,
     ModelProviderInfo,
     PatchApproval,
@@ -35,6 +36,7 @@ from broker.wire.protocol import (
     Shutdown,
     TextInput,
     UserInput,
+    UserMessageEvent,
     WireApi,
     encode_json,
 )
@@ -116,7 +118,7 @@ def test_user_input_runs_a_task_with_text_tokens_and_instructions(server, tmp_pa
         done = await h.done(sub_id)
         assert tag(done) == "task_complete" and done.msg.last_agent_message == "Hello there."
         assert h.tags(sub_id) == [
-            "task_started", "agent_reasoning_delta", "agent_reasoning_delta", "agent_message_delta",
+            "task_started", "user_message", "agent_reasoning_delta", "agent_reasoning_delta", "agent_message_delta",
             "agent_message_delta", "agent_reasoning", "agent_message", "token_count", "task_complete",
         ]
         assert [m.delta for m in h.of("agent_message_delta")] == ["Hello ", "there."]
@@ -165,7 +167,7 @@ def test_shell_call_streams_output_and_answers_the_model(server, tmp_path) -> No
         sub_id = await h.say("list")
         assert (await h.done(sub_id)).msg.last_agent_message == "Two files."
         assert h.tags(sub_id) == [
-            "task_started",
+            "task_started", "user_message",
             "exec_command_begin", "exec_command_output_delta", "exec_command_output_delta", "exec_command_end",
             "token_count",
             "exec_command_begin", "exec_command_output_delta", "exec_command_output_delta", "exec_command_end",
@@ -211,7 +213,8 @@ def test_long_output_is_cut_for_the_model_only(server, tmp_path) -> None:
         streamed = b"".join(d.chunk for d in h.of("exec_command_output_delta"))
         assert streamed.decode() == lines
         end = h.of("exec_command_end")[0]
-        assert end.stdout == lines and end.aggregated_output == lines and end.exit_code == 2
+        # The end event carries the first 5 KiB, as the seed caps it: the deltas had it all.
+        assert end.stdout == lines[:5 * 1024] and end.aggregated_output == lines[:5 * 1024] and end.exit_code == 2
         return end.formatted_output
 
     formatted = run(main)
@@ -244,7 +247,7 @@ def test_unknown_function_bad_arguments_and_plan(server, tmp_path) -> None:
         (update,) = h.of("plan_update", sub_id)
         assert update.explanation == "Start small."
         assert [(p.step, str(p.status)) for p in update.plan] == [("read", "completed"), ("fix", "in_progress")]
-        assert h.tags(sub_id, deltas=False) == ["task_started", "plan_update", "token_count", "agent_message",
+        assert h.tags(sub_id, deltas=False) == ["task_started", "user_message", "plan_update", "token_count", "agent_message",
                                                 "token_count", "task_complete"]
 
     run(main)
@@ -286,7 +289,7 @@ def test_apply_patch_tool_and_heredoc_form_with_turn_diff(server, tmp_path) -> N
         await h.done(sub_id)
         assert not runner.runs  # the agent applies patches itself
         assert h.tags(sub_id, deltas=False) == [
-            "task_started", "patch_apply_begin", "patch_apply_end", "token_count", "turn_diff",
+            "task_started", "user_message", "patch_apply_begin", "patch_apply_end", "token_count", "turn_diff",
             "patch_apply_begin", "patch_apply_end", "token_count", "turn_diff",
             "agent_message", "token_count", "task_complete",
         ]
@@ -306,6 +309,34 @@ def test_apply_patch_tool_and_heredoc_form_with_turn_diff(server, tmp_path) -> N
     assert output == {"output": "Success. Updated the following files:\nA hello.txt\n",
                       "metadata": {"exit_code": 0, "duration_seconds": 0.0}}
     assert json.loads(outputs_of(server.requests[2]["json"])["p2"])["output"].endswith("M hello.txt\n")
+
+
+def test_freeform_apply_patch_custom_tool_call_is_applied_and_others_answered(server, tmp_path) -> None:
+    # Codex's freeform apply_patch: a Responses custom_tool_call whose input is the patch.
+    patch = add_file("free.txt", "Free")
+    server.script(
+        response({"type": "custom_tool_call", "id": "ctc_1", "status": "completed", "call_id": "p1",
+                  "name": "apply_patch", "input": patch},
+                 {"type": "custom_tool_call", "call_id": "x1", "name": "web_browse", "input": "anything"}),
+        response(assistant("Patched.")),
+    )
+
+    async def main():
+        h = Harness(server, FakeRunner(), tmp_path)
+        await h.configure(sandbox_policy=cwd_only_policy())
+        sub_id = await h.say("patch it")
+        await h.done(sub_id)
+        assert (h.cwd / "free.txt").read_text() == "Free\n"
+        assert [e.call_id for e in h.of("patch_apply_end")] == ["p1"] and h.of("patch_apply_end")[0].success
+        assert "turn_diff" in h.tags(sub_id)
+
+    run(main)
+    second = server.requests[1]["json"]["input"]
+    assert second[1] == {"type": "custom_tool_call", "call_id": "p1", "name": "apply_patch", "input": patch}
+    outputs = {i["call_id"]: i for i in second if i["type"] == "custom_tool_call_output"}
+    assert json.loads(outputs["p1"]["output"])["output"] == "Success. Updated the following files:\nA free.txt\n"
+    assert outputs["x1"]["output"] == "unsupported custom tool call: web_browse"
+    assert not [i for i in second if i["type"] == "function_call_output"]
 
 
 def test_malformed_or_inapplicable_patch_goes_back_to_the_model(server, tmp_path) -> None:
@@ -487,7 +518,7 @@ def test_sandbox_denial_asks_to_retry_unsandboxed(server, tmp_path) -> None:
         await h.submit(ExecApproval(sub_id, ReviewDecision.APPROVED))
         await h.done(sub_id)
         assert h.tags(sub_id, deltas=False) == [
-            "task_started", "exec_command_begin", "exec_command_end", "background_event", "exec_approval_request",
+            "task_started", "user_message", "exec_command_begin", "exec_command_end", "background_event", "exec_approval_request",
             "background_event", "exec_command_begin", "exec_command_end", "token_count", "agent_message",
             "token_count", "task_complete",
         ]
@@ -560,6 +591,8 @@ def test_interrupt_mid_command_cancels_it_and_answers_the_call_aborted(server, t
         assert h.tags(sub_id, deltas=False)[-4:] == ["exec_command_begin", "exec_command_end", "error", "turn_aborted"]
         end = h.of("exec_command_end")[0]
         assert (end.call_id, end.exit_code, end.formatted_output) == ("c1", 130, "aborted")
+        # What it printed before it was stopped, as streamed, not empty strings.
+        assert (end.stdout, end.stderr, end.aggregated_output) == ("started\n", "", "started\n")
         assert h.of("error", sub_id)[-1].message == "Turn interrupted"
         assert not h.session.running and "task_complete" not in h.tags(sub_id)
         # Interrupting with nothing running says nothing.
@@ -649,7 +682,7 @@ def test_model_retries_are_announced_and_failures_end_the_task(server, tmp_path)
         sub_id = await h.say("again")
         failed = await h.done(sub_id)
         assert tag(failed) == "error" and failed.msg.message == "unexpected status 401 Unauthorized: bad key"
-        assert h.tags(sub_id) == ["task_started", "error"] and not h.session.running
+        assert h.tags(sub_id) == ["task_started", "user_message", "error"] and not h.session.running
 
     run(main)
 
@@ -743,6 +776,82 @@ def test_rollout_written_redacted_and_resumed(server, tmp_path) -> None:
     # The resumed session kept writing to the same file.
     assert read_rollout(path).items[-1]["content"][0]["text"] == "Still here."
     assert len(list((tmp_path / "home" / "sessions").rglob("rollout-*.jsonl"))) == 1
+
+
+def test_a_named_session_resuming_takes_the_rollouts_id_and_a_held_rollout_is_refused(server, tmp_path) -> None:
+    server.script(response(assistant("One.")), response(assistant("Two.")))
+    named = uuid.uuid4()
+
+    async def main():
+        first = Harness(server, FakeRunner(), tmp_path)
+        await first.configure()
+        await first.done(await first.say("hi"))
+        path = first.session.rollout.path
+        # While the first session holds its rollout, nobody else resumes it (two writers,
+        # one id): an error after session_configured, and a fresh session.
+        other = Harness(server, FakeRunner(), tmp_path, session_id=named)
+        sub_id = await other.submit(other.configure_op(resume_path=str(path)))
+        assert other.tags(sub_id) == ["session_configured", "error"]
+        assert "is in use by another session" in other.last(sub_id).msg.message
+        assert other.session.session_id == named
+        await first.submit(Shutdown())
+        # Let go of, it is resumed, and the session is the rollout's, as in Codex, even
+        # when the daemon named it (the daemon learns the id from session_configured).
+        resumed = Harness(server, FakeRunner(), tmp_path, session_id=named)
+        event = await resumed.configure(resume_path=str(path))
+        assert event.msg.session_id == first.session.session_id == resumed.session.session_id != named
+        await resumed.done(await resumed.say("again"))
+        # Configured again with its own rollout: it lets go of it and takes it back.
+        event = await resumed.configure(resume_path=str(path))
+        assert tag(event) == "session_configured" and tag(resumed.events[-1]) == "session_configured"
+        await resumed.submit(Shutdown())
+
+    run(main)
+
+
+def test_user_instructions_and_base_instructions_of_later_codex(server, tmp_path) -> None:
+    server.script(response(assistant("a")), response(assistant("b")))
+
+    async def main():
+        h = Harness(server, FakeRunner(), tmp_path)
+        (h.cwd / "AGENTS.md").write_text("Project doc: use tabs.\n")
+        # user_instructions come as the frontend put them together: taken as they are,
+        # AGENTS.md not read again; base_instructions replace the built-in ones.
+        await h.configure(user_instructions="Be terse.", base_instructions="You are TestBot.", instructions="old")
+        await h.done(await h.say("hi"))
+        await h.configure()  # neither: the built-in instructions, the old field and AGENTS.md
+        await h.done(await h.say("again"))
+
+    run(main)
+    first, second = (r["json"]["instructions"] for r in server.requests)
+    assert first.startswith("You are TestBot.\n\nBe terse.\n\n") and "Environment:" in first
+    assert "use tabs" not in first and "old" not in first
+    assert not second.startswith("You are TestBot.") and "use tabs" in second
+
+
+def test_every_user_input_is_a_user_message_event(server, tmp_path) -> None:
+    release = threading.Event()
+    server.script(gated(response(call("shell", {"command": ["true"]}, "c1")), release),
+                  response(assistant("done")))
+
+    async def main():
+        h = Harness(server, FakeRunner(), tmp_path)
+        await h.configure()
+        first = await h.submit(UserInput([TextInput("line one\nline two"), TextInput("more"),
+                                          ImageInput("data:image/png;base64,AAAA")]))
+        await h.until("task_started")
+        second = await h.say("and also this")  # joins the running task
+        release.set()
+        await h.done(first)
+        messages = [(e.id, e.msg) for e in h.events if tag(e) == "user_message"]
+        assert messages == [(first, UserMessageEvent("line one\nline two\nmore", ["data:image/png;base64,AAAA"])),
+                            (first, UserMessageEvent("and also this"))]
+        assert second != first
+        assert encode_json(h.events[[tag(e) for e in h.events].index("user_message")]).decode() == (
+            f'{{"id":"{first}","msg":{{"type":"user_message","message":"line one\\nline two\\nmore",'
+            '"images":["data:image/png;base64,AAAA"]}}')
+
+    run(main)
 
 
 def test_resume_from_a_bad_file_is_an_error_after_configured(server, tmp_path) -> None:
@@ -915,7 +1024,7 @@ def test_input_as_the_task_ends_starts_the_next_task(server, tmp_path, monkeypat
         hold["release"].set()
         assert (await h.done(first)).msg.last_agent_message == "first"
         assert (await h.done(second)).msg.last_agent_message == "second"
-        assert [tag(e) for e in h.events if e.id == second] == ["task_started", "agent_message_delta",
+        assert [tag(e) for e in h.events if e.id == second] == ["task_started", "user_message", "agent_message_delta",
                                                                 "agent_message", "token_count", "task_complete"]
 
     run(main)

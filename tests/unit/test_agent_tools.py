@@ -107,3 +107,12 @@ def test_normalize_and_aborted_outputs() -> None:
         ("function_call", "a"), ("function_call_output", "a"), ("function_call", "b"),
         ("function_call_output", "b"), ("local_shell_call", "c"), ("function_call_output", "c")]
     assert fixed[1]["output"] == "aborted" and with_aborted_outputs(fixed) == fixed
+    # A freeform call (custom_tool_call) left dangling is answered in its own kind.
+    custom = [{"type": "custom_tool_call", "call_id": "d", "name": "apply_patch", "input": "x"},
+              {"type": "custom_tool_call", "call_id": "e", "name": "apply_patch", "input": "y"},
+              {"type": "custom_tool_call_output", "call_id": "e", "output": "ok"}]
+    assert [(i["type"], i["call_id"]) for i in with_aborted_outputs(custom)] == [
+        ("custom_tool_call", "d"), ("custom_tool_call_output", "d"), ("custom_tool_call", "e"),
+        ("custom_tool_call_output", "e")]
+    assert normalize({"type": "custom_tool_call", "id": "ctc_1", "status": "completed", "call_id": "d",
+                      "name": "apply_patch", "input": "x"}) == custom[0]

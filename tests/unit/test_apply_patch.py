@@ -805,7 +805,11 @@ def test_turn_diff_paths_relative_to_cwd_without_git(tmp_path):
     action = verified(tmp_path, "*** Delete File: g.txt")
     outside.on_patch_begin(action)
     assert apply_action(action).success
-    assert outside.get_unified_diff().startswith(f"diff --git a/{tmp_path}/g.txt b/{tmp_path}/g.txt\n")
+    # Outside any git root and the cwd: the absolute path, without a doubled slash.
+    rel = str(tmp_path).lstrip("/")
+    diff = outside.get_unified_diff()
+    assert diff.startswith(f"diff --git a/{rel}/g.txt b/{rel}/g.txt\n") and "a//" not in diff
+    assert f"\n--- a/{rel}/g.txt\n+++ /dev/null\n" in diff
 
 
 def test_turn_diff_baseline_is_the_first_touch(tmp_path):

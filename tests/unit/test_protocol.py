@@ -68,6 +68,7 @@ from broker.wire.protocol import (
     TurnDiffEvent,
     UpdateFileChange,
     UserInput,
+    UserMessageEvent,
     WireApi,
     decode_event_json,
     decode_event_msgpack,
@@ -213,6 +214,16 @@ EVENTS = {
     "agent_message": (
         AgentMessageEvent("All green.\n"),
         '{"type":"agent_message","message":"All green.\\n"}',
+    ),
+    # Later Codex's user_message: what was asked; images only when there are any.
+    "user_message": (
+        UserMessageEvent("list the files"),
+        '{"type":"user_message","message":"list the files"}',
+    ),
+    "user_message_with_images": (
+        UserMessageEvent("what is this?\nand this?", ["data:image/png;base64,AAAA", "/w/shot.png"]),
+        '{"type":"user_message","message":"what is this?\\nand this?",'
+        '"images":["data:image/png;base64,AAAA","/w/shot.png"]}',
     ),
     "agent_message_delta": (
         AgentMessageDeltaEvent("All "),
@@ -611,11 +622,38 @@ def test_parse_approval_policy_refuses_with_one_line(value):
     assert "untrusted, on-failure, on-request, never" in message
 
 
-def test_approval_policy_on_the_wire_is_strict():
-    with pytest.raises(ProtocolError, match="approval_policy"):
-        decode_submission_json(
-            SUBMISSIONS["configure_session"][1].replace('"on-request"', '"unless-allow-listed"')
-        )
+@pytest.mark.parametrize(
+    ("older", "policy"),
+    [("unless-allow-listed", AskForApproval.UNTRUSTED), ("auto-edit", AskForApproval.ON_REQUEST)],
+)
+@pytest.mark.parametrize("decode", [decode_submission_json, lambda data: decode_submission_msgpack(
+    encode_msgpack(msgspec.json.decode(data)))])
+def test_approval_policy_on_the_wire_takes_the_seeds_older_names(older, policy, decode):
+    # The seeds' protocol.rs spells these; they arrive as the aliases they are and are
+    # written back under the policy's own name.
+    sub = decode(SUBMISSIONS["configure_session"][1].replace('"on-request"', f'"{older}"'))
+    assert sub.op.approval_policy is policy
+    assert encode_json(sub) == SUBMISSIONS["configure_session"][1].replace('"on-request"', f'"{policy}"').encode()
+
+
+@pytest.mark.parametrize("value", ['"sometimes"', '"Auto-Edit"', "3", "null"])
+def test_approval_policy_on_the_wire_refuses_other_values_in_one_line(value):
+    with pytest.raises(ProtocolError) as info:
+        decode_submission_json(SUBMISSIONS["configure_session"][1].replace('"on-request"', value))
+    message = str(info.value)
+    assert "\n" not in message and ("approval policy" in message or "approval_policy" in message)
+
+
+def test_configure_session_takes_the_later_codex_instruction_fields():
+    data = SUBMISSIONS["configure_session"][1].replace(
+        '"instructions":null,',
+        '"user_instructions":"be terse","base_instructions":"You are a test agent.","instructions":null,')
+    sub = decode_submission_json(data)
+    assert sub.op.user_instructions == "be terse" and sub.op.base_instructions == "You are a test agent."
+    assert encode_json(sub) == data.encode()
+    # Written only when set: the earlier shape stays byte for byte.
+    assert encode_json(decode_submission_json(SUBMISSIONS["configure_session"][1])) == (
+        SUBMISSIONS["configure_session"][1].encode())
 
 
 # -- sandbox policy --------------------------------------------------------------------
