@@ -150,6 +150,11 @@ def stop_daemon(runtime: RuntimeDir | None = None, *, timeout: float = 10.0) -> 
     pid = daemon_pid(runtime)
     if pid is None:
         return None
+    holders = lock_holders(runtime)
+    if holders is not None and pid not in holders:
+        # A pid file names what wrote it, but a signal must reach the daemon, nothing else.
+        raise DaemonError(f"process {pid} named in {runtime.path} does not hold the daemon's lock "
+                          f"({runtime.lock_path}): it is not the daemon, so it was not signalled")
     try:
         os.kill(pid, signal.SIGTERM)
     except ProcessLookupError:
@@ -162,6 +167,36 @@ def stop_daemon(runtime: RuntimeDir | None = None, *, timeout: float = 10.0) -> 
         if not _wait_gone(pid, 5.0):
             raise DaemonError(f"the daemon (pid {pid}) did not exit")
     return pid
+
+
+def lock_holders(runtime: RuntimeDir) -> set[int] | None:
+    """The pids holding an flock on the runtime dir's ``daemon.lock`` (as /proc/locks
+    tells), an empty set when nobody holds it; None where that cannot be told (no
+    /proc/locks)."""
+    dir_fd = _checked_dir(runtime)
+    if dir_fd is None:
+        return set()
+    try:
+        st = os.stat("daemon.lock", dir_fd=dir_fd, follow_symlinks=False)
+    except OSError:
+        return set()
+    finally:
+        os.close(dir_fd)
+    try:
+        with open("/proc/locks", encoding="ascii", errors="replace") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    wanted = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    holders = set()
+    for line in lines:
+        fields = line.split()
+        # "1: FLOCK  ADVISORY  WRITE 1234 00:2a:5678 0 EOF"; "1: -> FLOCK ..." is a waiter.
+        if len(fields) < 6 or fields[1] != "FLOCK" or fields[5] != wanted:
+            continue
+        with contextlib.suppress(ValueError):
+            holders.add(int(fields[4]))
+    return holders
 
 
 def _wait_gone(pid: int, timeout: float) -> bool:

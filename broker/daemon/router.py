@@ -42,6 +42,8 @@ it says ``serve``, and it is pinged like an executor: one that stops answering i
 from __future__ import annotations
 
 import hmac
+import os
+import time
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Protocol
@@ -55,6 +57,7 @@ from broker.daemon.sessions import Sessions
 from broker.net.logging import Throttle
 from broker.net.peer import DEAD_AFTER_HEARTBEATS, HELLO_FIRST
 from broker.wire import frames as wire
+from broker.wire import version
 
 log = structlog.get_logger(component="router")
 
@@ -92,6 +95,7 @@ FRAME_COUNT = {
     wire.ATTACH: 1,
     wire.DETACH: 1,
     wire.SESSIONS: 1,
+    wire.STATUS: 1,
 }
 # The daemon starts the routing identity of every peer that came over the network
 # (tcp, CurveZMQ) with this byte, and strips it when sending. libzmq's own identities
@@ -300,6 +304,10 @@ class Router:
         self._lost: list[Peer] = []
         self._next_peer = 0
         self._throttle = Throttle(log)
+        # What ``status`` answers beyond the router's own state: set by the daemon
+        # (socket, listen, log, runtime_dir, executors_wanted as DaemonInfo's fields).
+        self.about: dict = {}
+        self.started = time.monotonic()
         self._executor_handlers = {
             wire.STARTED: self._on_call_event,
             wire.OUT: self._on_call_event,
@@ -327,6 +335,7 @@ class Router:
             wire.ATTACH: self.sessions.on_attach,
             wire.DETACH: self.sessions.on_detach,
             wire.SESSIONS: self.sessions.on_list,
+            wire.STATUS: self._on_status,
         }
         self._agent_handlers = {
             **caller_handlers,
@@ -466,8 +475,9 @@ class Router:
         log.info(
             "peer joined", role=peer.role, name=peer.name, pid=peer.pid, peer_id=peer_id,
             slots=peer.slots or None, spawned=spawned or None, key=key or None,
+            version=hello.sluice_version or None,
         )
-        welcome = wire.Welcome(peer_id=peer_id, heartbeat_s=self.heartbeat_s)
+        welcome = wire.Welcome(peer_id=peer_id, heartbeat_s=self.heartbeat_s, sluice_version=version.SLUICE_VERSION)
         self._send(peer, [identity, *wire.message(wire.WELCOME, corr, welcome)])
         if peer.role == wire.ROLE_EXECUTOR:
             self._dispatch()
@@ -476,6 +486,30 @@ class Router:
 
     def _on_second_hello(self, peer: Peer, head: wire.Header, frames: list) -> None:
         self._reply_error(peer, head.corr, "already said hello")
+
+    def _on_status(self, peer: Peer, head: wire.Header, frames: list) -> None:
+        """Answer ``status`` with a :class:`~broker.wire.frames.DaemonInfo`."""
+        executors = []
+        for executor in self.executors.values():
+            interactive = sum(1 for call in executor.calls.values() if call.interactive)
+            executors.append(wire.ExecutorInfo(
+                name=executor.name, pid=executor.pid, remote=bool(executor.key), slots=executor.slots,
+                busy=len(executor.calls) - interactive, interactive=interactive))
+        sessions = self.sessions
+        info = wire.DaemonInfo(
+            sluice_version=version.SLUICE_VERSION,
+            pid=os.getpid(),
+            uptime_s=round(time.monotonic() - self.started, 3),
+            executors=executors,
+            queued=len(self.queue),
+            frontends=sum(1 for p in self.callers.values() if p.role == wire.ROLE_FRONTEND),
+            sessions=len(sessions.sessions),
+            max_sessions=sessions.max_sessions,
+            journal_bytes=sessions.journal_bytes(),
+            agent_running=sessions.agent is not None,
+            **self.about,
+        )
+        self._send(peer, [peer.identity, *wire.message(wire.STATUS, head.corr, info)])
 
     # ------------------------------------------------------- caller -> executor
 
