@@ -149,7 +149,6 @@ from __future__ import annotations
 import msgspec
 
 from broker.wire.results import shell_returncode
-from broker.wire.version import SLUICE_VERSION
 from landlock_helper.limits import Limits
 from landlock_helper.policy import DiskWriteFolder, SandboxPolicy
 
@@ -239,7 +238,7 @@ class Hello(msgspec.Struct, frozen=True):
     version: int = PROTOCOL_VERSION
     # sluice's release (broker.wire.version); "" from a peer older than this field.
     # New fields go last with a default: a peer that lacks them decodes the rest.
-    sluice_version: str = SLUICE_VERSION
+    sluice_version: str = ""
 
 
 class Welcome(msgspec.Struct, frozen=True):

@@ -42,7 +42,9 @@ def test_versions_cross_the_wire_without_breaking_older_peers() -> None:
     assert from_old.sluice_version == ""
     hello = wire.decode(wire.HELLO, msgspec.msgpack.encode(_OldHello(role="frontend", token="t")))
     assert hello.sluice_version == ""
-    assert wire.Hello(role="frontend", token="t").sluice_version == SLUICE_VERSION
+    from broker.net.peer import hello as peer_hello
+
+    assert wire.decode(wire.HELLO, peer_hello("frontend", "t", "x")[1]).sluice_version == SLUICE_VERSION
 
 
 def test_version_order() -> None:
