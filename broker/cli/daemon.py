@@ -41,7 +41,7 @@ def daemon_main(args) -> int:
     if args.action is None:
         try:
             return serve(runtime, executors=capped_executors(args.executors), log_json=True if args.log_json else None,
-                         listen=listen, suspend_limit_s=args.suspend_limit)
+                         listen=listen, suspend_limit_s=args.suspend_limit, executor_wait_s=args.executor_wait)
         except DaemonAlreadyRunning as e:
             return fail(str(e) or f"a daemon is already running in {runtime.path}", 1)
         except (RuntimeDirError, ListenError) as e:
@@ -77,6 +77,8 @@ def daemon_main(args) -> int:
         extra.append("--log-json")
     if args.suspend_limit is not None:
         extra += ["--suspend-limit", f"{args.suspend_limit:g}"]
+    if args.executor_wait is not None:
+        extra += ["--executor-wait", f"{args.executor_wait:g}"]
     extra += listen_argv(args)
     try:
         pid = C.start_daemon(runtime, args=extra)

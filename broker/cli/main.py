@@ -166,6 +166,8 @@ def _parser():
     daemon.add_argument("--log-json", action="store_true", help="log JSON lines (default: JSON when not a terminal)")
     daemon.add_argument("--suspend-limit", metavar="SECONDS", type=whole_number(1, "a number of seconds"), default=None,
                         help="how long a stopped (Ctrl-Z) frontend keeps its commands running (default: 3600)")
+    daemon.add_argument("--executor-wait", metavar="SECONDS", type=whole_number(1, "a number of seconds"), default=None,
+                        help="how long a command waits while no executor is connected before it fails (default: 30)")
     # The network options' module is the only command module the parser needs.
     from broker.cli.keys import add_keys_parser, add_listen_args
 

@@ -15,7 +15,16 @@ import stat
 import sys
 
 import broker.client as C
-from broker.cli.base import USAGE_RUN, command_of, env_report, fail, print_error, remote_from_args, write_all
+from broker.cli.base import (
+    USAGE_RUN,
+    announce,
+    command_of,
+    env_report,
+    fail,
+    print_error,
+    remote_from_args,
+    write_all,
+)
 from broker.cli.terminal import NOT_A_TERMINAL, RawTerminal, is_terminal, window_size
 from broker.net.runtime import sluice_home
 from broker.wire.results import EXIT_NOT_FOUND, EXIT_SIGNAL_BASE, EXIT_SLUICE, EXIT_USAGE, new_call_id
@@ -67,6 +76,7 @@ def run_main(args) -> int:
     except C.DaemonError as e:
         out.error(str(e))
         return fail(str(e), EXIT_SLUICE)
+    announce(client)
 
     signum = None
     with client, client.catch_signals():

@@ -145,6 +145,8 @@ class Client:
         self.peer_id = welcome.peer_id
         # The daemon's sluice release ("" from a daemon older than that field).
         self.daemon_version = welcome.sluice_version
+        # The pid of the daemon :meth:`connect` started in the background for us, if it did.
+        self.started_daemon: int | None = None
         self.heartbeat_s = welcome.heartbeat_s if welcome.heartbeat_s > 0 else 1.0
         self._sock = sock
         self._calls: dict[str, Call] = {}
@@ -191,8 +193,10 @@ class Client:
             return cls._handshake(runtime, deadline, name)
         if not autostart:
             raise DaemonError(f"no daemon is running in {runtime.path}; start one with `sluice daemon start`")
-        start_daemon(runtime, timeout=max(0.0, deadline - time.monotonic()), _probe=False)
-        return cls._handshake(runtime, deadline, name)
+        pid = start_daemon(runtime, timeout=max(0.0, deadline - time.monotonic()), _probe=False)
+        client = cls._handshake(runtime, deadline, name)
+        client.started_daemon = pid
+        return client
 
     @classmethod
     def _remote_handshake(cls, remote, deadline: float, name: str) -> Client:

@@ -39,7 +39,7 @@ import zmq
 from broker.daemon.gate import ConnectionGate
 from broker.daemon.journal import reset_directory
 from broker.daemon.listener import AllowList, HandshakeLog, ZapHandler, bind_listener, listener_socket
-from broker.daemon.router import HEARTBEAT_S, REMOTE, SUSPEND_LIMIT_S, Router
+from broker.daemon.router import EXECUTOR_WAIT_S, HEARTBEAT_S, REMOTE, SUSPEND_LIMIT_S, Router
 from broker.daemon.sessions import max_sessions
 from broker.daemon.supervisor import AgentSupervisor, ExecutorPool
 from broker.net.fdlimit import raise_fd_limit
@@ -87,7 +87,7 @@ class DaemonAlreadyRunning(RuntimeError):
 
 
 def serve(runtime: RuntimeDir, *, executors: int | None = None, log_json: bool | None = None, listen=None,
-          suspend_limit_s: float | None = None) -> int:
+          suspend_limit_s: float | None = None, executor_wait_s: float | None = None) -> int:
     """Run the daemon in the foreground until SIGTERM/SIGINT; returns the exit code.
 
     ``executors=None`` spawns one executor per CPU; ``0`` spawns none (executors may
@@ -125,6 +125,8 @@ def serve(runtime: RuntimeDir, *, executors: int | None = None, log_json: bool |
             if problem:
                 log.warning(f"{problem}; commands cannot be kept from creating it")
             daemon = _Daemon(runtime, dir_fd, executors, listen, fd_limit, suspend_limit_s)
+            if executor_wait_s is not None:
+                daemon.executor_wait_s = executor_wait_s
             daemon.log_path = runtime.log_path if log_file is not None else "stderr"
             try:
                 daemon.bind()
@@ -215,6 +217,7 @@ class _Daemon:
         self.zap = None
         self.token = ""
         self.log_path = "stderr"
+        self.executor_wait_s = EXECUTOR_WAIT_S
 
     def bind(self) -> None:
         rt = self.runtime
@@ -301,7 +304,8 @@ class _Daemon:
             loop.add_signal_handler(signum, stop.set)
 
         gate = ConnectionGate(self.fd_limit)
-        router = Router(self.token, defer=loop.call_soon, gate=gate, suspend_limit_s=self.suspend_limit_s)
+        router = Router(self.token, defer=loop.call_soon, gate=gate, suspend_limit_s=self.suspend_limit_s,
+                        executor_wait_s=self.executor_wait_s)
         pool = ExecutorPool(self.runtime, self.executors, router.executor_died, loop, hide=self._hidden())
         router.supervisor = pool
         router.about = dict(socket=self.runtime.endpoint, listen=self.tcp_endpoint, log=self.log_path,
