@@ -342,7 +342,25 @@ def _last_log_line(runtime: RuntimeDir) -> str:
     if tail is None:
         return f"(no log at {runtime.log_path})"
     lines = [ln for ln in tail.decode("utf-8", "replace").splitlines() if ln.strip()]
-    return wire.one_line(lines[-1]) if lines else f"(empty log {runtime.log_path})"
+    return wire.one_line(_readable(lines[-1])) if lines else f"(empty log {runtime.log_path})"
+
+
+def _readable(line: str) -> str:
+    """A log line for a person: a JSON line's event (and error), else the line."""
+    if not line.startswith("{"):
+        return line
+    import json
+
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return line
+    if not isinstance(record, dict) or "event" not in record:
+        return line
+    text = str(record["event"])
+    if record.get("error"):
+        text += f": {record['error']}"
+    return text
 
 
 def _log_tail(runtime: RuntimeDir, size: int = 8192) -> bytes | None:
