@@ -11,6 +11,8 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+import zmq
+
 from broker.client.errors import DaemonError
 from broker.client.handshake import hello
 from broker.net.runtime import (
@@ -103,7 +105,13 @@ def start_daemon(
     pid = wait_serving(runtime, deadline, proc)
     if _probe:
         sock, outcome = hello(runtime.endpoint, runtime.read_token(), deadline)
-        sock.close(linger=0)
+        if isinstance(outcome, wire.Welcome):
+            # Said goodbye, so the daemon does not count this probe as a client until it times out.
+            with contextlib.suppress(Exception):
+                sock.send_multipart([wire.header(wire.BYE)], flags=zmq.NOBLOCK)
+            sock.close(linger=200)
+        else:
+            sock.close(linger=0)
         if outcome is None:
             raise DaemonError(f"the daemon did not answer within {timeout:g} s; see {runtime.log_path}")
         if not isinstance(outcome, wire.Welcome):
