@@ -78,6 +78,11 @@ def connect_client(args, *, name: str, autostart: bool = True):
     return client
 
 
+def running_version(version: str) -> str:
+    """How a peer's sluice version reads in a sentence ("" from one too old to tell)."""
+    return f"sluice {version}" if version else "an older sluice (one that does not tell its version)"
+
+
 def announce(client) -> None:
     """What a person should know about the daemon a command just connected to, one line
     each on stderr: that it was started in the background just now (and how to stop it),
@@ -92,7 +97,7 @@ def announce(client) -> None:
         where = "the daemon" if client.remote is None else f"the daemon at {client.remote.endpoint}"
         how = ("restart it to use this version: `sluice daemon stop`, then run your command again (or "
                "`sluice daemon start`)") if client.remote is None else "restart it there to use this version"
-        print_error(f"{where} runs sluice {client.daemon_version or 'older than 0.1.0'}, this command is "
+        print_error(f"{where} runs {running_version(client.daemon_version)}, this command is "
                     f"{SLUICE_VERSION}: {how}")
 
 

@@ -8,7 +8,7 @@ import sys
 import time
 
 import broker.client as C
-from broker.cli.base import fail
+from broker.cli.base import fail, running_version
 from broker.cli.keys import listen_argv, listen_from_args
 from broker.daemon.listener import ListenError
 from broker.daemon.server import DaemonAlreadyRunning, serve
@@ -100,10 +100,19 @@ def _status(runtime: RuntimeDir, as_json: bool) -> int:
             print(f"sluice: {status.describe()}", flush=True)
         return EXIT_NOT_RUNNING
     try:
-        with C.Client.connect(runtime, autostart=False, name="sluice daemon status") as client:
-            info = client.daemon_info()
+        client = C.Client.connect(runtime, autostart=False, name="sluice daemon status")
     except C.DaemonError as e:
         return fail(f"{e} (daemon pid {status.pid})", EXIT_SLUICE)
+    with client:
+        try:
+            info = client.daemon_info()
+        except C.DaemonError as e:
+            if version_key(client.daemon_version) >= version_key(SLUICE_VERSION):
+                return fail(f"{e} (daemon pid {status.pid})", EXIT_SLUICE)
+            # A daemon from before the status request: what the runtime dir tells, and why no more.
+            print(f"sluice: {status.describe()}; it runs {running_version(client.daemon_version)}, "
+                  f"which cannot tell more: restart it (`sluice daemon stop`, then `sluice daemon start`)", flush=True)
+            return 0
     if as_json:
         import msgspec
 
@@ -148,8 +157,7 @@ def describe_info(info) -> str:
         interactive = sum(e.interactive for e in executors)
         return f"{busy} of {slots} slots busy, {interactive} interactive"
 
-    version = info.sluice_version or "older than 0.1.0"
-    lines = [f"sluice daemon {version} running (pid {info.pid}, up {_duration(info.uptime_s)})"]
+    lines = [f"sluice daemon {info.sluice_version or '(version not told)'} running (pid {info.pid}, up {_duration(info.uptime_s)})"]
     row = lines.append
     row(f"  socket:     {info.socket}")
     row(f"  listening:  {info.listen or 'no (local socket only)'}")
