@@ -82,6 +82,7 @@ def test_daemon_status_tells_what_the_daemon_runs(daemon_factory, sluice) -> Non
     daemon = daemon_factory.start(executors=2)
     env = daemon.env_for_children()
     client = daemon.client()
+    wait_for(lambda: len(client.daemon_info().executors) == 2, what="both executors to join")
     busy = client.submit(["sleep", "30"], sandbox="read-only", cwd="/")
     shell = client.submit(["cat"], sandbox="read-only", cwd="/", stdin=True, interactive=True)
     wait_for(lambda: client.poll(0.05) >= 0 and busy.started and shell.started, what="both commands started")
