@@ -46,16 +46,19 @@ def parse_args(argv: list[str] | None = None, prog: str = "python -m executor") 
         def error(self, message):  # one line instead of usage + message
             raise _UsageError(f"{message} (see `{self.prog} --help`)")
 
-    p = Parser(prog=prog, description="Run sandboxed commands for a sluice broker.")
-    p.add_argument("--connect", required=True, metavar="ENDPOINT",
-                   help="the broker: ipc://PATH (with --token-file) or tcp://HOST:PORT (with --server-key and --key)")
-    p.add_argument("--token-file", metavar="PATH", help="ipc: the file holding the broker's auth token")
-    p.add_argument("--server-key", metavar="FILE", help="tcp: the daemon's public key file")
-    p.add_argument("--key", metavar="FILE", help="tcp: this executor's key pair (NAME.key_secret from `sluice keys new`)")
+    p = Parser(prog=prog, description="Run sandboxed commands for a sluice daemon on another host, joining its "
+                                      "executor pool over tcp (the daemon started with --listen and "
+                                      "--allow-executors).")
+    p.add_argument("--connect", required=True, metavar="tcp://HOST:PORT",
+                   help="the daemon (with --server-key and --key)")
+    p.add_argument("--server-key", metavar="FILE", help="the daemon's public key file")
+    p.add_argument("--key", metavar="FILE", help="this executor's key pair (NAME.key_secret from `sluice keys new`)")
     p.add_argument("--name", default="", help="this executor's name (default: host:pid)")
     p.add_argument("--slots", type=_slots, default=DEFAULT_SLOTS, help="commands run at once (default %(default)s)")
-    p.add_argument("--hide", action="append", default=[], metavar="PATH", help="path commands must not see (repeatable)")
-    p.add_argument("--die-with-parent", action="store_true", help="get SIGKILLed when the parent process dies")
+    # How the daemon starts its own executors (ipc://, a token file); not for people.
+    p.add_argument("--token-file", metavar="PATH", help=argparse.SUPPRESS)
+    p.add_argument("--hide", action="append", default=[], metavar="PATH", help=argparse.SUPPRESS)
+    p.add_argument("--die-with-parent", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.connect.startswith("tcp://"):
         if args.token_file:

@@ -49,6 +49,7 @@ removes the cgroups and exits; nobody waits for that.)
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import errno
 import fcntl
@@ -492,8 +493,45 @@ def _fork_with_socket(sndbuf: int = 0) -> tuple[int, socket.socket, socket.socke
         raise SandboxError(f"cannot fork: {(e.strerror or str(e)).lower()}") from None
 
 
+# What ``ps`` shows for the sandbox's init (its pid 1): a short name, not the command line
+# of the process it was forked from (an executor's, with its token file's path).
+INIT_NAME = b"sluice-init"
+PR_SET_NAME = 15
+# Where this process's command line lies in its memory: (start, end), read once here,
+# before the forks, and the same in every child forked from us.
+_argv_area: tuple[int, int] | None = None
+
+
+def _find_argv_area() -> tuple[int, int]:
+    global _argv_area
+    if _argv_area is None:
+        try:
+            with open("/proc/self/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+            # proc(5): arg_start and arg_end are fields 48 and 49; these are from field 3 on.
+            _argv_area = (int(fields[45]), int(fields[46]))
+        except (OSError, IndexError, ValueError):
+            _argv_area = (0, 0)
+    return _argv_area
+
+
+def _rename_self(name: bytes) -> None:
+    """Make this process show as ``name``: its comm (``ps -o comm``, ``top``) and its
+    command line (``ps -ef``). The command line is rewritten in place, in the memory the
+    kernel reads /proc/PID/cmdline from (ours, copied at fork): the name, then zeros to the
+    end, so nothing of the old one is left. Best effort: a kernel that shows no area is left be."""
+    comm = ctypes.create_string_buffer(name[:15])
+    _libc.prctl(PR_SET_NAME, ctypes.addressof(comm))
+    start, end = _find_argv_area()
+    if not start or end - start <= len(name):
+        return
+    ctypes.memset(start, 0, end - start)
+    ctypes.memmove(start, name, len(name))
+
+
 def _make_warm(template: _Template, *, reap: bool) -> _Warm:
     """Fork a supervisor (and through it init and command) from this process."""
+    _find_argv_area()
     reported_r = reported_w = None
     if template.cgroups:
         reported_r, reported_w = os.pipe2(os.O_CLOEXEC)
@@ -945,6 +983,7 @@ def _supervisor(template: _Template, parent: int, ctl: int, reported: int | None
 
 def _init(template: _Template, ctl: int, join_fds: list[int]) -> None:
     _die_with_parent(None)
+    _rename_self(INIT_NAME)
     signal.pthread_sigmask(signal.SIG_BLOCK, _INIT_WAITED)
     view = mounts.prepare(template.hidden_paths, template.scratch)
     # The command hands its seccomp listener over on this channel; we answer its connects.

@@ -71,9 +71,34 @@ def connect_client(args, *, name: str, autostart: bool = True):
 
     remote = remote_from_args(args)
     try:
-        return C.Client.connect(autostart=autostart, remote=remote, name=name)
+        client = C.Client.connect(autostart=autostart, remote=remote, name=name)
     except C.DaemonError as e:
         raise CliExit(fail(str(e), EXIT_SLUICE)) from None
+    announce(client)
+    return client
+
+
+def running_version(version: str) -> str:
+    """How a peer's sluice version reads in a sentence ("" from one too old to tell)."""
+    return f"sluice {version}" if version else "an older sluice (one that does not tell its version)"
+
+
+def announce(client) -> None:
+    """What a person should know about the daemon a command just connected to, one line
+    each on stderr: that it was started in the background just now (and how to stop it),
+    and that it runs an older sluice than this command (and how to restart it)."""
+    from broker.wire.version import SLUICE_VERSION, version_key
+
+    if client.started_daemon is not None and client.runtime is not None:
+        print_error(f"started the sluice daemon in the background (pid {client.started_daemon}, log "
+                    f"{client.runtime.log_path}); it keeps running for the next commands: stop it with "
+                    "`sluice daemon stop`")
+    if version_key(client.daemon_version) < version_key(SLUICE_VERSION):
+        where = "the daemon" if client.remote is None else f"the daemon at {client.remote.endpoint}"
+        how = ("restart it to use this version: `sluice daemon stop`, then run your command again (or "
+               "`sluice daemon start`)") if client.remote is None else "restart it there to use this version"
+        print_error(f"{where} runs {running_version(client.daemon_version)}, this command is "
+                    f"{SLUICE_VERSION}: {how}")
 
 
 def write_all(fd: int, data) -> None:

@@ -71,7 +71,10 @@ def _parser():
                        help="keep stdin attached even when it is a terminal (lines typed reach the command, "
                             "Ctrl-D ends them); -it for a terminal both ways")
 
+    from broker.wire.version import SLUICE_VERSION
+
     parser = Parser(prog="sluice", description="Run commands sandboxed, streamed and interruptible through the sluice daemon.")
+    parser.add_argument("--version", action="version", version=f"sluice {SLUICE_VERSION}")
     sub = parser.add_subparsers(dest="subcommand", metavar="{run,exec,sessions,attach,bridge,mcp,sandbox,daemon,keys,executor}", parser_class=Parser)
 
     run = sub.add_parser("run", usage=USAGE_RUN, help="run a command through the daemon",
@@ -151,13 +154,20 @@ def _parser():
 
     daemon = sub.add_parser("daemon", help="run the daemon in the foreground, or start/stop/status it in the background",
                             description="Without an action: run the daemon in the foreground. "
-                                        "start: in the background; stop: stop it; status: exit 0 if running, 3 if not.")
-    daemon.add_argument("action", nargs="?", choices=("start", "stop", "status"), default=None)
+                                        "start: in the background; stop: stop it; status: what it runs (exit 0 "
+                                        "if running, 3 if not); logs: its log (a daemon started in the background).")
+    daemon.add_argument("action", nargs="?", choices=("start", "stop", "status", "logs"), default=None)
+    daemon.add_argument("--json", action="store_true", help="status: one JSON object")
+    daemon.add_argument("-n", "--lines", metavar="N", type=count, default=20, help="logs: the last N lines (default 20)")
+    daemon.add_argument("-f", "--follow", action="store_true", help="logs: then follow it until Ctrl-C")
     daemon.add_argument("--executors", metavar="N", type=count, default=None,
-                        help="executor processes (default: CPU count; 0: only executors that connect themselves)")
+                        help="executor processes (default: CPU count, at most 4 per CPU; 0: only executors that "
+                             "connect themselves)")
     daemon.add_argument("--log-json", action="store_true", help="log JSON lines (default: JSON when not a terminal)")
     daemon.add_argument("--suspend-limit", metavar="SECONDS", type=whole_number(1, "a number of seconds"), default=None,
                         help="how long a stopped (Ctrl-Z) frontend keeps its commands running (default: 3600)")
+    daemon.add_argument("--executor-wait", metavar="SECONDS", type=whole_number(1, "a number of seconds"), default=None,
+                        help="how long a command waits while no executor is connected before it fails (default: 30)")
     # The network options' module is the only command module the parser needs.
     from broker.cli.keys import add_keys_parser, add_listen_args
 

@@ -15,7 +15,16 @@ import stat
 import sys
 
 import broker.client as C
-from broker.cli.base import USAGE_RUN, command_of, env_report, fail, print_error, remote_from_args, write_all
+from broker.cli.base import (
+    USAGE_RUN,
+    announce,
+    command_of,
+    env_report,
+    fail,
+    print_error,
+    remote_from_args,
+    write_all,
+)
 from broker.cli.terminal import NOT_A_TERMINAL, RawTerminal, is_terminal, window_size
 from broker.net.runtime import sluice_home
 from broker.wire.results import EXIT_NOT_FOUND, EXIT_SIGNAL_BASE, EXIT_SLUICE, EXIT_USAGE, new_call_id
@@ -67,6 +76,7 @@ def run_main(args) -> int:
     except C.DaemonError as e:
         out.error(str(e))
         return fail(str(e), EXIT_SLUICE)
+    announce(client)
 
     signum = None
     with client, client.catch_signals():
@@ -99,6 +109,10 @@ def run_main(args) -> int:
     out.end(result)
     if result.limit:
         print_error(result.limit)
+    elif signum is None and not args.json and is_terminal(2):
+        ending = describe_ending(result, args.timeout_ms)
+        if ending:
+            print_error(ending)
     if signum is not None:
         return EXIT_SIGNAL_BASE + signum
     if out.stdout_closed:
@@ -113,6 +127,23 @@ def run_main(args) -> int:
     if result.stdout_dropped or result.stderr_dropped:
         pass  # streaming mode shows everything; the captured copy is what was capped
     return result.returncode
+
+
+def describe_ending(result, timeout_ms: int | None) -> str | None:
+    """One line for a person on a command that timed out or was killed by a signal (said
+    on a terminal only: the exit code alone, 124 or 128+N, is easy to miss there)."""
+    if result.error is not None or result.aborted:
+        return None
+    if result.timed_out:
+        after = f" after {timeout_ms} ms" if timeout_ms else ""
+        return f"timed out{after} (--timeout-ms): the command and its processes were killed (exit 124)"
+    if result.signal is not None:
+        try:
+            name = signal.Signals(result.signal).name
+        except ValueError:
+            name = f"signal {result.signal}"
+        return f"the command was killed by {name} (signal {result.signal}, exit {EXIT_SIGNAL_BASE + result.signal})"
+    return None
 
 
 # How much of our stdin one read takes (a pipe holds 64 KiB; a file gives what is asked).

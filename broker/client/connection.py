@@ -143,6 +143,10 @@ class Client:
         self.runtime = runtime
         self.remote = remote
         self.peer_id = welcome.peer_id
+        # The daemon's sluice release ("" from a daemon older than that field).
+        self.daemon_version = welcome.sluice_version
+        # The pid of the daemon :meth:`connect` started in the background for us, if it did.
+        self.started_daemon: int | None = None
         self.heartbeat_s = welcome.heartbeat_s if welcome.heartbeat_s > 0 else 1.0
         self._sock = sock
         self._calls: dict[str, Call] = {}
@@ -159,6 +163,8 @@ class Client:
         self._ready_fds: tuple[int, ...] = ()
         # Agent sessions this client submitted to (broker.client.sessions), made on first use.
         self._sessions = None
+        # ``status`` requests in flight: corr -> the answer's body, or an error message (str).
+        self._asked: dict[str, object] = {}
 
     # -- connecting ---------------------------------------------------------------------
 
@@ -187,8 +193,10 @@ class Client:
             return cls._handshake(runtime, deadline, name)
         if not autostart:
             raise DaemonError(f"no daemon is running in {runtime.path}; start one with `sluice daemon start`")
-        start_daemon(runtime, timeout=max(0.0, deadline - time.monotonic()), _probe=False)
-        return cls._handshake(runtime, deadline, name)
+        pid = start_daemon(runtime, timeout=max(0.0, deadline - time.monotonic()), _probe=False)
+        client = cls._handshake(runtime, deadline, name)
+        client.started_daemon = pid
+        return client
 
     @classmethod
     def _remote_handshake(cls, remote, deadline: float, name: str) -> Client:
@@ -387,6 +395,32 @@ class Client:
         and executors are connected."""
         self.check_usable()
         return list_sessions(self, timeout=timeout)
+
+    def daemon_info(self, timeout: float = 10.0) -> wire.DaemonInfo:
+        """What the daemon says about itself (:class:`wire.DaemonInfo`): its version, pid,
+        uptime, socket, executors, sessions. :class:`DaemonError` when it does not answer
+        or is too old to know the question."""
+        self.check_usable()
+        corr = new_call_id()
+        self._asked[corr] = None
+        try:
+            self.send_frames([wire.header(wire.STATUS, corr)], block=True)
+            deadline = time.monotonic() + timeout
+            while self._asked[corr] is None:
+                self.check_usable()
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise DaemonError(f"the daemon did not answer the status request within {timeout:g} s")
+                self.poll(remaining)
+            answer = self._asked[corr]
+        finally:
+            self._asked.pop(corr, None)
+        if isinstance(answer, str):
+            raise DaemonError(f"the daemon cannot tell its status: {answer}")
+        try:
+            return wire.decode(wire.STATUS, answer)
+        except wire.WireError as e:
+            raise DaemonError(f"the daemon's status is unreadable: {e}") from None
 
     def session(self, session_id: str):
         """An existing session by id; submitting to it attaches this client."""
@@ -704,6 +738,9 @@ class Client:
         elif kind == wire.SESSIONS:
             if len(frames) >= 2 and self._sessions is not None:
                 self._sessions.on_sessions(h, frames[1].buffer)
+        elif kind == wire.STATUS:
+            if h.corr in self._asked and len(frames) >= 2:
+                self._asked[h.corr] = frames[1].bytes
         elif kind == wire.PING:
             # The nonce echoed: proof for the daemon that everything before the ping arrived.
             self.send_frames([wire.header(wire.PONG, h.corr)], block=False)
@@ -715,6 +752,8 @@ class Client:
             call = self._calls.pop(h.corr, None) if h.corr else None
             if call is not None:
                 call.result = Result(call_id=call.call_id, argv=call.argv, error=message)
+            elif h.corr in self._asked:
+                self._asked[h.corr] = message
             elif h.corr:
                 # A session request of ours, e.g. refused by a daemon too old to know it.
                 if self._sessions is not None:

@@ -11,6 +11,8 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+import zmq
+
 from broker.client.errors import DaemonError
 from broker.client.handshake import hello
 from broker.net.runtime import (
@@ -103,7 +105,13 @@ def start_daemon(
     pid = wait_serving(runtime, deadline, proc)
     if _probe:
         sock, outcome = hello(runtime.endpoint, runtime.read_token(), deadline)
-        sock.close(linger=0)
+        if isinstance(outcome, wire.Welcome):
+            # Said goodbye, so the daemon does not count this probe as a client until it times out.
+            with contextlib.suppress(Exception):
+                sock.send_multipart([wire.header(wire.BYE)], flags=zmq.NOBLOCK)
+            sock.close(linger=200)
+        else:
+            sock.close(linger=0)
         if outcome is None:
             raise DaemonError(f"the daemon did not answer within {timeout:g} s; see {runtime.log_path}")
         if not isinstance(outcome, wire.Welcome):
@@ -150,6 +158,11 @@ def stop_daemon(runtime: RuntimeDir | None = None, *, timeout: float = 10.0) -> 
     pid = daemon_pid(runtime)
     if pid is None:
         return None
+    holders = lock_holders(runtime)
+    if holders is not None and pid not in holders:
+        # A pid file names what wrote it, but a signal must reach the daemon, nothing else.
+        raise DaemonError(f"process {pid} named in {runtime.path} does not hold the daemon's lock "
+                          f"({runtime.lock_path}): it is not the daemon, so it was not signalled")
     try:
         os.kill(pid, signal.SIGTERM)
     except ProcessLookupError:
@@ -162,6 +175,36 @@ def stop_daemon(runtime: RuntimeDir | None = None, *, timeout: float = 10.0) -> 
         if not _wait_gone(pid, 5.0):
             raise DaemonError(f"the daemon (pid {pid}) did not exit")
     return pid
+
+
+def lock_holders(runtime: RuntimeDir) -> set[int] | None:
+    """The pids holding an flock on the runtime dir's ``daemon.lock`` (as /proc/locks
+    tells), an empty set when nobody holds it; None where that cannot be told (no
+    /proc/locks)."""
+    dir_fd = _checked_dir(runtime)
+    if dir_fd is None:
+        return set()
+    try:
+        st = os.stat("daemon.lock", dir_fd=dir_fd, follow_symlinks=False)
+    except OSError:
+        return set()
+    finally:
+        os.close(dir_fd)
+    try:
+        with open("/proc/locks", encoding="ascii", errors="replace") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    wanted = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    holders = set()
+    for line in lines:
+        fields = line.split()
+        # "1: FLOCK  ADVISORY  WRITE 1234 00:2a:5678 0 EOF"; "1: -> FLOCK ..." is a waiter.
+        if len(fields) < 6 or fields[1] != "FLOCK" or fields[5] != wanted:
+            continue
+        with contextlib.suppress(ValueError):
+            holders.add(int(fields[4]))
+    return holders
 
 
 def _wait_gone(pid: int, timeout: float) -> bool:
@@ -307,7 +350,25 @@ def _last_log_line(runtime: RuntimeDir) -> str:
     if tail is None:
         return f"(no log at {runtime.log_path})"
     lines = [ln for ln in tail.decode("utf-8", "replace").splitlines() if ln.strip()]
-    return wire.one_line(lines[-1]) if lines else f"(empty log {runtime.log_path})"
+    return wire.one_line(_readable(lines[-1])) if lines else f"(empty log {runtime.log_path})"
+
+
+def _readable(line: str) -> str:
+    """A log line for a person: a JSON line's event (and error), else the line."""
+    if not line.startswith("{"):
+        return line
+    import json
+
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return line
+    if not isinstance(record, dict) or "event" not in record:
+        return line
+    text = str(record["event"])
+    if record.get("error"):
+        text += f": {record['error']}"
+    return text
 
 
 def _log_tail(runtime: RuntimeDir, size: int = 8192) -> bytes | None:

@@ -15,6 +15,9 @@ from broker.wire import frames as wire
 
 # Blocking sends (run requests) give up after this long: the daemon is not reading.
 SEND_TIMEOUT_MS = 10_000
+# Over tcp: connections refused for this long (nothing listens there) end the attempt.
+REFUSED_FOR_S = 1.0
+_MONITORED = peer.HANDSHAKE_FAILED_EVENTS | zmq.EVENT_CONNECTED | zmq.EVENT_CONNECT_RETRIED
 
 
 def _new_socket(endpoint: str, remote=None, monitor: str | None = None) -> zmq.Socket:
@@ -22,7 +25,7 @@ def _new_socket(endpoint: str, remote=None, monitor: str | None = None) -> zmq.S
     sock = peer.dealer(zmq.Context.instance(), sndhwm=1 << 16, rcvhwm=1 << 20, remote=remote)
     if monitor is not None:
         # Before connecting, so no handshake outcome is missed.
-        sock.monitor(monitor, peer.HANDSHAKE_FAILED_EVENTS)
+        sock.monitor(monitor, _MONITORED)
     sock.setsockopt(zmq.SNDTIMEO, SEND_TIMEOUT_MS)
     sock.connect(endpoint)
     return sock
@@ -61,7 +64,16 @@ def hello(endpoint: str, token: str, deadline: float, name: str = "client", remo
             monitor.close(linger=0)
 
 
-def _handshake_refusal(monitor: zmq.Socket, endpoint: str) -> str | None:
+class _Attempt:
+    """What the monitor said of a tcp connection attempt so far."""
+
+    def __init__(self) -> None:
+        self.started = time.monotonic()
+        self.connected = False
+        self.retried = False
+
+
+def _handshake_refusal(monitor: zmq.Socket, endpoint: str, attempt: _Attempt) -> str | None:
     # Here, not at the top: zmq.utils.monitor imports asyncio, which only tcp clients need.
     from zmq.utils.monitor import recv_monitor_message
 
@@ -69,10 +81,18 @@ def _handshake_refusal(monitor: zmq.Socket, endpoint: str) -> str | None:
         try:
             event = recv_monitor_message(monitor, zmq.NOBLOCK)["event"]
         except zmq.Again:
-            return None
+            break
+        if event == zmq.EVENT_CONNECTED:
+            attempt.connected = True
+        elif event == zmq.EVENT_CONNECT_RETRIED:
+            attempt.retried = True
         refusal = peer.handshake_refusal(event, endpoint)
         if refusal is not None:
             return refusal
+    if attempt.retried and not attempt.connected and time.monotonic() - attempt.started >= REFUSED_FOR_S:
+        return (f"cannot connect to {endpoint}: nothing accepts connections there "
+                "(is a daemon listening there, `sluice daemon --listen`, and is the port right?)")
+    return None
 
 
 def _await_welcome(sock: zmq.Socket, monitor: zmq.Socket | None, endpoint: str, token: str, deadline: float, name: str):
@@ -82,16 +102,19 @@ def _await_welcome(sock: zmq.Socket, monitor: zmq.Socket | None, endpoint: str, 
         pass
     poller = zmq.Poller()
     poller.register(sock, zmq.POLLIN)
+    attempt = _Attempt()
     if monitor is not None:
         poller.register(monitor, zmq.POLLIN)
     while True:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             return sock, None
-        if not poller.poll(int(remaining * 1000) + 1):
-            continue
         if monitor is not None:
-            refusal = _handshake_refusal(monitor, endpoint)
+            # Wake by the time refused connections have lasted long enough to give up.
+            remaining = min(remaining, max(0.05, REFUSED_FOR_S - (time.monotonic() - attempt.started)))
+        poller.poll(int(remaining * 1000) + 1)
+        if monitor is not None:
+            refusal = _handshake_refusal(monitor, endpoint, attempt)
             if refusal is not None:
                 raise DaemonError(refusal)
         while True:

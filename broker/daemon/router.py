@@ -42,6 +42,8 @@ it says ``serve``, and it is pinged like an executor: one that stops answering i
 from __future__ import annotations
 
 import hmac
+import os
+import time
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Protocol
@@ -55,6 +57,7 @@ from broker.daemon.sessions import Sessions
 from broker.net.logging import Throttle
 from broker.net.peer import DEAD_AFTER_HEARTBEATS, HELLO_FIRST
 from broker.wire import frames as wire
+from broker.wire import version
 
 log = structlog.get_logger(component="router")
 
@@ -92,6 +95,7 @@ FRAME_COUNT = {
     wire.ATTACH: 1,
     wire.DETACH: 1,
     wire.SESSIONS: 1,
+    wire.STATUS: 1,
 }
 # The daemon starts the routing identity of every peer that came over the network
 # (tcp, CurveZMQ) with this byte, and strips it when sending. libzmq's own identities
@@ -101,6 +105,11 @@ REMOTE = b"\x01"
 INTERACTIVE_FULL = (f"no executor can host another interactive command (each hosts at most "
                     f"{wire.INTERACTIVE_PER_EXECUTOR}); end some first")
 SHUTDOWN_MESSAGE = "the sluice daemon shut down before this command finished"
+# A run queued while no executor is connected is told so (see :meth:`Router.heartbeat`),
+# and fails after this long by default (``sluice daemon --executor-wait``).
+EXECUTOR_WAIT_S = 30.0
+NO_EXECUTOR = ("no executor is connected to the daemon (`sluice daemon status` shows them); "
+               "this command waits for one")
 
 
 class Supervisor(Protocol):
@@ -115,6 +124,9 @@ class Supervisor(Protocol):
     def restarting(self) -> str | None:
         """One line on executors being restarted, for a command that waits for one."""
 
+    def starting(self) -> bool:
+        """Whether an executor it spawned is on its way (started, not yet said hello)."""
+
 
 class _NoSupervisor:
     def claim(self, peer: Peer) -> bool:
@@ -125,6 +137,9 @@ class _NoSupervisor:
 
     def restarting(self) -> str | None:
         return None
+
+    def starting(self) -> bool:
+        return False
 
 
 class Gate(Protocol):
@@ -200,10 +215,13 @@ class Call:
     """
 
     __slots__ = ("id", "caller", "executor", "frames", "sent", "sent_chunks", "acked", "acked_chunks", "held",
-                 "held_chunks", "interactive")
+                 "held_chunks", "interactive", "queued_at", "noticed")
 
-    def __init__(self, call_id: str, caller: Peer, frames: list, *, interactive: bool = False) -> None:
+    def __init__(self, call_id: str, caller: Peer, frames: list, *, interactive: bool = False, tick: int = 0) -> None:
         self.id = call_id
+        # The router's tick when it was queued; whether its caller was told why it waits.
+        self.queued_at = tick
+        self.noticed = False
         # Takes no slot of its executor (``RunRequest.interactive``).
         self.interactive = interactive
         self.caller: Peer | None = caller
@@ -275,6 +293,7 @@ class Router:
         heartbeat_s: float = HEARTBEAT_S,
         gate: Gate | None = None,
         suspend_limit_s: float = SUSPEND_LIMIT_S,
+        executor_wait_s: float = EXECUTOR_WAIT_S,
     ) -> None:
         self._token = token.encode()
         self._defer = defer
@@ -285,6 +304,9 @@ class Router:
         self.heartbeat_s = heartbeat_s
         self.gate: Gate = gate or _NoGate()
         self.suspend_limit_s = suspend_limit_s
+        self.executor_wait_s = executor_wait_s
+        # Queued calls whose callers have not been told why they wait (no executor).
+        self._unnoticed: list[Call] = []
         # Routing identities of callers dropped for a reason they should hear if they speak
         # again (a stopped frontend resumed too late), instead of "send hello first".
         self._dropped: OrderedDict[bytes, str] = OrderedDict()
@@ -300,6 +322,10 @@ class Router:
         self._lost: list[Peer] = []
         self._next_peer = 0
         self._throttle = Throttle(log)
+        # What ``status`` answers beyond the router's own state: set by the daemon
+        # (socket, listen, log, runtime_dir, executors_wanted as DaemonInfo's fields).
+        self.about: dict = {}
+        self.started = time.monotonic()
         self._executor_handlers = {
             wire.STARTED: self._on_call_event,
             wire.OUT: self._on_call_event,
@@ -327,6 +353,7 @@ class Router:
             wire.ATTACH: self.sessions.on_attach,
             wire.DETACH: self.sessions.on_detach,
             wire.SESSIONS: self.sessions.on_list,
+            wire.STATUS: self._on_status,
         }
         self._agent_handlers = {
             **caller_handlers,
@@ -466,8 +493,9 @@ class Router:
         log.info(
             "peer joined", role=peer.role, name=peer.name, pid=peer.pid, peer_id=peer_id,
             slots=peer.slots or None, spawned=spawned or None, key=key or None,
+            version=hello.sluice_version or None,
         )
-        welcome = wire.Welcome(peer_id=peer_id, heartbeat_s=self.heartbeat_s)
+        welcome = wire.Welcome(peer_id=peer_id, heartbeat_s=self.heartbeat_s, sluice_version=version.SLUICE_VERSION)
         self._send(peer, [identity, *wire.message(wire.WELCOME, corr, welcome)])
         if peer.role == wire.ROLE_EXECUTOR:
             self._dispatch()
@@ -476,6 +504,30 @@ class Router:
 
     def _on_second_hello(self, peer: Peer, head: wire.Header, frames: list) -> None:
         self._reply_error(peer, head.corr, "already said hello")
+
+    def _on_status(self, peer: Peer, head: wire.Header, frames: list) -> None:
+        """Answer ``status`` with a :class:`~broker.wire.frames.DaemonInfo`."""
+        executors = []
+        for executor in self.executors.values():
+            interactive = sum(1 for call in executor.calls.values() if call.interactive)
+            executors.append(wire.ExecutorInfo(
+                name=executor.name, pid=executor.pid, remote=bool(executor.key), slots=executor.slots,
+                busy=len(executor.calls) - interactive, interactive=interactive))
+        sessions = self.sessions
+        info = wire.DaemonInfo(
+            sluice_version=version.SLUICE_VERSION,
+            pid=os.getpid(),
+            uptime_s=round(time.monotonic() - self.started, 3),
+            executors=executors,
+            queued=len(self.queue),
+            frontends=sum(1 for p in self.callers.values() if p.role == wire.ROLE_FRONTEND),
+            sessions=len(sessions.sessions),
+            max_sessions=sessions.max_sessions,
+            journal_bytes=sessions.journal_bytes(),
+            agent_running=sessions.agent is not None,
+            **self.about,
+        )
+        self._send(peer, [peer.identity, *wire.message(wire.STATUS, head.corr, info)])
 
     # ------------------------------------------------------- caller -> executor
 
@@ -501,17 +553,49 @@ class Router:
                 return self._reply_error(peer, call_id, INTERACTIVE_FULL)
         else:
             executor = None if self.queue else self._executor_for(False)
-        call = Call(call_id, peer, frames[1:], interactive=request.interactive)
+        call = Call(call_id, peer, frames[1:], interactive=request.interactive, tick=self.tick)
         self.calls[call_id] = call
         peer.calls[call_id] = call
         if executor is None:
             self.queue.push(call)
             note = self.supervisor.restarting()
             if note:
-                self._send(peer, [peer.identity, *wire.message(wire.NOTICE, call_id, wire.ErrorMsg(
-                    f"{note}; this command waits for it"))])
+                self._notice(call, f"{note}; this command waits for it")
+            elif not self.executors and not self.supervisor.starting():
+                self._notice(call, NO_EXECUTOR)
+            elif not self.executors:
+                self._unnoticed.append(call)  # the heartbeat tells it, should none come
         else:
             self._assign(call, executor)
+
+    def _notice(self, call: Call, note: str) -> None:
+        call.noticed = True
+        caller = call.caller
+        if caller is not None:
+            self._send(caller, [caller.identity, *wire.message(wire.NOTICE, call.id, wire.ErrorMsg(note))])
+
+    def _wait_for_executors(self) -> None:
+        """Each heartbeat: a queued call waiting a second or more while no executor is
+        connected is told so; after ``executor_wait_s`` it fails."""
+        waiting, self._unnoticed = self._unnoticed, []
+        if self.executors:
+            return
+        for call in waiting:
+            if self.calls.get(call.id) is not call or call.executor is not None:
+                continue
+            if self.tick - call.queued_at < 2:
+                self._unnoticed.append(call)
+            elif not call.noticed:
+                self._notice(call, NO_EXECUTOR)
+        limit = self.executor_wait_s / self.heartbeat_s
+        for call in list(self.queue.values()):
+            if self.tick - call.queued_at < limit:
+                break
+            self.queue.remove(call)
+            del self.calls[call.id]
+            self._fail(call, f"no executor joined the daemon within {self.executor_wait_s:g} s; the command "
+                             "did not run (`sluice daemon status` shows the executors; a daemon started with "
+                             "--executors 0 runs commands only on executors that join it)")
 
     def _on_ack(self, peer: Peer, head: wire.Header, frames: list) -> None:
         """Credit for a call's output, passed on to its executor: never more than was
@@ -660,6 +744,8 @@ class Router:
             elif not idle_sweep:
                 continue
             self._ping(caller)
+        if self.queue or self._unnoticed:
+            self._wait_for_executors()
         self.sessions.heartbeat()
         self._throttle.flush()
 

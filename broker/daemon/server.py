@@ -39,12 +39,12 @@ import zmq
 from broker.daemon.gate import ConnectionGate
 from broker.daemon.journal import reset_directory
 from broker.daemon.listener import AllowList, HandshakeLog, ZapHandler, bind_listener, listener_socket
-from broker.daemon.router import HEARTBEAT_S, REMOTE, SUSPEND_LIMIT_S, Router
+from broker.daemon.router import EXECUTOR_WAIT_S, HEARTBEAT_S, REMOTE, SUSPEND_LIMIT_S, Router
 from broker.daemon.sessions import max_sessions
 from broker.daemon.supervisor import AgentSupervisor, ExecutorPool
 from broker.net.fdlimit import raise_fd_limit
 from broker.net.keys import default_keys_dir
-from broker.net.logging import Throttle, configure
+from broker.net.logging import LogFile, Throttle, capture_stdio, configure
 from broker.net.peer import DEAD_AFTER_HEARTBEATS
 from broker.net.runtime import (
     RuntimeDir,
@@ -87,7 +87,7 @@ class DaemonAlreadyRunning(RuntimeError):
 
 
 def serve(runtime: RuntimeDir, *, executors: int | None = None, log_json: bool | None = None, listen=None,
-          suspend_limit_s: float | None = None) -> int:
+          suspend_limit_s: float | None = None, executor_wait_s: float | None = None) -> int:
     """Run the daemon in the foreground until SIGTERM/SIGINT; returns the exit code.
 
     ``executors=None`` spawns one executor per CPU; ``0`` spawns none (executors may
@@ -111,7 +111,13 @@ def serve(runtime: RuntimeDir, *, executors: int | None = None, log_json: bool |
     try:
         lock_fd = _take_lock(runtime, dir_fd)
         try:
-            configure(log_json)
+            log_file = _own_log(dir_fd)
+            if log_file is not None:
+                # Started in the background: the log rotates, and what else reaches our
+                # stderr (our children's, a traceback) goes into it as JSON lines too.
+                capture_stdio(configure(True, stream=log_file))
+            else:
+                configure(log_json)
             fd_limit = raise_fd_limit()
             _give_back_big_buffers()
             # Before any executor starts: hiding it from commands needs it to exist.
@@ -119,6 +125,9 @@ def serve(runtime: RuntimeDir, *, executors: int | None = None, log_json: bool |
             if problem:
                 log.warning(f"{problem}; commands cannot be kept from creating it")
             daemon = _Daemon(runtime, dir_fd, executors, listen, fd_limit, suspend_limit_s)
+            if executor_wait_s is not None:
+                daemon.executor_wait_s = executor_wait_s
+            daemon.log_path = runtime.log_path if log_file is not None else "stderr"
             try:
                 daemon.bind()
                 return asyncio.run(daemon.run())
@@ -142,6 +151,22 @@ def _take_lock(runtime: RuntimeDir, dir_fd: int) -> int:
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
     return fd
+
+
+def _own_log(dir_fd: int) -> LogFile | None:
+    """A :class:`LogFile` for ``daemon.log`` when our stderr is that file (a daemon
+    started in the background by ``sluice daemon start`` or a client); else None."""
+    try:
+        ours = os.fstat(2)
+        there = os.stat("daemon.log", dir_fd=dir_fd, follow_symlinks=False)
+    except OSError:
+        return None
+    if not stat.S_ISREG(ours.st_mode) or (ours.st_dev, ours.st_ino) != (there.st_dev, there.st_ino):
+        return None
+    try:
+        return LogFile(dir_fd, "daemon.log")
+    except OSError:
+        return None
 
 
 def _read_pid(dir_fd: int) -> int | None:
@@ -191,6 +216,8 @@ class _Daemon:
         self.tcp_endpoint = ""
         self.zap = None
         self.token = ""
+        self.log_path = "stderr"
+        self.executor_wait_s = EXECUTOR_WAIT_S
 
     def bind(self) -> None:
         rt = self.runtime
@@ -277,9 +304,12 @@ class _Daemon:
             loop.add_signal_handler(signum, stop.set)
 
         gate = ConnectionGate(self.fd_limit)
-        router = Router(self.token, defer=loop.call_soon, gate=gate, suspend_limit_s=self.suspend_limit_s)
+        router = Router(self.token, defer=loop.call_soon, gate=gate, suspend_limit_s=self.suspend_limit_s,
+                        executor_wait_s=self.executor_wait_s)
         pool = ExecutorPool(self.runtime, self.executors, router.executor_died, loop, hide=self._hidden())
         router.supervisor = pool
+        router.about = dict(socket=self.runtime.endpoint, listen=self.tcp_endpoint, log=self.log_path,
+                            runtime_dir=self.runtime.path, executors_wanted=self.executors)
         agents = AgentSupervisor(self.runtime, router.agent_died, loop)
         router.agent_supervisor = agents
         router.sessions.starter = agents

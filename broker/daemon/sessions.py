@@ -66,8 +66,10 @@ event's id, type, ``call_id``, ``model`` and ``session_id``): the rest, the API 
 from __future__ import annotations
 
 import collections
+import contextlib
 import functools
 import itertools
+import os
 import time
 import uuid
 from typing import TYPE_CHECKING, Protocol
@@ -523,6 +525,21 @@ class Sessions:
             executors=len(router.executors),
         )
         router.send(peer, [peer.identity, *wire.message(wire.SESSIONS, head.corr, listing)])
+
+    def journal_bytes(self) -> int | None:
+        """Bytes the session journals hold on disk; None when journaling is off."""
+        directory = self.journal_dir
+        if directory is None:
+            return None
+        total = 0
+        try:
+            with os.scandir(directory) as entries:
+                for entry in entries:
+                    with contextlib.suppress(OSError):
+                        total += entry.stat(follow_symlinks=False).st_size
+        except OSError:
+            return None
+        return total
 
     def on_ack(self, peer: Peer, head: wire.Header, frames: list) -> None:
         """A session ack (``session`` set, no ``corr``): credit, and resume a frontend catching up."""

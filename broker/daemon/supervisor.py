@@ -176,6 +176,12 @@ class ProcessPool:
         again = " (it keeps dying at start: backing off)" if self._failures.get(name, 0) > 1 else ""
         return f"{self.what} {name} died and is {when}{again}"
 
+    def starting(self) -> bool:
+        """A child started (or due to be) that has not said hello yet."""
+        if self._stopping:
+            return False
+        return bool(self._restarts) or any(worker.peer is None for worker in self.workers.values())
+
     # -------------------------------------------------------- router hooks
 
     def claim(self, peer) -> bool:

@@ -15,14 +15,21 @@ fills ``/tmp``, where a log may live) must not turn every ``log.info`` in the da
 message handlers into an exception. Lines go to the stream through :class:`SafeSink`,
 which drops what cannot be written, counts it, and once a write goes through again
 first writes one line saying how many were lost and why.
+
+A daemon started in the background logs to ``daemon.log`` in its runtime dir through
+:class:`LogFile`, which rotates it (:data:`LOG_MAX_BYTES`, :data:`LOG_KEEP` old files),
+and :func:`capture_stdio` turns whatever else reaches its stdout and stderr (its
+children's, a traceback) into JSON lines, so the log holds nothing else.
 """
 
 from __future__ import annotations
 
 import errno
+import json as _json
 import logging as _stdlib_logging
 import os
 import sys
+import threading
 import time
 from typing import Any, TextIO
 
@@ -48,7 +55,7 @@ def _redact_secrets(_logger: Any, _method: str, event: dict) -> dict:
     return event
 
 
-def configure(json: bool | None = None, *, level: str | int | None = None, stream: TextIO | None = None) -> None:
+def configure(json: bool | None = None, *, level: str | int | None = None, stream=None) -> SafeSink:
     """Configure structlog for this process.
 
     ``json=None`` picks JSON lines unless ``stream`` (default stderr) is a TTY. ``level``
@@ -75,12 +82,14 @@ def configure(json: bool | None = None, *, level: str | int | None = None, strea
         processors += [structlog.processors.format_exc_info, structlog.processors.JSONRenderer()]
     else:
         processors.append(structlog.dev.ConsoleRenderer(colors=False))
+    sink = SafeSink(stream)
     structlog.configure(
         processors=processors,
         wrapper_class=structlog.make_filtering_bound_logger(level),
-        logger_factory=structlog.WriteLoggerFactory(file=SafeSink(stream)),
+        logger_factory=structlog.WriteLoggerFactory(file=sink),
         cache_logger_on_first_use=False,
     )
+    return sink
 
 
 # A log line is written only while this much more is free where the log is.
@@ -104,8 +113,14 @@ class SafeSink:
         self._why = ""
         # Part of a line reached the file before the disk filled.
         self._torn = False
+        # Lines come from the loop and from capture_stdio's thread.
+        self._lock = threading.Lock()
 
     def write(self, text: str) -> None:
+        with self._lock:
+            self._write(text)
+
+    def _write(self, text: str) -> None:
         if self.lost:
             # A line cut short by the full disk is ended first, so every line stays whole JSON.
             end = "\n" if self._torn else ""
@@ -131,6 +146,9 @@ class SafeSink:
         # again on every later write.
         data = text.encode("utf-8", "replace")
         done = 0
+        prepare = getattr(self._stream, "prepare", None)
+        if prepare is not None:
+            self._fd = prepare(len(data))
         try:
             if self._nearly_full(len(data)):
                 raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
@@ -157,6 +175,123 @@ class SafeSink:
                 self._stream.flush()
             except (OSError, ValueError):
                 pass
+
+
+# daemon.log is rotated once a line would take it past this; this many old ones are kept
+# (daemon.log.1 the newest).
+LOG_MAX_BYTES = 4 * 1024 * 1024
+LOG_KEEP = 2
+
+
+class LogFile:
+    """A log file in a directory (by descriptor), rotated by size: see the module docstring.
+    For :class:`SafeSink`: :meth:`fileno` is where lines go, :meth:`prepare` rotates first
+    when the next line would not fit."""
+
+    def __init__(self, dir_fd: int, name: str, *, max_bytes: int = LOG_MAX_BYTES, keep: int = LOG_KEEP) -> None:
+        self._dir_fd = os.dup(dir_fd)
+        os.set_inheritable(self._dir_fd, False)
+        self.name = name
+        self.max_bytes = max_bytes
+        self.keep = keep
+        self._fd = self._open()
+
+    def _open(self) -> int:
+        return os.open(self.name, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
+                       dir_fd=self._dir_fd)
+
+    def fileno(self) -> int:
+        return self._fd
+
+    def flush(self) -> None:
+        pass
+
+    def isatty(self) -> bool:
+        return False
+
+    def prepare(self, size: int) -> int:
+        try:
+            if os.fstat(self._fd).st_size + size > self.max_bytes:
+                self.rotate()
+        except OSError:
+            pass  # the line goes where it can; SafeSink counts what cannot be written
+        return self._fd
+
+    def rotate(self) -> None:
+        d = self._dir_fd
+        for k in range(self.keep - 1, 0, -1):
+            try:
+                os.rename(f"{self.name}.{k}", f"{self.name}.{k + 1}", src_dir_fd=d, dst_dir_fd=d)
+            except FileNotFoundError:
+                pass
+        os.rename(self.name, f"{self.name}.1", src_dir_fd=d, dst_dir_fd=d)
+        fd = self._open()
+        os.close(self._fd)
+        self._fd = fd
+
+
+def capture_stdio(sink: SafeSink, component: str = "stderr") -> None:
+    """Point this process's stdout and stderr (and so its children's) at a pipe whose lines
+    a thread writes to ``sink``: JSON objects as they are, anything else (a traceback, a
+    child's stray output) wrapped in one JSON line per read."""
+    r, w = os.pipe()
+    os.dup2(w, 1)
+    os.dup2(w, 2)
+    os.close(w)
+    os.set_inheritable(r, False)
+    thread = threading.Thread(target=_pump_lines, args=(r, sink, component), name="log-capture", daemon=True)
+    thread.start()
+
+
+def _pump_lines(fd: int, sink: SafeSink, component: str) -> None:
+    partial = b""
+    while True:
+        try:
+            data = os.read(fd, 65536)
+        except InterruptedError:
+            continue
+        except OSError:
+            return
+        if not data:
+            data = b"\n" if partial else b""
+            if not data:
+                return
+        *lines, partial = (partial + data).split(b"\n")
+        if len(partial) > 65536:  # no newline in sight: cut
+            lines.append(partial)
+            partial = b""
+        out = []
+        plain = []
+        for line in lines:
+            text = line.decode("utf-8", "replace").rstrip("\r")
+            if not text.strip():
+                continue
+            if text.startswith("{") and text.endswith("}") and _is_json_object(text):
+                if plain:
+                    out.append(_wrapped(plain, component))
+                    plain = []
+                out.append(text)
+            else:
+                plain.append(text)
+        if plain:
+            out.append(_wrapped(plain, component))
+        if out:
+            sink.write("\n".join(out) + "\n")
+
+
+def _is_json_object(text: str) -> bool:
+    try:
+        return isinstance(_json.loads(text), dict)
+    except ValueError:
+        return False
+
+
+def _wrapped(lines: list[str], component: str) -> str:
+    record = {"event": lines[0] if len(lines) == 1 else "output on stderr", "level": "warning",
+              "component": component, "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    if len(lines) > 1:
+        record["text"] = "\n".join(lines)
+    return _json.dumps(record, ensure_ascii=False)
 
 
 class Throttle:

@@ -20,6 +20,7 @@ import time
 import zmq
 
 from broker.wire import frames as wire
+from broker.wire import version
 
 # A peer gives up on a daemon (and the daemon on a peer) after this many heartbeats of
 # silence; the daemon says the heartbeat in its welcome.
@@ -49,7 +50,8 @@ def dealer(ctx: zmq.Context, *, sndhwm: int, rcvhwm: int, remote=None) -> zmq.So
 
 def hello(role: str, token: str, name: str, *, slots: int = 0) -> list[bytes]:
     """The hello a peer of ``role`` opens with."""
-    body = wire.Hello(role=role, token=token, pid=os.getpid(), name=name, slots=slots)
+    body = wire.Hello(role=role, token=token, pid=os.getpid(), name=name, slots=slots,
+                      sluice_version=version.SLUICE_VERSION)
     return wire.message(wire.HELLO, body=body)
 
 

@@ -51,6 +51,8 @@ lagged    broker -> frontend          none; ``session``'s events stopped at ``se
                                       journal, as it acks (or at the next heartbeat)
 sessions  frontend -> broker          none; answered with ``sessions`` (same ``corr``),
           broker -> frontend          :class:`SessionList`
+status    frontend -> broker          none; answered with ``status`` (same ``corr``),
+          broker -> frontend          :class:`DaemonInfo` (``sluice daemon status``)
 ========  ==========================  =====================================================
 
 ``attached`` carries a :class:`SessionInfo` body; its header ``seq`` is the last event
@@ -104,7 +106,7 @@ from the broker counts as a sign of life for an executor, not only ``ping``.
 
 Frame counts are strict: ``hello``, ``run``, ``started``, ``out``, ``in``, ``resize``,
 ``exit``, ``submit`` and ``event`` carry exactly one body frame, and so do the broker's ``attached`` and its
-``sessions`` answer; every other kind carries none. A frontend must answer
+``sessions`` and ``status`` answers; every other kind carries none. A frontend must answer
 ``ping`` with ``pong``; one that misses five while it has calls in flight is presumed gone
 and its calls are cancelled.
 
@@ -178,6 +180,7 @@ SESSIONS = "sessions"
 NOTICE = "notice"
 IN = "in"
 RESIZE = "resize"
+STATUS = "status"
 
 # ``attach`` header seq: start at the current (or, when idle, the last) turn's task_started.
 SINCE_TURN = -1
@@ -233,6 +236,9 @@ class Hello(msgspec.Struct, frozen=True):
     # How many commands an executor runs at once.
     slots: int = 0
     version: int = PROTOCOL_VERSION
+    # sluice's release (broker.wire.version); "" from a peer older than this field.
+    # New fields go last with a default: a peer that lacks them decodes the rest.
+    sluice_version: str = ""
 
 
 class Welcome(msgspec.Struct, frozen=True):
@@ -240,6 +246,8 @@ class Welcome(msgspec.Struct, frozen=True):
     version: int = PROTOCOL_VERSION
     # Seconds between broker pings; a peer that misses several is presumed dead.
     heartbeat_s: float = 1.0
+    # The daemon's sluice release; "" from a daemon older than this field.
+    sluice_version: str = ""
 
 
 class ErrorMsg(msgspec.Struct, frozen=True):
@@ -352,6 +360,43 @@ class SessionList(msgspec.Struct, frozen=True):
     executors: int = 0
 
 
+class ExecutorInfo(msgspec.Struct, frozen=True):
+    """One executor as ``sluice daemon status`` shows it."""
+
+    name: str
+    pid: int = 0
+    # Connected over tcp (another host), not spawned by the daemon.
+    remote: bool = False
+    slots: int = 0
+    busy: int = 0
+    interactive: int = 0
+
+
+class DaemonInfo(msgspec.Struct, frozen=True):
+    """What the daemon says about itself (the ``status`` answer)."""
+
+    sluice_version: str = ""
+    protocol: int = PROTOCOL_VERSION
+    pid: int = 0
+    # Seconds since it started serving.
+    uptime_s: float = 0.0
+    socket: str = ""
+    # The tcp endpoint it listens on ("" when it does not).
+    listen: str = ""
+    log: str = ""
+    runtime_dir: str = ""
+    executors: list[ExecutorInfo] = []
+    # Executors it spawns (configured), and those being restarted right now.
+    executors_wanted: int = 0
+    queued: int = 0
+    frontends: int = 0
+    sessions: int = 0
+    max_sessions: int = 0
+    # The session journal: bytes on disk (None: journaling is off).
+    journal_bytes: int | None = None
+    agent_running: bool = False
+
+
 def dec_hook(type_: type, obj):
     """msgspec's hook for the sandbox policy's folder permission (a dict of the sandbox's,
     which imports no msgspec): the one type on the wire that is not msgspec's own."""
@@ -373,6 +418,7 @@ _decoders = {
     EXIT: msgspec.msgpack.Decoder(ExitStatus),
     ATTACHED: msgspec.msgpack.Decoder(SessionInfo),
     SESSIONS: msgspec.msgpack.Decoder(SessionList),
+    STATUS: msgspec.msgpack.Decoder(DaemonInfo),
     RESIZE: msgspec.msgpack.Decoder(Winsize),
 }
 

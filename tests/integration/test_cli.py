@@ -313,7 +313,7 @@ def test_daemon_status_and_stop(daemon, sluice):
     p = subprocess.run([*sluice, "daemon", "status"], env=daemon.env, capture_output=True, timeout=30)
     assert p.returncode == 0
     assert str(daemon.pid) in p.stdout.decode() and daemon.runtime.socket_path in p.stdout.decode()
-    assert len(p.stdout.decode().splitlines()) == 1
+    assert p.stdout.decode().splitlines()[0].startswith("sluice daemon ")
     p = subprocess.run([*sluice, "daemon", "stop"], env=daemon.env, capture_output=True, timeout=30)
     assert p.returncode == 0, p.stderr
     assert daemon.proc.wait(10) is not None

@@ -337,3 +337,26 @@ def test_sluice_executor_rejoins_a_daemon_that_restarted(keys, base):
     finally:
         if ex is not None:
             kill_tree(ex)
+
+
+@pytest.mark.timeout(40)
+def test_daemon_status_shows_remote_executors_and_the_listen_address(sluice, keys, pool, base):
+    _, daemon, endpoint = pool
+    ex = start_executor([], _executor_args(keys, endpoint, "remote-st"), subprocess_env(), os.path.join(base, "st.log"))
+    try:
+        client = daemon.client()
+
+        def remote_executors():
+            return [e for e in client.daemon_info().executors if e.remote]
+
+        wait_for(remote_executors, 15, "the remote executor to join")
+        [remote] = remote_executors()
+        assert (remote.name, remote.slots, remote.busy) == ("remote-st", 4, 0)
+        p = subprocess.run([*sluice, "daemon", "status"], env=daemon.env_for_children(), capture_output=True,
+                           timeout=30)
+        text = p.stdout.decode()
+        assert p.returncode == 0, p.stderr
+        assert f"listening:  {endpoint}" in text
+        assert "executors:  0 local, 1 remote (0 of 4 slots busy, 0 interactive: remote-st)" in text, text
+    finally:
+        kill_tree(ex)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import io
 import os
 
-from broker.net.logging import SafeSink
+from broker.net.logging import LogFile, SafeSink
 
 
 def test_a_full_disk_loses_lines_quietly_and_says_so_once_it_writes_again(tmp_path):
@@ -60,3 +60,18 @@ def test_a_line_cut_short_by_the_full_disk_is_ended_before_the_note(tmp_path, mo
         sink.write('{"event": "back"}\n')
     lines = path.read_text().splitlines()
     assert lines[0] == '{"event": "cut"' and "1 log lines lost" in lines[1] and lines[2] == '{"event": "back"}'
+
+
+def test_a_log_file_rotates_by_size_and_keeps_so_many_old_ones(tmp_path):
+    dir_fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        sink = SafeSink(LogFile(dir_fd, "daemon.log", max_bytes=100, keep=2))
+    finally:
+        os.close(dir_fd)  # the log keeps its own
+    for i in range(20):
+        sink.write(f'{{"event": "line {i:02}"}}\n')  # 21 bytes each: four to a file
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["daemon.log", "daemon.log.1", "daemon.log.2"]
+    for name in ("daemon.log", "daemon.log.1", "daemon.log.2"):
+        assert (tmp_path / name).stat().st_size <= 100
+    assert (tmp_path / "daemon.log").read_text().splitlines()[-1] == '{"event": "line 19"}'
+    assert (tmp_path / "daemon.log.2").read_text().splitlines()[0] == '{"event": "line 08"}'

@@ -130,7 +130,8 @@ class Daemon:
             sandbox_policy=SandboxPolicy.from_mode("workspace-write"), cwd=cwd, api_key="sk-unit-secret",
         )
         self.submit(frontend, "", Submission("0", op), corr="c-open")
-        head, _ = self.messages(frontend)[-1]
+        # The last message but a receipts checkpoint (a ping) that may follow it.
+        head, _ = [m for m in self.messages(frontend) if m[0].kind != wire.PING][-1]
         assert head.kind == wire.ATTACHED and head.corr == "c-open"
         return head.session
 
