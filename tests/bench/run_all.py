@@ -27,6 +27,7 @@ BENCHMARKS = {
     "bench_concurrency": "concurrency",
     "bench_memory": "memory",
     "bench_cli": "cli-true",
+    "bench_chatty": "chatty",
     "bench_fanout": "fanout",
     "bench_mcp": "mcp-true",
     "bench_mcp_agent": "mcp-start",
