@@ -722,7 +722,8 @@ def test_notify_after_each_turn(server, tmp_path) -> None:
         sub_id = await h.say("list")
         await h.done(sub_id)
         for _ in range(1000):
-            if (out / sub_id).exists():
+            # Not just there: written (the notifier creates the file, then writes it).
+            if (out / sub_id).exists() and (out / sub_id).read_text().endswith("}"):
                 break
             await asyncio.sleep(0.01)
         return sub_id
