@@ -46,12 +46,20 @@ POLL_RETRY_S = 0.005
 POLL_RETRIES = 400
 # Each capped copy stays well inside one wire message, whatever the caller asked for.
 CAPTURE_MAX = wire.MAX_MESSAGE_SIZE // 4
+# Chatty output (a command flushing a byte at a time) would be one message per write
+# through every hop. So after a small chunk, a stream's next read waits until PACE_S has
+# passed since it was sent: what arrives meanwhile stays in the pipe and goes as one chunk.
+# A line after a quiet spell is read at once (no added latency); only output that follows
+# a small chunk within PACE_S waits, and at most that long. A big chunk means the reader
+# is behind, not chatty: the next read comes at once, so bulk output never waits.
+PACE_S = 0.001
+PACE_BELOW = 16 * 1024
 
 
 class _Stream:
     """The read end of one output pipe and what it has delivered so far."""
 
-    __slots__ = ("fd", "header", "capture", "eof", "watching")
+    __slots__ = ("fd", "header", "capture", "eof", "watching", "paced_until", "held")
 
     def __init__(self, fd: int, header: bytes, capture_limit: int) -> None:
         self.fd = fd
@@ -60,6 +68,10 @@ class _Stream:
         self.capture = Capture(capture_limit)
         self.eof = False
         self.watching = False
+        # Loop time before which the next read waits (a small chunk went out just now).
+        self.paced_until = 0.0
+        # The timer of a read put off until paced_until (the pipe unwatched meanwhile).
+        self.held = None
 
 
 class Call:
@@ -221,30 +233,77 @@ class Call:
     # -- output ----------------------------------------------------------------------
 
     def _on_readable(self, s: _Stream) -> None:
+        if not self._draining:
+            now = self._loop.time()
+            if now < s.paced_until:
+                self._hold(s, s.paced_until)
+                return
+            # The other stream's held bytes came first: they go first, so stdout and
+            # stderr interleave as they do without pacing.
+            for o in self.streams:
+                if o.held is not None:
+                    self._end_hold(o)
+            if not s.watching:  # the window closed on the other stream's bytes
+                return
+        self._read(s)
+
+    def _hold(self, s: _Stream, until: float) -> None:
+        if s.watching:
+            self._loop.remove_reader(s.fd)
+            s.watching = False
+        s.held = self._loop.call_at(until, self._end_hold, s)
+
+    def _end_hold(self, s: _Stream) -> None:
+        """Read what a held stream gathered; hold it again while it stays chatty."""
+        if s.held is not None:
+            s.held.cancel()
+            s.held = None
+        if s.fd < 0:
+            return
+        if self._window_open() and self._read(s) and not self._draining and self._loop.time() < s.paced_until:
+            # A small chunk just went: read again a pace from now, without watching
+            # the pipe in between (a quiet pipe returns to being watched then).
+            self._hold(s, s.paced_until)
+        else:
+            self.update_readers()
+
+    def _read(self, s: _Stream) -> bool:
+        """One read of ``s``, sent on as one chunk; True if a chunk went."""
         room = wire.WINDOW_BYTES - self.unacked_bytes
         try:
             # Never read past the window: at most WINDOW_BYTES stay unacknowledged.
             chunk = os.read(s.fd, READ_MAX if (room >= READ_MAX or self._draining) else room)
         except BlockingIOError:
-            return
+            return False
         except OSError as e:
             if e.errno != errno.EIO:  # EIO: a terminal nobody holds any more
                 log.warning("pipe read failed", corr=self.corr, error=e.strerror)
             chunk = b""
         if not chunk:
             self._on_eof(s)
-            return
+            return False
         self._send([s.header, chunk])
         s.capture.add(chunk)
+        if len(chunk) < PACE_BELOW:
+            s.paced_until = self._loop.time() + PACE_S
         self.unacked_bytes += len(chunk)
         self.unacked_chunks += 1
-        if (
-            self.unacked_bytes >= wire.WINDOW_BYTES or self.unacked_chunks >= wire.WINDOW_CHUNKS
-        ) and not self._draining:
+        if not self._window_open():
             self.update_readers()
+        return True
+
+    def _window_open(self) -> bool:
+        return self._draining or (
+            self.unacked_bytes < wire.WINDOW_BYTES
+            and self.unacked_chunks < wire.WINDOW_CHUNKS
+            and not self.worker.congested
+        )
 
     def _on_eof(self, s: _Stream) -> None:
         s.eof = True
+        if s.held is not None:
+            s.held.cancel()
+            s.held = None
         if s.watching:
             self._loop.remove_reader(s.fd)
             s.watching = False
@@ -254,14 +313,11 @@ class Call:
 
     def update_readers(self) -> None:
         """Watch the pipes exactly when output may flow: window open and socket not congested."""
-        want = self._draining or (
-            self.unacked_bytes < wire.WINDOW_BYTES
-            and self.unacked_chunks < wire.WINDOW_CHUNKS
-            and not self.worker.congested
-        )
+        want = self._window_open()
         loop = self._loop
         for s in self.streams:
-            w = want and not s.eof
+            # A held stream is read by its timer, not by watching.
+            w = want and not s.eof and s.held is None
             if w != s.watching:
                 if w:
                     loop.add_reader(s.fd, self._on_readable, s)
@@ -336,6 +392,10 @@ class Call:
 
     def _start_draining(self) -> None:
         self._draining = True
+        for s in self.streams:  # the remainder is read out at once, unpaced
+            if s.held is not None:
+                s.held.cancel()
+                s.held = None
         self.update_readers()
         self._maybe_finish()
 
@@ -412,6 +472,9 @@ class Call:
         if self.stdin is not None:
             self.stdin.close()
         for s in self.streams:
+            if s.held is not None:
+                s.held.cancel()
+                s.held = None
             if s.watching:
                 loop.remove_reader(s.fd)
                 s.watching = False
