@@ -37,7 +37,7 @@ def run_checked(argv: list[str], env: dict[str, str], expect: int) -> None:
 
 
 def run(quick: bool) -> list[Row]:
-    count = 6 if quick else 15
+    count = 6 if quick else 30
     command = [sys.executable, "-c", CHATTY]
     sluice = [*sluice_argv(), "run", "--"]
     cases = {
