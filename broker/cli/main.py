@@ -21,7 +21,7 @@ import os
 import signal
 import sys
 
-from broker.cli.base import USAGE_RUN, USAGE_SANDBOX, CliExit, add_connect_args, fail, print_error
+from broker.cli.base import USAGE_RUN, USAGE_SANDBOX, CliExit, add_connect_args, fail, leave, print_error
 from broker.wire.results import EXIT_INTERRUPTED, EXIT_SIGNAL_BASE, EXIT_SLUICE, EXIT_USAGE
 
 
@@ -207,6 +207,10 @@ def _parser(argv: list[str] = ()):
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the ``sluice`` command ``argv`` and return its exit code. Without ``argv`` this is
+    the ``sluice`` program itself (the console script, ``python -m broker``), on its own
+    command line: then a finished ``sluice run`` leaves the process at once (:func:`leave`)."""
+    program = argv is None
     argv = sys.argv[1:] if argv is None else list(argv)
     # Each command's module is imported once it is chosen: ``sluice run`` does not pay for
     # the daemon's, the agent's or the sandbox's imports, nor they for the client's.
@@ -225,7 +229,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.subcommand == "run":
             from broker.cli.run import run_main
 
-            return run_main(args)
+            code = run_main(args)
+            if program:
+                leave(code)
+            return code
         if args.subcommand in ("sessions", "attach"):
             from broker.cli import attach
 

@@ -81,6 +81,16 @@ def test_run_imports_only_what_it_needs(module_daemon, tmp_path):
 
 
 @pytest.mark.timeout(30)
+def test_run_says_bye_before_it_leaves(daemon, sluice):
+    # sluice run leaves without the interpreter's teardown; its bye still reaches the
+    # daemon, which then counts none of them among its frontends (only the status command).
+    for _ in range(3):
+        assert subprocess.run([*sluice, "run", "--", "true"], env=daemon.env, timeout=30).returncode == 0
+    status = subprocess.run([*sluice, "daemon", "status", "--json"], env=daemon.env, capture_output=True, timeout=30)
+    assert json.loads(status.stdout)["frontends"] == 1, status.stdout
+
+
+@pytest.mark.timeout(30)
 def test_without_double_dash(run):
     p = run("run", "echo", "-n", "hi")
     assert (p.returncode, p.stdout) == (0, b"hi")
