@@ -153,44 +153,45 @@ def _parser(argv: list[str] = ()):
     # Each command: its name, how it is listed and introduced, and its options (None: it
     # is listed for --help only, as main() hands it over before parsing).
     commands = {
-        "run": (dict(usage=USAGE_RUN, help="run a command through the daemon",
-                     description="Run CMD in the sandbox through the daemon (started if needed), "
-                                 "streaming its output; exits with its exit code."), run_args),
-        "exec": (dict(help="give the agent a task and watch it work (see `sluice exec --help`)", add_help=False), None),
-        "sessions": (dict(help="list the daemon's sessions",
-                          description="List the sessions the daemon hosts (exit 3 when no daemon is running)."),
+        "run": ({"usage": USAGE_RUN, "help": "run a command through the daemon",
+                 "description": "Run CMD in the sandbox through the daemon (started if needed), "
+                                "streaming its output; exits with its exit code."}, run_args),
+        "exec": ({"help": "give the agent a task and watch it work (see `sluice exec --help`)", "add_help": False},
+                 None),
+        "sessions": ({"help": "list the daemon's sessions",
+                      "description": "List the sessions the daemon hosts (exit 3 when no daemon is running)."},
                      sessions_args),
-        "attach": (dict(help="follow a session, answer its approvals, give it input",
-                        description="Replay a session from the start of its current turn (or --since N), then "
-                                    "follow it live. On a terminal, lines typed are sent as input and approvals "
-                                    "are asked; Ctrl-C interrupts the turn, Ctrl-D detaches. Detaching never "
-                                    "stops the session."), attach_args),
-        "bridge": (dict(help="JSON lines both ways: Submissions on stdin, Events on stdout",
-                        description="Submissions in on stdin and Events out on stdout, one JSON object per line. "
-                                    "Without --session the first submission must be configure_session. "
-                                    "At the end of stdin: exits once the session is idle."), bridge_args),
-        "mcp": (dict(usage="sluice mcp [--sandbox MODE] [--cwd WORKSPACE] [--writable PATH]... [--network] [options]",
-                     help="serve MCP over stdio: tools that run commands in the sandbox",
-                     description="Speak MCP (JSON-RPC over stdio) to an MCP client such as Claude Code, Cursor or "
-                                 "Codex, and offer it tools that run commands through the daemon (started if "
-                                 "needed), each in the sandbox: run, session_start, session_write, session_read, "
-                                 "session_close. The policy is fixed by these flags and $SLUICE_HOME/config.toml "
-                                 "(sandbox_mode, [sandbox_workspace_write], [limits]); no tool argument can widen "
-                                 "it. A tool's cwd must lie inside the workspace (--cwd). At the end of stdin every "
-                                 "command and session is killed, then sluice mcp exits."), mcp_args),
-        "sandbox": (dict(usage=USAGE_SANDBOX, help="run a command in the sandbox here, without the daemon",
-                         description="Apply the sandbox policy and run CMD directly (no daemon)."), sandbox_args),
-        "daemon": (dict(help="run the daemon in the foreground, or start/stop/status it in the background",
-                        description="Without an action: run the daemon in the foreground. "
-                                    "start: in the background; stop: stop it; status: what it runs (exit 0 "
-                                    "if running, 3 if not); logs: its log (a daemon started in the background)."),
+        "attach": ({"help": "follow a session, answer its approvals, give it input",
+                    "description": "Replay a session from the start of its current turn (or --since N), then "
+                                   "follow it live. On a terminal, lines typed are sent as input and approvals "
+                                   "are asked; Ctrl-C interrupts the turn, Ctrl-D detaches. Detaching never "
+                                   "stops the session."}, attach_args),
+        "bridge": ({"help": "JSON lines both ways: Submissions on stdin, Events on stdout",
+                    "description": "Submissions in on stdin and Events out on stdout, one JSON object per line. "
+                                   "Without --session the first submission must be configure_session. "
+                                   "At the end of stdin: exits once the session is idle."}, bridge_args),
+        "mcp": ({"usage": "sluice mcp [--sandbox MODE] [--cwd WORKSPACE] [--writable PATH]... [--network] [options]",
+                 "help": "serve MCP over stdio: tools that run commands in the sandbox",
+                 "description": "Speak MCP (JSON-RPC over stdio) to an MCP client such as Claude Code, Cursor or "
+                                "Codex, and offer it tools that run commands through the daemon (started if "
+                                "needed), each in the sandbox: run, session_start, session_write, session_read, "
+                                "session_close. The policy is fixed by these flags and $SLUICE_HOME/config.toml "
+                                "(sandbox_mode, [sandbox_workspace_write], [limits]); no tool argument can widen "
+                                "it. A tool's cwd must lie inside the workspace (--cwd). At the end of stdin every "
+                                "command and session is killed, then sluice mcp exits."}, mcp_args),
+        "sandbox": ({"usage": USAGE_SANDBOX, "help": "run a command in the sandbox here, without the daemon",
+                     "description": "Apply the sandbox policy and run CMD directly (no daemon)."}, sandbox_args),
+        "daemon": ({"help": "run the daemon in the foreground, or start/stop/status it in the background",
+                    "description": "Without an action: run the daemon in the foreground. "
+                                   "start: in the background; stop: stop it; status: what it runs (exit 0 "
+                                   "if running, 3 if not); logs: its log (a daemon started in the background)."},
                    daemon_args),
-        "keys": (dict(help="make CurveZMQ key pairs for connecting over the network",
-                      description="sluice keys new NAME: write NAME.key (public, to share) and NAME.key_secret "
-                                  "(secret, mode 0600) for daemons, frontends and executors that connect over tcp."),
+        "keys": ({"help": "make CurveZMQ key pairs for connecting over the network",
+                  "description": "sluice keys new NAME: write NAME.key (public, to share) and NAME.key_secret "
+                                 "(secret, mode 0600) for daemons, frontends and executors that connect over tcp."},
                  keys_args),
-        "executor": (dict(help="run an executor here for a daemon on another host (see `sluice executor --help`)",
-                          add_help=False), None),
+        "executor": ({"help": "run an executor here for a daemon on another host (see `sluice executor --help`)",
+                      "add_help": False}, None),
     }
     from broker.wire.version import SLUICE_VERSION
 

@@ -17,7 +17,6 @@ import sys
 
 from common import WORK_DIR, Daemon, Row, Stats, alternate, bench_main, log, ratio
 
-
 # What `sluice run` imports before it connects (the parser's argparse, the command's module).
 RUN_IMPORTS = "import argparse, broker.cli.main, broker.cli.run"
 
