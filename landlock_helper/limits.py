@@ -37,8 +37,6 @@ import signal
 import time
 from dataclasses import dataclass
 
-from landlock_helper import _libc
-
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40, "p": 1 << 50}
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgtp]?)(?:i?b)?\s*$", re.IGNORECASE)
 _UNLIMITED = ("unlimited", "none", "max", "-1")
@@ -394,6 +392,8 @@ def _make_v2_parent(parent: str, controllers: list[str]) -> list[str]:
     enabled = set(_read(control).split())
     missing = [c for c in controllers if c not in enabled]
     if missing:
+        from landlock_helper import _libc  # here, as in _set_limit
+
         try:
             _libc.write_file(control, " ".join(f"+{c}" for c in missing))
         except OSError as e:
@@ -585,6 +585,9 @@ def _alive(pid: int) -> bool:
 
 
 def _set_limit(version: int, path: str, controller: str, value: int) -> None:
+    # Here, not at the top: a frontend that only parses limits does not load ctypes.
+    from landlock_helper import _libc
+
     if controller == "cpu":
         return  # the default weight: every command the same
     if controller == "pids":

@@ -6,9 +6,11 @@ Imports stay light here (no zmq until a command connects): ``sluice sandbox`` an
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import sys
+from typing import NoReturn
 
 from broker.wire.results import EXIT_SLUICE, EXIT_USAGE
 
@@ -76,6 +78,21 @@ def connect_client(args, *, name: str, autostart: bool = True):
         raise CliExit(fail(str(e), EXIT_SLUICE)) from None
     announce(client)
     return client
+
+
+def leave(code: int) -> NoReturn:
+    """End the process now with exit code ``code``: stdout and stderr flushed, the client's
+    sockets closed with what they still hold sent (:func:`broker.client.close_sockets`),
+    but without the interpreter's teardown of every module and object, which costs a short
+    ``sluice run`` a sixth of its time. Only for a command that has put back everything it
+    changed (its terminal's mode, its signal handlers) and runs no thread of its own."""
+    import broker.client as C
+
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()
+    C.close_sockets()
+    os._exit(code)
 
 
 def running_version(version: str) -> str:

@@ -17,15 +17,12 @@ from __future__ import annotations
 import os
 
 from broker.cli.base import CliExit, print_error
-from broker.net.keys import default_keys_dir
+from broker.net.keys import KeyFileError, default_keys_dir, load_public_key, new_key_pair
 from broker.wire.results import EXIT_USAGE
 
 
-def add_keys_parser(sub) -> None:
-    keys = sub.add_parser("keys", help="make CurveZMQ key pairs for connecting over the network",
-                          description="sluice keys new NAME: write NAME.key (public, to share) and "
-                                      "NAME.key_secret (secret, mode 0600) for daemons, frontends and executors "
-                                      "that connect over tcp.")
+def add_keys_args(keys) -> None:
+    """``sluice keys``'s actions and their options, on its parser."""
     actions = keys.add_subparsers(dest="keys_action", metavar="{new}", required=True)
     new = actions.add_parser("new", help="write a new key pair", description="Write NAME.key and NAME.key_secret.")
     new.add_argument("name", metavar="NAME", help="a plain file name, e.g. the host's name")
@@ -51,9 +48,6 @@ def keys_main(args) -> int:
     if args.keys_action != "new":
         print_error("error: usage: sluice keys new NAME [--dir DIR]")
         return EXIT_USAGE
-    # Here, not at the top: the main parser imports this module for every command.
-    from broker.net.keys import KeyFileError, load_public_key, new_key_pair
-
     directory = os.path.abspath(args.dir) if args.dir else default_keys_dir()
     try:
         public_path, secret_path = new_key_pair(directory, args.name)

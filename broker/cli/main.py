@@ -21,11 +21,15 @@ import os
 import signal
 import sys
 
-from broker.cli.base import USAGE_RUN, USAGE_SANDBOX, CliExit, add_connect_args, fail, print_error
+from broker.cli.base import USAGE_RUN, USAGE_SANDBOX, CliExit, add_connect_args, fail, leave, print_error
 from broker.wire.results import EXIT_INTERRUPTED, EXIT_SIGNAL_BASE, EXIT_SLUICE, EXIT_USAGE
 
 
-def _parser():
+def _parser(argv: list[str] = ()):
+    """The ``sluice`` parser for ``argv``. When its first argument names a command, that
+    command's parser is the only one made (argparse would consult no other, and making
+    every command's options costs a plain ``sluice run`` more than its own parsing does);
+    otherwise (``--help``, ``--version``, a mistake) every command's is."""
     import argparse
 
     class Parser(argparse.ArgumentParser):
@@ -44,10 +48,6 @@ def _parser():
                 raise argparse.ArgumentTypeError(f"must be {floor or minimum} or more, got {value}")
             return value
         return parse
-
-    positive_int = whole_number(1)
-    event_seq = whole_number(0, "an event sequence number", "0 (every event)")
-    count = whole_number(0)
 
     def policy_flags(p, sandbox_default: str | None = "workspace-write",
                      sandbox_help: str = "read-only, workspace-write (default) or danger-full-access",
@@ -71,19 +71,6 @@ def _parser():
                        help="keep stdin attached even when it is a terminal (lines typed reach the command, "
                             "Ctrl-D ends them); -it for a terminal both ways")
 
-    from broker.wire.version import SLUICE_VERSION
-
-    parser = Parser(prog="sluice", description="Run commands sandboxed, streamed and interruptible through the sluice daemon.")
-    parser.add_argument("--version", action="version", version=f"sluice {SLUICE_VERSION}")
-    sub = parser.add_subparsers(dest="subcommand", metavar="{run,exec,sessions,attach,bridge,mcp,sandbox,daemon,keys,executor}", parser_class=Parser)
-
-    run = sub.add_parser("run", usage=USAGE_RUN, help="run a command through the daemon",
-                         description="Run CMD in the sandbox through the daemon (started if needed), "
-                                     "streaming its output; exits with its exit code.")
-    policy_flags(run)
-    terminal_flags(run)
-    run.add_argument("--timeout-ms", metavar="N", type=positive_int, default=None,
-                     help="kill the command after N milliseconds (exit 124)")
     def limit_flags(p) -> None:
         p.add_argument("--memory", metavar="SIZE", default=None,
                        help="memory limit of the command's tree (512M, 1G; 0: none; default: half of RAM where a "
@@ -95,91 +82,136 @@ def _parser():
         p.add_argument("--cpu-time", metavar="SECONDS", default=None,
                        help="CPU time per process (60, 5m; default: none)")
 
-    limit_flags(run)
-    run.add_argument("--json", action="store_true", help="print Codex-shaped events, one JSON object per line")
-    add_connect_args(run)
-    run.add_argument("command", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    def run_args(run) -> None:
+        policy_flags(run)
+        terminal_flags(run)
+        run.add_argument("--timeout-ms", metavar="N", type=whole_number(1), default=None,
+                         help="kill the command after N milliseconds (exit 124)")
+        limit_flags(run)
+        run.add_argument("--json", action="store_true", help="print Codex-shaped events, one JSON object per line")
+        add_connect_args(run)
+        run.add_argument("command", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
 
-    # Listed for --help only: main() hands ``exec`` to broker.cli.exec before parsing.
-    sub.add_parser("exec", help="give the agent a task and watch it work (see `sluice exec --help`)", add_help=False)
+    def sessions_args(sessions) -> None:
+        sessions.add_argument("--json", action="store_true", help="one JSON object per session per line")
+        add_connect_args(sessions)
 
-    sessions = sub.add_parser("sessions", help="list the daemon's sessions",
-                              description="List the sessions the daemon hosts (exit 3 when no daemon is running).")
-    sessions.add_argument("--json", action="store_true", help="one JSON object per session per line")
-    add_connect_args(sessions)
+    event_seq = whole_number(0, "an event sequence number", "0 (every event)")
 
-    attach = sub.add_parser("attach", help="follow a session, answer its approvals, give it input",
-                            description="Replay a session from the start of its current turn (or --since N), then "
-                                        "follow it live. On a terminal, lines typed are sent as input and approvals "
-                                        "are asked; Ctrl-C interrupts the turn, Ctrl-D detaches. Detaching never "
-                                        "stops the session.")
-    attach.add_argument("id", metavar="ID", help="the session's id, or any unique prefix of it")
-    attach.add_argument("--json", action="store_true",
-                        help="print Codex-shaped events, one JSON object per line (with seq); "
-                             "Submissions are read as JSON lines from stdin when it is not a terminal")
-    attach.add_argument("--since", metavar="N", type=event_seq, default=None,
-                        help="replay from event N (0: all) instead of the start of the current turn")
-    attach.add_argument("--until-idle", action="store_true",
-                        help="exit once the session is idle: 0 if its last turn completed, 1 if it failed, 130 if aborted")
-    add_connect_args(attach)
+    def attach_args(attach) -> None:
+        attach.add_argument("id", metavar="ID", help="the session's id, or any unique prefix of it")
+        attach.add_argument("--json", action="store_true",
+                            help="print Codex-shaped events, one JSON object per line (with seq); "
+                                 "Submissions are read as JSON lines from stdin when it is not a terminal")
+        attach.add_argument("--since", metavar="N", type=event_seq, default=None,
+                            help="replay from event N (0: all) instead of the start of the current turn")
+        attach.add_argument("--until-idle", action="store_true",
+                            help="exit once the session is idle: 0 if its last turn completed, 1 if it failed, 130 if aborted")
+        add_connect_args(attach)
 
-    bridge = sub.add_parser("bridge", help="JSON lines both ways: Submissions on stdin, Events on stdout",
-                            description="Submissions in on stdin and Events out on stdout, one JSON object per line. "
-                                        "Without --session the first submission must be configure_session. "
-                                        "At the end of stdin: exits once the session is idle.")
-    bridge.add_argument("--session", metavar="ID", default=None, help="attach to this session (id or unique prefix)")
-    bridge.add_argument("--since", metavar="N", type=event_seq, default=None,
-                        help="with --session: replay from event N (0: all) instead of the start of the current turn")
-    add_connect_args(bridge)
+    def bridge_args(bridge) -> None:
+        bridge.add_argument("--session", metavar="ID", default=None, help="attach to this session (id or unique prefix)")
+        bridge.add_argument("--since", metavar="N", type=event_seq, default=None,
+                            help="with --session: replay from event N (0: all) instead of the start of the current turn")
+        add_connect_args(bridge)
 
-    mcp = sub.add_parser(
-        "mcp", usage="sluice mcp [--sandbox MODE] [--cwd WORKSPACE] [--writable PATH]... [--network] [options]",
-        help="serve MCP over stdio: tools that run commands in the sandbox",
-        description="Speak MCP (JSON-RPC over stdio) to an MCP client such as Claude Code, Cursor or Codex, and "
-                    "offer it tools that run commands through the daemon (started if needed), each in the sandbox: "
-                    "run, session_start, session_write, session_read, session_close. The policy is fixed by these "
-                    "flags and $SLUICE_HOME/config.toml (sandbox_mode, [sandbox_workspace_write], [limits]); no "
-                    "tool argument can widen it. A tool's cwd must lie inside the workspace (--cwd). At the end "
-                    "of stdin every command and session is killed, then sluice mcp exits.")
-    policy_flags(mcp, None, "read-only, workspace-write or danger-full-access (default: sandbox_mode in "
-                            "config.toml, else workspace-write)",
-                 "the workspace: commands run here or below, never elsewhere (default: the current directory)")
-    limit_flags(mcp)
+    def mcp_args(mcp) -> None:
+        policy_flags(mcp, None, "read-only, workspace-write or danger-full-access (default: sandbox_mode in "
+                                "config.toml, else workspace-write)",
+                     "the workspace: commands run here or below, never elsewhere (default: the current directory)")
+        limit_flags(mcp)
 
-    sandbox = sub.add_parser("sandbox", usage=USAGE_SANDBOX, help="run a command in the sandbox here, without the daemon",
-                             description="Apply the sandbox policy and run CMD directly (no daemon).")
-    policy_flags(sandbox)
-    terminal_flags(sandbox)
-    sandbox.add_argument("command", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    def sandbox_args(sandbox) -> None:
+        policy_flags(sandbox)
+        terminal_flags(sandbox)
+        sandbox.add_argument("command", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
 
-    daemon = sub.add_parser("daemon", help="run the daemon in the foreground, or start/stop/status it in the background",
-                            description="Without an action: run the daemon in the foreground. "
-                                        "start: in the background; stop: stop it; status: what it runs (exit 0 "
-                                        "if running, 3 if not); logs: its log (a daemon started in the background).")
-    daemon.add_argument("action", nargs="?", choices=("start", "stop", "status", "logs"), default=None)
-    daemon.add_argument("--json", action="store_true", help="status: one JSON object")
-    daemon.add_argument("-n", "--lines", metavar="N", type=count, default=20, help="logs: the last N lines (default 20)")
-    daemon.add_argument("-f", "--follow", action="store_true", help="logs: then follow it until Ctrl-C")
-    daemon.add_argument("--executors", metavar="N", type=count, default=None,
-                        help="executor processes (default: CPU count, at most 4 per CPU; 0: only executors that "
-                             "connect themselves)")
-    daemon.add_argument("--log-json", action="store_true", help="log JSON lines (default: JSON when not a terminal)")
-    daemon.add_argument("--suspend-limit", metavar="SECONDS", type=whole_number(1, "a number of seconds"), default=None,
-                        help="how long a stopped (Ctrl-Z) frontend keeps its commands running (default: 3600)")
-    daemon.add_argument("--executor-wait", metavar="SECONDS", type=whole_number(1, "a number of seconds"), default=None,
-                        help="how long a command waits while no executor is connected before it fails (default: 30)")
-    # The network options' module is the only command module the parser needs.
-    from broker.cli.keys import add_keys_parser, add_listen_args
+    def daemon_args(daemon) -> None:
+        count = whole_number(0)
+        seconds = whole_number(1, "a number of seconds")
+        daemon.add_argument("action", nargs="?", choices=("start", "stop", "status", "logs"), default=None)
+        daemon.add_argument("--json", action="store_true", help="status: one JSON object")
+        daemon.add_argument("-n", "--lines", metavar="N", type=count, default=20, help="logs: the last N lines (default 20)")
+        daemon.add_argument("-f", "--follow", action="store_true", help="logs: then follow it until Ctrl-C")
+        daemon.add_argument("--executors", metavar="N", type=count, default=None,
+                            help="executor processes (default: CPU count, at most 4 per CPU; 0: only executors that "
+                                 "connect themselves)")
+        daemon.add_argument("--log-json", action="store_true", help="log JSON lines (default: JSON when not a terminal)")
+        daemon.add_argument("--suspend-limit", metavar="SECONDS", type=seconds, default=None,
+                            help="how long a stopped (Ctrl-Z) frontend keeps its commands running (default: 3600)")
+        daemon.add_argument("--executor-wait", metavar="SECONDS", type=seconds, default=None,
+                            help="how long a command waits while no executor is connected before it fails (default: 30)")
+        from broker.cli.keys import add_listen_args
 
-    add_listen_args(daemon)
-    add_keys_parser(sub)
-    # Listed for --help only: main() hands ``executor`` to the executor program before parsing.
-    sub.add_parser("executor", help="run an executor here for a daemon on another host (see `sluice executor --help`)",
-                   add_help=False)
+        add_listen_args(daemon)
+
+    def keys_args(keys) -> None:
+        from broker.cli.keys import add_keys_args
+
+        add_keys_args(keys)
+
+    # Each command: its name, how it is listed and introduced, and its options (None: it
+    # is listed for --help only, as main() hands it over before parsing).
+    commands = {
+        "run": ({"usage": USAGE_RUN, "help": "run a command through the daemon",
+                 "description": "Run CMD in the sandbox through the daemon (started if needed), "
+                                "streaming its output; exits with its exit code."}, run_args),
+        "exec": ({"help": "give the agent a task and watch it work (see `sluice exec --help`)", "add_help": False},
+                 None),
+        "sessions": ({"help": "list the daemon's sessions",
+                      "description": "List the sessions the daemon hosts (exit 3 when no daemon is running)."},
+                     sessions_args),
+        "attach": ({"help": "follow a session, answer its approvals, give it input",
+                    "description": "Replay a session from the start of its current turn (or --since N), then "
+                                   "follow it live. On a terminal, lines typed are sent as input and approvals "
+                                   "are asked; Ctrl-C interrupts the turn, Ctrl-D detaches. Detaching never "
+                                   "stops the session."}, attach_args),
+        "bridge": ({"help": "JSON lines both ways: Submissions on stdin, Events on stdout",
+                    "description": "Submissions in on stdin and Events out on stdout, one JSON object per line. "
+                                   "Without --session the first submission must be configure_session. "
+                                   "At the end of stdin: exits once the session is idle."}, bridge_args),
+        "mcp": ({"usage": "sluice mcp [--sandbox MODE] [--cwd WORKSPACE] [--writable PATH]... [--network] [options]",
+                 "help": "serve MCP over stdio: tools that run commands in the sandbox",
+                 "description": "Speak MCP (JSON-RPC over stdio) to an MCP client such as Claude Code, Cursor or "
+                                "Codex, and offer it tools that run commands through the daemon (started if "
+                                "needed), each in the sandbox: run, session_start, session_write, session_read, "
+                                "session_close. The policy is fixed by these flags and $SLUICE_HOME/config.toml "
+                                "(sandbox_mode, [sandbox_workspace_write], [limits]); no tool argument can widen "
+                                "it. A tool's cwd must lie inside the workspace (--cwd). At the end of stdin every "
+                                "command and session is killed, then sluice mcp exits."}, mcp_args),
+        "sandbox": ({"usage": USAGE_SANDBOX, "help": "run a command in the sandbox here, without the daemon",
+                     "description": "Apply the sandbox policy and run CMD directly (no daemon)."}, sandbox_args),
+        "daemon": ({"help": "run the daemon in the foreground, or start/stop/status it in the background",
+                    "description": "Without an action: run the daemon in the foreground. "
+                                   "start: in the background; stop: stop it; status: what it runs (exit 0 "
+                                   "if running, 3 if not); logs: its log (a daemon started in the background)."},
+                   daemon_args),
+        "keys": ({"help": "make CurveZMQ key pairs for connecting over the network",
+                  "description": "sluice keys new NAME: write NAME.key (public, to share) and NAME.key_secret "
+                                 "(secret, mode 0600) for daemons, frontends and executors that connect over tcp."},
+                 keys_args),
+        "executor": ({"help": "run an executor here for a daemon on another host (see `sluice executor --help`)",
+                      "add_help": False}, None),
+    }
+    from broker.wire.version import SLUICE_VERSION
+
+    parser = Parser(prog="sluice", description="Run commands sandboxed, streamed and interruptible through the sluice daemon.")
+    parser.add_argument("--version", action="version", version=f"sluice {SLUICE_VERSION}")
+    sub = parser.add_subparsers(dest="subcommand", metavar=f"{{{','.join(commands)}}}", parser_class=Parser)
+    only = argv[0] if argv and argv[0] in commands else None
+    for name, (listed, add_args) in commands.items():
+        if only is None or name == only:
+            p = sub.add_parser(name, **listed)
+            if add_args is not None:
+                add_args(p)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the ``sluice`` command ``argv`` and return its exit code. Without ``argv`` this is
+    the ``sluice`` program itself (the console script, ``python -m broker``), on its own
+    command line: then a finished ``sluice run`` leaves the process at once (:func:`leave`)."""
+    program = argv is None
     argv = sys.argv[1:] if argv is None else list(argv)
     # Each command's module is imported once it is chosen: ``sluice run`` does not pay for
     # the daemon's, the agent's or the sandbox's imports, nor they for the client's.
@@ -193,12 +225,15 @@ def main(argv: list[str] | None = None) -> int:
             from broker.cli.keys import executor_main
 
             return executor_main(argv[1:])
-        parser = _parser()
+        parser = _parser(argv)
         args = parser.parse_args(argv)
         if args.subcommand == "run":
             from broker.cli.run import run_main
 
-            return run_main(args)
+            code = run_main(args)
+            if program:
+                leave(code)
+            return code
         if args.subcommand in ("sessions", "attach"):
             from broker.cli import attach
 

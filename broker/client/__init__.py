@@ -12,7 +12,7 @@
 and stopping the local daemon; what they raise derives from :class:`SluiceError`.
 """
 
-from broker.client.connection import Call, Client, Result
+from broker.client.connection import Call, Client, Result, close_sockets
 from broker.client.control import DaemonStatus, daemon_status, start_daemon, stop_daemon
 from broker.client.errors import DaemonError, Interrupted, SessionError, SluiceError, UsageError
 from broker.client.requests import make_request
@@ -29,6 +29,7 @@ __all__ = [
     "SessionError",
     "SluiceError",
     "UsageError",
+    "close_sockets",
     "daemon_status",
     "make_request",
     "start_daemon",

@@ -57,6 +57,13 @@ from broker.wire.results import new_call_id
 DRAIN_BATCH = 512
 
 
+def close_sockets() -> None:
+    """Close every socket of this process's clients and send what they still hold (a closed
+    client's cancels and bye) within their linger, as the interpreter's teardown would: for
+    a program that leaves without it (:func:`os._exit`)."""
+    zmq.Context.instance().destroy()
+
+
 # -- results ----------------------------------------------------------------------------
 
 

@@ -32,7 +32,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import secrets
 import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -394,6 +393,8 @@ class RuntimeDir:
 
     def new_token(self, dir_fd: int) -> str:
         """Write a fresh token (0600, replaced atomically) into the dir ``dir_fd`` and return it."""
+        import secrets  # here: only a starting daemon makes one, and frontends start faster without hashlib's load
+
         token = secrets.token_hex(32)
         write_new(dir_fd, "token", token.encode())
         return token

@@ -59,6 +59,37 @@ def test_python_dash_m_broker_is_the_same_command(module_daemon, tmp_path):
     assert (p.returncode, p.stdout) == (0, b"hello\n")
 
 
+# What a plain `sluice run` must not load: its start-up is most of a short command's time.
+NOT_FOR_RUN = (
+    "broker.cli.keys", "broker.cli.exec", "broker.cli.attach", "broker.cli.bridge", "broker.cli.mcp",
+    "broker.cli.sandbox", "broker.cli.daemon", "broker.cli.render", "broker.cli.turns",
+    "broker.daemon", "agent", "executor", "broker.wire.protocol", "broker.net.keys", "broker.net.logging",
+    "landlock_helper.spawn", "landlock_helper._libc", "ctypes", "secrets", "asyncio", "psutil", "structlog",
+    "httpx", "tomllib",
+)
+
+
+@pytest.mark.timeout(30)
+def test_run_imports_only_what_it_needs(module_daemon, tmp_path):
+    p = subprocess.run([sys.executable, "-X", "importtime", "-m", "broker", "run", "--", "true"],
+                       env=module_daemon.env, capture_output=True, timeout=30, cwd=tmp_path)
+    assert p.returncode == 0, p.stderr.decode()
+    loaded = {line.rpartition("|")[2].strip() for line in p.stderr.decode().splitlines()
+              if line.startswith("import time:")}
+    assert "broker.cli.run" in loaded
+    assert sorted(m for m in loaded if m.startswith(tuple(f"{name}." for name in NOT_FOR_RUN)) or m in NOT_FOR_RUN) == []
+
+
+@pytest.mark.timeout(30)
+def test_run_says_bye_before_it_leaves(daemon, sluice):
+    # sluice run leaves without the interpreter's teardown; its bye still reaches the
+    # daemon, which then counts none of them among its frontends (only the status command).
+    for _ in range(3):
+        assert subprocess.run([*sluice, "run", "--", "true"], env=daemon.env, timeout=30).returncode == 0
+    status = subprocess.run([*sluice, "daemon", "status", "--json"], env=daemon.env, capture_output=True, timeout=30)
+    assert json.loads(status.stdout)["frontends"] == 1, status.stdout
+
+
 @pytest.mark.timeout(30)
 def test_without_double_dash(run):
     p = run("run", "echo", "-n", "hi")
