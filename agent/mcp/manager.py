@@ -121,7 +121,12 @@ class McpManager:
         server = self._servers[tool.server]
         started = time.monotonic()
         try:
-            client = await self._ready(server)
+            try:
+                client = await self._ready(server)
+            except McpError:
+                raise
+            except Exception as err:  # a launcher's own failure: this call fails, not the turn
+                raise McpError(f"MCP server {tool.server} could not be started again: {err}") from None
             result = await client.call_tool(tool.name, arguments, server.config.tool_timeout_s)
         except McpError as err:
             # A timeout leaves the server running (told the call is cancelled), as Codex does.

@@ -107,3 +107,22 @@ async def _until(condition, timeout: float = 10) -> None:
     while not condition():
         assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
         await asyncio.sleep(0.01)
+
+
+def test_a_server_that_cannot_be_started_again_fails_the_call_not_the_turn():
+    async def main():
+        started: list[LocalProcess] = []
+        first = launcher(started)
+
+        async def once_then_broken(config, streams):
+            if started:
+                raise RuntimeError("no executor can take it")
+            return await first(config, streams)
+
+        manager = McpManager([server()], once_then_broken)
+        assert await manager.start() == []
+        assert not (await manager.call("fake__crash", {})).success
+        outcome = await manager.call("fake__echo", {"text": "x"})
+        assert not outcome.success and "could not be started again: no executor can take it" in outcome.text
+        await manager.aclose()
+    run(main())
