@@ -121,8 +121,19 @@ def test_cancelling_a_terminal_command_kills_its_whole_tree(daemon, tmp_path):
     _type(client, call, b"sleep 300 & echo started-$((6*7))\r")
     _until(client, call, output, b"started-42")
     sandbox = psutil.Process(call.pid)
+
+    def names() -> list[str]:
+        found = []
+        for p in [sandbox, *sandbox.children(recursive=True)]:
+            try:
+                found.append(p.name())
+            except psutil.NoSuchProcess:
+                pass
+        return found
+
+    # The background job may not have exec'd sleep yet when the echo comes.
+    wait_for(lambda: "sleep" in names(), timeout=10, what="the background sleep to start")
     tree = [sandbox, *sandbox.children(recursive=True)]
-    assert any(p.name() == "sleep" for p in tree)
     client.cancel(call)
     result = client.wait(call, timeout=20)
     assert result.aborted
