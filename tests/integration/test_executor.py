@@ -25,6 +25,7 @@ import zmq
 from broker.wire import frames as wire
 from executor.call import PACE_S
 from landlock_helper.policy import SandboxPolicy
+from tests.support.harness import SANDBOX_PYTHON
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 READ_ONLY = ["disk-full-read-access"]
@@ -314,10 +315,6 @@ def test_first_chunk_arrives_before_a_slow_command_exits(joined):
     assert r.exit.duration_s >= 2
 
 
-# The system's interpreter: a sandboxed command may not see this checkout's virtual
-# environment (under /tmp, a workspace-write sandbox shows a /tmp of its own).
-SYSTEM_PYTHON = "/usr/bin/python3"
-
 CHATTY = """
 import os, sys, time
 n, pause = int(sys.argv[1]), float(sys.argv[2])
@@ -335,7 +332,7 @@ def test_chatty_output_is_coalesced_keeping_every_byte_in_order(joined):
     # One-byte writes every 0.2 ms: after a small chunk a stream is read again no sooner
     # than PACE_S later, so at most one chunk per pace (plus the first) goes out.
     writes = 2000
-    r = joined.execute([SYSTEM_PYTHON, "-c", CHATTY, str(writes), "0.0002"])
+    r = joined.execute([SANDBOX_PYTHON, "-c", CHATTY, str(writes), "0.0002"])
     assert r.exit.exit_code == 0
     assert r.stdout == bytes(b"0123456789"[i % 10] for i in range(writes)) + b"!"
     assert r.stderr == b"E"
@@ -349,7 +346,7 @@ def test_chatty_stdout_held_back_still_goes_before_a_later_stderr_write(joined):
     # The stdout bytes waiting for their pace were written before the stderr byte:
     # they go first, as they would unpaced.
     for _ in range(5):
-        r = joined.execute([SYSTEM_PYTHON, "-c", CHATTY, "500", "0"])
+        r = joined.execute([SANDBOX_PYTHON, "-c", CHATTY, "500", "0"])
         assert r.exit.exit_code == 0
         err_at = next(i for i, (_, stream, _) in enumerate(r.chunks) if stream == wire.STDERR)
         # (The "!" written after it may come along with them: read in the same go.)

@@ -11,14 +11,13 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
 import threading
 import time
 
 import pytest
 
 from landlock_helper import limits as L
-from tests.support.harness import short_tempdir, wait_for
+from tests.support.harness import SANDBOX_PYTHON, short_tempdir, wait_for
 
 MECH = L.mechanism()
 needs_cgroups = pytest.mark.skipif(
@@ -29,8 +28,7 @@ needs_cgroups = pytest.mark.skipif(
 # Small limits, so the tests stay cheap: the fork bomb stops at 64 tasks, the hog at 64 MiB.
 PIDS = 64
 MEMORY = "64M"
-# An interpreter the sandbox can see: its /tmp is its own, so a checkout's venv under /tmp is not.
-PYTHON = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
+PYTHON = SANDBOX_PYTHON
 HOG = [PYTHON, "-c", "print(open('/proc/self/cgroup').read(), flush=True); x = bytearray(256 << 20); "
        "print('survived')"]
 # Every process forks for as long as it lives, whether a fork works or not.

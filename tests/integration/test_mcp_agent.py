@@ -5,7 +5,7 @@ a server that cannot start is an error and the task goes on; a server cannot wri
 its roots; a crash fails one call and the next starts it again; an interrupt cancels the
 call at the server; nothing is left running after the session.
 
-The server is tests/support/fake_mcp_server.py, run by the system's python3 with its
+The server is tests/support/fake_mcp_server.py, run by ``SANDBOX_PYTHON`` with its
 source given in ``-c`` (a test checkout may live where the sandbox does not show it).
 """
 
@@ -24,7 +24,7 @@ import pytest
 from tests.integration.test_exec import Frontend
 from tests.support.fake_model import assistant, call, outputs_of, response
 from tests.support.frontends import json_events
-from tests.support.harness import daemons, wait_for
+from tests.support.harness import SANDBOX_PYTHON, daemons, wait_for
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -32,7 +32,7 @@ SOURCE = (Path(__file__).resolve().parents[1] / "support" / "fake_mcp_server.py"
 MARKER = "sluice-fake-mcp-marker"
 
 
-def server_table(name: str = "fake", command: str = "/usr/bin/python3", **extra: str) -> str:
+def server_table(name: str = "fake", command: str = SANDBOX_PYTHON, **extra: str) -> str:
     lines = [f"[mcp_servers.{name}]", f'command = "{command}"',
              f"args = ['-c', '''{SOURCE}''', '{MARKER}']"]
     lines += [f"{key} = {value}" for key, value in extra.items()]

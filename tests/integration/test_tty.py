@@ -19,11 +19,11 @@ import pytest
 from broker.client import make_request
 from landlock_helper.policy import SandboxPolicy
 from landlock_helper.spawn import spawn
-from tests.support.harness import wait_for
+from tests.support.harness import SANDBOX_PYTHON, wait_for
 
 pytestmark = pytest.mark.timeout(60)
 
-PYTHON = "/usr/bin/python3"
+PYTHON = SANDBOX_PYTHON
 ENV = {"PATH": "/usr/bin:/bin", "TERM": "xterm"}
 
 PROBE = """

@@ -12,6 +12,7 @@ waiting for a condition with a deadline.
 - :func:`wait_for`: poll a condition until it holds, or fail after a deadline; never a
   fixed sleep before an assert.
 - :func:`subprocess_env`, :func:`sluice_argv`: how child processes run this checkout.
+- :data:`SANDBOX_PYTHON`: the interpreter a sandboxed test command can run.
 """
 
 
@@ -37,6 +38,12 @@ from broker.net.runtime import RuntimeDir
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 START_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 15.0
+
+
+# The Python a sandboxed test command runs: the system's, else the interpreter this
+# virtual environment is made from. Never the venv's own path: a checkout under /tmp is
+# out of sight in a workspace-write sandbox, whose /tmp is its own.
+SANDBOX_PYTHON = "/usr/bin/python3" if os.access("/usr/bin/python3", os.X_OK) else os.path.realpath(sys.executable)
 
 
 def wait_for(predicate, timeout: float = 10.0, what: str = "the condition", interval: float = 0.01):
