@@ -15,7 +15,6 @@ import os
 import time
 
 import psutil
-
 from common import WORK_DIR, Daemon, Row, Stats, bench_main, describe, log, warm_up
 
 TARGET_MEDIAN_MS = 10.0

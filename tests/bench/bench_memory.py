@@ -19,8 +19,8 @@ import subprocess
 import sys
 import time
 
-from common import GiB, MiB, Daemon, Row, Stats, bench_main, log, warm_up
 from bench_throughput import stream
+from common import Daemon, GiB, MiB, Row, Stats, bench_main, log, warm_up
 from tree_memory import tree_memory
 
 TARGET_IDLE_MIB = 150.0

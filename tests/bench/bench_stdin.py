@@ -14,7 +14,7 @@ import subprocess
 import sys
 import time
 
-from common import GiB, MiB, ROOT, WORK_DIR, Daemon, Row, Stats, bench_main, log, ratio, warm_up
+from common import ROOT, WORK_DIR, Daemon, GiB, MiB, Row, Stats, bench_main, log, pipe_baseline, ratio, warm_up
 
 
 def through_sluice(env: dict[str, str], size: int) -> tuple[int, int]:
@@ -28,12 +28,6 @@ def through_sluice(env: dict[str, str], size: int) -> tuple[int, int]:
     return int(proc.stdout.split()[0]), elapsed
 
 
-def pipe_baseline(size: int) -> int:
-    t0 = time.perf_counter_ns()
-    subprocess.run(["sh", "-c", f"head -c {size} /dev/zero | wc -c > /dev/null"], check=True)
-    return time.perf_counter_ns() - t0
-
-
 def run(quick: bool) -> list[Row]:
     size = 256 * MiB if quick else GiB
     reps = 3 if quick else 5
@@ -44,10 +38,10 @@ def run(quick: bool) -> list[Row]:
         env = dict(daemon.env(), PYTHONPATH=ROOT)
         warm_up(daemon.client(), 5)
         through_sluice(env, 64 * MiB)
-        pipe_baseline(64 * MiB)
+        pipe_baseline(64 * MiB, "wc -c")
         log(f"stdin: {reps} x {size // MiB} MiB piped into sluice run, {reps} x the same into wc -c directly")
         for _ in range(reps):
-            base_rates.append(size / pipe_baseline(size) * 1e3)  # bytes/ns * 1e3 = MB/s
+            base_rates.append(size / pipe_baseline(size, "wc -c") * 1e3)  # bytes/ns * 1e3 = MB/s
             counted, elapsed = through_sluice(env, size)
             rates.append(size / elapsed * 1e3)
             if counted != size:

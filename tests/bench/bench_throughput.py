@@ -9,10 +9,9 @@ Target: >= 0.3x the baseline.
 
 from __future__ import annotations
 
-import subprocess
 import time
 
-from common import GiB, MiB, WORK_DIR, Daemon, Row, Stats, bench_main, describe, log, ratio, warm_up
+from common import WORK_DIR, Daemon, GiB, MiB, Row, Stats, bench_main, describe, log, pipe_baseline, ratio, warm_up
 
 TARGET_RATIO = 0.3
 
@@ -33,12 +32,6 @@ def stream(client, size: int) -> tuple[int, int]:
     return received, elapsed
 
 
-def pipe_baseline(size: int) -> int:
-    t0 = time.perf_counter_ns()
-    subprocess.run(["sh", "-c", f"head -c {size} /dev/zero | cat > /dev/null"], check=True)
-    return time.perf_counter_ns() - t0
-
-
 def run(quick: bool) -> list[Row]:
     size = 256 * MiB if quick else GiB
     reps = 3 if quick else 5
@@ -49,10 +42,10 @@ def run(quick: bool) -> list[Row]:
         client = daemon.client()
         warm_up(client, 5)
         stream(client, 64 * MiB)
-        pipe_baseline(64 * MiB)
+        pipe_baseline(64 * MiB, "cat")
         log(f"throughput: {reps} x {size // MiB} MiB through the daemon, {reps} x the same through a pipe")
         for _ in range(reps):
-            base_rates.append(size / pipe_baseline(size) * 1e3)  # bytes/ns * 1e3 = MB/s
+            base_rates.append(size / pipe_baseline(size, "cat") * 1e3)  # bytes/ns * 1e3 = MB/s
             received, elapsed = stream(client, size)
             rates.append(received / elapsed * 1e3)
             if received != size:

@@ -17,7 +17,7 @@ import asyncio
 import statistics
 import time
 
-from common import MiB, WORK_DIR, Daemon, Row, Stats, bench_main, log
+from common import WORK_DIR, Daemon, MiB, Row, Stats, bench_main, log
 from tree_memory import tree_memory
 
 from agent.exec_runner import BrokerRunner

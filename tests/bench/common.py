@@ -19,6 +19,7 @@ import math
 import os
 import signal
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -306,6 +307,14 @@ class Daemon:
         return [line.strip() for line in self.handle.log().splitlines()
                 if any(f'"level": "{level}"' in line for level in ("warning", "error", "critical"))
                 or "Traceback" in line] if self.handle else []
+
+
+def pipe_baseline(size: int, reader: str) -> int:
+    """Nanoseconds for ``size`` zero bytes through a plain pipe into ``reader`` (a shell
+    command, its output discarded): the baseline of the streaming benchmarks."""
+    t0 = time.perf_counter_ns()
+    subprocess.run(["sh", "-c", f"head -c {size} /dev/zero | {reader} > /dev/null"], check=True)
+    return time.perf_counter_ns() - t0
 
 
 def warm_up(client: Client, count: int, argv: Sequence[str] = ("true",)) -> None:

@@ -14,8 +14,17 @@ import importlib
 import sys
 import time
 
-from common import (Row, error_row, install_signal_handlers, machine_line, markdown_table, parse_args, summary, table,
-                    write_json)
+from common import (
+    Row,
+    error_row,
+    install_signal_handlers,
+    machine_line,
+    markdown_table,
+    parse_args,
+    summary,
+    table,
+    write_json,
+)
 
 # Module name -> the row id it reports under if it fails before producing rows.
 BENCHMARKS = {

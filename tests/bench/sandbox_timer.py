@@ -22,6 +22,7 @@ import json  # noqa: E402
 import subprocess  # noqa: E402
 
 from common import alternate  # noqa: E402
+
 from landlock_helper import SandboxPolicy, filter_env  # noqa: E402
 
 WARM_UP = 10
