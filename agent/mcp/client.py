@@ -69,6 +69,8 @@ class McpClient:
         # Called with (method, params) for each notification from the server.
         self.on_notification: Callable[[str, Any], None] | None = None
         self._writes: asyncio.Lock | None = None
+        # Our answers to the server's own requests (ping, roots/list) while they are sent.
+        self._answering: set[asyncio.Future] = set()
 
     # -- what the server sends -----------------------------------------------------------
 
@@ -152,7 +154,10 @@ class McpClient:
             pass
 
     def _spawn(self, coro: Awaitable) -> None:
-        asyncio.ensure_future(coro)
+        # Held until done: the loop keeps only a weak reference to a task.
+        task = asyncio.ensure_future(coro)
+        self._answering.add(task)
+        task.add_done_callback(self._answering.discard)
 
     # -- what we send --------------------------------------------------------------------
 
