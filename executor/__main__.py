@@ -59,6 +59,8 @@ def parse_args(argv: list[str] | None = None, prog: str = "python -m executor") 
     p.add_argument("--token-file", metavar="PATH", help=argparse.SUPPRESS)
     p.add_argument("--hide", action="append", default=[], metavar="PATH", help=argparse.SUPPRESS)
     p.add_argument("--die-with-parent", action="store_true", help=argparse.SUPPRESS)
+    # The daemon's end of a socketpair that brings direct runs' stdio (broker.wire.direct).
+    p.add_argument("--fd-channel", type=int, metavar="FD", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.connect.startswith("tcp://"):
         if args.token_file:
@@ -169,8 +171,14 @@ def main(argv: list[str] | None = None, prog: str = "python -m executor", error_
     # After the zygote's fork: commands keep the limits they were given, only this process's rises.
     raise_fd_limit()
     name = args.name or f"{socket.gethostname()}:{os.getpid()}"
+    fd_channel = None
+    if args.fd_channel is not None and not remote:
+        try:
+            fd_channel = socket.socket(fileno=args.fd_channel)
+        except OSError as e:
+            return fail(f"--fd-channel {args.fd_channel}: {e.strerror}")
     worker = Worker(args.connect, token, name=name, slots=args.slots, hidden_paths=hide, spawner=spawner,
-                    remote=link)
+                    remote=link, fd_channel=fd_channel)
     try:
         return asyncio.run(worker.run())
     except StartupError as e:

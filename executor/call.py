@@ -16,6 +16,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+import select
 import struct
 import termios
 import time
@@ -96,10 +97,17 @@ class Call:
         "_poll_tries",
         "_finishing",
         "stdin",
+        "_stdio",
+        "_notes_fd",
     )
 
-    def __init__(self, worker: Worker, corr: str, req: wire.RunRequest) -> None:
+    def __init__(self, worker: Worker, corr: str, req: wire.RunRequest, stdio: list[int] | None = None) -> None:
         self.worker = worker
+        # A direct run's stdio (stdout, stderr, stdin?): the caller's own fds, the
+        # command's as they are; then nothing is read here, and person-facing notes go to
+        # ``_notes_fd`` (its stderr) instead of an ``out`` message.
+        self._stdio = stdio
+        self._notes_fd = -1
         self.corr = corr
         self.req = req
         self.proc = None
@@ -139,6 +147,8 @@ class Call:
         env = filter_env(os.environ if req.env is None else req.env, req.env_passthrough)
         if req.tty is not None:
             return self._start_tty(req, env, sandbox_cwd)
+        if self._stdio is not None:
+            return self._start_direct(req, env, sandbox_cwd)
         fds: list[int] = []
         r_in = w_in = None
         try:
@@ -206,14 +216,39 @@ class Call:
             self.stdin = _Stdin(self, w_in)
         return self._started(master, None)
 
-    def _started(self, out_fd: int, err_fd: int | None) -> bool:
-        """Report ``started`` and start reading ``out_fd`` (and ``err_fd``, None for a terminal)."""
+    def _start_direct(self, req: wire.RunRequest, env: dict, sandbox_cwd: str) -> bool:
+        stdio, self._stdio = self._stdio, []
+        stdout, stderr = stdio[0], stdio[1]
+        stdin = stdio[2] if req.stdin and len(stdio) > 2 else None
+        self.started_at = time.monotonic()
+        try:
+            self._notes_fd = os.dup(stderr)
+            self.proc = self.worker.spawn(req.argv, cwd=req.cwd, env=env, policy=req.sandbox, stdout=stdout,
+                                          stderr=stderr, stdin=stdin, sandbox_cwd=os.path.normpath(sandbox_cwd),
+                                          limits=req.limits or Limits())
+        except (OSError, SandboxError) as e:
+            self._release()
+            return self._fail(wire.one_line(e.strerror if isinstance(e, OSError) else e) or "unknown error")
+        except Exception as e:  # a spawn failure must never take the worker down
+            log.exception("spawn failed", corr=self.corr)
+            self._release()
+            return self._fail(wire.one_line(f"cannot start command: {e}"))
+        finally:
+            _close_all(stdio)  # the sandbox holds its own copies
+        return self._started(None, None)
+
+    def _started(self, out_fd: int | None, err_fd: int | None) -> bool:
+        """Report ``started`` and start reading ``out_fd`` (and ``err_fd``, None for a
+        terminal); both None: a direct run, whose output is not ours to read."""
         req, proc = self.req, self.proc
         self._send(wire.message(wire.STARTED, self.corr, wire.Started(pid=proc.pid, executor=self.worker.name)))
         limit = min(req.capture_limit, CAPTURE_MAX)
-        out = _Stream(out_fd, wire.header(wire.OUT, self.corr, stream=wire.STDOUT), limit)
-        self.streams = (out,) if err_fd is None else (
-            out, _Stream(err_fd, wire.header(wire.OUT, self.corr, stream=wire.STDERR), limit))
+        if out_fd is None:
+            self.streams = ()
+        else:
+            out = _Stream(out_fd, wire.header(wire.OUT, self.corr, stream=wire.STDOUT), limit)
+            self.streams = (out,) if err_fd is None else (
+                out, _Stream(err_fd, wire.header(wire.OUT, self.corr, stream=wire.STDERR), limit))
         loop = self._loop
         self._done_pending = set(proc.done_fds)
         for fd in proc.done_fds:
@@ -421,11 +456,14 @@ class Call:
                 self._loop.call_later(POLL_RETRY_S, self._finish)
                 return
         duration = time.monotonic() - self.started_at
-        out = self.streams[0]
+        out = self.streams[0] if self.streams else None
         err = self.streams[1] if len(self.streams) > 1 else None
         if outcome is not None and outcome.notes:
             note = "".join(f"{line}\n" for line in outcome.notes).encode()
-            self._send([wire.header(wire.OUT, self.corr, stream=wire.STDERR), note])
+            if self._notes_fd >= 0:
+                _write_quietly(self._notes_fd, note)
+            else:
+                self._send([wire.header(wire.OUT, self.corr, stream=wire.STDERR), note])
             if err is not None:
                 err.capture.add(note)
         if outcome is None:
@@ -443,9 +481,9 @@ class Call:
             timed_out=self.timed_out,
             aborted=self.aborted,
             duration_s=duration,
-            stdout=out.capture.value(),
+            stdout=out.capture.value() if out is not None else b"",
             stderr=err.capture.value() if err is not None else b"",
-            stdout_dropped=out.capture.dropped,
+            stdout_dropped=out.capture.dropped if out is not None else 0,
             stderr_dropped=err.capture.dropped if err is not None else 0,
             error=error,
             limit=outcome.limit if outcome is not None else None,
@@ -471,6 +509,12 @@ class Call:
         loop = self._loop
         if self.stdin is not None:
             self.stdin.close()
+        if self._notes_fd >= 0:
+            os.close(self._notes_fd)
+            self._notes_fd = -1
+        if self._stdio:  # a direct run that never started
+            _close_all(self._stdio)
+            self._stdio = []
         for s in self.streams:
             if s.held is not None:
                 s.held.cancel()
@@ -577,6 +621,16 @@ def _set_size(fd: int, rows: int, cols: int) -> None:
 
 def _discard(parts) -> None:
     pass
+
+
+def _write_quietly(fd: int, data: bytes) -> None:
+    """A few lines to a caller's own stderr, never blocking: only if its pipe has room now
+    (the fd is shared with the caller: its blocking mode is not ours to change)."""
+    try:
+        if select.select([], [fd], [], 0)[1]:
+            os.write(fd, data[: select.PIPE_BUF])
+    except (OSError, ValueError):
+        pass
 
 
 def _close_all(fds) -> None:

@@ -21,6 +21,7 @@ import asyncio
 import collections
 import itertools
 import signal
+import socket
 import time
 
 import structlog
@@ -30,6 +31,7 @@ from zmq.utils.monitor import parse_monitor_message
 from broker.net import peer
 from broker.net.logging import Throttle
 from broker.net.zloop import ZSocket
+from broker.wire import direct
 from broker.wire import frames as wire
 from executor.call import Call
 from executor.errors import StartupError
@@ -61,7 +63,7 @@ _monitor_ids = itertools.count(1)
 
 class Worker:
     def __init__(self, endpoint: str, token: str, *, name: str, slots: int, hidden_paths: tuple[str, ...] = (),
-                 spawner=None, remote=None) -> None:
+                 spawner=None, remote=None, fd_channel: socket.socket | None = None) -> None:
         self.endpoint = endpoint
         self.token = token
         # A broker.net.keys.Remote: join over tcp with CurveZMQ, and rejoin instead of exiting.
@@ -73,6 +75,12 @@ class Worker:
         # call makes its sandbox from scratch (slower, same containment).
         self.spawner = spawner
         self._spawner_fd: int | None = None
+        # Where the daemon that spawned us hands direct runs' stdio, ahead of their runs
+        # (broker.wire.direct), and what came for runs not here yet.
+        self.fd_channel = fd_channel
+        if fd_channel is not None:
+            fd_channel.setblocking(False)
+        self._stdio: dict[str, list[int]] = {}
         self.calls: dict[str, Call] = {}
         # Calls of a broker we lost: being killed, reporting to nobody.
         self.orphans: set[Call] = set()
@@ -251,6 +259,12 @@ class Worker:
                 self.loop.remove_reader(self._spawner_fd)
             self.spawner.close()
             self.spawner = None
+        for fds in self._stdio.values():
+            direct.close_all(fds)
+        self._stdio.clear()
+        if self.fd_channel is not None:
+            self.fd_channel.close()
+            self.fd_channel = None
         if self.sock is not None:
             self.sock.close(linger=self.exit_linger_ms)
             self.sock = None
@@ -456,24 +470,61 @@ class Worker:
             # The caller is waiting for this call: tell it, rather than leave it hanging.
             self._refuse(corr, f"bad run request: {e}")
             raise
-        if self._stopping is not None:
-            self._refuse(corr, "executor shutting down")
+        stdio = self._stdio_for(corr) if req.stdio_fds else None
+        if req.stdio_fds and stdio is None:
+            self._refuse(corr, "the command's stdio did not come with it (a direct run is for the daemon's own executors)")
             return
-        if not self.joined:
-            self._refuse(corr, "executor not ready")
+        why = self._why_not(req)
+        if why is not None:
+            direct.close_all(stdio or [])  # the caller's pipes must not wait on us for their end
+            self._refuse(corr, why)
             return
-        interactive = sum(1 for call in self.calls.values() if call.req.interactive)
-        if req.interactive:
-            if interactive >= wire.INTERACTIVE_PER_EXECUTOR:
-                self._refuse(corr, f"executor busy: it hosts {interactive} interactive commands, its most")
-                return
-        elif len(self.calls) - interactive >= self.slots:
-            self._refuse(corr, f"executor busy: all {self.slots} slots in use")
-            return
-        call = Call(self, corr, req)
+        call = Call(self, corr, req, stdio)
         self.calls[corr] = call
         if not call.start():
             del self.calls[corr]
+
+    def _why_not(self, req: wire.RunRequest) -> str | None:
+        """Why this executor does not take ``req`` now (None: it does)."""
+        if self._stopping is not None:
+            return "executor shutting down"
+        if not self.joined:
+            return "executor not ready"
+        interactive = sum(1 for call in self.calls.values() if call.req.interactive)
+        if req.interactive:
+            if interactive >= wire.INTERACTIVE_PER_EXECUTOR:
+                return f"executor busy: it hosts {interactive} interactive commands, its most"
+        elif len(self.calls) - interactive >= self.slots:
+            return f"executor busy: all {self.slots} slots in use"
+        return None
+
+    def _stdio_for(self, corr: str) -> list[int] | None:
+        """The fds the daemon sent for run ``corr`` (sent before it, so here by now)."""
+        channel = self.fd_channel
+        while channel is not None and corr not in self._stdio:
+            try:
+                message, fds = direct.receive(channel)
+            except (BlockingIOError, InterruptedError):
+                break
+            except direct.DirectError as e:
+                self._throttle("warning", "bad message on the fd channel", error=wire.one_line(e))
+                continue
+            except OSError as e:
+                self._throttle("warning", "the fd channel failed", error=wire.one_line(e.strerror))
+                break
+            if message is None:
+                self.fd_channel = None
+                channel.close()
+                break
+            call = message.get("call")
+            if not isinstance(call, str) or call in self._stdio or not fds:
+                direct.close_all(fds)
+                continue
+            self._stdio[call] = fds
+            if len(self._stdio) > 4 * self.slots + wire.INTERACTIVE_PER_EXECUTOR:
+                oldest = next(iter(self._stdio))  # runs that never came: not kept forever
+                direct.close_all(self._stdio.pop(oldest))
+        return self._stdio.pop(corr, None)
 
     def _refuse(self, corr: str, message: str) -> None:
         self.send(wire.message(wire.EXIT, corr, wire.ExitStatus(error=wire.one_line(message) or "unknown error")))

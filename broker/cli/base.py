@@ -86,12 +86,12 @@ def leave(code: int) -> NoReturn:
     but without the interpreter's teardown of every module and object, which costs a short
     ``sluice run`` a sixth of its time. Only for a command that has put back everything it
     changed (its terminal's mode, its signal handlers) and runs no thread of its own."""
-    import broker.client as C
-
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError):
             stream.flush()
-    C.close_sockets()
+    client = sys.modules.get("broker.client")  # not imported by a direct run: nothing to close
+    if client is not None:
+        client.close_sockets()
     os._exit(code)
 
 
@@ -104,17 +104,23 @@ def announce(client) -> None:
     """What a person should know about the daemon a command just connected to, one line
     each on stderr: that it was started in the background just now (and how to stop it),
     and that it runs an older sluice than this command (and how to restart it)."""
-    from broker.wire.version import SLUICE_VERSION, version_key
-
     if client.started_daemon is not None and client.runtime is not None:
         print_error(f"started the sluice daemon in the background (pid {client.started_daemon}, log "
                     f"{client.runtime.log_path}); it keeps running for the next commands: stop it with "
                     "`sluice daemon stop`")
-    if version_key(client.daemon_version) < version_key(SLUICE_VERSION):
-        where = "the daemon" if client.remote is None else f"the daemon at {client.remote.endpoint}"
+    announce_version(client.daemon_version, client.remote)
+
+
+def announce_version(daemon_version: str, remote) -> None:
+    """One line on stderr if the daemon (``remote``'s, or the local one for None) runs an
+    older sluice than this command, and how to restart it."""
+    from broker.wire.version import SLUICE_VERSION, version_key
+
+    if version_key(daemon_version) < version_key(SLUICE_VERSION):
+        where = "the daemon" if remote is None else f"the daemon at {remote.endpoint}"
         how = ("restart it to use this version: `sluice daemon stop`, then run your command again (or "
-               "`sluice daemon start`)") if client.remote is None else "restart it there to use this version"
-        print_error(f"{where} runs {running_version(client.daemon_version)}, this command is "
+               "`sluice daemon start`)") if remote is None else "restart it there to use this version"
+        print_error(f"{where} runs {running_version(daemon_version)}, this command is "
                     f"{SLUICE_VERSION}: {how}")
 
 

@@ -89,6 +89,9 @@ def _parser(argv: list[str] = ()):
                          help="kill the command after N milliseconds (exit 124)")
         limit_flags(run)
         run.add_argument("--json", action="store_true", help="print Codex-shaped events, one JSON object per line")
+        run.add_argument("--via-broker", action="store_true",
+                         help="pass the output through the daemon's socket, even where the command could write "
+                              "to this command's stdout and stderr itself (as it does by default on this host)")
         add_connect_args(run)
         run.add_argument("command", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
 

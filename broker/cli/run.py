@@ -14,10 +14,10 @@ import signal
 import stat
 import sys
 
-import broker.client as C
 from broker.cli.base import (
     USAGE_RUN,
     announce,
+    announce_version,
     command_of,
     env_report,
     fail,
@@ -25,9 +25,11 @@ from broker.cli.base import (
     remote_from_args,
     write_all,
 )
+from broker.cli.run_direct import FALLBACK, DirectRun
 from broker.cli.terminal import NOT_A_TERMINAL, RawTerminal, is_terminal, window_size
 from broker.net.runtime import sluice_home
 from broker.wire.results import EXIT_NOT_FOUND, EXIT_SIGNAL_BASE, EXIT_SLUICE, EXIT_USAGE, new_call_id
+from broker.wire.run_args import RunArgsError, check_run
 
 # How long ``sluice run`` waits for a cancelled call to end before giving up.
 CANCEL_WAIT_S = 5.0
@@ -44,9 +46,9 @@ def run_main(args) -> int:
     if args.tty and args.json:
         return fail("-t and --json do not go together (a terminal's output is not events)", EXIT_USAGE)
 
+    stdin = args.tty or _forwarded_stdin(args.interactive) is not None
     try:
-        limits = config_limits()
-        request = C.make_request(
+        fields = check_run(
             command,
             cwd=args.cwd,
             sandbox=args.sandbox,
@@ -59,16 +61,52 @@ def run_main(args) -> int:
             pids_limit=args.pids_limit,
             file_size=args.file_size,
             cpu_time=args.cpu_time,
-            limits=limits,
-            stdin=args.tty or _forwarded_stdin(args.interactive) is not None,
-            tty=window_size(0, 1, 2) if args.tty else None,
+            limits=config_limits(),
+            stdin=stdin,
             interactive=args.tty or args.interactive,
         )
-    except C.UsageError as e:
+    except RunArgsError as e:
         return fail(str(e), EXIT_USAGE)
     if args.env_report:
         env_report(args.env)
 
+    if not (args.tty or args.interactive or args.json or args.via_broker or args.connect or args.server_key or args.key):
+        run = DirectRun(fields)
+        if run.start():
+            code = _direct(run, command, args)
+            if code is not None:
+                return code
+    return _through_broker(fields, command, args)
+
+
+def _direct(run: DirectRun, command: list[str], args) -> int | None:
+    """A direct run (:mod:`broker.cli.run_direct`): the command writes to our stdio itself.
+    None: the daemon cannot run it so, and nothing ran."""
+    try:
+        result = run.wait(CANCEL_WAIT_S)
+    except TimeoutError:
+        print_error(f"the command did not end within {CANCEL_WAIT_S:g} s of being cancelled; exiting anyway")
+        return EXIT_SIGNAL_BASE + run.signum if run.signum else EXIT_SLUICE
+    if result is FALLBACK:
+        return None
+    if run.daemon_version:
+        announce_version(run.daemon_version, None)
+    if isinstance(result, str):
+        return fail(result, EXIT_SLUICE)
+    return _ending(result, command, args, run.signum, run.stdout_closed)
+
+
+def _through_broker(fields: dict, command: list[str], args) -> int:
+    """Through the broker socket and the client library: the command's output comes as
+    messages (or Codex-shaped events with ``--json``); a terminal of its own with ``-t``."""
+    import broker.client as C
+    from broker.client.requests import winsize
+    from broker.wire import frames as wire
+
+    try:
+        request = wire.RunRequest(**fields, tty=winsize(*window_size(0, 1, 2)) if args.tty else None)
+    except C.UsageError as e:
+        return fail(str(e), EXIT_USAGE)
     out = _JsonOutput(request) if args.json else _RawOutput()
     remote = remote_from_args(args)
     try:
@@ -107,6 +145,12 @@ def run_main(args) -> int:
             return fail(str(e), EXIT_SLUICE)
 
     out.end(result)
+    return _ending(result, command, args, signum, out.stdout_closed)
+
+
+def _ending(result, command: list[str], args, signum: int | None, stdout_closed: bool) -> int:
+    """Our exit code for the command's ``result`` (anything with ExitStatus's fields and
+    ``returncode``), and the line a person should read about how it ended."""
     if result.limit:
         print_error(result.limit)
     elif signum is None and not args.json and is_terminal(2):
@@ -115,7 +159,7 @@ def run_main(args) -> int:
             print_error(ending)
     if signum is not None:
         return EXIT_SIGNAL_BASE + signum
-    if out.stdout_closed:
+    if stdout_closed:
         return EXIT_SIGNAL_BASE + signal.SIGPIPE
     if result.error is not None:
         code = result.returncode
@@ -124,8 +168,6 @@ def run_main(args) -> int:
         else:
             print_error(f"error: {result.error}")
         return code
-    if result.stdout_dropped or result.stderr_dropped:
-        pass  # streaming mode shows everything; the captured copy is what was capped
     return result.returncode
 
 
@@ -234,7 +276,7 @@ def _feed_terminal(client, call, term: RawTerminal) -> None:
 
 def config_limits():
     """The ``[limits]`` table of ``$SLUICE_HOME/config.toml`` (None without one); the
-    flags override it. Raises :class:`broker.client.UsageError` when it is wrong."""
+    flags override it. Raises :class:`~broker.wire.run_args.RunArgsError` when it is wrong."""
     path = os.path.join(sluice_home(), "config.toml")
     try:
         with open(path, "rb") as f:
@@ -250,13 +292,13 @@ def config_limits():
     try:
         table = tomllib.loads(data.decode("utf-8", "replace"))
     except tomllib.TOMLDecodeError as e:
-        raise C.UsageError(f"{path}: invalid TOML: {e}") from None
+        raise RunArgsError(f"{path}: invalid TOML: {e}") from None
     if "limits" not in table:
         return None
     try:
         return from_table(table["limits"], f"{path}: [limits]")
     except LimitError as e:
-        raise C.UsageError(str(e)) from None
+        raise RunArgsError(str(e)) from None
 
 
 class _RawOutput:

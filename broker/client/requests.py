@@ -2,18 +2,14 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable, Mapping
 
 from broker.client.errors import UsageError
 from broker.wire import frames as wire
-from landlock_helper.env import split_env
-from landlock_helper.limits import LimitError, Limits, parse_count, parse_duration, parse_size
-from landlock_helper.policy import PolicyError, SandboxPolicy
+from broker.wire.run_args import MAX_CAPTURE_LIMIT, RunArgsError, check_run
+from landlock_helper.limits import Limits
 
-# Largest capture limit we ask for: the exit message carries both captured streams and
-# must stay under the broker's message size limit.
-MAX_CAPTURE_LIMIT = wire.MAX_MESSAGE_SIZE // 4
+__all__ = ["MAX_CAPTURE_LIMIT", "make_request", "winsize"]
 
 
 def make_request(
@@ -65,85 +61,16 @@ def make_request(
     an editor): it takes none of an executor's slots, so it never holds up other
     commands (an executor hosts a bounded number of them).
     """
-    if isinstance(argv, (str, bytes)):
-        raise UsageError("the command must be a list of arguments, not a string")
-    argv = list(argv)
-    if not argv:
-        raise UsageError("missing command")
-    if not all(isinstance(a, str) for a in argv):
-        raise UsageError("every command argument must be a string")
-    if not argv[0]:
-        raise UsageError("the command name is empty")
-
-    if cwd is None:
-        try:
-            cwd = os.getcwd()
-        except FileNotFoundError:
-            raise UsageError("the current directory no longer exists; cd somewhere else or pass a cwd") from None
-    cwd = os.path.abspath(cwd)
-    if check_paths and not os.path.isdir(cwd):
-        what = "is not a directory" if os.path.exists(cwd) else "does not exist"
-        raise UsageError(f"working directory {cwd} {what}")
-
-    roots = []
-    for path in writable:
-        if not isinstance(path, str) or not os.path.isabs(path):
-            raise UsageError(f"writable path must be absolute: {path!r}")
-        if check_paths and not os.path.exists(path):
-            raise UsageError(f"writable path does not exist: {path}")
-        roots.append(path)
-
     try:
-        policy = SandboxPolicy.from_mode(sandbox, writable_roots=roots, network=network)
-    except PolicyError as e:
-        raise UsageError(str(e)) from None
-
-    if timeout_ms is not None:
-        if isinstance(timeout_ms, bool) or not isinstance(timeout_ms, int) or timeout_ms <= 0:
-            raise UsageError(f"timeout must be a positive number of milliseconds, got {timeout_ms!r}")
-    if isinstance(capture_limit, bool) or not isinstance(capture_limit, int) or not 0 <= capture_limit <= MAX_CAPTURE_LIMIT:
-        raise UsageError(f"capture limit must be between 0 and {MAX_CAPTURE_LIMIT} bytes, got {capture_limit!r}")
-
-    passthrough = list(env_passthrough)
-    for name in passthrough:
-        if not isinstance(name, str) or not name or "=" in name:
-            raise UsageError(f"not an environment variable name: {name!r}")
-    if env is not None and not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
-        raise UsageError("the environment must map names to strings")
-    # Filtered here, before it leaves this process: the daemon and the executor (maybe on
-    # another host) never see the caller's secrets, only what the command may have.
-    env, _ = split_env(os.environ if env is None else env, passthrough)
-
-    try:
-        asked = Limits(
-            memory=None if memory is None else parse_size(memory, "memory"),
-            pids=None if pids_limit is None else parse_count(pids_limit, "pids limit"),
-            file_size=None if file_size is None else parse_size(file_size, "file size"),
-            cpu_time=None if cpu_time is None else parse_duration(cpu_time, "CPU time"),
+        fields = check_run(
+            argv, cwd=cwd, sandbox=sandbox, writable=writable, network=network, env=env,
+            env_passthrough=env_passthrough, timeout_ms=timeout_ms, capture_limit=capture_limit,
+            check_paths=check_paths, memory=memory, pids_limit=pids_limit, file_size=file_size,
+            cpu_time=cpu_time, limits=limits, stdin=stdin, interactive=interactive,
         )
-    except LimitError as e:
+    except RunArgsError as e:
         raise UsageError(str(e)) from None
-    if limits is not None and not isinstance(limits, Limits):
-        raise UsageError(f"limits must be a landlock_helper.limits.Limits, got {type(limits).__name__}")
-    asked = (limits or Limits()).merged(asked)
-
-    winsize = _winsize(tty)
-    if not isinstance(interactive, bool):
-        raise UsageError(f"interactive must be True or False, got {interactive!r}")
-
-    return wire.RunRequest(
-        argv=argv,
-        cwd=cwd,
-        sandbox=policy,
-        env=env,
-        env_passthrough=passthrough,
-        timeout_ms=timeout_ms,
-        capture_limit=capture_limit,
-        limits=None if asked == Limits() else asked,
-        stdin=bool(stdin),
-        tty=winsize,
-        interactive=interactive,
-    )
+    return wire.RunRequest(**fields, tty=_winsize(tty))
 
 
 def winsize(rows, cols) -> wire.Winsize:

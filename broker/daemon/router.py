@@ -101,10 +101,13 @@ FRAME_COUNT = {
 # (tcp, CurveZMQ) with this byte, and strips it when sending. libzmq's own identities
 # start with a zero byte, and the daemon drops local peers that picked this one.
 REMOTE = b"\x01"
+# The first byte of a direct run's caller's identity (broker.daemon.direct): no socket's.
+DIRECT = b"\x02"
 
 INTERACTIVE_FULL = (f"no executor can host another interactive command (each hosts at most "
                     f"{wire.INTERACTIVE_PER_EXECUTOR}); end some first")
 SHUTDOWN_MESSAGE = "the sluice daemon shut down before this command finished"
+NO_LOCAL_EXECUTOR = "the daemon runs no executor of its own (started with --executors 0): no direct run"
 # A run queued while no executor is connected is told so (see :meth:`Router.heartbeat`),
 # and fails after this long by default (``sluice daemon --executor-wait``).
 EXECUTOR_WAIT_S = 30.0
@@ -127,6 +130,12 @@ class Supervisor(Protocol):
     def starting(self) -> bool:
         """Whether an executor it spawned is on its way (started, not yet said hello)."""
 
+    def passes_fds(self, peer: Peer | None = None) -> bool:
+        """Whether it can hand ``peer`` file descriptors (None: any executor it runs)."""
+
+    def pass_fds(self, peer: Peer, call_id: str, fds: list[int]) -> str | None:
+        """Hand ``peer`` a direct run's stdio ahead of the run; None, or why it could not."""
+
 
 class _NoSupervisor:
     def claim(self, peer: Peer) -> bool:
@@ -140,6 +149,12 @@ class _NoSupervisor:
 
     def starting(self) -> bool:
         return False
+
+    def passes_fds(self, peer: Peer | None = None) -> bool:
+        return False
+
+    def pass_fds(self, peer: Peer, call_id: str, fds: list[int]) -> str | None:
+        return "no executor of this daemon's own"
 
 
 class Gate(Protocol):
@@ -215,10 +230,15 @@ class Call:
     """
 
     __slots__ = ("id", "caller", "executor", "frames", "sent", "sent_chunks", "acked", "acked_chunks", "held",
-                 "held_chunks", "interactive", "queued_at", "noticed")
+                 "held_chunks", "interactive", "queued_at", "noticed", "fds")
 
-    def __init__(self, call_id: str, caller: Peer, frames: list, *, interactive: bool = False, tick: int = 0) -> None:
+    def __init__(self, call_id: str, caller: Peer, frames: list, *, interactive: bool = False, tick: int = 0,
+                 fds: list[int] | None = None) -> None:
         self.id = call_id
+        # A direct run's stdio (the caller's own fds), handed to the executor with the run
+        # and closed here then; a list its connection shares (broker.daemon.direct), which
+        # closes them if they never were. None: not a direct run.
+        self.fds = fds
         # The router's tick when it was queued; whether its caller was told why it waits.
         self.queued_at = tick
         self.noticed = False
@@ -232,6 +252,15 @@ class Call:
         self.sent = self.sent_chunks = 0
         self.acked = self.acked_chunks = 0
         self.held = self.held_chunks = 0
+
+    def close_fds(self) -> None:
+        """Close a direct run's stdio here; the list empties (its connection shares it)."""
+        fds = self.fds
+        while fds:
+            try:
+                os.close(fds.pop())
+            except OSError:
+                pass
 
 
 class RunQueue:
@@ -502,6 +531,20 @@ class Router:
         elif spawned:
             self.sessions.candidate = peer
 
+    def join_direct(self, identity: bytes, name: str, pid: int) -> Peer | str:
+        """A direct run's caller (:mod:`broker.daemon.direct`, which checked who it is) as a
+        frontend peer, or why it cannot be one. ``identity`` starts with :data:`DIRECT`."""
+        if len(self.peers) >= self.gate.max_peers:
+            self._throttle("warning", "peer refused: too many peers", peers=len(self.peers), role="direct")
+            return f"the sluice daemon has too many clients connected ({len(self.peers)}); try again when some have left"
+        self._next_peer += 1
+        hello = wire.Hello(role=wire.ROLE_FRONTEND, token="", pid=pid, name=name)
+        peer = Peer(identity, hello, f"direct-{self._next_peer}", self.tick, self._frontend_handlers)
+        self.peers[identity] = peer
+        self.callers[identity] = peer
+        log.info("peer joined", role=peer.role, name=peer.name, pid=pid, peer_id=peer.peer_id, direct=True)
+        return peer
+
     def _on_second_hello(self, peer: Peer, head: wire.Header, frames: list) -> None:
         self._reply_error(peer, head.corr, "already said hello")
 
@@ -541,19 +584,36 @@ class Router:
             request = wire.decode(wire.RUN, frames[2])
         except wire.WireError as e:
             return self._reply_error(peer, call_id, f"bad run request: {e}")
+        if request.stdio_fds:
+            return self._reply_error(peer, call_id, "stdio_fds is for a direct run (the daemon's run.sock), not a message")
+        self._accept_run(peer, call_id, request, frames[1:])
+
+    def run_direct(self, peer: Peer, call_id: str, request: wire.RunRequest, fds: list[int]) -> None:
+        """A direct run (:mod:`broker.daemon.direct`): ``fds`` are the command's stdio."""
+        if self.closing:
+            return self._reply_error(peer, call_id, "the sluice daemon is shutting down")
+        if request.tty is not None or not request.stdio_fds:
+            return self._reply_error(peer, call_id, "a direct run has stdio_fds set and no terminal")
+        self._accept_run(peer, call_id, request, wire.message(wire.RUN, call_id, request), fds)
+
+    def _accept_run(self, peer: Peer, call_id: str, request: wire.RunRequest, frames: list,
+                    fds: list[int] | None = None) -> None:
         if call_id in self.calls:
             return self._reply_error(peer, call_id, f"call id {call_id} is already in flight")
-        if not self.queue.has_room(_size(frames[1:])):
+        if not self.queue.has_room(_size(frames)):
             self._throttle("warning", "run refused: queue full", queued=len(self.queue), queued_bytes=self.queue.bytes)
             return self._reply_error(peer, call_id, "daemon busy: too many commands queued; try again later")
+        direct = fds is not None
+        if direct and not self.supervisor.passes_fds():
+            return self._reply_error(peer, call_id, NO_LOCAL_EXECUTOR)
         if request.interactive:
             # Never behind commands waiting for a slot; queued only while no executor is there.
-            executor = self._executor_for(True)
+            executor = self._executor_for(True, direct)
             if executor is None and self.executors:
                 return self._reply_error(peer, call_id, INTERACTIVE_FULL)
         else:
-            executor = None if self.queue else self._executor_for(False)
-        call = Call(call_id, peer, frames[1:], interactive=request.interactive, tick=self.tick)
+            executor = None if self.queue else self._executor_for(False, direct)
+        call = Call(call_id, peer, frames, interactive=request.interactive, tick=self.tick, fds=fds)
         self.calls[call_id] = call
         peer.calls[call_id] = call
         if executor is None:
@@ -641,12 +701,16 @@ class Router:
         self._send(executor, [executor.identity, *frames[1:]])
 
     def _on_cancel(self, peer: Peer, head: wire.Header, frames: list) -> None:
-        call = self.calls.get(head.corr)
+        self.cancel(peer, head.corr)
+
+    def cancel(self, peer: Peer, call_id: str) -> None:
+        """``peer`` cancels its call ``call_id``: at its executor, or out of the queue."""
+        call = self.calls.get(call_id)
         if call is None or call.caller is not peer:
             return  # already finished: the exit is on its way or delivered
         executor = call.executor
         if executor is not None:
-            self._send(executor, [executor.identity, *frames[1:]])
+            self._send(executor, [executor.identity, wire.header(wire.CANCEL, call.id)])
             return
         self.queue.remove(call)
         del self.calls[call.id]
@@ -856,12 +920,15 @@ class Router:
 
     # ----------------------------------------------------------- scheduling
 
-    def _executor_for(self, interactive: bool) -> Peer | None:
+    def _executor_for(self, interactive: bool, direct: bool = False) -> Peer | None:
         """The executor with the most free slots, or for an interactive call the one that
-        hosts the fewest interactive calls (below :data:`~broker.wire.frames.INTERACTIVE_PER_EXECUTOR`)."""
+        hosts the fewest interactive calls (below :data:`~broker.wire.frames.INTERACTIVE_PER_EXECUTOR`);
+        for a direct run, one the daemon can hand file descriptors (one it spawned)."""
         best = None
         best_room = 0
         for executor in self.executors.values():
+            if direct and not self.supervisor.passes_fds(executor):
+                continue
             hosted = sum(1 for call in executor.calls.values() if call.interactive)
             if interactive:
                 room = wire.INTERACTIVE_PER_EXECUTOR - hosted
@@ -874,8 +941,9 @@ class Router:
     def _dispatch(self) -> None:
         queue = self.queue
         while queue:
-            interactive = queue.first().interactive
-            executor = self._executor_for(interactive)
+            first = queue.first()
+            interactive = first.interactive
+            executor = self._executor_for(interactive, first.fds is not None)
             if executor is None:
                 if not interactive:
                     return
@@ -886,6 +954,15 @@ class Router:
             self._assign(queue.pop_first(), executor)
 
     def _assign(self, call: Call, executor: Peer) -> None:
+        direct = call.fds is not None
+        if direct:
+            # Before the run: queued in the kernel at once, so there when the run arrives.
+            handed = self.supervisor.pass_fds(executor, call.id, call.fds)
+            if handed is not None:
+                del self.calls[call.id]
+                call.close_fds()
+                return self._fail(call, f"cannot hand the command's stdio to executor {executor.name}: {handed}")
+            call.close_fds()
         frames, call.frames = call.frames, None
         call.executor = executor
         executor.calls[call.id] = call
@@ -893,7 +970,7 @@ class Router:
             return
         del executor.calls[call.id]
         call.executor = None
-        if executor.gone:
+        if executor.gone and not direct:
             # It vanished under us; another executor (or a replacement) can take the call.
             call.frames = frames
             self.queue.push(call, first=True)

@@ -36,10 +36,11 @@ import stat
 import structlog
 import zmq
 
+from broker.daemon.direct import DirectRuns
 from broker.daemon.gate import ConnectionGate
 from broker.daemon.journal import reset_directory
 from broker.daemon.listener import AllowList, HandshakeLog, ZapHandler, bind_listener, listener_socket
-from broker.daemon.router import EXECUTOR_WAIT_S, HEARTBEAT_S, REMOTE, SUSPEND_LIMIT_S, Router
+from broker.daemon.router import DIRECT, EXECUTOR_WAIT_S, HEARTBEAT_S, REMOTE, SUSPEND_LIMIT_S, Router
 from broker.daemon.sessions import max_sessions
 from broker.daemon.supervisor import AgentSupervisor, ExecutorPool
 from broker.net.fdlimit import raise_fd_limit
@@ -58,6 +59,7 @@ from broker.net.runtime import (
 )
 from broker.net.zloop import ZSocket
 from broker.wire import frames as wire
+from broker.wire.direct import SOCKET_NAME
 
 __all__ = ["DaemonAlreadyRunning", "RuntimeDirError", "serve"]
 
@@ -205,6 +207,9 @@ class _Daemon:
         self.dir_fd = dir_fd
         # What we made there, (st_dev, st_ino), so that only those are removed at exit.
         self._socket_ident: tuple[int, int] | None = None
+        # run.sock (broker.daemon.direct), if it could be made: its socket and identity.
+        self.direct_listener: socket.socket | None = None
+        self._direct_ident: tuple[int, int] | None = None
         self._pid_ident: tuple[int, int] | None = None
         self._journal_fd: int | None = None
         self.executors = executors
@@ -221,9 +226,9 @@ class _Daemon:
 
     def bind(self) -> None:
         rt = self.runtime
-        self._remove_stale_socket()
+        self._remove_stale_socket("broker.sock")
         self.token = rt.new_token(self.dir_fd)
-        listening = self._unix_listener()
+        listening, self._socket_ident = self._unix_listener("broker.sock", socket.SOCK_STREAM)
         self.ctx = zmq.Context()
         sock = self.ctx.socket(zmq.ROUTER)
         _router_options(sock)
@@ -236,46 +241,52 @@ class _Daemon:
             raise RuntimeDirError(f"cannot listen on {rt.endpoint}: {e}") from None
         if self.listen is not None:
             self._listen()
+        try:
+            self._remove_stale_socket(SOCKET_NAME)
+            self.direct_listener, self._direct_ident = self._unix_listener(SOCKET_NAME, socket.SOCK_SEQPACKET)
+        except RuntimeDirError as e:
+            log.warning("no direct runs: sluice run goes through the broker socket", why=str(e))
         self._pid_ident = write_new(self.dir_fd, "daemon.pid", f"{os.getpid()}\n".encode())
 
-    def _remove_stale_socket(self) -> None:
-        """Unlink what a dead daemon left at the socket's name (we hold the lock, so no daemon
+    def _remove_stale_socket(self, name: str) -> None:
+        """Unlink what a dead daemon left at a socket's name (we hold the lock, so no daemon
         uses it): the entry itself, never what a link there points to, and only one of ours
         that is not a directory (the same one we looked at: removed by identity)."""
+        path = os.path.join(self.runtime.path, name)
         try:
-            st = os.stat("broker.sock", dir_fd=self.dir_fd, follow_symlinks=False)
+            st = os.stat(name, dir_fd=self.dir_fd, follow_symlinks=False)
         except FileNotFoundError:
             return
         if stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
             what = "a directory" if stat.S_ISDIR(st.st_mode) else f"owned by uid {st.st_uid}"
-            raise RuntimeDirError(f"{self.runtime.socket_path} is {what}, "
+            raise RuntimeDirError(f"{path} is {what}, "
                                   "not a socket a sluice daemon left; refusing to remove it: remove it yourself")
         if not stat.S_ISSOCK(st.st_mode):
-            log.warning("removed something that was not a socket at the socket's name", path=self.runtime.socket_path,
+            log.warning("removed something that was not a socket at the socket's name", path=path,
                         was="a symbolic link" if stat.S_ISLNK(st.st_mode) else "a file")
-        remove(self.dir_fd, "broker.sock", (st.st_dev, st.st_ino))
+        remove(self.dir_fd, name, (st.st_dev, st.st_ino))
 
-    def _unix_listener(self) -> socket.socket:
-        """A unix socket bound in the runtime dir, 0600. Bound through /proc/self/fd where
-        there is one, so the name is made in the directory that was checked, whatever
-        its path leads to now; bind never follows a link at the name itself."""
-        rt = self.runtime
-        address = rt.socket_path
+    def _unix_listener(self, name: str, kind: int) -> tuple[socket.socket, tuple[int, int]]:
+        """A unix socket bound at ``name`` in the runtime dir, 0600, and its identity. Bound
+        through /proc/self/fd where there is one, so the name is made in the directory
+        that was checked, whatever its path leads to now; bind never follows a link at the
+        name itself."""
+        path = os.path.join(self.runtime.path, name)
+        address = path
         if os.path.isdir(f"/proc/self/fd/{self.dir_fd}"):
-            address = f"/proc/self/fd/{self.dir_fd}/broker.sock"
-        listening = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            address = f"/proc/self/fd/{self.dir_fd}/{name}"
+        listening = socket.socket(socket.AF_UNIX, kind | socket.SOCK_CLOEXEC)
         old_umask = os.umask(0o177)
         try:
             listening.bind(address)
             listening.listen(100)
         except OSError as e:
             listening.close()
-            raise RuntimeDirError(f"cannot listen on {rt.endpoint}: {e.strerror or e}") from None
+            raise RuntimeDirError(f"cannot listen on {path}: {e.strerror or e}") from None
         finally:
             os.umask(old_umask)
-        st = os.stat("broker.sock", dir_fd=self.dir_fd, follow_symlinks=False)
-        self._socket_ident = (st.st_dev, st.st_ino)
-        return listening
+        st = os.stat(name, dir_fd=self.dir_fd, follow_symlinks=False)
+        return listening, (st.st_dev, st.st_ino)
 
     def _listen(self) -> None:
         listen = self.listen
@@ -316,14 +327,16 @@ class _Daemon:
         router.sessions.max_sessions = max_sessions(self.fd_limit)
         self._journal_fd = router.sessions.journal_dir = _journal_dir(self.runtime, self.dir_fd)
         zsock = ZSocket(self.sock, _local_only(router.on_message), loop)
-        router.transport = zsock.send
         gate.watch(self.sock, self.ctx, loop)
         tsock = None
         if self.tcp is not None:
             self.zap.start(loop)
             gate.watch(self.tcp, self.ctx, loop, events=HandshakeLog.EVENTS, also=HandshakeLog().on_event)
             tsock = ZSocket(self.tcp, _from_network(router.on_message), loop)
-            router.transport = _transport(zsock.send, tsock.send)
+        direct = None
+        if self.direct_listener is not None:
+            direct = DirectRuns(router, self.direct_listener, loop)
+        router.transport = _transport(zsock.send, tsock.send if tsock else None, direct.deliver if direct else None)
         heartbeat = loop.create_task(self._heartbeat(router, gate, stop))
         pool.start()
         log.info("daemon ready", endpoint=self.runtime.endpoint, listen=self.tcp_endpoint or None, pid=os.getpid(),
@@ -335,6 +348,8 @@ class _Daemon:
         router.close()
         await asyncio.gather(pool.stop(SHUTDOWN_GRACE_S), agents.stop(SHUTDOWN_GRACE_S))
         router.fail_all()
+        if direct is not None:
+            direct.close()
         heartbeat.cancel()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(signum)
@@ -408,6 +423,12 @@ class _Daemon:
         if self._socket_ident is not None:
             remove(self.dir_fd, "broker.sock", self._socket_ident)
             self._socket_ident = None
+        if self.direct_listener is not None:
+            self.direct_listener.close()
+            self.direct_listener = None
+        if self._direct_ident is not None:
+            remove(self.dir_fd, SOCKET_NAME, self._direct_ident)
+            self._direct_ident = None
         if self._pid_ident is not None:
             remove(self.dir_fd, "daemon.pid", self._pid_ident)
             self._pid_ident = None
@@ -439,7 +460,7 @@ def _local_only(on_message):
     for a network peer's (it could skip the token, or speak for a peer it is not)."""
 
     def on_local(frames: list) -> None:
-        if frames[0].bytes[:1] != REMOTE:
+        if frames[0].bytes[:1] not in (REMOTE, DIRECT):
             on_message(frames)
         else:
             _throttle("warning", "local peer with a reserved routing id ignored")
@@ -455,13 +476,19 @@ def _from_network(on_message):
     return on_remote
 
 
-def _transport(local_send, remote_send):
-    """The router's one send: to the tcp socket for :data:`REMOTE` identities, else ipc."""
+def _transport(local_send, remote_send=None, direct_send=None):
+    """The router's one send: to the tcp socket for :data:`REMOTE` identities, to run.sock's
+    connections for :data:`DIRECT` ones, else ipc."""
+    if remote_send is None and direct_send is None:
+        return local_send
+    remote, direct = REMOTE[0], DIRECT[0]
 
     def send(parts) -> None:
-        identity = parts[0]
-        if identity[:1] == REMOTE:
-            remote_send([identity[1:], *parts[1:]])
+        first = parts[0][0]
+        if first == remote and remote_send is not None:
+            remote_send([parts[0][1:], *parts[1:]])
+        elif first == direct and direct_send is not None:
+            direct_send(parts)
         else:
             local_send(parts)
 

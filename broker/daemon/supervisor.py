@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -28,6 +29,7 @@ from collections.abc import Callable
 import structlog
 
 from broker.net.runtime import RuntimeDir, with_source_root, without_secrets
+from broker.wire import direct
 
 log = structlog.get_logger(component="supervisor")
 
@@ -57,12 +59,14 @@ def child_env(environ: dict[str, str] | None = None) -> dict[str, str]:
 class Worker:
     """One spawned child process and, once it said hello, its router peer."""
 
-    __slots__ = ("name", "proc", "pidfd", "started_at", "peer", "hello_timer")
+    __slots__ = ("name", "proc", "pidfd", "started_at", "peer", "hello_timer", "channel")
 
-    def __init__(self, name: str, proc: subprocess.Popen, pidfd: int) -> None:
+    def __init__(self, name: str, proc: subprocess.Popen, pidfd: int, channel: socket.socket | None = None) -> None:
         self.name = name
         self.proc = proc
         self.pidfd = pidfd
+        # Our end of an executor's fd channel (broker.wire.direct), or None.
+        self.channel = channel
         self.started_at = time.monotonic()
         self.peer = None
         self.hello_timer: asyncio.TimerHandle | None = None
@@ -103,27 +107,44 @@ class ProcessPool:
     def _argv(self, name: str) -> list[str]:
         raise NotImplementedError
 
+    def _channel(self) -> tuple[socket.socket, socket.socket] | None:
+        """Ours and the child's end of a socket to hand it file descriptors, or None."""
+        return None
+
     def _spawn(self, name: str) -> None:
         self._restarts.pop(name, None)
         if self._stopping:
             return
+        channel = None
         try:
+            channel = self._channel()
+            argv, keep = self._argv(name), ()
+            if channel is not None:
+                argv, keep = [*argv, "--fd-channel", str(channel[1].fileno())], (channel[1].fileno(),)
             # Own process group: a terminal's Ctrl-C reaches the daemon, which stops its
             # children in order, instead of hitting every one at once.
-            proc = subprocess.Popen(self._argv(name), stdin=subprocess.DEVNULL, env=child_env(), process_group=0)
+            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, env=child_env(), process_group=0, pass_fds=keep)
         except OSError as e:
             log.error(f"cannot start {self.what}", name=name, error=str(e))
+            if channel is not None:
+                channel[0].close()
+                channel[1].close()
             self._schedule_restart(name, quick=True)
             return
+        finally:
+            if channel is not None:
+                channel[1].close()
         try:
             pidfd = os.pidfd_open(proc.pid)
         except OSError as e:
             log.error(f"cannot watch {self.what}", name=name, pid=proc.pid, error=str(e))
             proc.kill()
             proc.wait()
+            if channel is not None:
+                channel[0].close()
             self._schedule_restart(name, quick=True)
             return
-        worker = Worker(name, proc, pidfd)
+        worker = Worker(name, proc, pidfd, channel[0] if channel is not None else None)
         self.workers[name] = worker
         self.loop.add_reader(pidfd, self._on_exit, name)
         worker.hello_timer = self.loop.call_later(HELLO_TIMEOUT_S, self._hello_overdue, name)
@@ -139,6 +160,8 @@ class ProcessPool:
         worker = self.workers.pop(name)
         self.loop.remove_reader(worker.pidfd)
         os.close(worker.pidfd)
+        if worker.channel is not None:
+            worker.channel.close()
         if worker.hello_timer is not None:
             worker.hello_timer.cancel()
         returncode = worker.proc.wait()
@@ -252,6 +275,28 @@ class ExecutorPool(ProcessPool):
     def start(self) -> None:
         for k in range(1, self.count + 1):
             self._spawn(f"exec-{k}")
+
+    def _channel(self) -> tuple[socket.socket, socket.socket] | None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
+        ours.setblocking(False)
+        return ours, theirs
+
+    def passes_fds(self, peer=None) -> bool:
+        """Whether ``peer`` is an executor we spawned and can hand fds (None: whether we run any)."""
+        if peer is None:
+            return self.count > 0
+        return any(worker.peer is peer and worker.channel is not None for worker in self.workers.values())
+
+    def pass_fds(self, peer, call_id: str, fds: list[int]) -> str | None:
+        """Hand a direct run's stdio to executor ``peer`` (before its run); None, or why not."""
+        for worker in self.workers.values():
+            if worker.peer is peer and worker.channel is not None:
+                try:
+                    direct.send(worker.channel, {"call": call_id}, fds)
+                except OSError as e:
+                    return e.strerror or str(e)
+                return None
+        return "not an executor of this daemon's own"
 
     def _argv(self, name: str) -> list[str]:
         rt = self.runtime

@@ -148,6 +148,7 @@ from __future__ import annotations
 
 import msgspec
 
+from broker.wire import run_args
 from broker.wire.results import shell_returncode
 from landlock_helper.limits import Limits
 from landlock_helper.policy import DiskWriteFolder, SandboxPolicy
@@ -214,9 +215,10 @@ SESSION_ACK_EVERY_BYTES = 1024 * 1024
 # Interactive runs (``RunRequest.interactive``) one executor hosts at most, beyond its slots.
 INTERACTIVE_PER_EXECUTOR = 256
 
-DEFAULT_CAPTURE_LIMIT = 1024 * 1024
-# Largest message the broker accepts from any peer (ZMQ_MAXMSGSIZE).
-MAX_MESSAGE_SIZE = 64 * 1024 * 1024
+# Defined with the checks of a run's arguments: what a run captures by default, and the
+# largest message the broker accepts from any peer (ZMQ_MAXMSGSIZE).
+DEFAULT_CAPTURE_LIMIT = run_args.DEFAULT_CAPTURE_LIMIT
+MAX_MESSAGE_SIZE = run_args.MAX_MESSAGE_SIZE
 
 
 class Header(msgspec.Struct, array_like=True, frozen=True):
@@ -291,6 +293,12 @@ class RunRequest(msgspec.Struct, frozen=True):
     tty: Winsize | None = None
     # Waits for input, maybe for long: takes no slot (see "Terminals" above).
     interactive: bool = False
+    # The command's stdio are the caller's own file descriptors, which the daemon hands
+    # the executor over its fd channel (a direct run, :mod:`broker.wire.direct`): the
+    # command writes to them itself, so no ``out`` comes and nothing is captured; ``stdin``
+    # then says whether a third fd is its stdin. Only a local caller of the daemon's
+    # run.sock can ask for it.
+    stdio_fds: bool = False
 
 
 class Started(msgspec.Struct, frozen=True):
@@ -421,6 +429,23 @@ _decoders = {
     STATUS: msgspec.msgpack.Decoder(DaemonInfo),
     RESIZE: msgspec.msgpack.Decoder(Winsize),
 }
+
+
+def run_from_builtins(fields: dict) -> RunRequest:
+    """A direct run's request (:mod:`broker.wire.direct`, JSON values) as a
+    :class:`RunRequest`, checked as a wire message is; raises :class:`WireError`."""
+    try:
+        return msgspec.convert(fields, RunRequest, dec_hook=dec_hook)
+    except (msgspec.ValidationError, ValueError, TypeError) as e:
+        raise WireError(f"bad run request: {one_line(e)}") from None
+
+
+def exit_builtins(status: ExitStatus) -> dict:
+    """An exit as a direct run's caller gets it: JSON values, without captured output."""
+    out = msgspec.to_builtins(status)
+    out.pop("stdout", None)
+    out.pop("stderr", None)
+    return out
 
 
 def one_line(text: object, limit: int = 500) -> str:

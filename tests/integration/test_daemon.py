@@ -64,6 +64,7 @@ FAKE_EXECUTOR = textwrap.dedent(
     ap.add_argument("--name", required=True)
     ap.add_argument("--hide", required=True)
     ap.add_argument("--die-with-parent", action="store_true")
+    ap.add_argument("--fd-channel", type=int)
     args = ap.parse_args()
     mode = os.environ.get("FAKE_EXECUTOR_MODE", "")
     parent = os.getppid()

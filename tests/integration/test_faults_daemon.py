@@ -239,7 +239,7 @@ def _suspend_run(d, sluice, tmp_path, stop_s: float) -> subprocess.CompletedProc
     stopped (SIGSTOP) for ``stop_s`` seconds once it has printed its first line; the file
     is made once it is resumed."""
     script = "echo 1; while [ ! -e go ]; do sleep 0.05; done; for i in $(seq 2 30); do echo $i; done"
-    proc = subprocess.Popen([*sluice, "run", "--cwd", str(tmp_path), "--", "sh", "-c", script],
+    proc = subprocess.Popen([*sluice, "run", "--via-broker", "--cwd", str(tmp_path), "--", "sh", "-c", script],
                             env=d.env_for_children(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     first = proc.stdout.readline()
     assert first == b"1\n", proc.stderr.read()

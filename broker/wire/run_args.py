@@ -1,0 +1,135 @@
+"""Checking the arguments of a run before anything is sent: the one place they are
+checked, for :func:`broker.client.make_request` and for a direct ``sluice run``
+(:mod:`broker.wire.direct`). Stdlib only (the sandbox's policy, environment and limit
+types are), so the fast path of ``sluice run`` can use it without pyzmq or msgspec."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Iterable, Mapping
+
+from landlock_helper.env import split_env
+from landlock_helper.limits import LimitError, Limits, parse_count, parse_duration, parse_size
+from landlock_helper.policy import PolicyError, SandboxPolicy
+
+# What a run captures of each stream by default, for its result (the output itself streams).
+DEFAULT_CAPTURE_LIMIT = 1024 * 1024
+# Largest message the daemon accepts, and so the largest capture limit a run may ask for:
+# the exit message carries both captured streams.
+MAX_MESSAGE_SIZE = 64 * 1024 * 1024
+MAX_CAPTURE_LIMIT = MAX_MESSAGE_SIZE // 4
+
+
+class RunArgsError(ValueError):
+    """A bad argument of a run (unknown mode, missing cwd, relative writable path, ...)."""
+
+
+def check_run(
+    argv: Iterable[str],
+    *,
+    cwd: str | None = None,
+    sandbox: str = "workspace-write",
+    writable: Iterable[str] = (),
+    network: bool = False,
+    env: Mapping[str, str] | None = None,
+    env_passthrough: Iterable[str] = (),
+    timeout_ms: int | None = None,
+    capture_limit: int = DEFAULT_CAPTURE_LIMIT,
+    check_paths: bool = True,
+    memory: int | str | None = None,
+    pids_limit: int | str | None = None,
+    file_size: int | str | None = None,
+    cpu_time: int | str | None = None,
+    limits: Limits | None = None,
+    stdin: bool = False,
+    interactive: bool = False,
+) -> dict:
+    """The fields of a ``RunRequest`` (all but ``tty``) from a caller's arguments, as
+    :func:`broker.client.make_request` documents them; raises :class:`RunArgsError`."""
+    if isinstance(argv, (str, bytes)):
+        raise RunArgsError("the command must be a list of arguments, not a string")
+    argv = list(argv)
+    if not argv:
+        raise RunArgsError("missing command")
+    if not all(isinstance(a, str) for a in argv):
+        raise RunArgsError("every command argument must be a string")
+    if not argv[0]:
+        raise RunArgsError("the command name is empty")
+
+    if cwd is None:
+        try:
+            cwd = os.getcwd()
+        except FileNotFoundError:
+            raise RunArgsError("the current directory no longer exists; cd somewhere else or pass a cwd") from None
+    cwd = os.path.abspath(cwd)
+    if check_paths and not os.path.isdir(cwd):
+        what = "is not a directory" if os.path.exists(cwd) else "does not exist"
+        raise RunArgsError(f"working directory {cwd} {what}")
+
+    roots = []
+    for path in writable:
+        if not isinstance(path, str) or not os.path.isabs(path):
+            raise RunArgsError(f"writable path must be absolute: {path!r}")
+        if check_paths and not os.path.exists(path):
+            raise RunArgsError(f"writable path does not exist: {path}")
+        roots.append(path)
+
+    try:
+        policy = SandboxPolicy.from_mode(sandbox, writable_roots=roots, network=network)
+    except PolicyError as e:
+        raise RunArgsError(str(e)) from None
+
+    if timeout_ms is not None:
+        if isinstance(timeout_ms, bool) or not isinstance(timeout_ms, int) or timeout_ms <= 0:
+            raise RunArgsError(f"timeout must be a positive number of milliseconds, got {timeout_ms!r}")
+    if isinstance(capture_limit, bool) or not isinstance(capture_limit, int) or not 0 <= capture_limit <= MAX_CAPTURE_LIMIT:
+        raise RunArgsError(f"capture limit must be between 0 and {MAX_CAPTURE_LIMIT} bytes, got {capture_limit!r}")
+
+    passthrough = list(env_passthrough)
+    for name in passthrough:
+        if not isinstance(name, str) or not name or "=" in name:
+            raise RunArgsError(f"not an environment variable name: {name!r}")
+    if env is not None and not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+        raise RunArgsError("the environment must map names to strings")
+    # Filtered here, before it leaves this process: the daemon and the executor (maybe on
+    # another host) never see the caller's secrets, only what the command may have.
+    env, _ = split_env(os.environ if env is None else env, passthrough)
+
+    try:
+        asked = Limits(
+            memory=None if memory is None else parse_size(memory, "memory"),
+            pids=None if pids_limit is None else parse_count(pids_limit, "pids limit"),
+            file_size=None if file_size is None else parse_size(file_size, "file size"),
+            cpu_time=None if cpu_time is None else parse_duration(cpu_time, "CPU time"),
+        )
+    except LimitError as e:
+        raise RunArgsError(str(e)) from None
+    if limits is not None and not isinstance(limits, Limits):
+        raise RunArgsError(f"limits must be a landlock_helper.limits.Limits, got {type(limits).__name__}")
+    asked = (limits or Limits()).merged(asked)
+    if not isinstance(interactive, bool):
+        raise RunArgsError(f"interactive must be True or False, got {interactive!r}")
+
+    return {
+        "argv": argv,
+        "cwd": cwd,
+        "sandbox": policy,
+        "env": env,
+        "env_passthrough": passthrough,
+        "timeout_ms": timeout_ms,
+        "capture_limit": capture_limit,
+        "limits": None if asked == Limits() else asked,
+        "stdin": bool(stdin),
+        "interactive": interactive,
+    }
+
+
+def json_fields(fields: dict) -> dict:
+    """:func:`check_run`'s fields as plain JSON values (the policy in Codex's form)."""
+    limits = fields["limits"]
+    return {
+        **fields,
+        "sandbox": fields["sandbox"].to_json(),
+        "limits": None if limits is None else dataclasses.asdict(limits),
+    }
