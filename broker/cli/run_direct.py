@@ -72,6 +72,9 @@ class DirectRun:
     def start(self) -> bool:
         """Hand the run to the daemon; False (nothing sent, nothing left open) if there is
         no run.sock to hand it to."""
+        token = self.runtime.read_token()  # checks the runtime dir is ours, as the client library does
+        if not token:
+            return False
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
         try:
             sock.connect(os.path.join(self.runtime.path, direct.SOCKET_NAME))
@@ -84,7 +87,8 @@ class DirectRun:
                 theirs.append(self._output(fd))
             if self.fields["stdin"]:
                 theirs.append(self._input(0))
-            direct.send(sock, {"run": json_fields(self.fields), "call": new_call_id(), "name": self.name}, theirs)
+            direct.send(sock, {"run": json_fields(self.fields), "call": new_call_id(), "name": self.name,
+                               "token": token}, theirs)
         except OSError:
             sock.close()
             self._close_relays()

@@ -7,8 +7,9 @@ caller needs neither pyzmq nor msgspec. Everything else is the router's, as for 
 frontend: the queue, an executor's slot, timeouts, cancel, tree kill, notices, the
 daemon's shutdown.
 
-Who may connect: the runtime dir is the owner's alone (0700), and each connection's
-peer is checked again (``SO_PEERCRED``): our uid, or root. Each connection is one
+Who may connect: the runtime dir is the owner's alone (0700), each connection's peer is
+checked again (``SO_PEERCRED``: our uid, or root), and its run carries the runtime dir's
+token, as a hello on the broker socket does. Each connection is one
 frontend peer of the router (identity :data:`~broker.daemon.router.DIRECT` + a number)
 with at most one call; the connection's end is the peer's (its call is cancelled), and
 the peer's end (after the exit) closes the connection. The fds belong to the call until
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import hmac
 import os
 import re
 import socket
@@ -63,8 +65,9 @@ class DirectRuns:
     """Serves run.sock on ``loop`` for ``router``; :meth:`deliver` is the router's send to
     its connections' peers."""
 
-    def __init__(self, router: Router, listener: socket.socket, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, router: Router, listener: socket.socket, loop: asyncio.AbstractEventLoop, token: str) -> None:
         self.router = router
+        self._token = token.encode()
         self.listener = listener
         self.loop = loop
         self.uid = os.getuid()
@@ -131,6 +134,11 @@ class DirectRuns:
         if conn.timer is not None:
             conn.timer.cancel()
             conn.timer = None
+        token = message.get("token")
+        if not isinstance(token, str) or not hmac.compare_digest(token.encode("utf-8", "replace"), self._token):
+            direct.close_all(fds)
+            _throttle("warning", "direct run: authentication failed", pid=conn.pid)
+            return self._refuse(conn, "authentication failed")
         fields = message["run"]
         call_id = message.get("call")
         name = message.get("name", "sluice run")

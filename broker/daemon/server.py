@@ -335,7 +335,7 @@ class _Daemon:
             tsock = ZSocket(self.tcp, _from_network(router.on_message), loop)
         direct = None
         if self.direct_listener is not None:
-            direct = DirectRuns(router, self.direct_listener, loop)
+            direct = DirectRuns(router, self.direct_listener, loop, self.token)
         router.transport = _transport(zsock.send, tsock.send if tsock else None, direct.deliver if direct else None)
         heartbeat = loop.create_task(self._heartbeat(router, gate, stop))
         pool.start()

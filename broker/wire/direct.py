@@ -7,8 +7,8 @@ with the first), both JSON:
 
 ``run.sock`` in the runtime dir (:data:`SOCKET_NAME`), caller <-> daemon
     The caller connects (the runtime dir is the owner's alone, and the daemon checks the
-    peer's uid too) and sends ``{"run": <RunRequest fields>, "call": ID, "name": NAME}``
-    with its stdout and stderr, and its stdin when the command reads it, as fds
+    peer's uid too) and sends ``{"run": <RunRequest fields>, "call": ID, "name": NAME,
+    "token": <the runtime dir's token>}`` with its stdout and stderr, and its stdin when the command reads it, as fds
     (:data:`FD_ORDER`). ``{"cancel": true}`` cancels; closing the connection does too.
     The daemon answers ``{"started": PID}``, ``{"notice": LINE}`` (a note that does not
     end the call), and last ``{"exit": <ExitStatus fields, no captured output>}`` or

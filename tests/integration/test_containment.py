@@ -409,6 +409,9 @@ def test_daemon_started_after_the_command_is_out_of_its_reach(daemon_factory, wo
         "s = socket.socket(socket.AF_UNIX)\n"
         "try: s.connect(rt + '/broker.sock'); print('socket connected')\n"
         "except OSError as e: print('socket refused', e.errno)\n"
+        "s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)\n"
+        "try: s.connect(rt + '/run.sock'); print('run.sock connected')\n"
+        "except OSError as e: print('run.sock refused', e.errno)\n"
     )
     (workdir / "probe.py").write_text(probe)
     argv = [sys.executable, "-m", "landlock_helper", "--cwd", str(workdir), "--", "/usr/bin/python3", "probe.py"]
@@ -424,6 +427,7 @@ def test_daemon_started_after_the_command_is_out_of_its_reach(daemon_factory, wo
             proc.wait()
     assert token and token not in out
     assert "dir False" in out and "token refused" in out and "socket refused" in out, out + err
+    assert "run.sock refused" in out, out + err
 
 
 def test_danger_full_access_as_root_can_undo_the_cover(open_tmp, workdir):

@@ -152,6 +152,7 @@ def test_bad_clients_get_an_answer_and_leave_nothing_open(module_daemon, sluice_
     """Garbage, missing or extra fds, a second run: each gets one error line; the daemon
     keeps none of the fds it was sent, and serves the next run."""
     path = os.path.join(module_daemon.runtime.path, direct.SOCKET_NAME)
+    token = module_daemon.runtime.read_token()
     assert sluice_run("--", "true").returncode == 0
     daemon = module_daemon.pid
     wait_for(lambda: _fd_count(daemon) == _fd_count(daemon), what="a steady count")
@@ -174,11 +175,16 @@ def test_bad_clients_get_an_answer_and_leave_nothing_open(module_daemon, sluice_
         assert "error" in ask(b"{not json")
         assert "error" in ask(b"[1, 2]")
         run = {"argv": ["true"], "cwd": "/", "sandbox": {"permissions": ["disk-full-read-access"]}, "stdin": False}
-        assert "file descriptors" in ask(b'{"run": %s, "call": "c1"}' % json.dumps(run).encode())["error"]
-        assert "file descriptors" in ask(
-            b'{"run": %s, "call": "c2"}' % json.dumps(run).encode(), [w, w, w])["error"]
-        assert "call id" in ask(b'{"run": {}, "call": "../x"}', [w, w])["error"]
-        assert "bad run request" in ask(b'{"run": {"argv": 3}, "call": "c3"}', [w, w])["error"]
+
+        def message(call: str, run: dict, token: str = token) -> bytes:
+            return json.dumps({"run": run, "call": call, "token": token}).encode()
+
+        assert ask(message("c0", run, "not-the-token"), [w, w])["error"] == "authentication failed"
+        assert ask(b'{"run": {}, "call": "c0"}', [w, w])["error"] == "authentication failed"
+        assert "file descriptors" in ask(message("c1", run))["error"]
+        assert "file descriptors" in ask(message("c2", run), [w, w, w])["error"]
+        assert "call id" in ask(message("../x", run), [w, w])["error"]
+        assert "bad run request" in ask(message("c3", {"argv": 3}), [w, w])["error"]
     finally:
         os.close(w)
     # Every copy of the write end is closed: the daemon's too (else this read would hang).
@@ -203,3 +209,26 @@ def test_runs_leave_no_fd_behind(module_daemon, sluice_run):
         return all(_fd_count(pid) <= n for pid, n in before.items())
 
     wait_for(settled, timeout=15, what="the daemon and its executors back to their fds")
+
+
+@pytest.mark.timeout(60)
+def test_a_sandboxed_command_cannot_reach_run_sock(module_daemon, sluice_run):
+    """run.sock would run anything, its policy included: a command must not reach it,
+    nor the token it asks for (the runtime dir is hidden, and a unix peer outside the
+    sandbox is refused)."""
+    rt = module_daemon.runtime.path
+    probe = (
+        "import socket, sys\n"
+        f"rt = {rt!r}\n"
+        "try: print('token', open(rt + '/token').read())\n"
+        "except OSError as e: print('token refused', e.errno)\n"
+        "s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)\n"
+        "try: s.connect(rt + '/run.sock'); print('run.sock connected')\n"
+        "except OSError as e: print('run.sock refused', e.errno)\n"
+    )
+    token = module_daemon.runtime.read_token()
+    for mode in ("workspace-write", "read-only"):
+        p = sluice_run("--sandbox", mode, "--", SANDBOX_PYTHON, "-c", probe, capture_output=True, text=True)
+        assert p.returncode == 0, p.stderr
+        assert "token refused" in p.stdout and "run.sock refused" in p.stdout, p.stdout
+        assert token not in p.stdout
