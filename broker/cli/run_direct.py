@@ -31,6 +31,8 @@ from broker.wire import direct
 from broker.wire.results import new_call_id, shell_returncode
 from broker.wire.run_args import json_fields
 
+# How long connecting to run.sock may take before sluice run takes the broker socket.
+CONNECT_S = 2.0
 # How much one read of a relayed stream takes.
 RELAY_READ = 256 * 1024
 # After the exit, how long relayed output may take to drain (its writers are dead by then).
@@ -77,7 +79,9 @@ class DirectRun:
             return False
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
         try:
+            sock.settimeout(CONNECT_S)  # a daemon too busy to accept: the broker socket waits better
             sock.connect(os.path.join(self.runtime.path, direct.SOCKET_NAME))
+            sock.settimeout(None)
         except OSError:
             sock.close()
             return False
@@ -144,6 +148,7 @@ class DirectRun:
     def _wait(self, wake_r: int, cancel_wait_s: float):
         sock = self.sock
         deadline = None
+        heard = time.monotonic()
         while True:
             if self.signum is not None and not self._cancelled:
                 self._cancel()
@@ -153,7 +158,14 @@ class DirectRun:
             stdin = self.stdin
             if stdin is not None and stdin.open and self.started:  # not before: a refusal may fall back
                 (writers if stdin.pending else readers).append(stdin.dst if stdin.pending else stdin.src)
-            timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+            timeout = heard + direct.SILENT_LIMIT_S - time.monotonic()
+            if deadline is not None:
+                timeout = min(timeout, deadline - time.monotonic())
+            if timeout <= 0 and deadline is not None and time.monotonic() >= deadline:
+                raise TimeoutError
+            if timeout <= 0:
+                return (f"the sluice daemon stopped answering (nothing heard for {direct.SILENT_LIMIT_S:g} s); "
+                        "the command may still be running: `sluice daemon status` shows the daemon")
             try:
                 ready_r, ready_w, _ = select.select(readers, writers, [], timeout)
             except InterruptedError:
@@ -168,6 +180,7 @@ class DirectRun:
             if stdin is not None and stdin.open and (stdin.src in ready_r or stdin.dst in ready_w):
                 self._relay_in(stdin)
             if sock.fileno() in ready_r:
+                heard = time.monotonic()
                 result = self._message()
                 if result is not None:
                     return result

@@ -42,6 +42,8 @@ _CALL_ID = re.compile(r"[0-9A-Za-z_-]{1,64}")
 FIRST_MESSAGE_S = 10.0
 # Messages one connection may have waiting for the caller to read them.
 BACKLOG_MAX = 256
+# After accept failed (out of descriptors), the listener is left alone this long.
+ACCEPT_PAUSE_S = 0.1
 
 
 class _Connection:
@@ -73,19 +75,46 @@ class DirectRuns:
         self.uid = os.getuid()
         self.connections: dict[bytes, _Connection] = {}
         self._next = 0
+        self._paused: asyncio.TimerHandle | None = None
+        self._listening = False
+        self._closing = False
         listener.setblocking(False)
-        loop.add_reader(listener.fileno(), self._accept)
+        self._listen(True)
+
+    def _resume(self) -> None:
+        self._paused = None
+        if not self._closing:
+            self._listen(True)
 
     # -- connections -------------------------------------------------------------------
 
+    def _listen(self, on: bool) -> None:
+        if on != self._listening:
+            self._listening = on
+            if on:
+                self.loop.add_reader(self.listener.fileno(), self._accept)
+            else:
+                self.loop.remove_reader(self.listener.fileno())
+
     def _accept(self) -> None:
         for _ in range(64):  # a burst, then the loop's other work
+            if len(self.connections) >= self.router.gate.max_peers:
+                # Full: new callers wait in the listen backlog (and, once that is full,
+                # take the broker socket) until a connection ends. Never a reset: a
+                # caller must be able to tell a refused run from one that may have run.
+                _throttle("warning", "direct runs: too many connections; not accepting for now",
+                          connections=len(self.connections))
+                self._listen(False)
+                return
             try:
                 sock, _ = self.listener.accept()
             except (BlockingIOError, InterruptedError):
                 return
-            except OSError as e:  # EMFILE and friends: the gate's business; try later
-                _throttle("warning", "cannot accept a direct run", error=e.strerror)
+            except OSError as e:
+                # Out of descriptors (the listener stays readable: do not spin on it).
+                _throttle("warning", "cannot accept a direct run; trying again shortly", error=e.strerror)
+                self._listen(False)
+                self._paused = self.loop.call_later(ACCEPT_PAUSE_S, self._resume)
                 return
             try:
                 pid, uid, _gid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
@@ -196,6 +225,7 @@ class DirectRuns:
             self._send(conn, {"started": wire.decode(wire.STARTED, parts[2]).pid, "sluice_version": SLUICE_VERSION})
         elif kind == wire.PING and conn.peer is not None:
             conn.peer.seen = self.router.tick  # alive while connected: nothing flows to ack
+            self._send(conn, {"ping": True})
         # ``out`` does not come (the command writes to its fds); nothing else is for a caller.
 
     # -- to the caller --------------------------------------------------------------------
@@ -242,6 +272,8 @@ class DirectRuns:
             return
         conn.closed = True
         self.connections.pop(conn.identity, None)
+        if not self._listening and self._paused is None and not self._closing:
+            self._listen(True)
         if conn.timer is not None:
             conn.timer.cancel()
             conn.timer = None
@@ -260,7 +292,10 @@ class DirectRuns:
 
     def close(self) -> None:
         """Stop serving: every connection ends (after the router told its caller why)."""
-        self.loop.remove_reader(self.listener.fileno())
+        self._closing = True
+        self._listen(False)
+        if self._paused is not None:
+            self._paused.cancel()
         for conn in list(self.connections.values()):
             self._end(conn, "the daemon is shutting down")
             if conn.writing:

@@ -12,8 +12,11 @@ with the first), both JSON:
     (:data:`FD_ORDER`). ``{"cancel": true}`` cancels; closing the connection does too.
     The daemon answers ``{"started": PID}``, ``{"notice": LINE}`` (a note that does not
     end the call), and last ``{"exit": <ExitStatus fields, no captured output>}`` or
-    ``{"error": LINE}`` (the run was refused before it ran). The request's
-    ``stdio_fds`` is true: the fds are the command's stdio.
+    ``{"error": LINE}`` (the run was refused before it ran; with ``"fallback": true``
+    nothing ran and the broker socket may do it), and ``{"ping": true}`` every heartbeat
+    while the run is queued or running: a caller that hears nothing for
+    :data:`SILENT_LIMIT_S` gives up on the daemon. The request's ``stdio_fds`` is true:
+    the fds are the command's stdio.
 
 the executor's fd channel, daemon -> executor
     A socketpair the daemon makes when it spawns an executor (``--fd-channel N``). Before
@@ -38,6 +41,9 @@ import stat
 SOCKET_NAME = "run.sock"
 # The order of the fds sent with a run: stdout, stderr, then stdin if the command reads it.
 FD_ORDER = ("stdout", "stderr", "stdin")
+# A caller that hears nothing from the daemon this long (it pings every heartbeat, 1 s by
+# default) takes it for hung, as a peer of the broker socket does after missed heartbeats.
+SILENT_LIMIT_S = 15.0
 # Largest message either way (a run request with its environment fits with room to spare).
 MAX_MESSAGE = 1024 * 1024
 _MAX_FDS = len(FD_ORDER)

@@ -232,3 +232,30 @@ def test_a_sandboxed_command_cannot_reach_run_sock(module_daemon, sluice_run):
         assert p.returncode == 0, p.stderr
         assert "token refused" in p.stdout and "run.sock refused" in p.stdout, p.stdout
         assert token not in p.stdout
+
+
+@pytest.mark.timeout(90)
+def test_a_hung_daemon_is_given_up_on_and_its_command_cancelled_once_it_resumes(daemon_factory, sluice, tmp_path):
+    d = daemon_factory.start(executors=1)
+    marker = f"{random.randint(1000, 9999)}.{random.randint(100, 999)}"
+    proc = subprocess.Popen([*sluice, "run", "--cwd", str(tmp_path), "--", "sleep", marker], env=d.env_for_children(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+    def sleeper():
+        return [p for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"] == ["sleep", marker]]
+
+    try:
+        wait_for(sleeper, what="the command to run")
+        os.kill(d.pid, signal.SIGSTOP)
+        try:
+            assert proc.wait(direct.SILENT_LIMIT_S + 30) == 125
+        finally:
+            os.kill(d.pid, signal.SIGCONT)
+        err = proc.stderr.read().decode()
+        assert "stopped answering" in err and "Traceback" not in err, err
+        # Resumed, the daemon sees the caller gone and cancels its command.
+        wait_for(lambda: not sleeper(), timeout=20, what="the command to be cancelled")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -98,6 +98,41 @@ def test_a_connection_flood_neither_aborts_the_daemon_nor_locks_out_new_clients(
             s.close()
 
 
+def test_a_flood_of_run_sock_connections_is_cut_and_never_spins_the_daemon(daemon_factory, sluice, tmp_path):
+    """run.sock (direct runs) at a low descriptor limit: connections beyond what the daemon
+    can hold are closed, running out of descriptors pauses accepting instead of spinning on
+    it, silent ones are cut, and ``sluice run`` is served throughout."""
+    _own_fd_limit(3_000)
+    d = daemon_factory.start(executors=1, nofile=1_024)
+    path = os.path.join(d.runtime.path, "run.sock")
+    held = []
+    try:
+        for _ in range(2_500):
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            s.setblocking(False)
+            if s.connect_ex(path) == 0:
+                held.append(s)
+            else:
+                s.close()
+        assert held
+        daemon = psutil.Process(d.pid)
+        cpu = sum(daemon.cpu_times()[:2])
+        r = subprocess.run([*sluice, "run", "--cwd", str(tmp_path), "--", "echo", "served"], env=d.env_for_children(),
+                           capture_output=True, timeout=60)
+        assert (r.returncode, r.stdout) == (0, b"served\n"), r.stderr.decode()
+        assert d.proc.poll() is None, d.log()[-3000:]
+        # Silent connections are cut after 10 s; a daemon spinning on its listener meanwhile
+        # would have burnt about that much CPU.
+        wait_for(lambda: _cut(held) == len(held), timeout=30, what="every silent connection to be cut")
+        assert sum(daemon.cpu_times()[:2]) - cpu < 3.0, "the daemon spun on its listener"
+    finally:
+        for s in held:
+            s.close()
+    r = subprocess.run([*sluice, "run", "--cwd", str(tmp_path), "--", "echo", "again"], env=d.env_for_children(),
+                       capture_output=True, timeout=60)
+    assert (r.returncode, r.stdout) == (0, b"again\n"), r.stderr.decode()
+
+
 def test_sessions_beyond_what_the_daemon_can_hold_are_refused_politely(daemon_factory, server, sluice, tmp_path):
     d = daemon_factory.start(executors=1, nofile=DAEMON_NOFILE, env={"SLUICE_HOME": str(tmp_path / "home")})
     client = d.client()
