@@ -179,7 +179,8 @@ def describe_ending(result, timeout_ms: int | None) -> str | None:
     if result.timed_out:
         after = f" after {timeout_ms} ms" if timeout_ms else ""
         return f"timed out{after} (--timeout-ms): the command and its processes were killed (exit 124)"
-    if result.signal is not None:
+    if result.signal is not None and result.signal != signal.SIGPIPE:
+        # (SIGPIPE: our reader left, as in `sluice run -- yes | head -1`; a shell says nothing either.)
         try:
             name = signal.Signals(result.signal).name
         except ValueError:
