@@ -113,7 +113,8 @@ def distro_tool(name: str) -> tuple[str | None, str]:
         return None, f"apt-get install {package} failed: {e}"
     found = shutil.which(name)
     if not found:
-        return None, f"apt-get install {package} failed: {_tail(proc)}"
+        what = "did not put it on PATH" if proc.returncode == 0 else f"failed: {_tail(proc)}"
+        return None, f"`{name}` not found and apt-get install {package} {what}"
     return found, ""
 
 
