@@ -39,7 +39,8 @@ def run(quick: bool) -> list[Row]:
     try:
         env = cli.env({**os.environ, "SLUICE_RUNTIME_DIR": os.path.join(scratch, "run"),
                        "SLUICE_HOME": os.path.join(scratch, "home")})
-        ours = check(Peer("sluice sandbox", [*cli.argv, "sandbox", "--"], env))
+        ours = check(Peer("sluice sandbox", [*cli.argv, "sandbox", "--"], env,
+                          unset=("PYTHONPATH",) if cli.installed else ()))
         failures: dict[str, list[str]] = {"sluice": [], "bwrap": []}
         if ours.unavailable:
             failures["sluice"].append(ours.unavailable)

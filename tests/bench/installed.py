@@ -4,17 +4,18 @@ The README installs with ``pip install .``. A development venv usually has an ed
 install instead (``pip install -e .``), whose import hook costs about 12 ms at every
 start of ``sluice``; timing that would blame sluice for the developer's set-up. So the
 rows that time the CLI as a whole process (``cli-true``, ``sandbox-true``, ``bulk-1g``,
-``chatty``) run the ``sluice`` of a throw-away venv, ``$SLUICE_BENCH_CACHE/venv``
-(default ``~/.cache/sluice-bench/venv``), into which this checkout is installed with
-``pip install --no-deps`` of a wheel built from a copy of its sources (nothing is built
-in the checkout).
-The dependencies are not installed again: a ``.pth`` file in that venv points at the
-site-packages of the interpreter running the benchmark (a plain path entry: the ``.pth``
-files there, such as an editable install's hook, are not run). The install is redone
-only when the checkout's sources change (a digest of them is kept in the venv).
+``chatty``, ``bench_mcp.py``'s) run the ``sluice`` of a throw-away venv,
+``$SLUICE_BENCH_CACHE/venvs/DIGEST`` (default ``~/.cache/sluice-bench/venvs/DIGEST``),
+into which this checkout is installed with ``pip install --no-deps`` of a wheel built
+from a copy of its sources (nothing is built in the checkout). The dependencies are not
+installed again: a ``.pth`` file in that venv points at the site-packages of the
+interpreter running the benchmark (a plain path entry: the ``.pth`` files there, such
+as an editable install's hook, are not run). The install is redone only when the
+checkout's sources change: the venv is named by a digest of them, so one made is never
+changed (another run may be timing it), and venvs unused for two days go.
 
-The script runs without ``PYTHONPATH`` (:meth:`SluiceCli.env`), so it imports the installed
-copy, checked by :func:`sluice_cli`. When the venv cannot be made, the rows fall back to
+The script runs without ``PYTHONPATH`` (:meth:`SluiceCli.env`), so it imports the
+installed copy, checked by :func:`sluice_cli`. When the venv cannot be made, the rows fall back to
 the console script next to this interpreter, or ``python -m broker``, and say so.
 """
 
@@ -30,6 +31,7 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+import time
 from dataclasses import dataclass
 
 from common import ROOT, log
@@ -37,6 +39,8 @@ from peers import cache_dir
 
 PACKAGES = ("broker", "executor", "landlock_helper", "agent")
 PROJECT_FILES = ("pyproject.toml", "README.md", "LICENSE")
+# A venv of sources no run has used for this long is removed.
+KEEP_S = 2 * 24 * 3600
 
 
 @dataclass(frozen=True)
@@ -132,32 +136,36 @@ def _installed_copy(script: str) -> str:
 
 @functools.cache
 def sluice_cli() -> SluiceCli:
-    """The ``sluice`` the CLI rows run, made or refreshed if needed."""
-    venv = os.path.join(cache_dir(), "venv")
-    script = os.path.join(venv, "bin", "sluice")
+    """The ``sluice`` the CLI rows run, the venv made first if this checkout has none."""
+    venvs = os.path.join(cache_dir(), "venvs")
     try:
-        with open(venv + ".lock", "w") as lock:  # two runs at once: one installs, the other waits
+        os.makedirs(venvs, exist_ok=True)
+        with open(os.path.join(venvs, "lock"), "w") as lock:  # two runs at once: one installs, the other waits
             fcntl.flock(lock, fcntl.LOCK_EX)
-            return _venv_cli(venv, script)
+            return _venv_cli(venvs)
     except (OSError, subprocess.SubprocessError, RuntimeError) as e:
-        log(f"could not install this checkout into {venv} ({e}); timing the development install instead")
+        log(f"could not install this checkout into a venv in {venvs} ({e}); timing the development install instead")
     beside = os.path.join(os.path.dirname(sys.executable), "sluice")
     if os.access(beside, os.X_OK):
         return SluiceCli([beside], f"{beside} (development install: editable if made with pip install -e)", False)
     return SluiceCli([sys.executable, "-m", "broker"], "python -m broker from the checkout", False)
 
 
-def _venv_cli(venv: str, script: str) -> SluiceCli:
-    """The venv's script, the venv made or refreshed first when the checkout changed."""
+def _venv_cli(venvs: str) -> SluiceCli:
+    """The script of the venv of these sources (named by their digest, never changed once
+    made, so a run going on with it is not disturbed), made if missing; venvs unused for
+    :data:`KEEP_S` go."""
     digest = source_digest()
-    try:
-        with open(os.path.join(venv, "sluice-source-digest"), encoding="ascii") as f:
-            current = f.read().strip() == digest
-    except OSError:
-        current = False
-    if not current or not os.access(script, os.X_OK):
+    venv = os.path.join(venvs, digest[:16])
+    script = os.path.join(venv, "bin", "sluice")
+    if not os.path.exists(os.path.join(venv, "sluice-source-digest")):
         log(f"installing this checkout (not editable) into {venv}")
         _make_venv(venv, digest)
+    os.utime(venv)
+    for name in os.listdir(venvs):
+        old = os.path.join(venvs, name)
+        if name != "lock" and old != venv and time.time() - os.stat(old).st_mtime > KEEP_S:
+            shutil.rmtree(old, ignore_errors=True)
     where = _installed_copy(script)
     if not where.startswith(venv + os.sep):
         raise RuntimeError(f"its interpreter imports broker from {where or 'nowhere'}")

@@ -54,12 +54,14 @@ class Peer:
     env: dict[str, str] = field(default_factory=dict)
     unavailable: str = ""
     version: str = ""
+    unset: tuple[str, ...] = ()  # variables its environment must not have
 
     def argv(self, command: Sequence[str]) -> list[str]:
         return [*self.prefix, *command]
 
     def environ(self, base: dict[str, str] | None = None) -> dict[str, str]:
-        return {**(os.environ if base is None else base), **self.env}
+        env = {**(os.environ if base is None else base), **self.env}
+        return {k: v for k, v in env.items() if k not in self.unset}
 
     def skip_line(self) -> str:
         return f"{self.name} skipped: {self.unavailable}"
@@ -228,7 +230,7 @@ def check(peer: Peer) -> Peer:
     """``peer`` if it runs ``true`` (exit 0) and is sandboxed here, else it unavailable with why."""
     ws, outside = probe_dirs()
     if peer.name == "bwrap":  # its argv names its directory
-        peer_ws = Peer(peer.name, bwrap_argv(peer.prefix[0], ws), peer.env)
+        peer_ws = Peer(peer.name, bwrap_argv(peer.prefix[0], ws), peer.env, unset=peer.unset)
     else:
         peer_ws = peer
     inside = os.path.join(ws, "inside")
