@@ -331,7 +331,7 @@ class Daemon:
 
     def __enter__(self) -> Daemon:
         try:
-            # sluice's home (config, sessions' journals) in the runtime dir, not the user's.
+            # A sluice home of its own (config, sessions' journals), not the user's.
             self.home = tempfile.mkdtemp(prefix="slb-home-", dir="/tmp")
             self.handle = self._factory.start(self.executors, env={"SLUICE_HOME": self.home})
         except BaseException:

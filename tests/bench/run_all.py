@@ -47,7 +47,7 @@ BENCHMARKS = {
     "bench_sandbox_true": "sandbox-true",
     "bench_bulk": "bulk-1g",
     "bench_chatty": "chatty",
-    "bench_fanout": "fanout",
+    "bench_fanout": "fanout-50",
     "bench_mcp": "mcp-true",
     "bench_mcp_agent": "mcp-start",
     "bench_unified_exec": "uexec-roundtrip",
