@@ -268,13 +268,15 @@ def write_json(rows: Sequence[Row], path: str) -> None:
 
 
 def summary(rows: Sequence[Row]) -> str:
-    """How many targets hold; which do not, and which could not be judged (a peer missing)."""
+    """How many targets hold; which do not, and which could not be judged (a peer missing,
+    or a --quick run too small for the target)."""
     judged = [r for r in rows if r.holds is not None]
     failing = [r.id for r in judged if not r.holds]
     unjudged = [r.id for r in rows if r.holds is None and r.target]
     text = f"targets holding: {len(judged) - len(failing)} of {len(judged)}"
     text += f" (not holding: {', '.join(failing)})" if failing else ""
-    return text + (f"; not judged (peer unavailable): {', '.join(unjudged)}" if unjudged else "")
+    return text + (f"; not judged (a peer unavailable, or --quick: see the notes): {', '.join(unjudged)}"
+                   if unjudged else "")
 
 
 # -- running -----------------------------------------------------------------------------
