@@ -9,7 +9,8 @@ with ``--worker``) with one client connection, as frontends are.
   aggregate: events delivered to all of them per second, from the first delivery to the
   last. The baseline is N = 1, measured in the same run. The stats column gives the
   per-frontend rates (events received / (its last event - its first)), the note the
-  slowest frontend's time. Target for N = 50: >= 200,000 events/s in all.
+  slowest frontend's time. Target for N = 50: >= 200,000 events/s in all, every
+  frontend getting every event.
 - ``replay-100k``: a finished session of 100,000 events and a few; one frontend attaches
   with ``since=0``; the figure is the time from attaching to its last event (most of
   them come from the on-disk journal: the memory log keeps 4096). Target: <= 300 ms.
@@ -219,8 +220,8 @@ def run(quick: bool) -> list[Row]:
             span = (max(r["last"] for r in results) - min(r["first"] for r in results)) / 1e9
             aggregate = sum(r["n"] for r in results) / span
             base = base or aggregate
-            complete = (got == {results[0]["n"]} and results[0]["n"] >= events
-                        and not any(r["lagged"] for r in results))
+            # Every frontend got every event (a lagged notice is flow control: nothing is lost).
+            complete = got == {results[0]["n"]} and results[0]["n"] >= events
             judged = n == 50
             rows.append(Row(
                 f"fanout-{n}", aggregate, "ev/s", base, ratio(aggregate, base),

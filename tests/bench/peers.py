@@ -200,9 +200,9 @@ def bwrap_argv(path: str, cwd: str) -> list[str]:
     on writes beneath the writable roots, TCP bind/connect, abstract unix sockets,
     signals), seccomp (only ``AF_UNIX`` sockets, no ``ptrace`` or
     ``process_vm_readv/writev``, no setuid/setgid bits, brokered unix ``connect``),
-    ``.git`` and ``.sluice`` kept read-only, the directories pinned by inode, an init that
-    kills every leftover process when the command exits, the environment filtered of
-    secrets, and resource limits.
+    ``.git`` and ``.sluice`` kept read-only, the directories pinned by inode, the
+    environment filtered of secrets, and resource limits. (Both end the whole tree when
+    the command exits: bubblewrap's PID namespace has an init of its own too.)
     """
     argv = [path, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp",
             "--bind", cwd, cwd, "--chdir", cwd]
