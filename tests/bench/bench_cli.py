@@ -1,40 +1,47 @@
-"""cli-true and cli-import: what a person pays for typing `sluice run -- true`.
+"""cli-true: what a person pays for typing `sluice run -- true`, against Codex and srt.
 
-``cli-true``: ``sluice run -- true`` end to end as a subprocess (interpreter start-up,
-imports, connecting to an already running daemon, the sandboxed run, exit), median of 20
-after warm-up. ``cli-import``: wall time of importing what ``sluice run`` loads before it
-connects (argparse, ``broker.cli.main`` and ``broker.cli.run`` with the client), median of 20.
-``python -X importtime`` of one ``sluice run -- true`` says where its import time goes.
-Baseline of both: ``python -c pass`` (a bare interpreter start-up), in alternating blocks.
-No targets.
+Every way is a whole process, from fork to its exit (interpreter or runtime start-up,
+sandbox set-up, the command, exit), started from this process in the checkout, stdin
+/dev/null and output captured, in alternating blocks, median of 20 (10 with --quick).
+Every run must exit 0, or its row fails.
+
+- ``cli-true``: ``sluice run -- true`` against a running, warmed-up daemon; the
+  ``sluice`` is the console script of a non-editable install (see ``installed.py``).
+  Peer: ``codex sandbox -- true`` (workspace-write, see ``peers.py``). Target: ratio
+  <= 0.5x.
+- ``cli-true-srt``: the same ``sluice run -- true`` against Anthropic's ``srt true``
+  (the command's directory writable, no network). No target.
+- ``cli-import``: wall time of importing what ``sluice run`` loads before it connects
+  (argparse, ``broker.cli.main`` and ``broker.cli.run`` with the client), against
+  ``python -c pass`` (a bare interpreter start-up). No target.
+  ``python -X importtime`` of one ``sluice run -- true`` says where its import time goes.
 """
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 
-from common import WORK_DIR, Daemon, Row, Stats, alternate, bench_main, log, ratio
+from common import (
+    WORK_DIR,
+    Daemon,
+    Row,
+    Stats,
+    alternate,
+    bench_main,
+    checked_run,
+    log,
+    peer_row,
+    ratio,
+    recording,
+)
+from installed import sluice_cli
+from peers import announce, codex, srt
 
+TARGET_VS_CODEX = 0.5
 # What `sluice run` imports before it connects (the parser's argparse, the command's module).
+PEER_COMMANDS = {"codex": "codex sandbox -- true", "srt": "srt true"}
 RUN_IMPORTS = "import argparse, broker.cli.main, broker.cli.run"
-
-
-def sluice_argv() -> list[str]:
-    """The installed console script next to this interpreter, else ``python -m broker``.
-
-    (Not whatever ``sluice`` is first on PATH: a version manager's shim in front of it
-    would add its own start-up.)
-    """
-    script = os.path.join(os.path.dirname(sys.executable), "sluice")
-    return [script] if os.access(script, os.X_OK) else [sys.executable, "-m", "broker"]
-
-
-def run_ok(argv: list[str], env: dict[str, str]) -> None:
-    proc = subprocess.run(argv, env=env, cwd=WORK_DIR, stdin=subprocess.DEVNULL, capture_output=True)
-    if proc.returncode != 0:
-        raise RuntimeError(f"{argv} exited {proc.returncode}: {proc.stderr.decode(errors='replace')[-300:]}")
 
 
 def import_profile(argv: list[str], env: dict[str, str], top: int = 4) -> str:
@@ -44,7 +51,9 @@ def import_profile(argv: list[str], env: dict[str, str], top: int = 4) -> str:
     nested imports inside their cumulative time) and what they import lazily at run time.
     """
     proc = subprocess.run([sys.executable, "-X", "importtime", *argv], env=env, cwd=WORK_DIR,
-                          stdin=subprocess.DEVNULL, capture_output=True, text=True, check=True)
+                          stdin=subprocess.DEVNULL, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        return f"no import profile: python -X importtime {' '.join(argv)} exited {proc.returncode}"
     ours: list[tuple[int, str]] = []
     for line in proc.stderr.splitlines():
         # "import time: <self us> | <cumulative us> | <name>", nested names indented by 2 more.
@@ -62,31 +71,50 @@ def import_profile(argv: list[str], env: dict[str, str], top: int = 4) -> str:
 
 
 def run(quick: bool) -> list[Row]:
-    count = 8 if quick else 20
-    cases = {
-        "baseline": [sys.executable, "-c", "pass"],
-        "cli-import": [sys.executable, "-c", RUN_IMPORTS],
-        "cli-true": [*sluice_argv(), "run", "--", "true"],
-    }
+    count = 10 if quick else 20
+    cli = sluice_cli()
+    peers = [codex(), srt()]
+    for p in peers:
+        if p.unavailable:
+            announce(p)
     with Daemon() as daemon:
         env = daemon.env()
-        for argv in cases.values():
-            for _ in range(3):
-                run_ok(argv, env)
-        log(f"cli: {count} x (python -c pass, {RUN_IMPORTS}, sluice run -- true)")
-        samples = alternate({name: lambda argv=argv: run_ok(argv, env) for name, argv in cases.items()},
-                            count, block=5)
+        cases = {
+            "baseline": ([sys.executable, "-c", "pass"], env),
+            "cli-import": ([sys.executable, "-c", RUN_IMPORTS], env),
+            "sluice": ([*cli.argv, "run", "--", "true"], cli.env(env)),
+        }
+        for p in peers:
+            if not p.unavailable:
+                cases[p.name] = (p.argv(["true"]), p.environ(env))
+        failures: dict[str, list[str]] = {name: [] for name in cases}
+        for name, (argv, e) in cases.items():  # warm-up; a way that fails here is not timed
+            try:
+                for _ in range(3):
+                    checked_run(argv, e)
+            except RuntimeError as err:
+                failures[name].append(str(err))
+        timed = {name: recording(failures[name], lambda a=argv, e=e: checked_run(a, e))
+                 for name, (argv, e) in cases.items() if not failures[name]}
+        log(f"cli: {count} x ({', '.join(timed)})")
+        samples = alternate(timed, count, block=5)
         imports = import_profile(["-m", "broker", "run", "--", "true"], env)
-    base = Stats.of(samples["baseline"], 1e6)
-    cli = Stats.of(samples["cli-true"], 1e6)
-    imp = Stats.of(samples["cli-import"], 1e6)
-    return [
-        Row("cli-true", cli.median, "ms", base.median, ratio(cli.median, base.median), None, None, cli,
-            f"`{' '.join(os.path.basename(a) for a in cases['cli-true'])}` against a running daemon, "
-            f"baseline python -c pass; {imports}"),
-        Row("cli-import", imp.median, "ms", base.median, ratio(imp.median, base.median), None, None, imp,
-            f"`{RUN_IMPORTS}` costs {imp.median - base.median:.1f} ms over a bare start-up"),
-    ]
+    stats = {name: Stats.of(s, 1e6) for name, s in samples.items()}
+    ours, base = stats.get("sluice"), stats.get("baseline")
+    what = f"sluice run -- true ({cli.kind})"
+    if ours and base:
+        what += f"; python -c pass {base.median:.1f} ms"
+    rows = []
+    for p, row_id, max_ratio in ((peers[0], "cli-true", TARGET_VS_CODEX), (peers[1], "cli-true-srt", None)):
+        rows.append(peer_row(row_id, "ms", ours, stats.get(p.name), peer=p.name, max_ratio=max_ratio,
+                             failures=failures["sluice"] + failures.get(p.name, []), skipped=p.unavailable,
+                             note=f"{what}; peer `{PEER_COMMANDS[p.name]}`"))
+    imp = stats.get("cli-import")
+    if imp and base:
+        rows.append(Row("cli-import", imp.median, "ms", base.median, ratio(imp.median, base.median), None, None, imp,
+                        f"`{RUN_IMPORTS}` costs {imp.median - base.median:.1f} ms over a bare start-up; "
+                        f"sluice run -- true: {imports}"))
+    return rows
 
 
 if __name__ == "__main__":

@@ -5,8 +5,9 @@
 ``tools/call`` line written to ``sluice mcp``'s stdin by hand and its response line read
 (no SDK: what the server itself adds). ``lib-true``: ``Client.run(["true"])`` of the
 Python client library in this process (what ``sluice mcp`` does per call, minus MCP).
-``cli-true``: ``sluice run -- true`` as a whole process. Per-call overhead of MCP: mcp-true
-and mcp-raw less lib-true. ``mcp-start``: spawning ``sluice mcp`` to the answer of its
+``cli-true-vs-lib``: ``sluice run -- true`` as a whole process (``bench_cli.py``'s
+``cli-true`` compares it with Codex). Per-call overhead of MCP: mcp-true and mcp-raw
+less lib-true. ``mcp-start``: spawning ``sluice mcp`` to the answer of its
 first ``run`` (initialize, connect to the running daemon, the run). All against one
 running daemon, medians, in alternating blocks. No targets.
 """
@@ -17,15 +18,15 @@ import json
 import os
 import select
 import subprocess
-import sys
 import time
 
 from common import WORK_DIR, Daemon, Row, Stats, bench_main, log, ratio
+from installed import sluice_cli
 
 
 def sluice_argv() -> list[str]:
-    script = os.path.join(os.path.dirname(sys.executable), "sluice")
-    return [script] if os.access(script, os.X_OK) else [sys.executable, "-m", "broker"]
+    """The ``sluice`` a user runs: a non-editable install of this checkout (installed.py)."""
+    return sluice_cli().argv
 
 
 class RawServer:
@@ -76,7 +77,7 @@ def run(quick: bool) -> list[Row]:
         samples[name].append(time.perf_counter_ns() - t0)
 
     with Daemon() as daemon:
-        env = daemon.env()
+        env = sluice_cli().env(daemon.env())  # for sluice's processes only
         client = daemon.client()
         raw = RawServer(env)
         raw.call("initialize", INIT)
@@ -136,8 +137,8 @@ def run(quick: bool) -> list[Row]:
         Row("mcp-raw", st["mcp-raw"].median, "ms", lib, ratio(st["mcp-raw"].median, lib), None, None, st["mcp-raw"],
             f"the same tools/call written by hand (no SDK); overhead {st['mcp-raw'].median - lib:.2f} ms per call"),
         Row("lib-true", lib, "ms", None, None, None, None, st["lib-true"], "Client.run([\"true\"]) in this process"),
-        Row("cli-true", st["cli-true"].median, "ms", lib, ratio(st["cli-true"].median, lib), None, None,
-            st["cli-true"], "sluice run -- true, whole process"),
+        Row("cli-true-vs-lib", st["cli-true"].median, "ms", lib, ratio(st["cli-true"].median, lib), None, None,
+            st["cli-true"], f"sluice run -- true, whole process ({' '.join(sluice_argv())}); baseline lib-true"),
         Row("mcp-start", st["mcp-start"].median, "ms", None, None, None, None, st["mcp-start"],
             "spawn sluice mcp, initialize, first run of `true` answered (daemon already running)"),
     ]

@@ -18,6 +18,7 @@ from common import WORK_DIR, Daemon, Row, Stats, bench_main, log, ratio
 from agent.exec_runner import BrokerRunner
 from agent.mcp.launcher import sandboxed_launcher
 from agent.mcp.manager import McpManager
+from broker.net.logging import configure as configure_logging
 from broker.wire.protocol import McpServerConfig
 from landlock_helper.policy import SandboxPolicy
 from tests.support.mcp_servers import everything_entry, local_launcher, time_server
@@ -94,6 +95,8 @@ async def _all(daemon: Daemon, starts: int, calls: int) -> list[Row]:
 
 def run(quick: bool) -> list[Row]:
     starts, calls = (3, 30) if quick else (5, 100)
+    # The MCP manager's log lines go to stderr, warnings only: stdout is the results table.
+    configure_logging(level="warning")
     with Daemon() as daemon:
         log(f"MCP: {starts} starts and {calls} calls per server, sandboxed and plain")
         return asyncio.run(_all(daemon, starts, calls))

@@ -17,10 +17,12 @@ import datetime
 import json
 import math
 import os
+import shutil
 import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -155,6 +157,49 @@ def ratio(figure: float | None, baseline: float | None) -> float | None:
     return figure / baseline
 
 
+def peer_row(row_id: str, unit: str, ours: Stats | None, theirs: Stats | None, *, peer: str,
+             max_ratio: float | None, failures: Sequence[str] = (), skipped: str = "", note: str = "") -> Row:
+    """A row comparing sluice (``ours``) with a peer or baseline (``theirs``) measured in the
+    same run: the ratio is ours / theirs, the target (if any) ``ratio <= max_ratio``.
+
+    A peer that is unavailable (``skipped`` says why) leaves the row unjudged; a failed
+    run of either (``failures``) makes it not hold, whatever the figures say.
+    """
+    target = None if max_ratio is None else f"<= {max_ratio:g}x {peer}"
+    figure = ours.median if ours else None
+    baseline = None if skipped or not theirs else theirs.median
+    r = ratio(figure, baseline)
+    holds = None if max_ratio is None or skipped else (r is not None and r <= max_ratio)
+    if skipped:
+        note = f"{peer} skipped: {skipped}; {note}"
+    if failures:
+        holds = False if max_ratio is not None else None
+        note = f"FAILED: {len(failures)} runs, first: {failures[0]}; {note}"
+    return Row(row_id, figure, unit, baseline, r, target, holds, ours, note)
+
+
+def checked_run(argv: Sequence[str], env: dict[str, str], cwd: str | None = None, *,
+                expect_stdout: int | None = None) -> None:
+    """Run ``argv`` to the end (stdin /dev/null, output captured); an exit code other than 0,
+    or a stdout not of ``expect_stdout`` bytes, raises with what went wrong."""
+    proc = subprocess.run(list(argv), env=env, cwd=cwd or WORK_DIR, stdin=subprocess.DEVNULL, capture_output=True)
+    if proc.returncode != 0 or (expect_stdout is not None and len(proc.stdout) != expect_stdout):
+        got = "" if expect_stdout is None else f" with {len(proc.stdout)} bytes of stdout (expected {expect_stdout})"
+        raise RuntimeError(f"`{' '.join(os.path.basename(a) for a in argv[:4])} ...` exited {proc.returncode}{got}: "
+                           f"{' '.join(proc.stderr.decode(errors='replace').split())[-200:]}")
+
+
+def recording(failures: list[str], fn: Callable[[], object]) -> Callable[[], None]:
+    """``fn``, its exceptions appended to ``failures`` instead of raised (a timed run that
+    failed must show as a failure of its row, not end the benchmark)."""
+    def run() -> None:
+        try:
+            fn()
+        except Exception as e:
+            failures.append(str(e))
+    return run
+
+
 def error_row(row_id: str, error: BaseException | str) -> Row:
     """A benchmark that could not produce its figure: it counts as not holding."""
     text = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
@@ -195,6 +240,21 @@ def markdown_table(rows: Sequence[Row]) -> str:
     return "\n".join(lines)
 
 
+def markdown_heading(installed: Sequence[str], quick: bool) -> str:
+    """The line above a pasted table: when, on what, which sluice and which peers."""
+    now = datetime.datetime.now(datetime.UTC)
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    return (f"Results on this machine, {now:%Y-%m-%d}, `nproc` {os.cpu_count()} (Linux "
+            f"{os.uname().release.split('-')[0]}, Python {sys.version.split()[0]}, load average at the end {load}"
+            f"{'; a --quick run' if quick else ''}; {'; '.join(installed)}). Times in ms; the last column shows "
+            "median / p99 / min / max of the samples:")
+
+
+def markdown_notes(rows: Sequence[Row]) -> str:
+    """The rows' notes as a Markdown list."""
+    return "\n".join(f"- `{r.id}`: {r.note}" for r in rows if r.note)
+
+
 def machine_line() -> str:
     load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     return (f"{datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC, nproc {os.cpu_count()}, "
@@ -208,10 +268,15 @@ def write_json(rows: Sequence[Row], path: str) -> None:
 
 
 def summary(rows: Sequence[Row]) -> str:
+    """How many targets hold; which do not, and which could not be judged (a peer missing,
+    or a --quick run too small for the target)."""
     judged = [r for r in rows if r.holds is not None]
     failing = [r.id for r in judged if not r.holds]
+    unjudged = [r.id for r in rows if r.holds is None and r.target]
     text = f"targets holding: {len(judged) - len(failing)} of {len(judged)}"
-    return text + (f" (not holding: {', '.join(failing)})" if failing else "")
+    text += f" (not holding: {', '.join(failing)})" if failing else ""
+    return text + (f"; not judged (a peer unavailable, or --quick: see the notes): {', '.join(unjudged)}"
+                   if unjudged else "")
 
 
 # -- running -----------------------------------------------------------------------------
@@ -264,12 +329,16 @@ class Daemon:
         self.executors = executors
         self._factory = DaemonFactory()
         self.handle = None
+        self.home = ""
 
     def __enter__(self) -> Daemon:
         try:
-            self.handle = self._factory.start(self.executors)
+            # A sluice home of its own (config, sessions' journals), not the user's.
+            self.home = tempfile.mkdtemp(prefix="slb-home-", dir="/tmp")
+            self.handle = self._factory.start(self.executors, env={"SLUICE_HOME": self.home})
         except BaseException:
             self._factory.stop_all()
+            shutil.rmtree(self.home, ignore_errors=True)
             raise
         return self
 
@@ -277,6 +346,7 @@ class Daemon:
         complaints = self.complaints()
         for problem in self._factory.stop_all():
             log(problem)
+        shutil.rmtree(self.home, ignore_errors=True)
         for line in complaints:
             log(f"daemon log: {line[:300]}")
 
@@ -289,7 +359,8 @@ class Daemon:
         return self.handle.pid
 
     def env(self) -> dict[str, str]:
-        return self.handle.env_for_children()
+        """The environment for the CLI and other clients of this daemon."""
+        return {**self.handle.env_for_children(), "SLUICE_HOME": self.home}
 
     def client(self) -> Client:
         """A connected client, closed when the daemon is stopped."""
