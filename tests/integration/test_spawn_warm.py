@@ -14,8 +14,9 @@ import tempfile
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # Loaded only after the zygote's fork: each of them would grow what every sandbox copies
-# (asyncio alone by about as much as the whole sandbox machinery).
-BIG = ("asyncio", "zmq", "structlog", "msgspec")
+# (asyncio alone by about as much as the whole sandbox machinery), and threading registers
+# an after-fork hook every sandbox process would run (about 0.4 ms each).
+BIG = ("asyncio", "zmq", "structlog", "msgspec", "threading")
 
 _PROBE = """
 import json, sys
