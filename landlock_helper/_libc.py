@@ -170,10 +170,14 @@ SFD_CLOEXEC = os.O_CLOEXEC
 SIGNALFD_SIGINFO_SIZE = 128
 
 
+# glibc's sigset_t; made once (a ctypes type made in a sandbox's init would cost more than
+# the signalfd itself).
+_SigSet = ctypes.c_ulong * (128 // ctypes.sizeof(ctypes.c_ulong))
+
+
 def signalfd(signals) -> int:
     """A non-blocking signalfd for ``signals`` (they must be blocked to be read from it)."""
-    words = ctypes.c_ulong * (128 // ctypes.sizeof(ctypes.c_ulong))  # glibc's sigset_t
-    mask = words()
+    mask = _SigSet()
     bits = 8 * ctypes.sizeof(ctypes.c_ulong)
     for sig in signals:
         mask[(int(sig) - 1) // bits] |= 1 << ((int(sig) - 1) % bits)
