@@ -14,7 +14,6 @@ Two ways to join a broker:
 from __future__ import annotations
 
 import argparse
-import asyncio
 import ctypes
 import os
 import signal
@@ -146,6 +145,9 @@ def main(argv: list[str] | None = None, prog: str = "python -m executor", error_
         print(f"{prog}: warning: {problem}", file=sys.stderr)
     hide = hidden(args, remote)
     spawner = start_spawner(hide)
+
+    # After the zygote's fork: asyncio alone would double what every sandbox's fork copies.
+    import asyncio
 
     from broker.net.fdlimit import raise_fd_limit
     from broker.net.logging import configure

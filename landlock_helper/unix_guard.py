@@ -40,6 +40,7 @@ datagram sockets cannot be created at all (seccomp.py says why).
 
 from __future__ import annotations
 
+import _thread
 import array
 import ctypes
 import errno
@@ -48,7 +49,6 @@ import os
 import select
 import socket
 import struct
-import threading
 
 from landlock_helper import _libc
 
@@ -102,6 +102,16 @@ _connect.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_uint32]
 
 MAX_SOCKADDR = 128  # sizeof(struct sockaddr_storage): the kernel refuses longer (EINVAL)
 _SUN_PATH = 2  # offsetof(struct sockaddr_un, sun_path)
+
+
+def _start_thread(fn, *args) -> None:
+    """Run ``fn(*args)`` in a thread of its own (the init's blocking connects).
+
+    With ``_thread``, not ``threading``: importing threading registers an after-fork hook
+    that every later ``os.fork`` runs in the child (about 0.4 ms of Python, its pages
+    copied), and this module is loaded in the zygote every sandbox process is forked from.
+    Nothing waits for these threads: the init ends with ``os._exit``."""
+    _thread.start_new_thread(fn, args)
 
 
 def _check(ret: int) -> int:
@@ -235,7 +245,7 @@ class Guard:
             elif not fcntl.fcntl(copy, fcntl.F_GETFL) & os.O_NONBLOCK and sock.type != socket.SOCK_DGRAM:
                 # The same socket object as the command's: connect it, in a thread if it blocks.
                 dup = sock.detach()
-                threading.Thread(target=self._connect_inet, args=(n.id, dup, addr), daemon=True).start()
+                _start_thread(self._connect_inet, n.id, dup, addr)
             else:
                 self._connect_inet(n.id, sock.detach(), addr)
         finally:
@@ -277,8 +287,7 @@ class Guard:
                 if err == errno.EAGAIN and blocking:
                     # The listener's backlog is full: wait for room like the command would,
                     # in a thread (with its own cwd) so the init's loop goes on.
-                    threading.Thread(target=self._connect_unix_blocking, args=(n, fd, fresh, where, name),
-                                     daemon=True).start()
+                    _start_thread(self._connect_unix_blocking, n, fd, fresh, where, name)
                     fresh = where = None
                     return
             finally:

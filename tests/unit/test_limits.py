@@ -122,6 +122,23 @@ def test_what_was_hit():
     assert L.what_hit(L.Limits(0, 0, 0, 0), {}, signal.SIGXCPU) is None
 
 
+def test_counters_are_read_from_the_event_files(tmp_path):
+    (tmp_path / "memory.events").write_text("low 0\nhigh 0\nmax 7\noom 2\noom_kill 2\noom_group_kill 0\n")
+    (tmp_path / "pids.events").write_text("max 3\n")
+    assert L._field(str(tmp_path / "memory.events"), "oom_kill") == 2
+    assert L._field(str(tmp_path / "pids.events"), "max") == 3
+    # Relative to an open parent, as the supervisor reads them once the view has changed.
+    fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        assert L._field("memory.events", "max", fd) == 7
+    finally:
+        os.close(fd)
+    # Missing file or key, or a value that is not a number: nothing counted.
+    assert L._field(str(tmp_path / "absent"), "max") == 0
+    assert L._field(str(tmp_path / "pids.events"), "oom_kill") == 0
+    (tmp_path / "pids.events").write_text("max x\n")
+    assert L._field(str(tmp_path / "pids.events"), "max") == 0
+
 # -- finding cgroups ---------------------------------------------------------------------
 
 
