@@ -9,14 +9,17 @@ stderr.
 
 from __future__ import annotations
 
-import argparse
 import os
 import signal
 import sys
+from typing import TYPE_CHECKING
 
 from landlock_helper.env import filter_env
 from landlock_helper.policy import MODES, PolicyError, SandboxPolicy
 from landlock_helper.spawn import SandboxError, spawn
+
+if TYPE_CHECKING:  # argparse is loaded only to parse: `sluice sandbox` reads its flags without it
+    import argparse
 
 
 def add_policy_arguments(parser: argparse.ArgumentParser) -> None:
@@ -46,6 +49,8 @@ def policy_from_args(args: argparse.Namespace) -> tuple[SandboxPolicy, str]:
 
 
 def build_parser(prog: str = "python -m landlock_helper") -> argparse.ArgumentParser:
+    import argparse
+
     parser = argparse.ArgumentParser(prog=prog, description="Run one command under a sandbox policy.")
     add_policy_arguments(parser)
     parser.add_argument("--hide", action="append", default=[], metavar="PATH",

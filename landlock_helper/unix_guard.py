@@ -48,7 +48,6 @@ import os
 import select
 import socket
 import struct
-import threading
 
 from landlock_helper import _libc
 
@@ -235,7 +234,7 @@ class Guard:
             elif not fcntl.fcntl(copy, fcntl.F_GETFL) & os.O_NONBLOCK and sock.type != socket.SOCK_DGRAM:
                 # The same socket object as the command's: connect it, in a thread if it blocks.
                 dup = sock.detach()
-                threading.Thread(target=self._connect_inet, args=(n.id, dup, addr), daemon=True).start()
+                _in_thread(self._connect_inet, n.id, dup, addr)
             else:
                 self._connect_inet(n.id, sock.detach(), addr)
         finally:
@@ -277,8 +276,7 @@ class Guard:
                 if err == errno.EAGAIN and blocking:
                     # The listener's backlog is full: wait for room like the command would,
                     # in a thread (with its own cwd) so the init's loop goes on.
-                    threading.Thread(target=self._connect_unix_blocking, args=(n, fd, fresh, where, name),
-                                     daemon=True).start()
+                    _in_thread(self._connect_unix_blocking, n, fd, fresh, where, name)
                     fresh = where = None
                     return
             finally:
@@ -321,6 +319,14 @@ class Guard:
         add = _AddFd(n.id, ADDFD_FLAG_SETFD, fresh.fileno(), fd, os.O_CLOEXEC if cloexec else 0)
         _check(_ioctl(self._listener, NOTIF_ADDFD, ctypes.byref(add)))
         self._answer(n.id, 0)
+
+
+def _in_thread(target, *args) -> None:
+    """Run ``target(*args)`` in a daemon thread of the init (a connect that must wait).
+    threading is imported here, in the rare case: not by every sandbox's start-up."""
+    import threading
+
+    threading.Thread(target=target, args=args, daemon=True).start()
 
 
 def _connect_from(sock: socket.socket, where: int | None, name: bytes) -> int:

@@ -225,6 +225,14 @@ def main(argv: list[str] | None = None) -> int:
             from broker.cli.keys import executor_main
 
             return executor_main(argv[1:])
+        if argv and argv[0] == "sandbox":
+            # Its plain forms are read without argparse (see quick_args); the rest by the parser.
+            from broker.cli.sandbox import quick_args, sandbox_main
+
+            code = sandbox_main(quick_args(argv[1:]) or _parser(argv).parse_args(argv))
+            if program:
+                leave(code)
+            return code
         parser = _parser(argv)
         args = parser.parse_args(argv)
         if args.subcommand == "run":
@@ -246,10 +254,6 @@ def main(argv: list[str] | None = None) -> int:
             from broker.cli.mcp import mcp_main
 
             return mcp_main(args)
-        if args.subcommand == "sandbox":
-            from broker.cli.sandbox import sandbox_main
-
-            return sandbox_main(args)
         if args.subcommand == "daemon":
             from broker.cli.daemon import daemon_main
 
