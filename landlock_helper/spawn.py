@@ -63,10 +63,14 @@ import sys
 import termios
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from landlock_helper import _libc, landlock, limits, mounts, namespaces, seccomp, unix_guard
+from landlock_helper import _libc, landlock, mounts, namespaces, seccomp, unix_guard
 from landlock_helper.outcome import Outcome, SandboxError
 from landlock_helper.policy import SandboxPolicy
+
+if TYPE_CHECKING:
+    from landlock_helper import limits
 
 # Largest spec (argv + env + policy) a caller may send; SEQPACKET needs it in one piece.
 MAX_SPEC = 4 * 1024 * 1024
@@ -113,8 +117,17 @@ class _Template:
             hidden_paths=tuple(os.path.abspath(p) for p in hidden_paths), scratch=scratch,
             as_root=os.geteuid() == 0, uid=os.geteuid(), gid=os.getegid(),
             cap_last=namespaces.last_cap(), seccomp_progs=progs,
-            cgroups=limits.mechanism().hierarchies if cgroups else (),
+            cgroups=_limits().mechanism().hierarchies if cgroups else (),
         )
+
+
+def _limits():
+    """:mod:`landlock_helper.limits`, loaded when a sandbox has limits or cgroups: a
+    one-shot sandbox without them (``sluice sandbox``) does not pay for its import. (An
+    executor has it loaded before it forks anything.)"""
+    from landlock_helper import limits
+
+    return limits
 
 
 def _check(argv, cwd, policy: SandboxPolicy, sandbox_cwd: str | None, env) -> mounts.Plan | None:
@@ -281,6 +294,7 @@ class _Limited:
     process sets before exec, and what goes into its sandbox's cgroups."""
 
     def __init__(self, asked: limits.Limits, template: _Template) -> None:
+        limits = _limits()
         self.limits = limits.resolve(asked)
         self.cgroups = template.cgroups
         covered = {c for h in template.cgroups for c in h.controllers}
@@ -292,12 +306,12 @@ class _Limited:
         if cgroup_name is None or not self.cgroups:
             return
         try:
-            limits.CommandCgroup(self.cgroups, cgroup_name).set_limits(self.limits)
+            _limits().CommandCgroup(self.cgroups, cgroup_name).set_limits(self.limits)
         except OSError as e:
             raise SandboxError(f"cannot set the command's limits: {_describe(e)}") from None
 
     def what_hit(self, counters: dict[str, int] | None, sig: int | None) -> str | None:
-        return limits.what_hit(self.limits, counters, sig)
+        return _limits().what_hit(self.limits, counters, sig)
 
 
 def _limited(asked: limits.Limits | None, template: _Template) -> _Limited | None:
@@ -932,7 +946,7 @@ def _supervisor(template: _Template, parent: int, ctl: int, reported: int | None
     if template.cgroups:
         # The sandbox's own cgroups, made here (off the caller's path: making and removing
         # cgroups can wait seconds on the kernel's cgroup lock); its command joins them.
-        cgroup = limits.CommandCgroup.make(template.cgroups)
+        cgroup = _limits().CommandCgroup.make(template.cgroups)
     try:
         if cgroup is not None:
             join_fds = cgroup.procs_fds()
@@ -1059,7 +1073,8 @@ def _command(template: _Template, ctl: int, view: mounts.View | None, guard_end:
     os.set_inheritable(ctl, False)  # gone at exec: background jobs must not hold it
     # Into the sandbox's cgroups first: everything the command starts is then inside.
     # (Done while warm: joining a cgroup can wait on the kernel's cgroup lock.)
-    limits.join(join_fds)
+    if join_fds:
+        _limits().join(join_fds)
     # The slow parts, done while warm: Landlock's ruleset, and (in a restricted sandbox,
     # the only kind with a view) the bounding set, 41 prctl calls; the caps still in force
     # go right before exec.
@@ -1115,7 +1130,8 @@ def _command(template: _Template, ctl: int, view: mounts.View | None, guard_end:
         _close_fds_except({ctl, ruleset, guard_end} - {None})
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
         stage = "limits"
-        limits.apply_rlimits(rlimits)
+        if rlimits:
+            _limits().apply_rlimits(rlimits)
         if restricted:
             stage = "sandbox"
             # As root this is what keeps uid 0 from meaning "everything"; in a user
