@@ -244,11 +244,11 @@ class SandboxedProcess:
         if self._plan is not None:
             notes = mounts.quarantine_planted(self._plan)
             if notes:
-                outcome = dataclasses.replace(outcome, notes=tuple(notes))
+                outcome = outcome._replace(notes=tuple(notes))
         if self._limited is not None:
             hit = self._limited.what_hit(_counters(self._lines), outcome.signal)
             if hit:
-                outcome = dataclasses.replace(outcome, limit=hit)
+                outcome = outcome._replace(limit=hit)
         self._outcome = outcome
         return outcome
 
