@@ -28,6 +28,12 @@ A sandbox is three processes, each forked (never exec'd) so nothing is re-import
     the filter's listener to the init), and execs. A danger-full-access command gets a
     sandbox with the host's view instead.
 
+A process that makes one sandbox and then exits (``sluice sandbox``) can be the
+supervisor itself (:func:`spawn` with ``one_shot=True``): one Python process fewer to
+fork and end. It unshares the PID and IPC namespaces (and enters the user namespace)
+for good, and its init unshares the mount namespace as it starts, so the caller keeps
+the host's view; the init dies with the caller as it would with a supervisor.
+
 All of that up to "waits for the spec" happens before anyone asks for a command, so a
 sandbox can be *warm*: :class:`Spawner` keeps a few warm sandboxes per executor, made
 by a small zygote process forked before the executor loads anything big (forking a
@@ -570,7 +576,7 @@ def _make_warm(template: _Template, *, reap: bool) -> _Warm:
 
 def spawn(argv, *, cwd, env, policy: SandboxPolicy, stdout: int, stderr: int, stdin: int | None = None,
           hidden_paths=(), sandbox_cwd: str | None = None, limits: limits.Limits | None = None,
-          tty: bool = False) -> SandboxedProcess:
+          tty: bool = False, one_shot: bool = False) -> SandboxedProcess:
     """Start ``argv`` under ``policy`` in a sandbox made now; raises SandboxError.
 
     ``stdout``/``stderr`` (and ``stdin``; None means /dev/null) are fds the command gets
@@ -582,6 +588,11 @@ def spawn(argv, *, cwd, env, policy: SandboxPolicy, stdout: int, stderr: int, st
     ``disk-write-cwd`` means: the session's directory, never a model-chosen workdir.
     ``limits`` (:class:`landlock_helper.limits.Limits`; its unset fields take the
     defaults) are the command's resource limits; None: none of ours.
+
+    ``one_shot=True`` (without ``limits``) is for a process that makes this one sandbox and
+    forks nothing else afterwards: it becomes the sandbox's supervisor itself, so its
+    PID and IPC namespaces (and, when not root, its user namespace) are the sandbox's
+    from now on; its mount namespace stays the host's (see the module docstring).
     """
     if sys.platform == "darwin":  # pragma: no cover - exercised on macOS only
         from landlock_helper.darwin import spawn_seatbelt
@@ -593,7 +604,30 @@ def spawn(argv, *, cwd, env, policy: SandboxPolicy, stdout: int, stderr: int, st
     template = _Template.make(hidden_paths, restricted=plan is not None, cgroups=limits is not None)
     limited = _limited(limits, template)
     spec = _encode_spec(argv, cwd, env, policy, plan, mode, limited.rlimits if limited else ())
+    if one_shot and limited is None:
+        return _supervise_here(template).start(spec, stdin, stdout, stderr, plan)
     return _make_warm(template, reap=True).start(spec, stdin, stdout, stderr, plan, limited)
+
+
+def _supervise_here(template: _Template) -> _Warm:
+    """``spawn(one_shot=True)``: unshare here and fork the init from this process."""
+    _find_argv_area()
+    mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    mine.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, MAX_SPEC + 65536)
+    try:
+        namespaces.enter(template.uid, template.gid, template.as_root, mount=False)
+        init = os.fork()
+    except OSError as e:
+        mine.close()
+        theirs.close()
+        raise SandboxError(f"cannot make the sandbox: {_describe(e).lower()}") from None
+    if init == 0:
+        mine.close()
+        _child_main(_init_here, theirs.fileno(), template, theirs.fileno())
+    theirs.close()
+    warm = _Warm(init, mine, reap=True)
+    warm.init_pid = init  # it is ours: no supervisor to say who it is
+    return warm
 
 
 class Spawner:
@@ -993,6 +1027,15 @@ def _supervisor(template: _Template, parent: int, ctl: int, reported: int | None
             os.close(reported)  # the caller is done waiting; the rest is ours
         cgroup.remove(CGROUP_REMOVE_S)
     os._exit(0)
+
+
+def _init_here(template: _Template, ctl: int) -> None:
+    """The init of a one-shot sandbox (its caller is its supervisor): first what the
+    supervisor would have done for it: none of the caller's fds, a mount namespace of its own."""
+    _die_with_parent(None)
+    _close_fds_except({ctl})
+    _libc.unshare(_libc.CLONE_NEWNS)
+    _init(template, ctl, [])
 
 
 def _init(template: _Template, ctl: int, join_fds: list[int]) -> None:

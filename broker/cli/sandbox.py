@@ -107,7 +107,11 @@ def quick_args(argv: list[str]) -> _Args | None:
     return None  # no command: argparse says so
 
 
-def sandbox_main(args) -> int:
+def sandbox_main(args, *, one_shot: bool = False) -> int:
+    """``sluice sandbox`` with its parsed ``args``; its exit code. ``one_shot``: this
+    process is the ``sluice`` program and ends with the command, so it supervises the
+    sandbox itself (landlock_helper.spawn's ``one_shot``: one process fewer), which changes
+    its namespaces for good; never in a process that goes on."""
     command = command_of(args, USAGE_SANDBOX)
     if args.sandbox not in MODES:
         return fail(f"unknown sandbox mode {args.sandbox!r}; expected one of {', '.join(MODES)}", EXIT_USAGE)
@@ -136,16 +140,17 @@ def sandbox_main(args) -> int:
     except PolicyError as e:
         return fail(str(e), EXIT_SETUP)
     env = filter_env(os.environ, args.env)
-    return _Relay(args.tty, args.interactive).run(command, cwd=cwd, env=env, policy=policy, hide=hide)
+    return _Relay(args.tty, args.interactive, one_shot).run(command, cwd=cwd, env=env, policy=policy, hide=hide)
 
 
 class _Relay:
     """Starts the command with the right ends of its stdio and moves bytes between ours
     and theirs until its whole tree is dead."""
 
-    def __init__(self, tty: bool, interactive: bool) -> None:
+    def __init__(self, tty: bool, interactive: bool, one_shot: bool = False) -> None:
         self.tty = tty
         self.interactive = interactive
+        self.one_shot = one_shot
         # (from, to) pairs moved while the command runs; ``to`` for stdin is theirs.
         self.outputs: list[tuple[int, int]] = []
         self.stdin_to: int | None = None
@@ -210,7 +215,8 @@ class _Relay:
                 stdin, stdout, stderr, theirs = self._stdio()
                 try:
                     proc = self.proc = spawn(command, cwd=cwd, env=env, policy=policy, stdin=stdin, stdout=stdout,
-                                             stderr=stderr, hidden_paths=hide, tty=self.tty)
+                                             stderr=stderr, hidden_paths=hide, tty=self.tty,
+                                             one_shot=self.one_shot)
                 finally:
                     for fd in theirs:
                         self._close(fd)
