@@ -1,7 +1,8 @@
 """``python -m landlock_helper [policy flags] -- CMD ARGS...``: run one command sandboxed.
 
 Also reachable as ``sluice sandbox``. No daemon is involved: the policy is applied here
-and the command runs in its own sandbox as our child; we wait for it, pass SIGINT,
+and the command runs in its own sandbox, which this process supervises itself
+(``spawn(one_shot=True)``, when run as a program); we wait for it, pass SIGINT,
 SIGTERM and SIGHUP on to its whole tree, and exit with its status (128+N when a signal
 killed it, 127 when it could not be found). The command keeps our stdin, stdout and
 stderr.
@@ -9,14 +10,17 @@ stderr.
 
 from __future__ import annotations
 
-import argparse
 import os
 import signal
 import sys
+from typing import TYPE_CHECKING
 
 from landlock_helper.env import filter_env
 from landlock_helper.policy import MODES, PolicyError, SandboxPolicy
 from landlock_helper.spawn import SandboxError, spawn
+
+if TYPE_CHECKING:  # argparse is loaded only to parse: `sluice sandbox` reads its flags without it
+    import argparse
 
 
 def add_policy_arguments(parser: argparse.ArgumentParser) -> None:
@@ -46,6 +50,8 @@ def policy_from_args(args: argparse.Namespace) -> tuple[SandboxPolicy, str]:
 
 
 def build_parser(prog: str = "python -m landlock_helper") -> argparse.ArgumentParser:
+    import argparse
+
     parser = argparse.ArgumentParser(prog=prog, description="Run one command under a sandbox policy.")
     add_policy_arguments(parser)
     parser.add_argument("--hide", action="append", default=[], metavar="PATH",
@@ -55,6 +61,9 @@ def build_parser(prog: str = "python -m landlock_helper") -> argparse.ArgumentPa
 
 
 def main(argv: list[str] | None = None, prog: str = "python -m landlock_helper") -> int:
+    """Run the command line ``argv``; without it, this is the program itself, on its own
+    command line, which then supervises the sandbox itself (its namespaces change for good)."""
+    one_shot = argv is None
     parser = build_parser(prog)
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -63,7 +72,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m landlock_helper")
     try:
         policy, cwd = policy_from_args(args)
         proc = spawn(command, cwd=cwd, env=filter_env(os.environ, args.env), policy=policy,
-                     stdin=0, stdout=1, stderr=2, hidden_paths=args.hide)
+                     stdin=0, stdout=1, stderr=2, hidden_paths=args.hide, one_shot=one_shot)
     except (PolicyError, SandboxError) as e:
         print(f"{prog}: error: {e}", file=sys.stderr)
         return 2

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-import platform
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _syscall = _libc.syscall
@@ -24,7 +23,7 @@ _unshare = _libc.unshare
 _unshare.restype = ctypes.c_int
 _unshare.argtypes = [ctypes.c_int]
 
-MACHINE = platform.machine()
+MACHINE = os.uname().machine  # what platform.machine() says, without importing platform
 
 # Syscall numbers that differ between architectures; the generic ones (Landlock,
 # io_uring, new mount API) are the same everywhere since they were added late.

@@ -27,7 +27,7 @@ from __future__ import annotations
 import ctypes
 import os
 import stat
-from dataclasses import dataclass
+from collections import namedtuple
 
 from landlock_helper import _libc
 
@@ -128,16 +128,13 @@ def require_abi() -> int:
     return abi
 
 
-@dataclass(frozen=True)
-class LandlockPlan:
-    """Everything :func:`apply` needs, computed before fork."""
+class LandlockPlan(namedtuple("LandlockPlan", "abi handled_fs handled_net scoped rules")):
+    """Everything :func:`apply` needs, computed before fork: the ABI, the handled
+    filesystem and network rights, the scopes, and ``rules``, (path or fd, rights) pairs
+    (paths that do not exist at apply time are skipped). A named tuple: see
+    :class:`landlock_helper.outcome.Outcome` for why not a dataclass."""
 
-    abi: int
-    handled_fs: int
-    handled_net: int
-    scoped: int
-    # (path or fd, rights) pairs; paths that do not exist at apply time are skipped.
-    rules: tuple[tuple[str | int, int], ...]
+    __slots__ = ()
 
 
 def _readable_top_level(all_fs: int) -> list[tuple[str, int]]:
@@ -236,11 +233,12 @@ def restrict_self(ruleset_fd: int | None) -> None:
 # roots, no network) before it knows the command; only the roots are added at start.
 
 
-@dataclass(frozen=True)
 class _UsualShape:
-    full_read: bool = True
-    full_write: bool = False
-    network: bool = False
+    """The policy questions :func:`plan` asks, answered for the usual shape."""
+
+    full_read = True
+    full_write = False
+    network = False
 
 
 def prepare_ruleset() -> tuple[LandlockPlan, int] | None:

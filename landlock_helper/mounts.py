@@ -44,7 +44,7 @@ import os
 import pwd
 import stat
 import time
-from dataclasses import dataclass, field
+from collections import namedtuple
 
 from landlock_helper import _libc
 from landlock_helper.policy import PROTECTED_SUBDIRS, SandboxPolicy, is_beneath
@@ -126,13 +126,13 @@ def prime() -> None:
 # -- the trusted side: what the sandbox will be built from ---------------------------------
 
 
-@dataclass(frozen=True)
-class Pin:
-    """A directory as the trusted side resolved it: canonical path, device, inode."""
+class Pin(namedtuple("Pin", "path dev ino")):
+    """A directory as the trusted side resolved it: canonical path, device, inode.
 
-    path: str
-    dev: int
-    ino: int
+    This module's records are named tuples and plain classes, not dataclasses: see
+    :class:`landlock_helper.outcome.Outcome` for why."""
+
+    __slots__ = ()
 
     @classmethod
     def of(cls, path: str, *, directory: bool = True) -> Pin:
@@ -155,17 +155,13 @@ class Pin:
         return (self.path, self.dev, self.ino)
 
 
-@dataclass(frozen=True)
-class Plan:
-    """The mounts one command needs: its directory, its writable roots, and the
-    repositories in them to keep read-only, all pinned; plus (for the trusted side only,
-    never sent) what stood where git looks before the command."""
+class Plan(namedtuple("Plan", "cwd roots tmp_writable read_only before", defaults=((), None))):
+    """The mounts one command needs: its directory (``cwd``), its writable ``roots``, and
+    the repositories in them to keep ``read_only``, all pinned; plus (for the trusted
+    side only, never sent) what stood where git looks before the command: ``before``,
+    None on the sandbox's side."""
 
-    cwd: Pin
-    roots: tuple[Pin, ...]
-    tmp_writable: bool
-    read_only: tuple[Pin, ...] = ()
-    before: dict = field(default_factory=dict, compare=False)
+    __slots__ = ()
 
     def to_spec(self) -> tuple:
         return (self.cwd.to_spec(), [r.to_spec() for r in self.roots], self.tmp_writable,
@@ -296,13 +292,15 @@ def scratch_dir(uid: int | None = None) -> str:
 # -- the sandbox side -------------------------------------------------------------------
 
 
-@dataclass
 class View:
     """What the warm step leaves for the per-command step."""
 
-    host_tmp: int  # O_PATH fd of the host's /tmp, under sluice's
-    tmp: int  # O_PATH fd of sluice's /tmp mount
-    late_hidden: tuple[str, ...]  # hidden paths that did not exist when warm
+    __slots__ = ("host_tmp", "tmp", "late_hidden")
+
+    def __init__(self, host_tmp: int, tmp: int, late_hidden: tuple[str, ...]) -> None:
+        self.host_tmp = host_tmp  # O_PATH fd of the host's /tmp, under sluice's
+        self.tmp = tmp  # O_PATH fd of sluice's /tmp mount
+        self.late_hidden = late_hidden  # hidden paths that did not exist when warm
 
 
 def prepare(hidden_paths, scratch: str | None) -> View | None:
@@ -576,7 +574,7 @@ def quarantine_planted(plan: Plan | None) -> list[str]:
     one line for a person per entry moved."""
     notes = []
     for root in plan.roots if plan is not None else ():
-        notes += _quarantine(root, plan.before)
+        notes += _quarantine(root, plan.before or {})
     return notes
 
 

@@ -26,16 +26,18 @@ class _CapData(ctypes.Structure):
     _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
 
 
-def unshare_flags(as_root: bool) -> int:
-    flags = _libc.CLONE_NEWPID | _libc.CLONE_NEWNS | _libc.CLONE_NEWIPC
+def unshare_flags(as_root: bool, mount: bool = True) -> int:
+    flags = _libc.CLONE_NEWPID | _libc.CLONE_NEWIPC | (_libc.CLONE_NEWNS if mount else 0)
     if not as_root:
         flags |= _libc.CLONE_NEWUSER
     return flags
 
 
-def enter(uid: int, gid: int, as_root: bool) -> None:
-    """Unshare the namespaces; the caller's *next child* is the new PID namespace's init."""
-    _libc.unshare(unshare_flags(as_root))
+def enter(uid: int, gid: int, as_root: bool, *, mount: bool = True) -> None:
+    """Unshare the namespaces; the caller's *next child* is the new PID namespace's init.
+    ``mount=False``: all but the mount namespace, which that child then unshares itself
+    (the caller keeps the host's view)."""
+    _libc.unshare(unshare_flags(as_root, mount))
     if not as_root:
         _libc.write_file("/proc/self/setgroups", "deny")
         _libc.write_file("/proc/self/uid_map", f"{uid} {uid} 1\n")

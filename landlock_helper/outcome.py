@@ -5,22 +5,23 @@ Shared by the Linux sandbox (:mod:`landlock_helper.spawn`) and the macOS one
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections import namedtuple
 
 
 class SandboxError(RuntimeError):
     """The sandbox cannot be set up (kernel too old, bad cwd, ...); message for a person."""
 
 
-@dataclass(frozen=True)
-class Outcome:
-    """How a sandboxed command ended: an exit code, a killing signal, or an error."""
+class Outcome(namedtuple("Outcome", "exit_code signal error notes limit", defaults=(None, None, None, (), None))):
+    """How a sandboxed command ended: an exit code, a killing signal, or an error.
 
-    exit_code: int | None = None
-    signal: int | None = None
-    error: str | None = None
-    # Lines for a person about what the command left that sluice undid (a planted .git).
-    notes: tuple[str, ...] = ()
-    # The resource limit the command ran into, for a person ("killed: memory limit 512 MiB
-    # reached"); see landlock_helper.limits.what_hit.
-    limit: str | None = None
+    ``exit_code``, ``signal``, ``error`` (None when not so); ``notes``: lines for a person
+    about what the command left that sluice undid (a planted .git); ``limit``: the
+    resource limit the command ran into, for a person ("killed: memory limit 512 MiB
+    reached", see :func:`landlock_helper.limits.what_hit`).
+
+    A named tuple, not a dataclass (like :class:`landlock_helper.mounts.Pin` and
+    :class:`landlock_helper.landlock.LandlockPlan`): making a dataclass costs about half
+    a millisecond at import, and every ``sluice sandbox`` imports these."""
+
+    __slots__ = ()

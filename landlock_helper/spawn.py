@@ -28,6 +28,12 @@ A sandbox is three processes, each forked (never exec'd) so nothing is re-import
     the filter's listener to the init), and execs. A danger-full-access command gets a
     sandbox with the host's view instead.
 
+A process that makes one sandbox and then exits (``sluice sandbox``) can be the
+supervisor itself (:func:`spawn` with ``one_shot=True``): one Python process fewer to
+fork and end. It unshares the PID and IPC namespaces (and enters the user namespace)
+for good, and its init unshares the mount namespace as it starts, so the caller keeps
+the host's view; the init dies with the caller as it would with a supervisor.
+
 All of that up to "waits for the spec" happens before anyone asks for a command, so a
 sandbox can be *warm*: :class:`Spawner` keeps a few warm sandboxes per executor, made
 by a small zygote process forked before the executor loads anything big (forking a
@@ -65,10 +71,14 @@ import sys
 import termios
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from landlock_helper import _libc, landlock, limits, mounts, namespaces, seccomp, unix_guard
+from landlock_helper import _libc, landlock, mounts, namespaces, seccomp, unix_guard
 from landlock_helper.outcome import Outcome, SandboxError
 from landlock_helper.policy import SandboxPolicy
+
+if TYPE_CHECKING:
+    from landlock_helper import limits
 
 # Largest spec (argv + env + policy) a caller may send; SEQPACKET needs it in one piece.
 MAX_SPEC = 4 * 1024 * 1024
@@ -116,8 +126,17 @@ class _Template:
             hidden_paths=tuple(os.path.abspath(p) for p in hidden_paths), scratch=scratch,
             as_root=os.geteuid() == 0, uid=os.geteuid(), gid=os.getegid(),
             cap_last=namespaces.last_cap(), seccomp_progs=progs,
-            cgroups=limits.mechanism().hierarchies if cgroups else (),
+            cgroups=_limits().mechanism().hierarchies if cgroups else (),
         )
+
+
+def _limits():
+    """:mod:`landlock_helper.limits`, loaded when a sandbox has limits or cgroups: a
+    one-shot sandbox without them (``sluice sandbox``) does not pay for its import. (An
+    executor has it loaded before it forks anything.)"""
+    from landlock_helper import limits
+
+    return limits
 
 
 def _check(argv, cwd, policy: SandboxPolicy, sandbox_cwd: str | None, env) -> mounts.Plan | None:
@@ -234,11 +253,11 @@ class SandboxedProcess:
         if self._plan is not None:
             notes = mounts.quarantine_planted(self._plan)
             if notes:
-                outcome = dataclasses.replace(outcome, notes=tuple(notes))
+                outcome = outcome._replace(notes=tuple(notes))
         if self._limited is not None:
             hit = self._limited.what_hit(_counters(self._lines), outcome.signal)
             if hit:
-                outcome = dataclasses.replace(outcome, limit=hit)
+                outcome = outcome._replace(limit=hit)
         self._outcome = outcome
         return outcome
 
@@ -284,6 +303,7 @@ class _Limited:
     process sets before exec, and what goes into its sandbox's cgroups."""
 
     def __init__(self, asked: limits.Limits, template: _Template) -> None:
+        limits = _limits()
         self.limits = limits.resolve(asked)
         self.cgroups = template.cgroups
         covered = {c for h in template.cgroups for c in h.controllers}
@@ -295,12 +315,12 @@ class _Limited:
         if cgroup_name is None or not self.cgroups:
             return
         try:
-            limits.CommandCgroup(self.cgroups, cgroup_name).set_limits(self.limits)
+            _limits().CommandCgroup(self.cgroups, cgroup_name).set_limits(self.limits)
         except OSError as e:
             raise SandboxError(f"cannot set the command's limits: {_describe(e)}") from None
 
     def what_hit(self, counters: dict[str, int] | None, sig: int | None) -> str | None:
-        return limits.what_hit(self.limits, counters, sig)
+        return _limits().what_hit(self.limits, counters, sig)
 
 
 def _limited(asked: limits.Limits | None, template: _Template) -> _Limited | None:
@@ -559,7 +579,7 @@ def _make_warm(template: _Template, *, reap: bool) -> _Warm:
 
 def spawn(argv, *, cwd, env, policy: SandboxPolicy, stdout: int, stderr: int, stdin: int | None = None,
           hidden_paths=(), sandbox_cwd: str | None = None, limits: limits.Limits | None = None,
-          tty: bool = False) -> SandboxedProcess:
+          tty: bool = False, one_shot: bool = False) -> SandboxedProcess:
     """Start ``argv`` under ``policy`` in a sandbox made now; raises SandboxError.
 
     ``stdout``/``stderr`` (and ``stdin``; None means /dev/null) are fds the command gets
@@ -571,6 +591,11 @@ def spawn(argv, *, cwd, env, policy: SandboxPolicy, stdout: int, stderr: int, st
     ``disk-write-cwd`` means: the session's directory, never a model-chosen workdir.
     ``limits`` (:class:`landlock_helper.limits.Limits`; its unset fields take the
     defaults) are the command's resource limits; None: none of ours.
+
+    ``one_shot=True`` (without ``limits``) is for a process that makes this one sandbox and
+    forks nothing else afterwards: it becomes the sandbox's supervisor itself, so its
+    PID and IPC namespaces (and, when not root, its user namespace) are the sandbox's
+    from now on; its mount namespace stays the host's (see the module docstring).
     """
     if sys.platform == "darwin":  # pragma: no cover - exercised on macOS only
         from landlock_helper.darwin import spawn_seatbelt
@@ -582,7 +607,30 @@ def spawn(argv, *, cwd, env, policy: SandboxPolicy, stdout: int, stderr: int, st
     template = _Template.make(hidden_paths, restricted=plan is not None, cgroups=limits is not None)
     limited = _limited(limits, template)
     spec = _encode_spec(argv, cwd, env, policy, plan, mode, limited.rlimits if limited else ())
+    if one_shot and limited is None:
+        return _supervise_here(template).start(spec, stdin, stdout, stderr, plan)
     return _make_warm(template, reap=True).start(spec, stdin, stdout, stderr, plan, limited)
+
+
+def _supervise_here(template: _Template) -> _Warm:
+    """``spawn(one_shot=True)``: unshare here and fork the init from this process."""
+    _find_argv_area()
+    mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    mine.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, MAX_SPEC + 65536)
+    try:
+        namespaces.enter(template.uid, template.gid, template.as_root, mount=False)
+        init = os.fork()
+    except OSError as e:
+        mine.close()
+        theirs.close()
+        raise SandboxError(f"cannot make the sandbox: {_describe(e).lower()}") from None
+    if init == 0:
+        mine.close()
+        _child_main(_init_here, theirs.fileno(), template, theirs.fileno())
+    theirs.close()
+    warm = _Warm(init, mine, reap=True)
+    warm.init_pid = init  # it is ours: no supervisor to say who it is
+    return warm
 
 
 class Spawner:
@@ -948,7 +996,7 @@ def _supervisor(template: _Template, parent: int, ctl: int, reported: int | None
     if template.cgroups:
         # The sandbox's own cgroups, made here (off the caller's path: making and removing
         # cgroups can wait seconds on the kernel's cgroup lock); its command joins them.
-        cgroup = limits.CommandCgroup.make(template.cgroups)
+        cgroup = _limits().CommandCgroup.make(template.cgroups)
     try:
         if cgroup is not None:
             join_fds = cgroup.procs_fds()
@@ -995,6 +1043,15 @@ def _supervisor(template: _Template, parent: int, ctl: int, reported: int | None
             os.close(reported)  # the caller is done waiting; the rest is ours
         cgroup.remove(CGROUP_REMOVE_S)
     os._exit(0)
+
+
+def _init_here(template: _Template, ctl: int) -> None:
+    """The init of a one-shot sandbox (its caller is its supervisor): first what the
+    supervisor would have done for it: none of the caller's fds, a mount namespace of its own."""
+    _die_with_parent(None)
+    _close_fds_except({ctl})
+    _libc.unshare(_libc.CLONE_NEWNS)
+    _init(template, ctl, [])
 
 
 def _init(template: _Template, ctl: int, join_fds: list[int]) -> None:
@@ -1075,7 +1132,8 @@ def _command(template: _Template, ctl: int, view: mounts.View | None, guard_end:
     os.set_inheritable(ctl, False)  # gone at exec: background jobs must not hold it
     # Into the sandbox's cgroups first: everything the command starts is then inside.
     # (Done while warm: joining a cgroup can wait on the kernel's cgroup lock.)
-    limits.join(join_fds)
+    if join_fds:
+        _limits().join(join_fds)
     # The slow parts, done while warm: Landlock's ruleset, and (in a restricted sandbox,
     # the only kind with a view) the bounding set, 41 prctl calls; the caps still in force
     # go right before exec.
@@ -1131,7 +1189,8 @@ def _command(template: _Template, ctl: int, view: mounts.View | None, guard_end:
         _close_fds_except({ctl, ruleset, guard_end} - {None})
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
         stage = "limits"
-        limits.apply_rlimits(rlimits)
+        if rlimits:
+            _limits().apply_rlimits(rlimits)
         if restricted:
             stage = "sandbox"
             # As root this is what keeps uid 0 from meaning "everything"; in a user

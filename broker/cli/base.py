@@ -82,14 +82,15 @@ def connect_client(args, *, name: str, autostart: bool = True):
 
 def leave(code: int) -> NoReturn:
     """End the process now with exit code ``code``: stdout and stderr flushed, the client's
-    sockets closed with what they still hold sent (:func:`broker.client.close_sockets`),
-    but without the interpreter's teardown of every module and object, which costs a short
-    ``sluice run`` a sixth of its time. Only for a command that has put back everything it
-    changed (its terminal's mode, its signal handlers) and runs no thread of its own."""
+    sockets closed with what they still hold sent (:func:`broker.client.close_sockets`, if
+    the command loaded the client), but without the interpreter's teardown of every module
+    and object, which costs a short ``sluice run`` a sixth of its time (``sluice sandbox``
+    more). Only for a command that has put back everything it changed (its terminal's
+    mode, its signal handlers) and runs no thread of its own."""
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError):
             stream.flush()
-    client = sys.modules.get("broker.client")  # not imported by a direct run: nothing to close
+    client = sys.modules.get("broker.client")
     if client is not None:
         client.close_sockets()
     os._exit(code)

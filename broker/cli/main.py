@@ -213,7 +213,8 @@ def _parser(argv: list[str] = ()):
 def main(argv: list[str] | None = None) -> int:
     """Run the ``sluice`` command ``argv`` and return its exit code. Without ``argv`` this is
     the ``sluice`` program itself (the console script, ``python -m broker``), on its own
-    command line: then a finished ``sluice run`` leaves the process at once (:func:`leave`)."""
+    command line: then a finished ``sluice run`` or ``sluice sandbox`` leaves the process at
+    once (:func:`leave`), and ``sluice sandbox`` supervises its sandbox itself."""
     program = argv is None
     argv = sys.argv[1:] if argv is None else list(argv)
     # Each command's module is imported once it is chosen: ``sluice run`` does not pay for
@@ -228,6 +229,14 @@ def main(argv: list[str] | None = None) -> int:
             from broker.cli.keys import executor_main
 
             return executor_main(argv[1:])
+        if argv and argv[0] == "sandbox":
+            # Its plain forms are read without argparse (see quick_args); the rest by the parser.
+            from broker.cli.sandbox import quick_args, sandbox_main
+
+            code = sandbox_main(quick_args(argv[1:]) or _parser(argv).parse_args(argv), one_shot=program)
+            if program:
+                leave(code)
+            return code
         parser = _parser(argv)
         args = parser.parse_args(argv)
         if args.subcommand == "run":
@@ -249,10 +258,6 @@ def main(argv: list[str] | None = None) -> int:
             from broker.cli.mcp import mcp_main
 
             return mcp_main(args)
-        if args.subcommand == "sandbox":
-            from broker.cli.sandbox import sandbox_main
-
-            return sandbox_main(args)
         if args.subcommand == "daemon":
             from broker.cli.daemon import daemon_main
 

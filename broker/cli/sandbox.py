@@ -49,7 +49,69 @@ EXIT_SETUP = 2
 KILL_GRACE_S = 0.5
 
 
-def sandbox_main(args) -> int:
+# The flags of ``sluice sandbox`` (broker.cli.main's parser is where they are described):
+# those that take a value, and the switches, by the attribute they set.
+_VALUE_FLAGS = {"--sandbox": "sandbox", "--cwd": "cwd", "--writable": "writable", "--env": "env"}
+_SWITCHES = {"--network": "network", "--env-report": "env_report", "-t": "tty", "--tty": "tty",
+             "-i": "interactive", "--interactive": "interactive", "-it": None, "-ti": None}
+
+
+class _Args:
+    """What argparse would make of a plain ``sluice sandbox`` command line."""
+
+    def __init__(self) -> None:
+        self.sandbox = "workspace-write"
+        self.cwd = None
+        self.writable: list[str] = []
+        self.env: list[str] = []
+        self.network = self.env_report = self.tty = self.interactive = False
+        self.command: list[str] = []
+
+
+def quick_args(argv: list[str]) -> _Args | None:
+    """``sluice sandbox``'s arguments (those after ``sandbox``) read without argparse, or
+    None for anything but the plain forms (``--help``, an abbreviation, an unknown flag, a
+    value that looks like a flag, no command): argparse then decides, and words every
+    message and the help.
+
+    ``sluice sandbox`` is a start-up that is timed against bubblewrap's, and importing
+    argparse and building the parser would cost it more than everything it runs in the
+    command's sandbox. The forms read here mean what they mean to argparse: the flags,
+    ``--flag=VALUE``, ``-it``, and the command from the first word that is not a flag on
+    (with a leading ``--``, dropped later by :func:`command_of`, as for argparse's)."""
+    args = _Args()
+    i = 0
+    while i < len(argv):
+        word = argv[i]
+        if word == "--" or not word.startswith("-") or word == "-":
+            args.command = argv[i:]
+            return args
+        name, eq, value = word.partition("=")
+        if name in _VALUE_FLAGS:
+            if not eq:
+                if i + 1 >= len(argv) or argv[i + 1].startswith("-"):
+                    return None
+                i += 1
+                value = argv[i]
+            attr = _VALUE_FLAGS[name]
+            if isinstance(getattr(args, attr), list):
+                getattr(args, attr).append(value)
+            else:
+                setattr(args, attr, value)
+        elif word in _SWITCHES:
+            for attr in (_SWITCHES[word],) if _SWITCHES[word] else ("tty", "interactive"):
+                setattr(args, attr, True)
+        else:
+            return None
+        i += 1
+    return None  # no command: argparse says so
+
+
+def sandbox_main(args, *, one_shot: bool = False) -> int:
+    """``sluice sandbox`` with its parsed ``args``; its exit code. ``one_shot``: this
+    process is the ``sluice`` program and ends with the command, so it supervises the
+    sandbox itself (landlock_helper.spawn's ``one_shot``: one process fewer), which changes
+    its namespaces for good; never in a process that goes on."""
     command = command_of(args, USAGE_SANDBOX)
     if args.sandbox not in MODES:
         return fail(f"unknown sandbox mode {args.sandbox!r}; expected one of {', '.join(MODES)}", EXIT_USAGE)
@@ -78,16 +140,17 @@ def sandbox_main(args) -> int:
     except PolicyError as e:
         return fail(str(e), EXIT_SETUP)
     env = filter_env(os.environ, args.env)
-    return _Relay(args.tty, args.interactive).run(command, cwd=cwd, env=env, policy=policy, hide=hide)
+    return _Relay(args.tty, args.interactive, one_shot).run(command, cwd=cwd, env=env, policy=policy, hide=hide)
 
 
 class _Relay:
     """Starts the command with the right ends of its stdio and moves bytes between ours
     and theirs until its whole tree is dead."""
 
-    def __init__(self, tty: bool, interactive: bool) -> None:
+    def __init__(self, tty: bool, interactive: bool, one_shot: bool = False) -> None:
         self.tty = tty
         self.interactive = interactive
+        self.one_shot = one_shot
         # (from, to) pairs moved while the command runs; ``to`` for stdin is theirs.
         self.outputs: list[tuple[int, int]] = []
         self.stdin_to: int | None = None
@@ -152,7 +215,8 @@ class _Relay:
                 stdin, stdout, stderr, theirs = self._stdio()
                 try:
                     proc = self.proc = spawn(command, cwd=cwd, env=env, policy=policy, stdin=stdin, stdout=stdout,
-                                             stderr=stderr, hidden_paths=hide, tty=self.tty)
+                                             stderr=stderr, hidden_paths=hide, tty=self.tty,
+                                             one_shot=self.one_shot)
                 finally:
                     for fd in theirs:
                         self._close(fd)
