@@ -733,6 +733,9 @@ class Client:
             call.notes.append(note)
             if call.on_notice is not None:
                 call.on_notice(call, note)
+        elif kind == wire.EVENTS:
+            if len(frames) >= 2 and self._sessions is not None:
+                self._sessions.on_events(h, frames[1].buffer)
         elif kind == wire.EVENT:
             if len(frames) >= 2 and self._sessions is not None:
                 self._sessions.on_event(h, frames[1].buffer)
