@@ -93,6 +93,9 @@ class ClientSession:
         self._taken_seq = 0
         self._unacked_events = 0
         self._unacked_bytes = 0
+        # Taking an event below this seq neither finishes a message nor calls for an ack:
+        # nothing to count yet.
+        self._settle_at = 0
 
     def new_sub_id(self) -> str:
         self._next_sub += 1
@@ -140,6 +143,7 @@ class ClientSession:
             # Non-blocking: a detach never raises, not even for a daemon that has gone.
             self.client.send_frames([wire.header(wire.DETACH, session=self.id)], block=False)
         self._received.clear()
+        self._settle_at = 0
 
     def _restart(self, seq: int) -> None:
         """The daemon answered an attach: the stream starts over after ``seq``."""
@@ -149,12 +153,15 @@ class ClientSession:
         self._taken_seq = seq
         self._unacked_events = 0
         self._unacked_bytes = 0
+        self._settle_at = 0
 
     def _received_event(self, event: Event, seq: int, size: int) -> None:
         if seq:
             event.seq = seq
             self.last_seq = seq
             self._received.append([seq, 1, size])
+            if seq < self._settle_at:
+                self._settle_at = seq
         self.events.append(event)
 
     def _received_events(self, events: list[Event], first: int, size: int) -> None:
@@ -164,6 +171,8 @@ class ClientSession:
         last = first + len(events) - 1
         self.last_seq = last
         self._received.append([last, len(events), size])
+        if last < self._settle_at:
+            self._settle_at = last
         self.events.extend(events)
 
     def _took(self, event: Event) -> None:
@@ -172,6 +181,8 @@ class ClientSession:
         if not seq or seq <= self._taken_seq:
             return  # outside the numbered stream, or handed back (events.extendleft) and taken again
         self._taken_seq = seq
+        if seq < self._settle_at:
+            return
         received = self._received
         while received:
             entry = received[0]
@@ -191,6 +202,9 @@ class ClientSession:
             break
         if self._unacked_events >= wire.SESSION_ACK_EVERY_EVENTS or self._unacked_bytes >= wire.SESSION_ACK_EVERY_BYTES:
             self._ack()
+        # Next: the end of the oldest message not all taken, or the event count that calls for an ack.
+        self._settle_at = min(received[0][0] if received else seq + wire.SESSION_ACK_EVERY_EVENTS,
+                              seq + max(1, wire.SESSION_ACK_EVERY_EVENTS - self._unacked_events))
 
     def _ack(self) -> None:
         if not self.attached:
