@@ -61,7 +61,9 @@ all of it is sent what fits and lags, as above. A session is flushed too before 
 else is said to its frontends or changes who they are (a submission's answer, an
 attach, a detach, an error to one frontend, its new id, its end), so nothing overtakes
 an event published before it. Catching up sends blocks as read: from the journal, the
-bodies as stored on disk, one ``pread``, without looking at each event.
+bodies as stored on disk, one ``pread``, without looking at each event. A body from the
+agent that is not one msgpack object is kept wrapped in a msgpack ``bin``, so the array
+of the batch it goes in stays sound (the frontend reports it as an unreadable event).
 
 Session state (:class:`~broker.wire.frames.SessionInfo`, for ``sluice sessions`` and ``attached``)
 follows the heads of the events that pass: ``task_started`` makes a session running,
