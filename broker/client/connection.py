@@ -55,6 +55,7 @@ from broker.wire.results import new_call_id
 
 # Messages handled per pump before the wait loops look at signals and deadlines again.
 DRAIN_BATCH = 512
+_NOBLOCK = int(zmq.NOBLOCK)
 
 
 def close_sockets() -> None:
@@ -663,7 +664,13 @@ class Client:
         n = 0
         while n < DRAIN_BATCH:
             try:
-                frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+                # Part by part, with a plain int flag: recv_multipart's enum arithmetic and
+                # RCVMORE look-ups cost more than the receive.
+                frame = sock.recv(_NOBLOCK, copy=False)
+                frames = [frame]
+                while frame.more:
+                    frame = sock.recv(_NOBLOCK, copy=False)
+                    frames.append(frame)
             except zmq.Again:
                 break
             n += 1
@@ -733,6 +740,9 @@ class Client:
             call.notes.append(note)
             if call.on_notice is not None:
                 call.on_notice(call, note)
+        elif kind == wire.EVENTS:
+            if len(frames) >= 2 and self._sessions is not None:
+                self._sessions.on_events(h, frames[1].buffer)
         elif kind == wire.EVENT:
             if len(frames) >= 2 and self._sessions is not None:
                 self._sessions.on_event(h, frames[1].buffer)

@@ -39,6 +39,11 @@ the daemon then stops sending (a ``lagged`` notice, counted in :attr:`ClientSess
 and resumes from its log and journal as events are taken again, so nothing is lost and
 neither the daemon nor the other frontends wait for it.
 
+Batches: the daemon sends numbered events in ``events`` messages of many at a time (see
+:mod:`broker.wire.frames`); they are unpacked as they arrive, decoded in one call, and
+handed out one by one as if each had come on its own, acks included (a batch's bytes
+count in proportion to the events taken of it).
+
 Errors: :class:`SessionError` when the daemon refuses to create or attach to a session
 (its message is the error event's); :class:`broker.client.errors.DaemonError` when the daemon goes
 away or does not answer in time.
@@ -81,12 +86,16 @@ class ClientSession:
         self.lagged = 0
         self.failure: DaemonError | None = None
         self._next_sub = 0
-        # Numbered events received and not taken yet, as (seq, body size), for the acks.
-        self._received: collections.deque[tuple[int, int]] = collections.deque()
+        # Numbered events received and not taken yet, for the acks: [last seq, events, body
+        # bytes] per message that brought them (one event, or an ``events`` batch).
+        self._received: collections.deque[list[int]] = collections.deque()
         # The newest seq taken, and what was taken since the last ack that went out.
         self._taken_seq = 0
         self._unacked_events = 0
         self._unacked_bytes = 0
+        # Taking an event below this seq neither finishes a message nor calls for an ack:
+        # nothing to count yet.
+        self._settle_at = 0
 
     def new_sub_id(self) -> str:
         self._next_sub += 1
@@ -116,6 +125,11 @@ class ClientSession:
         Raises :class:`broker.client.errors.Interrupted` inside ``catch_signals`` and
         :class:`broker.client.errors.DaemonError` if the daemon went away.
         """
+        events = self.events
+        if events:  # the common case, when events come faster than they are taken
+            event = events.popleft()
+            self._took(event)
+            return event
         return self.client.next_session_event(self, timeout, fds, interruptible)
 
     def detach(self) -> None:
@@ -129,6 +143,7 @@ class ClientSession:
             # Non-blocking: a detach never raises, not even for a daemon that has gone.
             self.client.send_frames([wire.header(wire.DETACH, session=self.id)], block=False)
         self._received.clear()
+        self._settle_at = 0
 
     def _restart(self, seq: int) -> None:
         """The daemon answered an attach: the stream starts over after ``seq``."""
@@ -138,13 +153,27 @@ class ClientSession:
         self._taken_seq = seq
         self._unacked_events = 0
         self._unacked_bytes = 0
+        self._settle_at = 0
 
     def _received_event(self, event: Event, seq: int, size: int) -> None:
         if seq:
             event.seq = seq
             self.last_seq = seq
-            self._received.append((seq, size))
+            self._received.append([seq, 1, size])
+            if seq < self._settle_at:
+                self._settle_at = seq
         self.events.append(event)
+
+    def _received_events(self, events: list[Event], first: int, size: int) -> None:
+        """An ``events`` batch: ``events`` numbered from ``first`` on, ``size`` bytes of bodies in all."""
+        for seq, event in enumerate(events, first):
+            event.seq = seq
+        last = first + len(events) - 1
+        self.last_seq = last
+        self._received.append([last, len(events), size])
+        if last < self._settle_at:
+            self._settle_at = last
+        self.events.extend(events)
 
     def _took(self, event: Event) -> None:
         """``next_event`` handed ``event`` out: count it, and ack once enough was taken."""
@@ -152,12 +181,30 @@ class ClientSession:
         if not seq or seq <= self._taken_seq:
             return  # outside the numbered stream, or handed back (events.extendleft) and taken again
         self._taken_seq = seq
+        if seq < self._settle_at:
+            return
         received = self._received
-        while received and received[0][0] <= seq:
-            self._unacked_bytes += received.popleft()[1]
-            self._unacked_events += 1
+        while received:
+            entry = received[0]
+            last, count, size = entry
+            if last <= seq:
+                received.popleft()
+                self._unacked_events += count
+                self._unacked_bytes += size
+                continue
+            taken = seq - (last - count)
+            if taken > 0:  # part of a batch: its bytes in proportion
+                part = size * taken // count
+                entry[1] = count - taken
+                entry[2] = size - part
+                self._unacked_events += taken
+                self._unacked_bytes += part
+            break
         if self._unacked_events >= wire.SESSION_ACK_EVERY_EVENTS or self._unacked_bytes >= wire.SESSION_ACK_EVERY_BYTES:
             self._ack()
+        # Next: the end of the oldest message not all taken, or the event count that calls for an ack.
+        self._settle_at = min(received[0][0] if received else seq + wire.SESSION_ACK_EVERY_EVENTS,
+                              seq + max(1, wire.SESSION_ACK_EVERY_EVENTS - self._unacked_events))
 
     def _ack(self) -> None:
         if not self.attached:
@@ -228,6 +275,27 @@ class SessionTable:
                 session.id = str(event.msg.session_id)
                 self.by_id[session.id] = session
             session._received_event(event, head.seq, len(body))
+
+    def on_events(self, head: wire.Header, body) -> None:
+        """An ``events`` batch: numbered events ``head.seq`` on, as if each came on its own."""
+        P = self._protocol
+        session = self.by_id.get(head.session)
+        if session is None or head.seq < 1:
+            return
+        try:
+            events = P.decode_events_msgpack(body)
+        except P.ProtocolError as err:
+            # Not even an array: one error in place of the lot, so the numbering goes on.
+            message = f"unreadable events from the daemon: {err}"
+            events = [P.Event(id="", msg=P.ErrorEvent(message)) for _ in range(max(1, head.n))]
+        for i, event in enumerate(events):
+            if isinstance(event, P.ProtocolError):
+                events[i] = event = P.Event(id="", msg=P.ErrorEvent(f"unreadable event from the daemon: {event}"))
+            elif isinstance(event.msg, P.SessionConfiguredEvent) and str(event.msg.session_id) != session.id:
+                session.id = str(event.msg.session_id)
+                self.by_id[session.id] = session
+        if events:
+            session._received_events(events, head.seq, max(0, len(body) - wire.EVENTS_HEAD_SIZE))
 
     def on_lagged(self, head: wire.Header) -> None:
         session = self.by_id.get(head.session)

@@ -9,17 +9,20 @@ rest of the runtime dir) and a session's files go when the session closes. Files
 made and removed relative to a descriptor of that directory, never through a link: a
 segment is created new (``O_EXCL``) and only the file it still is gets unlinked.
 
-Layout: one file per segment, ``<session id>.<n>.events``, a sequence of records
-``[u32 body length][u64 seq][body]`` (little-endian). Seqs are consecutive. When the
-newest segment passes half of ``max_bytes`` a new one is started and the one before the
-previous is deleted, so a session keeps between half and all of ``max_bytes`` of its
-newest events and the readable range is always one contiguous ``[first_seq, last_seq]``.
+Layout: two files per segment: ``<session id>.<n>.events`` holds the event bodies back to
+back, ``<session id>.<n>.index`` where each body ends in it (one little-endian u64 per
+event, in seq order). Seqs are consecutive. When the newest segment passes half of
+``max_bytes`` a new one is started and the one before the previous is deleted, so a
+session keeps between half and all of ``max_bytes`` of its newest events and the
+readable range is always one contiguous ``[first_seq, last_seq]``.
 
 Appends are buffered in memory and written in blocks (and before every read), so the
-broker's loop pays a memcpy per event, not a syscall. A read seeks through a sparse
-index (one offset per :data:`INDEX_EVERY` records) and reads with ``pread``. A segment
-is open only while it is written or read: a daemon hosting a thousand idle sessions
-holds no descriptor for them (descriptors are what a flood of connections runs out of).
+broker's loop pays a memcpy per event, not a syscall. A read (:meth:`Journal.read`) is a
+:class:`Block`: a run of consecutive events whose bodies come off the disk in one
+``pread``, as they are stored, with their ends from the index in another: nothing is
+done per event, so a replay forwards what it reads as it is. A segment is open only
+while it is written or read: a daemon hosting a thousand idle sessions holds no
+descriptor for them (descriptors are what a flood of connections runs out of).
 Reopening goes through the directory's descriptor with ``O_NOFOLLOW`` and must find the
 file it made (same device and inode), or the journal turns itself off.
 
@@ -30,9 +33,12 @@ replay falls back to what the memory log holds.
 
 from __future__ import annotations
 
+import array
+import bisect
 import os
 import stat
 import struct
+import sys
 
 import structlog
 
@@ -40,29 +46,78 @@ log = structlog.get_logger(component="journal")
 
 # Per session: between half and all of this is kept.
 JOURNAL_BYTES = 256 * 1024 * 1024
-# One index entry per this many records.
-INDEX_EVERY = 64
 # Buffered appends are written out at this size.
 WRITE_BLOCK = 256 * 1024
-# A read pulls at least this much from disk at a time.
-READ_BLOCK = 1024 * 1024
 
-_RECORD = struct.Struct("<IQ")
+_END = struct.Struct("<Q")
 SUFFIX = ".events"
+INDEX_SUFFIX = ".index"
+
+
+class Block:
+    """Consecutive events ``first``, ``first + 1``, ...: their bodies back to back in
+    ``parts`` (buffers, joined in order), event i's body ending at ``ends[i] - base`` of
+    the whole. A read from the journal or the memory log; never empty."""
+
+    __slots__ = ("first", "parts", "ends", "base")
+
+    def __init__(self, first: int, parts: list, ends, base: int = 0) -> None:
+        self.first = first
+        self.parts = parts
+        self.ends = ends
+        self.base = base
+
+    @property
+    def count(self) -> int:
+        return len(self.ends)
+
+    @property
+    def last(self) -> int:
+        return self.first + len(self.ends) - 1
+
+    @property
+    def nbytes(self) -> int:
+        """The bodies' bytes, all together."""
+        return self.ends[-1] - self.base
+
+    @property
+    def last_size(self) -> int:
+        ends = self.ends
+        return ends[-1] - (ends[-2] if len(ends) > 1 else self.base)
+
+    def events(self) -> list[tuple[int, bytes]]:
+        """``(seq, body)`` for each event (for tests and the odd caller: a replay needs none)."""
+        data = b"".join(self.parts)
+        out = []
+        start = 0
+        for i, end in enumerate(self.ends):
+            end -= self.base
+            out.append((self.first + i, data[start:end]))
+            start = end
+        return out
+
+    def __repr__(self) -> str:
+        return f"<Block {self.first}..{self.last} {self.nbytes} bytes>"
 
 
 class _Segment:
-    __slots__ = ("path", "ident", "first_seq", "last_seq", "size", "index")
+    __slots__ = ("path", "index_path", "ident", "index_ident", "first_seq", "last_seq", "data_size")
 
-    def __init__(self, path: str, ident: tuple[int, int], first_seq: int) -> None:
+    def __init__(self, path: str, index_path: str, ident: tuple[int, int], index_ident: tuple[int, int],
+                 first_seq: int) -> None:
         self.path = path
+        self.index_path = index_path
         self.ident = ident
+        self.index_ident = index_ident
         self.first_seq = first_seq
         self.last_seq = first_seq - 1
-        # Bytes on disk plus bytes still in the journal's write buffer.
-        self.size = 0
-        # (seq, offset) of every INDEX_EVERY-th record, ascending.
-        self.index: list[tuple[int, int]] = []
+        # Bytes of bodies, on disk plus still in the journal's write buffer.
+        self.data_size = 0
+
+    @property
+    def size(self) -> int:
+        """Bytes it takes on disk (once written): bodies and index."""
+        return self.data_size + _END.size * (self.last_seq - self.first_seq + 1)
 
 
 class Journal:
@@ -78,7 +133,9 @@ class Journal:
         self.session_id = session_id
         self.max_bytes = max_bytes
         self._segments: list[_Segment] = []
+        # What the newest segment has not written yet: bodies, and their ends for the index.
         self._buffer = bytearray()
+        self._index = bytearray()
         self._next_segment = 0
         self._last_seq = 0
         self._broken = False
@@ -118,12 +175,9 @@ class Journal:
             segment = self._segments[-1] if self._segments else None
             if segment is None or segment.size >= self.max_bytes // 2:
                 segment = self._rotate(seq)
-            size = len(body)
-            if (seq - segment.first_seq) % INDEX_EVERY == 0:
-                segment.index.append((seq, segment.size))
-            self._buffer += _RECORD.pack(size, seq)
             self._buffer += body
-            segment.size += _RECORD.size + size
+            segment.data_size += len(body)
+            self._index += _END.pack(segment.data_size)
             segment.last_seq = seq
             self._last_seq = seq
             if len(self._buffer) >= WRITE_BLOCK:
@@ -134,10 +188,22 @@ class Journal:
 
     def _rotate(self, first_seq: int) -> _Segment:
         self._flush()
-        path = f"{self.session_id}.{self._next_segment}{SUFFIX}"
-        if self._dir_fd is None:
-            path = os.path.join(self.directory, path)
+        name = f"{self.session_id}.{self._next_segment}"
         self._next_segment += 1
+        path, ident = self._create(name + SUFFIX)
+        try:
+            index_path, index_ident = self._create(name + INDEX_SUFFIX)
+        except OSError:
+            self._unlink(path, ident)
+            raise
+        self._segments.append(_Segment(path, index_path, ident, index_ident, first_seq))
+        while len(self._segments) > 2:
+            self._drop(self._segments.pop(0))
+        return self._segments[-1]
+
+    def _create(self, name: str) -> tuple[str, tuple[int, int]]:
+        """A new empty file ``name`` in the directory: its path and identity."""
+        path = name if self._dir_fd is not None else os.path.join(self.directory, name)
         flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW
         try:
             fd = os.open(path, flags, 0o600, dir_fd=self._dir_fd)
@@ -150,96 +216,84 @@ class Journal:
             st = os.fstat(fd)
         finally:
             os.close(fd)
-        self._segments.append(_Segment(path, (st.st_dev, st.st_ino), first_seq))
-        while len(self._segments) > 2:
-            self._drop(self._segments.pop(0))
-        return self._segments[-1]
+        return path, (st.st_dev, st.st_ino)
 
-    def _open(self, segment: _Segment, flags: int) -> int:
-        """A descriptor of ``segment``'s file, which must still be the one we made."""
-        fd = os.open(segment.path, flags | os.O_CLOEXEC | os.O_NOFOLLOW, dir_fd=self._dir_fd)
+    def _open(self, path: str, ident: tuple[int, int], flags: int) -> int:
+        """A descriptor of ``path``, which must still be the file we made (``ident``)."""
+        fd = os.open(path, flags | os.O_CLOEXEC | os.O_NOFOLLOW, dir_fd=self._dir_fd)
         try:
             st = os.fstat(fd)
-            if (st.st_dev, st.st_ino) != segment.ident:
-                raise OSError(0, f"{segment.path} was replaced")
+            if (st.st_dev, st.st_ino) != ident:
+                raise OSError(0, f"{path} was replaced")
         except BaseException:
             os.close(fd)
             raise
         return fd
 
     def _flush(self) -> None:
-        if not self._buffer:
+        if not self._buffer and not self._index:
             return
-        fd = self._open(self._segments[-1], os.O_WRONLY | os.O_APPEND)
-        view = memoryview(self._buffer)
-        try:
-            while view:
-                n = os.write(fd, view)
-                view = view[n:]
-        finally:
-            view.release()
-            os.close(fd)
-        self._buffer.clear()
+        segment = self._segments[-1]
+        # Bodies first: the index never names bytes that are not on disk.
+        for path, ident, buffer in ((segment.path, segment.ident, self._buffer),
+                                    (segment.index_path, segment.index_ident, self._index)):
+            fd = self._open(path, ident, os.O_WRONLY | os.O_APPEND)
+            view = memoryview(buffer)
+            try:
+                while view:
+                    n = os.write(fd, view)
+                    view = view[n:]
+            finally:
+                view.release()
+                os.close(fd)
+            buffer.clear()
 
     # ---------------------------------------------------------------- reading
 
-    def read(self, seq: int, max_events: int, max_bytes: int) -> list[tuple[int, bytes]]:
+    def read(self, seq: int, max_events: int, max_bytes: int) -> Block | None:
         """Events ``seq``, ``seq + 1``, ... (at most ``max_events``, and about ``max_bytes``
-        of bodies but always at least one); [] when ``seq`` is not in ``[first_seq, last_seq]``."""
+        of bodies: each event is taken while fewer than ``max_bytes`` were, so always at
+        least one) from one segment; None when ``seq`` is not in ``[first_seq, last_seq]``."""
         if self._broken or not (self.first_seq <= seq <= self._last_seq) or max_events < 1:
-            return []
+            return None
         try:
             self._flush()
-            out: list[tuple[int, bytes]] = []
-            taken = 0
-            for segment in self._segments:
-                if segment.last_seq < seq:
-                    continue
-                taken = self._read_segment(segment, seq, max_events, max_bytes, out, taken)
-                if not out or len(out) >= max_events or taken >= max_bytes:
-                    break
-                seq = out[-1][0] + 1
-            return out
+            segment = next(s for s in self._segments if s.last_seq >= seq)
+            return self._read_segment(segment, seq, min(max_events, segment.last_seq - seq + 1), max_bytes)
         except OSError as e:
             self._fail(e.strerror or str(e))
-            return []
+            return None
 
-    def _read_segment(self, segment: _Segment, seq: int, max_events: int, max_bytes: int, out: list, taken: int) -> int:
-        fd = self._open(segment, os.O_RDONLY)
+    def _read_segment(self, segment: _Segment, seq: int, count: int, max_bytes: int) -> Block:
+        k = seq - segment.first_seq
+        # The ends of events seq - 1 (where seq's body starts; 0 for a segment's first) .. the last wanted.
+        before = 1 if k else 0
+        fd = self._open(segment.index_path, segment.index_ident, os.O_RDONLY)
         try:
-            return self._read_from(fd, segment, seq, max_events, max_bytes, out, taken)
+            raw = os.pread(fd, (count + before) * _END.size, (k - before) * _END.size)
         finally:
             os.close(fd)
-
-    @staticmethod
-    def _read_from(fd: int, segment: _Segment, seq: int, max_events: int, max_bytes: int, out: list, taken: int) -> int:
-        offset = 0
-        for entry_seq, entry_offset in segment.index:
-            if entry_seq > seq:
-                break
-            offset = entry_offset
-        # ``block[pos:]`` is the file from ``offset`` on.
-        block = b""
-        pos = 0
-        while len(out) < max_events and (taken < max_bytes or not out):
-            if len(block) - pos < _RECORD.size:
-                block, pos = os.pread(fd, READ_BLOCK, offset), 0
-                if len(block) < _RECORD.size:
-                    break
-            size, record_seq = _RECORD.unpack_from(block, pos)
-            need = _RECORD.size + size
-            if len(block) - pos < need:
-                block, pos = os.pread(fd, max(need, READ_BLOCK), offset), 0
-                if len(block) < need:
-                    raise OSError(0, f"record {record_seq} is cut short")
-            if record_seq >= seq:
-                out.append((record_seq, bytes(block[pos + _RECORD.size : pos + need])))
-                taken += size
-            pos += need
-            offset += need
-            if record_seq >= segment.last_seq:
-                break
-        return taken
+        if len(raw) != (count + before) * _END.size:
+            raise OSError(0, f"the index of events {seq}.. is cut short")
+        ends = array.array("Q")
+        ends.frombytes(raw)
+        if sys.byteorder != "little":
+            ends.byteswap()
+        base = ends[0] if before else 0
+        if before:
+            del ends[0]
+        # Event i is taken while the ones before it hold fewer than max_bytes.
+        count = min(count, bisect.bisect_left(ends, base + max_bytes) + 1)
+        del ends[count:]
+        size = ends[-1] - base
+        fd = self._open(segment.path, segment.ident, os.O_RDONLY)
+        try:
+            data = os.pread(fd, size, base)
+        finally:
+            os.close(fd)
+        if len(data) != size:
+            raise OSError(0, f"events {seq}..{seq + count - 1} are cut short")
+        return Block(seq, [data], ends, base)
 
     # ---------------------------------------------------------------- ending
 
@@ -251,6 +305,7 @@ class Journal:
             except OSError:
                 pass
         self._buffer.clear()
+        self._index.clear()
         for segment in self._segments:
             self._drop(segment, delete=delete)
         self._segments.clear()
@@ -258,12 +313,16 @@ class Journal:
 
     def _drop(self, segment: _Segment, *, delete: bool = True) -> None:
         if delete:
-            try:
-                st = os.stat(segment.path, dir_fd=self._dir_fd, follow_symlinks=False)
-                if (st.st_dev, st.st_ino) == segment.ident:  # still the file we made
-                    os.unlink(segment.path, dir_fd=self._dir_fd)
-            except OSError:
-                pass
+            self._unlink(segment.path, segment.ident)
+            self._unlink(segment.index_path, segment.index_ident)
+
+    def _unlink(self, path: str, ident: tuple[int, int]) -> None:
+        try:
+            st = os.stat(path, dir_fd=self._dir_fd, follow_symlinks=False)
+            if (st.st_dev, st.st_ino) == ident:  # still the file we made
+                os.unlink(path, dir_fd=self._dir_fd)
+        except OSError:
+            pass
 
     def _fail(self, why: str) -> None:
         log.warning("session journal turned off; replay is limited to the memory log",
@@ -294,7 +353,7 @@ def reset_directory(path: str, *, dir_fd: int | None = None) -> int:
         if stat.S_IMODE(st.st_mode) != 0o700:
             os.fchmod(fd, 0o700)  # ours, through the descriptor: not through a link
         with os.scandir(fd) as entries:
-            names = [e.name for e in entries if e.name.endswith(SUFFIX) and not e.is_dir(follow_symlinks=False)]
+            names = [e.name for e in entries if e.name.endswith((SUFFIX, INDEX_SUFFIX)) and not e.is_dir(follow_symlinks=False)]
         for name in names:
             try:
                 os.unlink(name, dir_fd=fd)

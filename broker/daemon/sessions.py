@@ -13,8 +13,9 @@ driven by the router (:mod:`broker.daemon.router`):
   as it came, at once, in arrival order; an interrupt is therefore never behind anything
   the broker holds. While the agent is starting, submissions wait in a bounded list.
 - ``event`` from the agent: numbered with the session's next ``seq`` (in the header; the
-  body frame is forwarded untouched), kept in a bounded memory log and in the session's
-  journal on disk (:mod:`broker.daemon.journal`), and sent to every attached frontend.
+  body is forwarded untouched), kept in a bounded memory log and in the session's
+  journal on disk (:mod:`broker.daemon.journal`), and sent to every attached frontend
+  in an ``events`` batch (see "Batches" below).
 - ``attach`` from a frontend: subscribe from a given event on (``attached``, then a
   replay of what it asked for); ``detach``: unsubscribe; ``sessions``: list them all,
   except one whose ``configure_session`` was answered with an ``error`` and no
@@ -43,9 +44,26 @@ falls a window behind, or whose frontend's queue is full (``zmq.Again``), stops 
 live: it gets one ``lagged`` message and from then on is *pumped*, sent its next events
 from the memory log, else the journal, a bounded batch per loop turn and never past its
 window, as its acks come (and, after ``zmq.Again``, on every heartbeat), until it reaches
-the head and is live again. Every send goes out at the cursor and moves it by one, which
-is what makes the stream gap-free and duplicate-free; a slow frontend costs the broker a
-cursor, never a queue, and never holds up the others.
+the head and is live again. Every send goes out at the cursor and moves it past what it
+carried, which is what makes the stream gap-free and duplicate-free; a slow frontend
+costs the broker a cursor, never a queue, and never holds up the others.
+
+Batches
+-------
+Numbered events go to frontends in ``events`` messages, each a run of consecutive events
+(:class:`broker.daemon.journal.Block`). A published event is not sent at once: the
+session is marked *dirty* and flushed at the end of the loop turn, so the events the
+agent sent in one turn go out together, and more of them the further behind the broker
+is (a lone event still leaves within the turn it came in). A flush builds the message
+once and sends the same frame to every live subscription at that position (libzmq
+shares it, nothing is copied or re-encoded per frontend); one whose window does not take
+all of it is sent what fits and lags, as above. A session is flushed too before anything
+else is said to its frontends or changes who they are (a submission's answer, an
+attach, a detach, an error to one frontend, its new id, its end), so nothing overtakes
+an event published before it. Catching up sends blocks as read: from the journal, the
+bodies as stored on disk, one ``pread``, without looking at each event. A body from the
+agent that is not one msgpack object is kept wrapped in a msgpack ``bin``, so the array
+of the batch it goes in stays sound (the frontend reports it as an unreadable event).
 
 Session state (:class:`~broker.wire.frames.SessionInfo`, for ``sluice sessions`` and ``attached``)
 follows the heads of the events that pass: ``task_started`` makes a session running,
@@ -76,8 +94,9 @@ from typing import TYPE_CHECKING, Protocol
 
 import msgspec
 import structlog
+import zmq
 
-from broker.daemon.journal import Journal
+from broker.daemon.journal import Block, Journal
 from broker.net.logging import Throttle
 from broker.wire import frames as wire
 from broker.wire.protocol import NO_SESSION, ApprovalResolvedEvent, ErrorEvent, Event, ReviewDecision, encode_msgpack
@@ -98,8 +117,12 @@ LOG_EVENTS = 4096
 LOG_BYTES = 8 * 1024 * 1024
 # A frontend catching up is sent at most this much per loop turn, so that replaying to
 # it never holds up the broker's other work for long.
-PUMP_EVENTS = 256
+PUMP_EVENTS = 4096
 PUMP_BYTES = 4 * 1024 * 1024
+# Why sending kept events to a frontend stopped (:meth:`Sessions._send_kept`).
+_AT_HEAD, _WINDOW, _BUDGET, _STUCK, _GONE = "at head", "window full", "budget spent", "queue full", "gone"
+_UNBOUNDED = 1 << 62
+_CLEAN = object()
 # Answered approvals a session remembers, to tell a late answer who was first.
 ANSWERED_KEPT = 64
 
@@ -162,6 +185,7 @@ class _EventHead(msgspec.Struct):
 
 _submission_head = msgspec.msgpack.Decoder(_SubmissionHead)
 _event_head = msgspec.msgpack.Decoder(_EventHead)
+_opaque = msgspec.msgpack.Encoder()
 
 
 def frontend_name(peer: Peer) -> str:
@@ -237,9 +261,18 @@ class Session:
     # ---------------------------------------------------------------- events
 
     def append(self, body) -> int:
-        """Number ``body`` as the next event, keep it (log and journal); returns its seq."""
+        """Number ``body`` as the next event, keep it (log and journal); returns its seq.
+
+        A body that is not one msgpack object (its head does not decode) is kept as a
+        msgpack ``bin`` holding it: it still reaches the frontends, which report it as an
+        event they cannot read, and the array of an ``events`` batch it goes in stays sound."""
         self.seq += 1
         seq = self.seq
+        try:
+            head = wire.decode_with(_event_head, body, "event")
+        except wire.WireError:
+            head = None
+            body = _opaque.encode(bytes(body))
         log_ = self.log
         log_.append((seq, body))
         self.log_bytes += len(body)
@@ -248,7 +281,8 @@ class Session:
             self.log_bytes -= len(old)
         if self.journal is not None:
             self.journal.append(seq, body)
-        self._observe(seq, body)
+        if head is not None:
+            self._observe(seq, head)
         return seq
 
     def first_kept(self, seq: int) -> int:
@@ -261,27 +295,31 @@ class Session:
             first = min(first, max(seq, journal.first_seq))
         return first
 
-    def read(self, seq: int, max_events: int, max_bytes: int) -> list:
+    def read(self, seq: int, max_events: int, max_bytes: int) -> Block | None:
         """Kept events in order from ``seq`` on (from the oldest one kept after it when ``seq``
-        itself is not): at most ``max_events``, about ``max_bytes`` but at least one, from the
-        memory log when it reaches back that far, else the journal; [] past the head."""
+        itself is not): at most ``max_events``, each taken while fewer than ``max_bytes``
+        bytes were (so at least one), from the memory log when it reaches back that far,
+        else the journal (as stored, up to the end of a segment); None past the head."""
         start = self.first_kept(seq)
         log_ = self.log
         if self.journal is not None and (not log_ or start < log_[0][0]):
-            events = self.journal.read(start, max_events, max_bytes)
-            if events:
-                return events
+            block = self.journal.read(start, max_events, max_bytes)
+            if block is not None:
+                return block
             # A journal that fails to read turns itself off: the log is all there is now.
-        if not log_:
-            return []
-        out = []
+        if not log_ or start > self.seq:
+            return None
+        first = max(start, log_[0][0])
+        parts = []
+        ends = []
         size = 0
-        for event in itertools.islice(log_, max(0, start - log_[0][0]), None):
-            out.append(event)
-            size += len(event[1])
-            if len(out) >= max_events or size >= max_bytes:
+        for _, body in itertools.islice(log_, first - log_[0][0], None):
+            parts.append(body)
+            size += len(body)
+            ends.append(size)
+            if len(parts) >= max_events or size >= max_bytes:
                 break
-        return out
+        return Block(first, parts, ends)
 
     def start_for(self, since: int) -> int:
         """The first seq an ``attach`` asking for ``since`` gets, within [1, head + 1]."""
@@ -291,11 +329,7 @@ class Session:
 
     # ----------------------------------------------------------------- state
 
-    def _observe(self, seq: int, body) -> None:
-        try:
-            head = wire.decode_with(_event_head, body, "event")
-        except wire.WireError:
-            return  # forwarded all the same; only its effect on the state is unknown
+    def _observe(self, seq: int, head: _EventHead) -> None:
         kind = head.msg.type
         if kind == "task_started":
             self.task = head.id
@@ -408,8 +442,13 @@ class Subscription:
         self.live = seq > self.session.seq
         self.owes_notice = False
 
-    def sent(self, size: int) -> None:
-        self.next_seq += 1
+    def fits(self, block: Block) -> bool:
+        """Whether the window takes all of ``block`` (as :attr:`has_room` would, event by event)."""
+        return (self.in_flight + block.count <= wire.SESSION_WINDOW_EVENTS
+                and self.unacked_bytes + block.nbytes - block.last_size < wire.SESSION_WINDOW_BYTES)
+
+    def sent(self, count: int, size: int) -> None:
+        self.next_seq += count
         self.unacked_bytes += size
 
     def skip_to(self, seq: int) -> None:
@@ -456,6 +495,10 @@ class Sessions:
         self.pending: list[list] = []
         # Subscriptions whose last send found their frontend's queue full; retried each heartbeat.
         self.stuck: set[Subscription] = set()
+        # Sessions with events published and not yet sent to their live subscriptions, in
+        # the order they got them (an ordered set); flushed once per loop turn.
+        self.dirty: dict[Session, None] = {}
+        self._flush_scheduled = False
         self._throttle = Throttle(log)
 
     # ------------------------------------------------------------- frontends
@@ -485,6 +528,7 @@ class Sessions:
             session.configure_id = submission.id
             created = True
             log.info("session created", session=session.id, frontend=peer.name)
+        self._flush(session)  # what it publishes before the answer reaches its frontends first
         if op.type == "configure_session" and op.cwd:
             session.cwd = op.cwd
         if peer.identity not in session.subscriptions:
@@ -503,6 +547,7 @@ class Sessions:
         session = self._get(head.session)
         if session is None:
             return self._tell(peer, head, "", f"unknown session {head.session}")
+        self._flush(session)  # what the frontend gets before ``attached`` belongs to its old position
         wanted = session.start_for(head.seq)
         first = session.first_kept(wanted)
         sub = self._subscribe(peer, session)
@@ -616,6 +661,8 @@ class Sessions:
 
     def _unsubscribe(self, peer: Peer, session_id: str) -> None:
         session = self._get(session_id)
+        if session is not None:
+            self._flush(session)  # events published before the detach are delivered
         sub = session.subscriptions.pop(peer.identity, None) if session is not None else None
         if sub is not None:
             self._deactivate(sub)
@@ -635,6 +682,9 @@ class Sessions:
 
     def _tell(self, peer: Peer, head: wire.Header, sub_id: str, message: str) -> None:
         """An error about a request, to this frontend only, outside the numbered stream (seq 0)."""
+        session = self._get(head.session) if head.session else None
+        if session is not None:
+            self._flush(session)  # after the events published before it (an approval's resolution)
         self._throttle("info", "session request refused", reason=message, frontend=peer.name)
         hdr = wire.header(wire.EVENT, head.corr, session=head.session)
         self.router.send(peer, [peer.identity, hdr, error_event(sub_id, message)])
@@ -700,6 +750,7 @@ class Sessions:
             return
         self._publish(session, frames[2])
         if session.announced_id is not None:
+            self._flush(session)  # the event that says so goes out under the id it had
             self._adopt_id(session)
 
     def on_closed(self, peer: Peer, head: wire.Header, frames: list) -> None:
@@ -708,6 +759,7 @@ class Sessions:
         session = self._get(head.session)
         if session is None:
             return
+        self._flush(session)
         self._drop(session)
         # Late answers come from the agent under its key for the session.
         self.closed[session.agent_key] = list(session.subscriptions)
@@ -752,27 +804,64 @@ class Sessions:
     # ----------------------------------------------------------- publishing
 
     def _publish(self, session: Session, body) -> None:
-        """Number ``body`` as the session's next event and send it to every live subscription."""
-        seq = session.append(body)
-        hdr = wire.header(wire.EVENT, session=session.id, seq=seq)
-        for sub in session.subscriptions.values():
-            if sub.live:
-                self._deliver(sub, hdr, body)
+        """Number ``body`` as the session's next event; it goes to the live subscriptions
+        when the session is flushed, at the end of this loop turn (with the other events
+        published meanwhile) or before anything else reaches its frontends."""
+        session.append(body)
+        if session.subscriptions and session not in self.dirty:
+            self.dirty[session] = None
+            if not self._flush_scheduled:
+                self._flush_scheduled = True
+                self.router._defer(self._flush_all)
 
     def _publish_error(self, session: Session, sub_id: str, message: str) -> None:
         self._publish(session, error_event(sub_id, message))
 
-    def _deliver(self, sub: Subscription, hdr: bytes, body) -> None:
-        if not sub.has_room:
-            self._fall_behind(sub)
-        elif not self._send(sub, hdr, body) and not sub.peer.gone:
-            self._fall_behind(sub, stuck=True)
+    def _flush_all(self) -> None:
+        self._flush_scheduled = False
+        while self.dirty:
+            self._flush(next(iter(self.dirty)))
 
-    def _send(self, sub: Subscription, hdr: bytes, body) -> bool:
+    def _flush(self, session: Session) -> None:
+        """Send the events published since the session was last flushed to every live
+        subscription: one ``events`` message, built once, the same frame for every frontend
+        at the same position; one whose window does not take it all gets what fits (then
+        ``lagged``)."""
+        if self.dirty.pop(session, _CLEAN) is _CLEAN:
+            return
+        head = session.seq
+        shared = None
+        for sub in list(session.subscriptions.values()):
+            if not sub.live or sub.next_seq > head:
+                continue
+            if shared is None or shared[0].first != sub.next_seq:
+                block = session.read(sub.next_seq, head - sub.next_seq + 1, _UNBOUNDED)
+                shared = (block, *self._frames(session, block)) if block is not None else (None, None, None)
+            block, hdr, body = shared
+            if block is None or block.first != sub.next_seq or block.last != head or not sub.fits(block):
+                # Not all of it, or not from where it is: as a frontend catching up would.
+                sub.live = False
+                status = self._send_kept(sub, _UNBOUNDED, _UNBOUNDED)
+                if status == _AT_HEAD:
+                    sub.live = True
+                elif status != _GONE:
+                    self._fall_behind(sub, stuck=status == _STUCK)
+            elif not self._send(sub, block, hdr, body) and not sub.peer.gone:
+                self._fall_behind(sub, stuck=True)
+
+    def _frames(self, session: Session, block: Block) -> tuple[bytes, zmq.Frame]:
+        """The header and body of an ``events`` message carrying ``block``; the body as a
+        frame that libzmq shares between the frontends it goes to, without copying it."""
+        hdr = wire.header(wire.EVENTS, session=session.id, seq=block.first, n=block.count)
+        return hdr, zmq.Frame(wire.events_body(block.count, block.parts))
+
+    def _send(self, sub: Subscription, block: Block, hdr: bytes | None = None, body=None) -> bool:
         peer = sub.peer
+        if hdr is None:
+            hdr, body = self._frames(sub.session, block)
         if not self.router.send(peer, [peer.identity, hdr, body]):
             return False
-        sub.sent(len(body))
+        sub.sent(block.count, block.nbytes)
         return True
 
     def _fall_behind(self, sub: Subscription, *, stuck: bool = False) -> None:
@@ -803,28 +892,39 @@ class Sessions:
             return
         if sub.owes_notice and not self._notify_lagged(sub):
             return self._stuck(sub)
+        status = self._send_kept(sub, PUMP_EVENTS, PUMP_BYTES)
+        if status == _AT_HEAD:
+            sub.live = True
+        elif status == _BUDGET:
+            self._schedule(sub)
+        elif status == _STUCK:
+            self._stuck(sub)
+        # _WINDOW: the frontend's next ack resumes it.
+
+    def _send_kept(self, sub: Subscription, budget_events: int, budget_bytes: int) -> str:
+        """Send ``sub`` its next events from the log and journal, in blocks, while its
+        window and the budget allow; says why it stopped (at the head, window full, budget
+        spent, the frontend's queue full, or gone)."""
         session = sub.session
-        budget_events, budget_bytes = PUMP_EVENTS, PUMP_BYTES
         while sub.has_room:
             if sub.next_seq > session.seq:
-                sub.live = True
-                return
+                return _AT_HEAD
             if budget_events <= 0 or budget_bytes <= 0:
-                return self._schedule(sub)
-            batch = session.read(
+                return _BUDGET
+            block = session.read(
                 sub.next_seq,
                 min(budget_events, wire.SESSION_WINDOW_EVENTS - sub.in_flight),
                 min(budget_bytes, wire.SESSION_WINDOW_BYTES - sub.unacked_bytes),
             )
-            first = batch[0][0] if batch else session.seq + 1
+            first = block.first if block is not None else session.seq + 1
             if first > sub.next_seq and not self._skip(sub, first):
-                return self._stuck(sub)
-            for seq, body in batch:
-                if not self._send(sub, wire.header(wire.EVENT, session=session.id, seq=seq), body):
-                    return self._stuck(sub)
-                budget_events -= 1
-                budget_bytes -= len(body)
-        # The window is full: the frontend's next ack resumes it.
+                return _GONE if sub.peer.gone else _STUCK
+            if block is not None:
+                if not self._send(sub, block):
+                    return _GONE if sub.peer.gone else _STUCK
+                budget_events -= block.count
+                budget_bytes -= block.nbytes
+        return _WINDOW
 
     def _schedule(self, sub: Subscription) -> None:
         if not sub.scheduled:
@@ -872,12 +972,14 @@ class Sessions:
         self.aliases.clear()
         for session in sessions:
             self._publish_error(session, "", message)
+            self._flush(session)
             for sub in session.subscriptions.values():
                 if not sub.live:
                     self._tell_laggard(sub, message)
             self._forget(session)
 
     def _forget(self, session: Session) -> None:
+        self._flush(session)  # its last events (an error saying why it ends) go out first
         for sub in session.subscriptions.values():
             self._deactivate(sub)
             sub.peer.sessions.discard(session.id)

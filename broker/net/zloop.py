@@ -17,6 +17,13 @@ import zmq
 # Messages handled per wake-up before yielding to the rest of the loop.
 BATCH = 256
 
+# pyzmq's flags and options as plain ints: its enum arithmetic (``NOBLOCK | SNDMORE``,
+# ``getsockopt(EVENTS)``) costs more than the send itself on this hot path.
+_NOBLOCK = int(zmq.NOBLOCK)
+_MORE = int(zmq.NOBLOCK | zmq.SNDMORE)
+_EVENTS = int(zmq.EVENTS)
+_POLLIN = int(zmq.POLLIN)
+
 
 class ZSocket:
     """Calls ``on_message(frames)`` for every multipart message, from the event loop.
@@ -52,7 +59,11 @@ class ZSocket:
             if self._closed:
                 return
             try:
-                frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+                frame = sock.recv(_NOBLOCK, copy=False)
+                frames = [frame]
+                while frame.more:  # the rest of a message is there once its first part is
+                    frame = sock.recv(_NOBLOCK, copy=False)
+                    frames.append(frame)
             except zmq.Again:
                 return
             except zmq.ZMQError:
@@ -70,9 +81,13 @@ class ZSocket:
         """
         sock = self.sock
         try:
-            sock.send_multipart(parts, zmq.NOBLOCK, copy=copy)
+            # As send_multipart does, part by part: a message whose first part was taken
+            # is taken whole.
+            last = len(parts) - 1
+            for i, part in enumerate(parts):
+                sock.send(part, _MORE if i < last else _NOBLOCK, copy=copy)
         finally:
-            if sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            if sock.getsockopt(_EVENTS) & _POLLIN:
                 self._schedule_drain()
 
     def close(self, linger_ms: int = 0) -> None:

@@ -36,8 +36,12 @@ submit    frontend -> broker -> agent a Codex ``Submission`` (msgpack, :mod:`bro
 attached  broker -> frontend          :class:`SessionInfo`; ``session`` = the session the
                                       frontend is now attached to, ``corr`` = its submit's
                                       or attach's, ``seq`` and ``n`` as below
-event     agent -> broker -> frontend a Codex ``Event`` (msgpack), forwarded as it came;
-                                      ``session`` names it, the broker sets ``seq``
+event     agent -> broker             a Codex ``Event`` (msgpack); ``session`` names it
+          broker -> frontend          the same, outside the numbered stream (``seq`` 0): what
+                                      the broker says about a session or a request
+events    broker -> frontend          numbered events ``seq`` .. ``seq + n - 1`` of ``session``:
+                                      a msgpack array (array 32) of their ``Event`` bodies,
+                                      each as the agent sent it (:func:`events_body`)
 closed    agent -> broker             none; the agent has let go of ``session`` (shut down)
 serve     agent -> broker             none; the agent is ready to host sessions (sent once,
                                       after its welcome, when its handlers are in place)
@@ -67,7 +71,9 @@ are no longer kept; continuing at M+1") and the stream goes on at M+1.
 
 Session flow control: an ``ack`` with ``session`` set (``corr`` empty) says the frontend
 has consumed ``session``'s events up to ``seq``, and ``n`` bytes of event bodies since
-its previous session ack. The broker keeps at most :data:`SESSION_WINDOW_EVENTS` events /
+its previous session ack (the bodies of an ``events`` message are its body's bytes after
+the first :data:`EVENTS_HEAD_SIZE`; a frontend that has consumed part of one may count
+them in proportion). The broker keeps at most :data:`SESSION_WINDOW_EVENTS` events /
 :data:`SESSION_WINDOW_BYTES` bytes unacknowledged per frontend and session; past that it
 stops sending (``lagged``) and resumes from its log and journal as acks come, so a
 frontend that stops reading never stalls the broker or the other frontends, and never
@@ -105,8 +111,8 @@ the pid of the command's sandbox supervisor, not of the command itself. Any mess
 from the broker counts as a sign of life for an executor, not only ``ping``.
 
 Frame counts are strict: ``hello``, ``run``, ``started``, ``out``, ``in``, ``resize``,
-``exit``, ``submit`` and ``event`` carry exactly one body frame, and so do the broker's ``attached`` and its
-``sessions`` and ``status`` answers; every other kind carries none. A frontend must answer
+``exit``, ``submit`` and ``event`` carry exactly one body frame, and so do the broker's ``attached``, its
+``events`` and its ``sessions`` and ``status`` answers; every other kind carries none. A frontend must answer
 ``ping`` with ``pong``; one that misses five while it has calls in flight is presumed gone
 and its calls are cancelled.
 
@@ -127,8 +133,11 @@ hello pid is that process's, once it said ``serve``; other agent-role peers may 
 an empty ``session`` must carry ``configure_session``: the broker names a new session
 (uuid4), attaches the frontend, answers ``attached`` and forwards the submission to the
 agent with ``session`` set; the agent's session takes that id. Every ``event`` of a
-session goes to every frontend attached to it, with ``seq`` counting 1, 2, 3, ... per
-session, the body frame untouched. Submitting to a session attaches the frontend to it
+session goes to every frontend attached to it, numbered with ``seq`` counting 1, 2, 3,
+... per session, its body untouched, in an ``events`` message: the events that are ready
+to go to a frontend at once (those the agent sent during one turn of the broker's loop,
+or a run of them replayed from the log or journal) go in one message, its body built
+once and the same frame sent to every frontend at that position. Submitting to a session attaches the frontend to it
 (at its newest event, unless it is attached already).
 Submissions are forwarded in the order they come and never queued behind other work;
 when the agent is not running yet they wait (bounded) for it to say hello. What the broker
@@ -146,6 +155,8 @@ naming who answered first. An answer matching no request is forwarded as it is.
 
 from __future__ import annotations
 
+import struct
+
 import msgspec
 
 from broker.wire import run_args
@@ -155,7 +166,9 @@ from landlock_helper.policy import DiskWriteFolder, SandboxPolicy
 
 # 2: RunRequest.sandbox_cwd. An executor of version 1 would ignore it and make the
 # command's own directory (a model's workdir) writable, so versions must match.
-PROTOCOL_VERSION = 2
+# 3: numbered session events come in ``events`` batches, which a frontend of version 2
+# would drop.
+PROTOCOL_VERSION = 3
 
 HELLO = "hello"
 WELCOME = "welcome"
@@ -172,6 +185,7 @@ BYE = "bye"
 SUBMIT = "submit"
 ATTACHED = "attached"
 EVENT = "event"
+EVENTS = "events"
 CLOSED = "closed"
 SERVE = "serve"
 ATTACH = "attach"
@@ -487,6 +501,17 @@ def _decode_failure(e: Exception) -> str:
     if isinstance(e, MemoryError):
         return "too large to decode"
     return one_line(f"{type(e).__name__}: {e}")
+
+
+_EVENTS_HEAD = struct.Struct(">BI")
+# The bytes of an ``events`` body before the events' own: a msgpack array 32 header.
+EVENTS_HEAD_SIZE = _EVENTS_HEAD.size
+
+
+def events_body(count: int, parts) -> bytes:
+    """The body of an ``events`` message: a msgpack array of ``count`` events whose bodies
+    (each one msgpack object) ``parts`` holds back to back, in one or more buffers."""
+    return b"".join([_EVENTS_HEAD.pack(0xDD, count), *parts])
 
 
 def header(kind: str, corr: str = "", *, session: str = "", seq: int = 0, stream: int = 0, n: int = 0) -> bytes:

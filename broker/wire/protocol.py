@@ -760,6 +760,8 @@ _submission_json = msgspec.json.Decoder(Submission, dec_hook=_dec_hook)
 _event_json = msgspec.json.Decoder(Event, dec_hook=_dec_hook)
 _submission_msgpack = msgspec.msgpack.Decoder(Submission, dec_hook=_dec_hook)
 _event_msgpack = msgspec.msgpack.Decoder(Event, dec_hook=_dec_hook)
+_events_msgpack = msgspec.msgpack.Decoder(list[Event], dec_hook=_dec_hook)
+_raws_msgpack = msgspec.msgpack.Decoder(list[msgspec.Raw])
 
 _UNKNOWN_TAG = re.compile(r"Invalid value (?P<value>.*) - at `\$\.(?P<field>op|msg)\.type`")
 _TAG_NOUNS = {"op": "op type", "msg": "event type"}
@@ -788,6 +790,23 @@ def decode_submission_msgpack(data: bytes) -> Submission:
 
 def decode_event_msgpack(data: bytes) -> Event:
     return _decode(_event_msgpack, data, "event")
+
+
+def decode_events_msgpack(data) -> list[Event | ProtocolError]:
+    """The events of an ``events`` body (:func:`broker.wire.frames.events_body`), in order:
+    each an Event, or the ProtocolError of one that does not decode (the others still
+    do). ProtocolError when the body is not an array of msgpack objects at all."""
+    try:
+        return frames.decode_with(_events_msgpack, data, "events")
+    except frames.WireError:
+        pass  # one of them is bad: each on its own
+    out: list[Event | ProtocolError] = []
+    for raw in _decode(_raws_msgpack, data, "events"):
+        try:
+            out.append(_decode(_event_msgpack, raw, "event"))
+        except ProtocolError as err:
+            out.append(err)
+    return out
 
 
 def _decode(decoder: Any, data: bytes | str, what: str) -> Any:

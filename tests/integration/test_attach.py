@@ -9,6 +9,7 @@ is a Client connection of its own (one is a process of its own: tests/support/se
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
@@ -23,6 +24,7 @@ import pytest
 import zmq
 
 from broker.client import Client, SessionError
+from broker.client.sessions import SessionTable
 from broker.daemon import sessions as broker_sessions
 from broker.wire import frames as wire
 from broker.wire.protocol import (
@@ -261,3 +263,32 @@ def test_replay_from_before_the_memory_log_comes_from_the_journal(dmn, server, f
     assert [e.seq for e in replayed] == list(range(1, head + 1))
     assert fingerprint(replayed[1:]) == fingerprint(owned)
     assert Path(dmn.runtime.path, "journal").is_dir()
+
+
+def test_since_n_from_the_journal_comes_in_few_large_batches_in_order(dmn, server, frontends, tmp_path,
+                                                                      monkeypatch) -> None:
+    deltas = [f"w{i} " for i in range(broker_sessions.LOG_EVENTS + 3000)]
+    server.script(response(assistant("".join(deltas)), deltas=deltas))
+    owner = open_configured(frontends("owner"), server, tmp_path)
+    owner.submit(UserInput([TextInput("talk a lot")]))
+    owned = collect(owner, "task_complete")
+    batches = []
+    on_events = SessionTable.on_events
+
+    def counting(self, head, body) -> None:
+        batches.append((head.seq, head.n))
+        on_events(self, head, body)
+
+    monkeypatch.setattr(SessionTable, "on_events", counting)
+    since = 1234  # long gone from the memory log: from the journal
+    late = frontends("late").attach(owner.id, since=since)
+    head = late.info.seq
+    replayed = until_seq(late, head)
+    assert [e.seq for e in replayed] == list(range(since, head + 1))
+    assert fingerprint(replayed) == fingerprint([e for e in owned if e.seq >= since])
+    # Consecutive runs, one after the other; far fewer messages than events, and the
+    # client's acks (in the middle of batches) kept the window open: it never lagged.
+    assert [seq for seq, _ in batches] == list(itertools.accumulate([since] + [n for _, n in batches[:-1]]))
+    assert sum(n for _, n in batches) == head - since + 1
+    assert len(batches) < (head - since + 1) // 100
+    assert late.lagged == 0

@@ -57,6 +57,7 @@ KINDS = sorted(set(re.findall(r"^([a-z_]+) {2,}", wire.__doc__, re.M)) - {"kind"
 # What a peer may send the daemon, and with how many body frames (the module docstring of
 # broker.wire.frames: "Frame counts are strict"); other kinds are the daemon's own.
 BODY_FRAMES = {wire.HELLO: 1, wire.RUN: 1, wire.STARTED: 1, wire.OUT: 1, wire.EXIT: 1, wire.SUBMIT: 1, wire.EVENT: 1,
+               wire.EVENTS: 1,
                wire.ACK: 0, wire.IN: 1, wire.RESIZE: 1, wire.CANCEL: 0, wire.PING: 0, wire.PONG: 0, wire.BYE: 0, wire.CLOSED: 0, wire.SERVE: 0,
                wire.ATTACH: 0, wire.DETACH: 0, wire.SESSIONS: 0, wire.STATUS: 0}
 # Per role: the kinds it may send, and those of them that are answered (pings with a pong,
@@ -323,6 +324,8 @@ class RawPeer:
                 self.answered.setdefault(head.corr, head.kind)
             if head.kind == wire.EVENT and len(frames) > 1:
                 self.events.append(frames[1])
+            elif head.kind == wire.EVENTS and len(frames) > 1:
+                self.events += [bytes(raw) for raw in msgspec.msgpack.decode(frames[1], type=list[msgspec.Raw])]
             if head.kind == wire.PING:
                 self.send([wire.header(wire.PONG, head.corr)])
             elif head.kind == wire.RUN and self.role == wire.ROLE_EXECUTOR:

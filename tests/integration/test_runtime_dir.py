@@ -368,12 +368,14 @@ def test_the_journal_dir_is_emptied_without_following_links(rtdir, victims):
         assert sorted(os.listdir(journal)) == ["sub.events"]
         assert os.listdir(os.path.join(journal, "sub.events")) == ["x.events"]
         victims.assert_untouched()
-        # A segment whose name a link took: replaced, not written through.
+        # A segment whose name (its bodies' or its index's) a link took: replaced, not written through.
         os.symlink(target.path, os.path.join(journal, "sess.0.events"))
+        os.symlink(target.path, os.path.join(journal, "sess.0.index"))
         victims.seal(target_dir, target)
         j = Journal(jfd, "sess")
         j.append(1, b"event one")
-        assert j.read(1, 10, 1 << 20) == [(1, b"event one")]
+        assert j.read(1, 10, 1 << 20).events() == [(1, b"event one")]
+        assert stat.S_ISREG(os.lstat(os.path.join(journal, "sess.0.index")).st_mode)
         seg = os.path.join(journal, "sess.0.events")
         assert stat.S_ISREG(os.lstat(seg).st_mode)
         # Swapped for a link after it was made: closing leaves the link (and its target) be.

@@ -14,6 +14,7 @@ import functools
 import random
 import re
 
+import msgspec
 import pytest
 import zmq
 
@@ -39,6 +40,7 @@ from broker.wire.protocol import (
     TextInput,
     UserInput,
     decode_event_msgpack,
+    decode_events_msgpack,
     decode_submission_msgpack,
     encode_msgpack,
 )
@@ -57,6 +59,8 @@ class Transport:
 
     def __init__(self) -> None:
         self.sent: dict[bytes, list[list[bytes]]] = collections.defaultdict(list)
+        # The same, as the objects handed to the socket.
+        self.objects: dict[bytes, list[list]] = collections.defaultdict(list)
         self.full: set[bytes] = set()
         self.gone: set[bytes] = set()
 
@@ -67,6 +71,7 @@ class Transport:
         if identity in self.full:
             raise zmq.Again()
         self.sent[identity].append([bytes(memoryview(p)) for p in parts[1:]])
+        self.objects[identity].append(list(parts[1:]))
 
 
 class _Agents:
@@ -139,7 +144,7 @@ class Daemon:
         self.send(frontend, wire.header(wire.SUBMIT, corr, session=session), encode_msgpack(submission))
 
     def attach(self, frontend: bytes, session: str, since: int = 0, corr: str = "c-attach") -> wire.Header:
-        before = len(self.transport.sent[frontend])
+        before = len(self.messages(frontend))
         self.send(frontend, wire.header(wire.ATTACH, corr, session=session, seq=since))
         return next(h for h, _ in self.messages(frontend)[before:] if h.kind in (wire.ATTACHED, wire.EVENT))
 
@@ -161,7 +166,21 @@ class Daemon:
     # -- what a frontend got
 
     def messages(self, identity: bytes) -> list[tuple[wire.Header, bytes | None]]:
-        return [(wire.decode_header(f[0]), f[1] if len(f) > 1 else None) for f in self.transport.sent[identity]]
+        """What ``identity`` was sent, an ``events`` batch as the ``event`` messages it stands for."""
+        out = []
+        for f in self.transport.sent[identity]:
+            head = wire.decode_header(f[0])
+            if head.kind == wire.EVENTS:
+                bodies = unpack_events(head, f[1])
+                out += [(wire.Header(wire.EVENT, session=head.session, seq=head.seq + i), body)
+                        for i, body in enumerate(bodies)]
+            else:
+                out.append((head, f[1] if len(f) > 1 else None))
+        return out
+
+    def batches(self, identity: bytes) -> list[wire.Header]:
+        """The headers of the ``events`` messages ``identity`` was sent."""
+        return [h for h in map(wire.decode_header, (f[0] for f in self.transport.sent[identity])) if h.kind == wire.EVENTS]
 
     def kinds(self, identity: bytes) -> list[str]:
         return [h.kind for h, _ in self.messages(identity)]
@@ -171,6 +190,14 @@ class Daemon:
 
     def seqs(self, identity: bytes) -> list[int]:
         return [seq for seq, _ in self.events(identity) if seq]
+
+
+def unpack_events(head: wire.Header, body: bytes) -> list[bytes]:
+    """The event bodies of an ``events`` message, as the agent sent them (checking the batch's shape)."""
+    raws = msgspec.msgpack.decode(body, type=list[msgspec.Raw])
+    assert body[:1] == b"\xdd" and len(raws) == head.n >= 1 and head.seq >= 1
+    assert b"".join(bytes(r) for r in raws) == body[wire.EVENTS_HEAD_SIZE:]
+    return [bytes(r) for r in raws]
 
 
 @pytest.fixture
@@ -258,6 +285,93 @@ def test_replay_goes_out_in_bounded_batches_per_loop_turn(monkeypatch) -> None:
     assert len(d.seqs(late)) == 20
     d.settle()
     assert d.seqs(late) == list(range(1, 36))
+
+
+# -- batches -----------------------------------------------------------------------------------
+
+
+def test_events_of_one_loop_turn_go_out_together_the_same_frame_to_every_frontend() -> None:
+    d = Daemon()
+    fronts = [d.connect(f"f{i}") for i in range(3)]
+    session = d.open(fronts[0])
+    for front in fronts[1:]:
+        d.attach(front, session, since=0)
+    for i in range(5):  # one loop turn: nothing is sent before it ends
+        d.emit(session, delta(str(i)), settle=False)
+    assert not any(d.batches(f) for f in fronts)
+    d.settle()
+    bodies = []
+    for front in fronts:
+        (batch,) = d.batches(front)
+        assert (batch.session, batch.seq, batch.n) == (session, 1, 5)
+        bodies.append(d.transport.objects[front][-1][1])
+    assert bodies[0] is bodies[1] is bodies[2]  # built once, shared
+    assert [b for h, b in d.messages(fronts[2]) if h.kind == wire.EVENT] == [d.published[session][s] for s in range(1, 6)]
+    # A lone event goes at the end of the turn it came in, alone.
+    d.emit(session, delta("alone"))
+    assert [(h.seq, h.n) for h in d.batches(fronts[1])] == [(1, 5), (6, 1)]
+
+
+def test_a_live_frontend_gets_what_its_window_takes_of_a_batch_then_lags(small_window) -> None:
+    d = Daemon()
+    roomy, tight = d.connect("roomy"), d.connect("tight")
+    session = d.open(roomy)
+    d.attach(tight, session, since=0)
+    for i in range(5):
+        d.emit(session, delta(str(i)))
+    d.ack(roomy, session, 5, 0)
+    for i in range(6):
+        d.emit(session, delta(str(i)), settle=False)
+    d.settle()
+    assert [(h.seq, h.n) for h in d.batches(roomy)][-1] == (6, 6)
+    # The tight one has 5 in flight of a window of 8: three more, then lagged at 8.
+    assert d.seqs(tight) == list(range(1, 9))
+    assert [(h.kind, h.seq) for h, _ in d.messages(tight)][-1] == (wire.LAGGED, 8)
+    d.ack(tight, session, 8, 0)
+    assert d.seqs(tight) == list(range(1, 12))
+
+
+def test_a_catching_up_frontend_gets_the_journal_in_blocks_as_stored(tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr(sessions_module, "LOG_EVENTS", 5)
+    d = Daemon(journal_dir=str(tmp_path))
+    opener, late = d.connect("opener"), d.connect("late")
+    session = d.open(opener)
+    for i in range(1000):
+        d.emit(session, delta(f"event {i}"))
+    d.attach(late, session, since=0)
+    assert [(h.seq, h.n) for h in d.batches(late)] == [(1, 1000)]  # one window, one message
+    assert d.seqs(late) == list(range(1, 1001))
+    assert [b for h, b in d.messages(late) if h.kind == wire.EVENT] == [d.published[session][s] for s in range(1, 1001)]
+
+
+def test_a_body_that_is_not_one_msgpack_object_keeps_its_batch_readable() -> None:
+    d = Daemon()
+    reader = d.connect("reader")
+    session = d.open(reader)
+    good = encode_msgpack(Event("t1", delta("fine")))
+    for body in (good, b"\x92", good + b"\x01", good):  # an array missing its items; trailing bytes
+        d.send(d.agent, wire.header(wire.EVENT, session=session), body, settle=False)
+    d.settle()
+    (batch,) = d.batches(reader)
+    bodies = unpack_events(batch, d.transport.sent[reader][-1][1])
+    assert bodies[0] == bodies[3] == good
+    assert msgspec.msgpack.decode(bodies[1]) == b"\x92" and msgspec.msgpack.decode(bodies[2]) == good + b"\x01"
+    events = decode_events_msgpack(d.transport.sent[reader][-1][1])
+    assert [type(e).__name__ for e in events] == ["Event", "ProtocolError", "ProtocolError", "Event"]
+
+
+def test_the_event_that_renames_a_session_goes_out_under_its_old_id() -> None:
+    d = Daemon()
+    reader = d.connect("reader")
+    session = d.open(reader)
+    d.emit(session, delta("before"), settle=False)
+    configured = SessionConfiguredEvent(session_id="11111111-2222-3333-4444-555555555555", model="m",
+                                        history_log_id=0, history_entry_count=0)
+    d.send(d.agent, wire.header(wire.EVENT, session=session), encode_msgpack(Event("0", configured)), settle=False)
+    d.send(d.agent, wire.header(wire.EVENT, session=session), encode_msgpack(Event("t1", delta("after"))), settle=False)
+    d.settle()
+    assert [(h.session, h.seq, h.n) for h in d.batches(reader)] == [
+        (session, 1, 2), ("11111111-2222-3333-4444-555555555555", 3, 1)]
 
 
 # -- what is kept: the memory log and the journal ------------------------------------------------
@@ -503,16 +617,19 @@ class SimFrontend:
             self.expected = head.seq + 1
             self.last = head.seq
             self.events = self.bytes = 0
+        elif head.kind == wire.EVENTS:
+            for seq, event in enumerate(unpack_events(head, body), head.seq):
+                assert self.expected is not None and seq == self.expected, (seq, self.expected)
+                assert event == self.d.published[self.session][seq]
+                self.expected += 1
+                self.last = seq
+                self.received += 1
+                self.events += 1
+                self.bytes += len(event)
+                if ack and self.events >= 3:
+                    self._ack()
         elif head.kind == wire.EVENT and head.seq:
-            assert self.expected is not None and head.seq == self.expected, (head.seq, self.expected)
-            assert body == self.d.published[self.session][head.seq]
-            self.expected += 1
-            self.last = head.seq
-            self.received += 1
-            self.events += 1
-            self.bytes += len(body)
-            if ack and self.events >= 3:
-                self._ack()
+            raise AssertionError("numbered events come in batches")
         elif head.kind == wire.EVENT:
             # Either events skipped from here on, or (after ``attached``) why the stream
             # does not start where asked; it goes on where the notice says either way.
