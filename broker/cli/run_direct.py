@@ -20,12 +20,11 @@ from __future__ import annotations
 import errno
 import os
 import select
-import signal
 import socket
 import time
 from types import SimpleNamespace
 
-from broker.cli.base import print_error, write_all
+from broker.cli.base import caught_signals, print_error, write_all
 from broker.net.runtime import RuntimeDir
 from broker.wire import direct
 from broker.wire.results import new_call_id, shell_returncode
@@ -37,7 +36,6 @@ CONNECT_S = 2.0
 RELAY_READ = 256 * 1024
 # After the exit, how long relayed output may take to drain (its writers are dead by then).
 DRAIN_S = 5.0
-SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 # What :meth:`DirectRun.wait` returns when the daemon refused before anything ran.
 FALLBACK = object()
 
@@ -126,17 +124,10 @@ class DirectRun:
         ``returncode``), an error line, or :data:`FALLBACK` (the daemon cannot do a direct
         run and nothing ran: use the broker socket); Ctrl-C and friends cancel the run and wait up to
         ``cancel_wait_s`` for its end (then :class:`TimeoutError`)."""
-        wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-        old_fd = signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
-        old = {s: signal.signal(s, self._on_signal) for s in SIGNALS}
         try:
-            return self._wait(wake_r, cancel_wait_s)
+            with caught_signals(self._on_signal) as wake:
+                return self._wait(wake, cancel_wait_s)
         finally:
-            for s, h in old.items():
-                signal.signal(s, h)
-            signal.set_wakeup_fd(old_fd)
-            os.close(wake_r)
-            os.close(wake_w)
             self._close_relays()
             if self.sock is not None:
                 self.sock.close()

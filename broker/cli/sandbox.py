@@ -24,13 +24,12 @@ import errno
 import fcntl
 import os
 import select
-import signal
 import struct
 import sys
 import termios
 import time
 
-from broker.cli.base import USAGE_SANDBOX, command_of, env_report, fail, print_error, write_all
+from broker.cli.base import USAGE_SANDBOX, caught_signals, command_of, env_report, fail, print_error, write_all
 from broker.cli.terminal import NOT_A_TERMINAL, RawTerminal, is_terminal, window_size
 from broker.net.keys import default_keys_dir
 from broker.net.runtime import RuntimeDir, ensure_sluice_home, hidden_paths
@@ -259,25 +258,12 @@ class _Relay:
     def _signals(self):
         """SIGINT, SIGTERM, SIGHUP end the command's tree (we relay until it is dead);
         every signal with a handler wakes the relay's select through the wakeup fd."""
-        r, w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-        self.wake = r
-
         def end(signum, frame):
             self.signum = signum
             self._stop()
 
-        old_fd = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
-        old = {}
-        try:
-            for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-                old[s] = signal.signal(s, end)
+        with caught_signals(end) as self.wake:
             yield
-        finally:
-            for s, h in old.items():
-                signal.signal(s, h)
-            signal.set_wakeup_fd(old_fd)
-            os.close(r)
-            os.close(w)
 
     def _pump(self, proc, term: RawTerminal | None) -> None:
         done_fds = tuple(proc.done_fds)

@@ -29,11 +29,10 @@ from common import (
     Stats,
     alternate,
     bench_main,
-    checked_run,
     log,
     peer_row,
     ratio,
-    recording,
+    warmed_runs,
 )
 from installed import sluice_cli
 from peers import announce, codex, srt
@@ -88,14 +87,7 @@ def run(quick: bool) -> list[Row]:
             if not p.unavailable:
                 cases[p.name] = (p.argv(["true"]), p.environ(env))
         failures: dict[str, list[str]] = {name: [] for name in cases}
-        for name, (argv, e) in cases.items():  # warm-up; a way that fails here is not timed
-            try:
-                for _ in range(3):
-                    checked_run(argv, e)
-            except RuntimeError as err:
-                failures[name].append(str(err))
-        timed = {name: recording(failures[name], lambda a=argv, e=e: checked_run(a, e))
-                 for name, (argv, e) in cases.items() if not failures[name]}
+        timed = warmed_runs(cases, failures)
         log(f"cli: {count} x ({', '.join(timed)})")
         samples = alternate(timed, count, block=5)
         imports = import_profile(["-m", "broker", "run", "--", "true"], env)

@@ -21,7 +21,7 @@ import os
 import shutil
 import tempfile
 
-from common import WORK_DIR, Row, Stats, alternate, bench_main, checked_run, log, peer_row, recording
+from common import WORK_DIR, Row, Stats, alternate, bench_main, log, peer_row, warmed_runs
 from installed import sluice_cli
 from peers import Peer, announce, bwrap, check
 
@@ -47,14 +47,7 @@ def run(quick: bool) -> list[Row]:
         cases = {"sluice": (ours.argv(["true"]), env)}
         if not peer.unavailable:
             cases["bwrap"] = (peer.argv(["true"]), peer.environ())
-        for name, (argv, e) in cases.items():
-            try:
-                for _ in range(3):
-                    checked_run(argv, e)
-            except RuntimeError as err:
-                failures[name].append(str(err))
-        timed = {name: recording(failures[name], lambda a=argv, e=e: checked_run(a, e))
-                 for name, (argv, e) in cases.items() if not failures[name]}
+        timed = warmed_runs(cases, failures)
         log(f"sandbox-true: {count} x ({', '.join(timed)})")
         samples = alternate(timed, count, block=5)
     finally:

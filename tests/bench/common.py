@@ -200,6 +200,22 @@ def recording(failures: list[str], fn: Callable[[], object]) -> Callable[[], Non
     return run
 
 
+def warmed_runs(cases: dict[str, tuple[Sequence[str], dict[str, str]]], failures: dict[str, list[str]],
+                warm: int = 3) -> dict[str, Callable[[], None]]:
+    """For each ``name: (argv, env)``, a timed run for :func:`alternate` (its failures go to
+    ``failures[name]``), after ``warm`` runs: a way that fails while warming up is not timed."""
+    timed = {}
+    for name, (argv, env) in cases.items():
+        try:
+            for _ in range(warm):
+                checked_run(argv, env)
+        except RuntimeError as err:
+            failures[name].append(str(err))
+            continue
+        timed[name] = recording(failures[name], lambda a=argv, e=env: checked_run(a, e))
+    return timed
+
+
 def error_row(row_id: str, error: BaseException | str) -> Row:
     """A benchmark that could not produce its figure: it counts as not holding."""
     text = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
