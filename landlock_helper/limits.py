@@ -36,6 +36,7 @@ import resource
 import signal
 import time
 from dataclasses import dataclass
+from typing import NamedTuple
 
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40, "p": 1 << 50}
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgtp]?)(?:i?b)?\s*$", re.IGNORECASE)
@@ -210,15 +211,15 @@ CGROUP_PARENT = "sluice"
 _CONTROLLERS = ("memory", "pids", "cpu")
 
 
-@dataclass(frozen=True)
-class _Hierarchy:
+# Named tuples, not dataclasses: a dataclass costs every `sluice run` half a millisecond
+# to make at import (Limits stays one: the wire encodes it).
+class _Hierarchy(NamedTuple):
     version: int  # 1 or 2
     parent: str  # the directory command cgroups are made in
     controllers: tuple[str, ...]
 
 
-@dataclass(frozen=True)
-class Mechanism:
+class Mechanism(NamedTuple):
     """What enforces each limit on this host (see :func:`mechanism`)."""
 
     hierarchies: tuple[_Hierarchy, ...] = ()
