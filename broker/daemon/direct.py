@@ -187,7 +187,8 @@ class DirectRuns:
         if not self.router.supervisor.passes_fds():
             direct.close_all(fds)
             return self._refuse(conn, NO_LOCAL_EXECUTOR, fallback=True)
-        peer = self.router.join_direct(conn.identity, name if isinstance(name, str) else "sluice run", conn.pid)
+        name = wire.one_line(name, 80) if isinstance(name, str) and name.strip() else "sluice run"
+        peer = self.router.join_direct(conn.identity, name, conn.pid)
         if isinstance(peer, str):
             direct.close_all(fds)
             return self._refuse(conn, peer)
@@ -200,6 +201,7 @@ class DirectRuns:
 
     def _refuse(self, conn: _Connection, why: str, *, fallback: bool = False) -> None:
         self._send(conn, {"error": why, **({"fallback": True} if fallback else {})})
+        self.loop.remove_reader(conn.sock.fileno())  # nothing more is read from it
         self._end_soon(conn, "refused")
 
     # -- from the router ------------------------------------------------------------------
