@@ -87,8 +87,8 @@ def _direct(run: DirectRun, command: list[str], args) -> int | None:
     except TimeoutError:
         print_error(f"the command did not end within {CANCEL_WAIT_S:g} s of being cancelled; exiting anyway")
         return EXIT_SIGNAL_BASE + run.signum if run.signum else EXIT_SLUICE
-    if result is FALLBACK:
-        return None
+    if result is FALLBACK:  # nothing ran; unless we were interrupted meanwhile, the broker socket runs it
+        return EXIT_SIGNAL_BASE + run.signum if run.signum else None
     if run.daemon_version:
         announce_version(run.daemon_version, None)
     if isinstance(result, str):
