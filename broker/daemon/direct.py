@@ -47,18 +47,18 @@ ACCEPT_PAUSE_S = 0.1
 
 
 class _Connection:
-    __slots__ = ("sock", "identity", "pid", "uid", "peer", "call", "fds", "backlog", "writing", "timer", "closed")
+    __slots__ = ("sock", "identity", "pid", "peer", "call", "fds", "backlog", "timer", "closed")
 
-    def __init__(self, sock: socket.socket, identity: bytes, pid: int, uid: int) -> None:
+    def __init__(self, sock: socket.socket, identity: bytes, pid: int) -> None:
         self.sock = sock
         self.identity = identity
         self.pid = pid
-        self.uid = uid
         self.peer: Peer | None = None
         self.call: Call | None = None
         self.fds: list[int] = []
+        # Messages the caller's socket had no room for; while any wait, the loop watches
+        # it for room (_flush).
         self.backlog: collections.deque[dict] = collections.deque()
-        self.writing = False
         self.timer: asyncio.TimerHandle | None = None
         self.closed = False
 
@@ -127,7 +127,7 @@ class DirectRuns:
                 continue
             sock.setblocking(False)
             self._next += 1
-            conn = _Connection(sock, DIRECT + self._next.to_bytes(8, "big"), pid, uid)
+            conn = _Connection(sock, DIRECT + self._next.to_bytes(8, "big"), pid)
             self.connections[conn.identity] = conn
             conn.timer = self.loop.call_later(FIRST_MESSAGE_S, self._end, conn, "said nothing")
             self.loop.add_reader(sock.fileno(), self._readable, conn)
@@ -243,7 +243,6 @@ class DirectRuns:
             direct.send(conn.sock, message)
         except (BlockingIOError, InterruptedError):
             conn.backlog.append(message)
-            conn.writing = True
             self.loop.add_writer(conn.sock.fileno(), self._flush, conn)
         except OSError:
             pass  # it left: its end of file ends it
@@ -259,9 +258,8 @@ class DirectRuns:
                 break
             conn.backlog.popleft()
         self.loop.remove_writer(conn.sock.fileno())
-        conn.writing = False
         if conn.closed:
-            self._close_socket(conn)
+            conn.sock.close()
 
     # -- the end ---------------------------------------------------------------------------
 
@@ -283,14 +281,8 @@ class DirectRuns:
         if conn.peer is not None:
             self.router.drop_caller(conn.peer, why)
         direct.close_all(conn.fds)
-        if not conn.writing:
-            self._close_socket(conn)
-
-    def _close_socket(self, conn: _Connection) -> None:
-        if conn.writing:
-            self.loop.remove_writer(conn.sock.fileno())
-            conn.writing = False
-        conn.sock.close()
+        if not conn.backlog:  # else _flush closes it once the last message is out
+            conn.sock.close()
 
     def close(self) -> None:
         """Stop serving: every connection ends (after the router told its caller why)."""
@@ -300,5 +292,7 @@ class DirectRuns:
             self._paused.cancel()
         for conn in list(self.connections.values()):
             self._end(conn, "the daemon is shutting down")
-            if conn.writing:
-                self._close_socket(conn)
+            if conn.backlog:  # no loop turn is left to flush it
+                self.loop.remove_writer(conn.sock.fileno())
+                conn.backlog.clear()
+                conn.sock.close()
