@@ -163,6 +163,18 @@ def write_all(fd: int, data) -> None:
         data = memoryview(data)[n:]
 
 
+def read_stdin(fd: int, size: int) -> bytes:
+    """Up to ``size`` bytes of our stdin for the command; b"" at its end, and after a read
+    error, which is said (the command then gets end of file). BlockingIOError: nothing yet."""
+    try:
+        return os.read(fd, size)
+    except BlockingIOError:
+        raise
+    except OSError as e:
+        print_error(f"reading stdin failed: {e.strerror}; the command gets end of file")
+        return b""
+
+
 def env_report(passthrough: list[str]) -> None:
     """``--env-report``: the names (never the values) of the variables the command will
     not get, on stderr."""

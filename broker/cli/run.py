@@ -22,6 +22,7 @@ from broker.cli.base import (
     env_report,
     fail,
     print_error,
+    read_stdin,
     remote_from_args,
     write_all,
 )
@@ -222,12 +223,9 @@ def _feed_stdin(client, call, fd: int) -> None:
         if fd not in client.wait_io((fd,), None):
             continue
         try:
-            data = os.read(fd, min(room, STDIN_READ))
+            data = read_stdin(fd, min(room, STDIN_READ))
         except BlockingIOError:
             continue
-        except OSError as e:
-            print_error(f"reading stdin failed: {e.strerror}; the command gets end of file")
-            data = b""
         if not data:
             client.close_stdin(call)
             return

@@ -24,7 +24,7 @@ import socket
 import time
 from types import SimpleNamespace
 
-from broker.cli.base import caught_signals, print_error, write_all
+from broker.cli.base import caught_signals, print_error, read_stdin, write_all
 from broker.net.runtime import RuntimeDir
 from broker.wire import direct
 from broker.wire.results import new_call_id, shell_returncode
@@ -243,12 +243,9 @@ class DirectRun:
     def _relay_in(self, relay: _Relay) -> None:
         if not relay.pending:
             try:
-                data = os.read(relay.src, RELAY_READ)
+                data = read_stdin(relay.src, RELAY_READ)
             except BlockingIOError:
                 return
-            except OSError as e:
-                print_error(f"reading stdin failed: {e.strerror}; the command gets end of file")
-                data = b""
             if not data:
                 self._end_stdin(relay)
                 return
