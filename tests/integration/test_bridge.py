@@ -15,7 +15,7 @@ import pytest
 from broker.wire.protocol import Shutdown, TextInput, UserInput
 from tests.support.fake_model import assistant, response, user_item
 from tests.support.frontends import Frontends, JsonLines, configure_op, json_events, submission_line, tag
-from tests.support.harness import daemons, short_tempdir
+from tests.support.harness import daemons, reap, short_tempdir
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -74,11 +74,7 @@ def test_bridge_configures_takes_input_answers_bad_lines_and_attaches(fe, server
         assert proc.wait(20) == 0, proc.stderr.read()
         events = out.rest()
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        proc.stdout.close()
-        proc.stderr.close()
+        reap(proc)
     assert events[0].id == "t1" and tag(events[0]) == "task_started"
     assert [e.seq for e in events] == list(range(events[0].seq, events[0].seq + len(events)))
     assert tag(events[-1]) == "shutdown_complete" and events[-1].id == "bye"
@@ -109,11 +105,7 @@ def test_bridge_says_when_the_daemon_goes_away(server, tmp_path) -> None:
             assert tag(events[-1]) == "error" and events[-1].id == ""
             assert "sluice: error: " in proc.stderr.read().decode()
         finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-            for stream in (proc.stdin, proc.stdout, proc.stderr):
-                stream.close()
+            reap(proc)
 
 
 def test_bridge_with_only_a_configure_shows_the_session_then_ends(fe, server, tmp_path) -> None:

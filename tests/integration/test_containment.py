@@ -37,7 +37,7 @@ import pytest
 
 from landlock_helper import SandboxPolicy, mounts
 from landlock_helper.spawn import SandboxError, Spawner, _check, _encode_spec, _make_warm, _Template
-from tests.support.harness import sluice_argv
+from tests.support.harness import reap, sluice_argv
 from tests.support.sandbox_harness import INNER_PYTHON, sandbox
 
 pytestmark = [pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux sandbox"),
@@ -422,9 +422,7 @@ def test_daemon_started_after_the_command_is_out_of_its_reach(daemon_factory, wo
         go.write_text(handle.runtime.path)
         out, err = proc.communicate(timeout=30)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        reap(proc)
     assert token and token not in out
     assert "dir False" in out and "token refused" in out and "socket refused" in out, out + err
     assert "run.sock refused" in out, out + err

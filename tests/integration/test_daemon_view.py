@@ -21,7 +21,7 @@ import pytest
 
 from broker.net.logging import LOG_KEEP, LOG_MAX_BYTES
 from broker.wire.version import SLUICE_VERSION
-from tests.support.harness import subprocess_env, wait_for
+from tests.support.harness import reap, subprocess_env, wait_for
 from tests.support.terminal import OnTerminal
 
 
@@ -237,9 +237,7 @@ def test_a_run_without_executors_says_it_waits_and_then_fails(daemon_factory, sl
         assert len(rest) == 1 and rest[0].startswith("sluice: error: no executor joined the daemon within 3 s")
         assert 2.5 < time.monotonic() - started < 10
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        reap(proc)
 
 
 @pytest.mark.timeout(90)

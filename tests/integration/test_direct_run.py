@@ -13,11 +13,10 @@ import socket
 import stat
 import subprocess
 
-import psutil
 import pytest
 
 from broker.wire import direct
-from tests.support.harness import SANDBOX_PYTHON, wait_for
+from tests.support.harness import SANDBOX_PYTHON, live_processes, reap, wait_for
 
 # What the command's fds 0-2 are, as it sees them: "pipe:[inode]", a path, ...
 _FDS = "import os\nfor fd in (0, 1, 2):\n    print(fd, os.readlink(f'/proc/self/fd/{fd}'), flush=True)\n"
@@ -122,19 +121,14 @@ def test_ctrl_c_kills_the_whole_tree_and_the_pipe_ends(module_daemon, sluice, tm
     try:
         assert proc.stdout.readline() == b"started\n"
 
-        def sleepers():
-            return [p for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"] == ["sleep", marker]]
-
-        wait_for(lambda: len(sleepers()) == 2, what="both sleeps")
+        wait_for(lambda: len(live_processes(["sleep", marker])) == 2, what="both sleeps")
         proc.send_signal(signal.SIGINT)
         assert proc.wait(30) == 128 + signal.SIGINT
         assert proc.stdout.read() == b""  # its end came: nobody holds the pipe any more
-        wait_for(lambda: not sleepers(), timeout=10, what="the tree to be gone")
+        wait_for(lambda: not live_processes(["sleep", marker]), timeout=10, what="the tree to be gone")
         assert b"Traceback" not in proc.stderr.read()
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        reap(proc)
 
 
 @pytest.mark.timeout(60)
@@ -241,11 +235,8 @@ def test_a_hung_daemon_is_given_up_on_and_its_command_cancelled_once_it_resumes(
     proc = subprocess.Popen([*sluice, "run", "--cwd", str(tmp_path), "--", "sleep", marker], env=d.env_for_children(),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
-    def sleeper():
-        return [p for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"] == ["sleep", marker]]
-
     try:
-        wait_for(sleeper, what="the command to run")
+        wait_for(lambda: live_processes(["sleep", marker]), what="the command to run")
         os.kill(d.pid, signal.SIGSTOP)
         try:
             assert proc.wait(direct.SILENT_LIMIT_S + 30) == 125
@@ -254,8 +245,6 @@ def test_a_hung_daemon_is_given_up_on_and_its_command_cancelled_once_it_resumes(
         err = proc.stderr.read().decode()
         assert "stopped answering" in err and "Traceback" not in err, err
         # Resumed, the daemon sees the caller gone and cancels its command.
-        wait_for(lambda: not sleeper(), timeout=20, what="the command to be cancelled")
+        wait_for(lambda: not live_processes(["sleep", marker]), timeout=20, what="the command to be cancelled")
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        reap(proc)

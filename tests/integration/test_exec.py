@@ -39,7 +39,7 @@ from tests.support.fake_model import (
     user_item,
 )
 from tests.support.frontends import json_events
-from tests.support.harness import daemons, live_processes, short_tempdir, sluice_argv, subprocess_env
+from tests.support.harness import daemons, live_processes, reap, short_tempdir, sluice_argv, subprocess_env
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -264,9 +264,7 @@ def test_approvals_on_a_terminal_escalate_or_deny(fe, server, work) -> None:
         os.write(master, b"n\n")
         assert proc.wait(30) == 0
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        reap(proc)
         os.close(master)
     assert (work / "yes.txt").read_text() == "hi\n" and not (work / "no.txt").exists()
     assert json.loads(outputs_of(server.requests[1]["json"])["c1"])["metadata"]["exit_code"] == 0
@@ -294,11 +292,7 @@ def test_ctrl_c_kills_the_command_and_resume_answers_the_dangling_call_aborted(f
         assert proc.wait(20) == 130
         stderr = seen + proc.stderr.read()
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        proc.stdout.close()
-        proc.stderr.close()
+        reap(proc)
     text = stderr.decode()
     # One line for the interrupt.
     assert text.count("interrupting") == 1 and "Turn interrupted" not in text and "turn aborted" not in text
@@ -348,11 +342,7 @@ def test_second_ctrl_c_leaves_at_once(dmn, fe, server, work) -> None:
         if pid is not None:
             os.kill(pid, signal.SIGCONT)
         release.set()
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        proc.stdout.close()
-        proc.stderr.close()
+        reap(proc)
 
 
 # -- the model misbehaving ------------------------------------------------------------
@@ -461,11 +451,7 @@ def test_agent_killed_mid_turn_is_an_error_and_the_next_exec_works(daemon_factor
             stderr = proc.stderr.read().decode()
         finally:
             release.set()
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-            proc.stdout.close()
-            proc.stderr.close()
+            reap(proc)
         assert "error: the agent process died (killed by signal 9)" in stderr
         p = fe.run("--approval-policy", "never", "-C", str(work), "hello again")
         assert p.returncode == 0, p.stderr

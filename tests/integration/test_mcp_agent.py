@@ -24,7 +24,7 @@ import pytest
 from tests.integration.test_exec import Frontend
 from tests.support.fake_model import assistant, call, outputs_of, response
 from tests.support.frontends import json_events
-from tests.support.harness import SANDBOX_PYTHON, daemons, wait_for
+from tests.support.harness import SANDBOX_PYTHON, daemons, reap, wait_for
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -153,9 +153,7 @@ def test_an_interrupt_cancels_the_call_at_the_server(dmn, server, work, tmp_path
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=30)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        reap(proc)
     assert time.monotonic() - started < 10
     assert "McpToolCallEndEvent" in kinds("".join(seen) + out)
     wait_for(lambda: "cancelled 5" in dmn.log(), timeout=20, what="the server to be told the call is cancelled")

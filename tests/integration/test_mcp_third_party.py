@@ -14,7 +14,7 @@ import pytest
 from tests.integration.test_exec import Frontend
 from tests.support.fake_model import assistant, call, outputs_of, response
 from tests.support.frontends import json_events
-from tests.support.harness import daemons, wait_for
+from tests.support.harness import daemons, reap, wait_for
 from tests.support.mcp_servers import everything_entry, everything_table, time_server, time_table
 
 pytestmark = pytest.mark.timeout(180)
@@ -107,9 +107,7 @@ def test_server_everything_a_timeout_a_kill_and_the_restart(dmn, server, work, t
             victim.kill()
         out, err = proc.communicate(timeout=120)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        reap(proc)
     assert proc.returncode == 0, err
     killed = outputs_of(server.requests[1]["json"])["k1"]
     assert "tool call failed: MCP server everything" in killed and "signal 9" in killed, killed

@@ -8,24 +8,13 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import psutil
 import pytest
 
-from tests.support.harness import subprocess_env
+from tests.support.harness import reap, subprocess_env, wait_for
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux sandbox")
-
-
-def _wait_for(condition, what: str, timeout: float = 10.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 @pytest.mark.timeout(60)
@@ -36,9 +25,9 @@ def test_sandbox_is_supervised_by_sluice_itself_and_dies_with_it(sluice, runtime
     try:
         assert proc.stdout.readline() == b"up\n"
         cli = psutil.Process(proc.pid)
-        init = _wait_for(lambda: cli.children(), "the sandbox's init")
+        init = wait_for(lambda: cli.children(), what="the sandbox's init")
         assert [p.name() for p in init] == ["sluice-init"]
-        command = _wait_for(lambda: init[0].children(), "the command")
+        command = wait_for(lambda: init[0].children(), what="the command")
         assert command[0].cmdline() == ["sleep", "61.5"]
         # sluice stays in the host's mount namespace (it quarantines planted .git files
         # there); the init has one of its own.
@@ -47,14 +36,10 @@ def test_sandbox_is_supervised_by_sluice_itself_and_dies_with_it(sluice, runtime
         assert os.readlink(f"/proc/{init[0].pid}/ns/mnt") != host_mnt
         proc.kill()  # no handler runs: the kernel ends the sandbox (the init dies with its parent)
         proc.wait(timeout=10)
-        _wait_for(lambda: not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in (*init, *command)),
-                  "the sandbox to die with sluice")
+        wait_for(lambda: not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in (*init, *command)),
+                 what="the sandbox to die with sluice")
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        proc.stdout.close()
-        proc.stderr.close()
+        reap(proc)
 
 
 @pytest.mark.timeout(60)

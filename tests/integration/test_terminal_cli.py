@@ -16,7 +16,7 @@ import psutil
 import pytest
 
 from broker.client import UsageError
-from tests.support.harness import wait_for
+from tests.support.harness import reap, wait_for
 from tests.support.terminal import OnTerminal
 
 pytestmark = pytest.mark.timeout(90)
@@ -218,11 +218,7 @@ def test_sandbox_told_to_stop_exits_as_run_does(sluice, tmp_path, signum):
         proc.send_signal(signum)
         assert proc.wait(timeout=30) == 128 + signum
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        proc.stdout.close()
-        proc.stderr.close()
+        reap(proc)
 
 
 def test_ctrl_z_stops_a_job_of_an_interactive_shell(cli):

@@ -58,6 +58,17 @@ def wait_for(predicate, timeout: float = 10.0, what: str = "the condition", inte
         time.sleep(interval)
 
 
+def reap(proc: subprocess.Popen) -> None:
+    """The end of a test's child process, whatever the test came to: SIGKILLed if it still
+    runs, waited for, and its pipes closed."""
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+    for stream in (proc.stdin, proc.stdout, proc.stderr):
+        if stream is not None:
+            stream.close()
+
+
 def live_processes(cmdline: list[str]) -> list[psutil.Process]:
     """Processes running exactly ``cmdline`` (zombies count as dead: only not reaped yet)."""
     found = []
