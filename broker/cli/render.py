@@ -360,7 +360,7 @@ def describe_approval(msg: ExecApprovalRequestEvent | ApplyPatchApprovalRequestE
         return what
     command = f"`{_command_line(msg.command, False)}` in {visible(msg.cwd)}"
     if msg.stdin is not None:
-        return (f"type `{_clipped(msg.stdin, False)}` into session {msg.session_id} "
+        return (f"type `{_clipped(msg.stdin, False)}` into session {msg.process_id} "
                 f"({command}), which runs without the sandbox")
     what = f"run {command} without the sandbox"
     if msg.interactive:
@@ -424,10 +424,10 @@ def _command_question(msg: ExecApprovalRequestEvent, full: bool) -> tuple[Lines,
 
 
 def _input_question(msg: ExecApprovalRequestEvent, full: bool) -> tuple[Lines, Lines, Lines]:
-    head = [(f"The agent asks to type into session {msg.session_id}, which runs WITHOUT the sandbox.", "1;33")]
+    head = [(f"The agent asks to type into session {msg.process_id}, which runs WITHOUT the sandbox.", "1;33")]
     tail = [("What it types runs with your full access to files and network; "
              "approving lets this input through, and asks again for the next.", "1;31"),
-            (f"  session {msg.session_id} runs: {_command_line(msg.command, full)}", "1"),
+            (f"  session {msg.process_id} runs: {_command_line(msg.command, full)}", "1"),
             (f"  in: {visible(msg.cwd)}", "1"),
             (f"  input: {_clipped(msg.stdin or '', full)}", "1")]
     return head, [], tail
@@ -453,7 +453,7 @@ def answer_confirmation(msg: ExecApprovalRequestEvent | ApplyPatchApprovalReques
     """The one line that confirms an answer: what happens now."""
     command = isinstance(msg, ExecApprovalRequestEvent)
     if command and msg.stdin is not None and decision in (ReviewDecision.APPROVED, ReviewDecision.APPROVED_FOR_SESSION):
-        return f"approved: typing this input into session {msg.session_id} (the next input is asked about again)"
+        return f"approved: typing this input into session {msg.process_id} (the next input is asked about again)"
     if decision == ReviewDecision.APPROVED:
         return "approved: running it without the sandbox" if command else "approved: applying the patch"
     if decision == ReviewDecision.APPROVED_FOR_SESSION:
@@ -762,14 +762,14 @@ class HumanRenderer(_Output):
             self.line(f"reasoning: {msg.text}", "2;3")
 
     def _on_exec_command_begin(self, msg: ExecCommandBeginEvent) -> None:
-        where = f"   (in {msg.cwd})" if msg.cwd and msg.cwd != self.cwd else ""
+        where = f"   (in {visible(msg.cwd)})" if msg.cwd and msg.cwd != self.cwd else ""
         unsandboxed = msg.call_id in self._unsandboxed_calls or tuple(msg.command) in self._unsandboxed_commands
         self._unsandboxed_calls.discard(msg.call_id)
         script = shell_script(msg.command)
         if script is not None and "\n" in script.strip():
             self.line(f"$ {os.path.basename(msg.command[0])} script{where}:", "1")
             for text in script.strip("\n").splitlines():
-                self.line(f"    {text}", "1")
+                self.line(f"    {visible(text, tabs=True)}", "1")
         else:
             self.line(f"$ {command_text(msg.command)}{where}", "1")
         if unsandboxed:

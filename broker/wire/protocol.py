@@ -640,9 +640,10 @@ class ExecApprovalRequestEvent(_EventMsg, tag="exec_approval_request", omit_defa
     interactive: bool = False
     """Approved, ``command`` keeps running as a session the model types into."""
     stdin: str | None = None
-    """Set when what is asked is input for the running unsandboxed session ``session_id``
+    """Set when what is asked is input for the running unsandboxed session ``process_id``
     (whose command and cwd these are): its text, exactly as it would be written."""
-    session_id: int | None = None
+    process_id: str | None = None
+    """The session's id, as the model names it (Codex's later name for it)."""
 
 
 class ApplyPatchApprovalRequestEvent(

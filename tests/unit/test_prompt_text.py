@@ -138,7 +138,7 @@ def test_an_interactive_session_says_so_above_the_command() -> None:
 
 def test_input_for_an_unsandboxed_session_shows_the_input_last() -> None:
     msg = ExecApprovalRequestEvent("w1", ["bash", "-lc", "./run.sh"], "/w", interactive=True,
-                                   stdin="exec sh -i\n\u202e", session_id=1000)
+                                   stdin="exec sh -i\n\u202e", process_id="1000")
     texts = _texts(msg)
     assert texts[0] == "The agent asks to type into session 1000, which runs WITHOUT the sandbox."
     assert texts[-3:] == ["  session 1000 runs: bash -lc ./run.sh", "  in: /w", "  input: exec sh -i\\n\\u202e"]
