@@ -113,7 +113,7 @@ def test_a_long_script_is_cut_in_the_question_and_v_shows_it_whole(fe, server, w
     with fe.on_pty("exec", "--sandbox", "read-only", "--approval-policy", "on-request", "-C", str(work),
                    "count") as person:
         seen = person.read_until(b"[v]iew in full: ")
-        assert b"    echo line-29\r\n" in seen and b"line-30" not in seen
+        assert b"    echo line-29\r\n" in seen and b"    echo line-30" not in seen
         assert b"... 30 more lines ([v] shows them all)" in seen
         person.write(b"v\n")
         seen = person.read_until(b"Allow? [y]es", count=2)
