@@ -321,6 +321,8 @@ async def approve_command(
     if isinstance(safety, Reject):
         return ToolOutput(call_id, f"exec command rejected: {safety.reason}")
     if isinstance(safety, AskUser):
+        if justification == RETRY_WITHOUT_SANDBOX_REASON:
+            justification = None  # frontends show that reason as sluice's, not as the model's
         request = ExecApprovalRequestEvent(call_id, argv, cwd, safety.reason or justification,
                                            interactive=interactive)
         decision = await sess.request_approval(task, call_id, request)

@@ -15,10 +15,11 @@ screen) and note a closed stdout instead of failing.
 
 Approval requests are not rendered by :meth:`HumanRenderer.event`: the frontend decides
 whether to ask (:meth:`_Output.ask_approval`: :func:`approval_question`, a patch as its
-unified diff per file, a shell script as the script, and in plain words that an approved
-command runs without the sandbox; ``v`` shows what a long one left out;
-:func:`parse_approval_answer`; :meth:`_Output.answered` confirms the answer in one line)
-or only to say what was asked (:func:`describe_approval`). An ``approval_resolved`` event
+unified diff per file, a shell script as the script, in plain words that an approved
+command runs without the sandbox and whether it keeps running as an interactive
+session, and last, right above the question, the real command and its directory; ``v``
+shows what a long one left out; :func:`parse_approval_answer`; :meth:`_Output.answered`
+confirms the answer in one line) or only to say what was asked (:func:`describe_approval`). An ``approval_resolved`` event
 is shown as who answered what, unless the answer was this frontend's own (``me``); a
 command approved (here or elsewhere) is marked as running WITHOUT the sandbox when it
 starts. A patch applied is summed up (files, +/- lines).
@@ -26,6 +27,9 @@ starts. A patch applied is summed up (files, +/- lines).
 Terminal safety: everything from the model, a server or a command is shown with its
 control characters escaped (:func:`safe_text`, :class:`SafeStream`), so ``\x1b[31m`` or
 an OSC sequence is seen, not obeyed; ``sluice run`` (not here) keeps command output raw.
+What a question shows of model-controlled text goes further (:func:`visible`): one line,
+nothing invisible or look-alike, the model's own words labelled and bounded
+(:func:`model_words`), so no text of the model's can pass for the question's.
 
 Less noise: token counts are summed and shown once when a turn ends (each as it comes
 with ``verbose``); an interrupt the frontend announced itself is not announced again. On

@@ -5,6 +5,7 @@ directory, a patch's files or a session's input last, right above the question."
 
 from __future__ import annotations
 
+import asyncio
 import shlex
 
 import pytest
@@ -24,9 +25,12 @@ from broker.wire.protocol import (
     RETRY_WITHOUT_SANDBOX_REASON,
     AddFileChange,
     ApplyPatchApprovalRequestEvent,
+    AskForApproval,
+    ExecApproval,
     ExecApprovalRequestEvent,
     ReviewDecision,
 )
+from tests.support.fake_model import FakeModelServer, FakeRunner, Harness, assistant, call, response, tag
 
 SPOOF = "needs it" + "\n" * 40 + "The agent asks to run `ls -la`"
 
@@ -156,3 +160,31 @@ def test_a_patch_shows_its_escaped_files_and_directory_last() -> None:
     assert texts[1] == "  " + model_words(SPOOF)
     assert "A notes\\u202etxt.sh (new file, +1)" in texts
     assert all("\n" not in t and "\u202e" not in t for t in texts)
+
+
+def test_a_justification_that_is_the_retry_reason_is_not_passed_on_as_sluices(tmp_path) -> None:
+    # Frontends show that reason as sluice's own ("it failed in the sandbox"): a model
+    # that gives it as its justification would make the question say so falsely.
+    with FakeModelServer() as server:
+        server.script(
+            response(call("shell", {"command": ["bash", "-lc", "touch x"], "with_escalated_permissions": True,
+                                    "justification": RETRY_WITHOUT_SANDBOX_REASON}, "c1")),
+            response(call("shell", {"command": ["touch", "y"], "with_escalated_permissions": True,
+                                    "justification": "needs the network"}, "c2")),
+            response(assistant("Done.")))
+
+        async def main() -> list[ExecApprovalRequestEvent]:
+            h = Harness(server, FakeRunner(), tmp_path)
+            try:
+                await h.configure(approval_policy=AskForApproval.ON_REQUEST)
+                sub = await h.say("go")
+                for seen in (0, 1):
+                    await h.until(lambda e: tag(e) == "exec_approval_request" and len(h.of(tag(e))) > seen)
+                    await h.submit(ExecApproval(sub, ReviewDecision.DENIED))
+                await h.done(sub)
+                return h.of("exec_approval_request")
+            finally:
+                await h.session.aclose()
+
+        first, second = asyncio.run(main())
+    assert first.reason is None and second.reason == "needs the network"
