@@ -168,25 +168,29 @@ RETRIED_SESSION = 1001  # the sandboxed try was session 1000
 def _probe_script(tools: str, outside: str, pwned: str) -> list:
     if tools == "codex":
         return [
-            response(call("exec_command", {"cmd": f"sh ./probe.sh {outside}", "tty": True, "yield_time_ms": 3000},
-                          "c1")),
+            response(call("exec_command", {"cmd": f"sh ./probe.sh {outside}", "tty": True, "login": False,
+                                           "yield_time_ms": 5000}, "c1")),
             response(call("write_stdin", {"session_id": RETRIED_SESSION, "chars": f"touch {pwned}\n",
                                           "yield_time_ms": 1500}, "c2")),
             response(assistant("Done.")),
         ]
     return [
-        response(call("unified_exec", {"input": ["sh", "./probe.sh", outside], "timeout_ms": 3000}, "c1")),
+        response(call("unified_exec", {"input": ["sh", "./probe.sh", outside], "timeout_ms": 5000}, "c1")),
         response(call("unified_exec", {"input": [f"touch {pwned}\n"], "session_id": str(RETRIED_SESSION),
                                        "timeout_ms": 1500}, "c2")),
         response(assistant("Done.")),
     ]
 
 
-async def _until_exists(path: str, timeout: float = 15.0) -> None:
+def _wait_exists(path: str, timeout: float = 15.0) -> None:
     deadline = time.monotonic() + timeout
     while not os.path.exists(path):
         assert time.monotonic() < deadline, f"{path} never appeared"
-        await asyncio.sleep(0.02)
+        time.sleep(0.02)
+
+
+async def _until_exists(path: str, timeout: float = 15.0) -> None:
+    await asyncio.to_thread(_wait_exists, path, timeout)
 
 
 @pytest.mark.parametrize("tools", ["codex", "seed"])
@@ -224,7 +228,10 @@ def test_a_retry_approval_does_not_hand_out_an_unsandboxed_shell(dmn, tmp_path, 
                 question = await h.until(lambda e: tag(e) == "exec_approval_request", timeout=30, after=after)
                 assert question.msg.stdin == f"touch {pwned}\n" and question.msg.process_id == str(RETRIED_SESSION)
                 assert question.msg.command == retry.msg.command and question.msg.cwd == retry.msg.cwd
-                assert question.msg.interactive and not os.path.exists(pwned)
+                assert question.msg.interactive
+                # The session asked about runs unsandboxed: the probe wrote outside the roots.
+                await _until_exists(os.path.join(outside, "probe"))
+                assert not os.path.exists(pwned)
                 await h.submit(ExecApproval(sub, ReviewDecision.DENIED))
                 assert tag(await h.done(sub, timeout=30)) == "task_complete"
             finally:
@@ -251,15 +258,16 @@ def test_the_person_at_the_terminal_sees_the_session_and_the_input_last(fe, serv
     with fe.on_pty("exec", "--sandbox", "workspace-write", "--approval-policy", "on-failure", "-C", str(work),
                    "run the probe") as person:
         lines = above_question(person.read_until(b"Allow? [y]es"))
-        command = f"  command: /bin/bash -lc {shlex.quote(f'sh ./probe.sh {outside}')}"
+        command = f"  command: /bin/bash -c {shlex.quote(f'sh ./probe.sh {outside}')}"
         assert lines[-4:] == [INTERACTIVE, NO_SANDBOX, command, f"  in: {work}"]
         person.write(b"y\n")
-        lines = above_question(person.read_until(b"Allow? [y]es", count=2))
+        lines = above_question(person.read_until(b"Allow? [y]es", count=2, timeout=40))
         assert lines[-4:] == [
             "What it types runs with your full access to files and network; approving lets this input through, "
             "and asks again for the next.",
             f"  session {RETRIED_SESSION} runs: {command[len('  command: '):]}", f"  in: {work}",
             f"  input: touch {pwned}\\n"]
+        _wait_exists(os.path.join(outside, "probe"))  # the session runs unsandboxed
         assert not os.path.exists(pwned)
         person.write(b"n\n")
         person.read_until(b"denied: the model is told so")
