@@ -125,6 +125,7 @@ def safe_text(text: str) -> str:
 # (fullwidth, mathematical) and the Latin clicks drawn as "|" and "!".
 _VISIBLE_CATEGORIES = frozenset({"L", "N"})
 _LOOKALIKE_LETTERS = frozenset("\u01c0\u01c1\u01c2\u01c3")
+_NOT_PLAIN = re.compile("[^ -~]")  # printable ASCII is always itself
 _NAMED_ESCAPES = {"\n": "\\n", "\t": "\\t", "\r": "\\r"}
 
 
@@ -148,11 +149,16 @@ def visible(text: str, *, limit: int | None = None, tabs: bool = False) -> str:
     ``\u2215``; see the comment above for which). ``limit``: at most that many
     characters of the result, then how many were left out. ``tabs``: a tab stays (a line
     of a script or a diff; a tab only moves the cursor right, over blanks)."""
+    def show(char: str) -> str:
+        return char if tabs and char == "\t" else _visible_char(char)
+
+    if limit is None:
+        return _NOT_PLAIN.sub(lambda match: show(match.group()), text)
     shown: list[str] = []
     length = 0
-    for index, char in enumerate(text):
-        piece = char if tabs and char == "\t" else _visible_char(char)
-        if limit is not None and length + len(piece) > limit:
+    for index, char in enumerate(text):  # stops at the limit: no more work than it shows
+        piece = show(char)
+        if length + len(piece) > limit:
             return "".join(shown) + f"... ({len(text) - index} more characters)"
         shown.append(piece)
         length += len(piece)
