@@ -65,7 +65,7 @@ from dataclasses import dataclass
 
 from agent.safe_commands import is_known_safe_command
 from broker.wire.frames import ExitStatus
-from broker.wire.protocol import AskForApproval, SandboxPolicy
+from broker.wire.protocol import RETRY_WITHOUT_SANDBOX_REASON, AskForApproval, SandboxPolicy
 from landlock_helper.policy import write_allowed
 
 __all__ = [
@@ -77,14 +77,13 @@ __all__ = [
     "assess_command_safety",
     "assess_patch_safety",
     "assess_safety_for_untrusted_command",
+    "input_needs_approval",
     "is_known_safe_command",
     "is_likely_sandbox_denied",
     "is_path_writable",
     "should_retry_unsandboxed",
     "writable_roots_for",
 ]
-
-RETRY_WITHOUT_SANDBOX_REASON = "command failed; retry without sandbox?"
 
 # Inside each writable root these stay read-only (the sandbox binds them read-only).
 
@@ -177,6 +176,24 @@ def assess_safety_for_untrusted_command(
         # Nobody to ask and nothing to contain it.
         return Reject("auto-rejected because command is not on trusted list")
     return AskUser()
+
+
+def input_needs_approval(sandboxed: bool, approval_policy: AskForApproval, sandbox_policy: SandboxPolicy) -> bool:
+    """Whether input the model types into a running session must be approved first.
+
+    A session that runs without the sandbox (started so after an escalation or a retry
+    someone approved) runs whatever it is typed with the user's full rights, and an
+    approval covered the command, not what the model types into it later: ``sh -i``
+    behind a script that failed "Permission denied" in the sandbox would otherwise be an
+    unsandboxed shell for the rest of the session. So each write to one is asked for,
+    under every policy but ``never`` (nobody to ask: the user chose not to be), and not
+    when the session's policy is danger-full-access (then nothing is sandboxed, and no
+    approval was needed to leave a sandbox). A sandboxed session's input stays in its
+    sandbox and is never asked for.
+    """
+    if sandboxed or sandbox_policy.is_unrestricted():
+        return False
+    return AskForApproval(approval_policy) != _NEVER
 
 
 # -- patches --------------------------------------------------------------------------

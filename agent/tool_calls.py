@@ -36,9 +36,16 @@ Long-lived commands (:mod:`agent.unified_exec`; the seed's ``unified_exec``, Cod
 ``exec_command`` / ``write_stdin``, answered only when the session's ``unified_exec``
 setting offers them): starting one goes through steps 1, 2 and 4 above exactly as a
 ``shell`` command (:func:`approve_command`, :func:`approve_retry`: the retry when the
-command exits within its first wait looking denied); writes to a running one are not
-approved again, as what it runs stays in its sandbox. An interrupt cancels the call
-waiting on a session, not the session.
+command exits within its first wait looking denied), and its request says
+``interactive`` when the session would take input. Input to a running session that runs
+without the sandbox is asked for, each write on its own (:func:`approve_input`; an
+``exec_approval_request`` with ``stdin`` and ``process_id`` set, refused:
+``write_stdin rejected by user`` and nothing written), under every policy but ``never``
+and unless the session's policy is danger-full-access
+(:func:`agent.safety.input_needs_approval`): an approval covers the command, not what
+the model types into it afterwards. A sandboxed session's input stays in its sandbox
+and is not asked for. An interrupt cancels the call waiting on a session, not the
+session.
 
 Interrupted while a command runs: the command is cancelled through the runner and its
 ``exec_command_end`` says so (exit code 130, ``formatted_output`` "aborted", and the
@@ -72,6 +79,7 @@ from agent.safety import (
     Reject,
     assess_command_safety,
     assess_patch_safety,
+    input_needs_approval,
     should_retry_unsandboxed,
     writable_roots_for,
 )
@@ -138,6 +146,7 @@ log = structlog.get_logger("agent.tool_calls")
 ABORTED = "aborted"
 REJECTED_BY_USER = "exec command rejected by user"
 PATCH_REJECTED_BY_USER = "patch rejected by user"
+INPUT_REJECTED_BY_USER = "write_stdin rejected by user"
 _APPROVED = (ReviewDecision.APPROVED, ReviewDecision.APPROVED_FOR_SESSION)
 
 
@@ -302,16 +311,20 @@ async def handle_exec(sess: Session, task: AgentTask, params: ShellParams, call_
 
 async def approve_command(
     sess: Session, task: AgentTask, call_id: str, argv: list[str], cwd: str, escalate: bool,
-    justification: str | None,
+    justification: str | None, *, interactive: bool = False,
 ) -> bool | ToolOutput:
     """Whether to run ``argv`` sandboxed (True) or not (False), asking the user if the
-    policies say so; a :class:`ToolOutput` for the model when it must not run."""
+    policies say so; a :class:`ToolOutput` for the model when it must not run.
+    ``interactive``: it starts a session the model types into (the request says so)."""
     config = sess.config
     safety = assess_command_safety(argv, config.approval_policy, sess.sandbox_policy, sess.approved_commands, escalate)
     if isinstance(safety, Reject):
         return ToolOutput(call_id, f"exec command rejected: {safety.reason}")
     if isinstance(safety, AskUser):
-        request = ExecApprovalRequestEvent(call_id, argv, cwd, safety.reason or justification)
+        if justification == RETRY_WITHOUT_SANDBOX_REASON:
+            justification = None  # frontends show that reason as sluice's, not as the model's
+        request = ExecApprovalRequestEvent(call_id, argv, cwd, safety.reason or justification,
+                                           interactive=interactive)
         decision = await sess.request_approval(task, call_id, request)
         if decision not in _APPROVED:
             return ToolOutput(call_id, REJECTED_BY_USER)
@@ -325,10 +338,10 @@ async def approve_command(
 
 
 async def approve_retry(sess: Session, task: AgentTask, call_id: str, argv: list[str], cwd: str,
-                        result: ExecResult) -> bool:
+                        result: ExecResult, *, interactive: bool = False) -> bool:
     """After a sandboxed run that looks denied: ask "retry without sandbox?"; True if approved."""
     sess.send(task.sub_id, BackgroundEventEvent(f"Execution failed: {_denial_summary(result)}"))
-    request = ExecApprovalRequestEvent(call_id, argv, cwd, RETRY_WITHOUT_SANDBOX_REASON)
+    request = ExecApprovalRequestEvent(call_id, argv, cwd, RETRY_WITHOUT_SANDBOX_REASON, interactive=interactive)
     decision = await sess.request_approval(task, call_id, request)
     if decision not in _APPROVED:
         return False
@@ -348,7 +361,7 @@ async def _start_session(
     """Approve and start ``argv`` as a session exactly as ``shell`` runs a command, and
     gather its first output; a sandboxed start that exits looking denied is retried
     unsandboxed if the user approves, as for ``shell``."""
-    decision = await approve_command(sess, task, call_id, argv, cwd, escalate, justification)
+    decision = await approve_command(sess, task, call_id, argv, cwd, escalate, justification, interactive=stdin)
     if isinstance(decision, ToolOutput):
         return decision
     sandboxed = decision
@@ -368,7 +381,7 @@ async def _start_session(
     result = collected.result
     if sandboxed and result is not None and should_retry_unsandboxed(result, sess.config.approval_policy,
                                                                      sess.sandbox_policy):
-        if await approve_retry(sess, task, call_id, argv, cwd, result):
+        if await approve_retry(sess, task, call_id, argv, cwd, result, interactive=stdin):
             session, collected = await start(False)
     return session, notes, collected
 
@@ -407,7 +420,11 @@ async def handle_unified_exec(sess: Session, task: AgentTask, arguments: str, ca
         except UnknownSessionId as err:
             return ToolOutput(call_id, f"unified exec failed: {err}", success=False)
         notes = []
-        await manager.write(session, " ".join(params.input).encode(), task.sub_id)
+        text = " ".join(params.input)
+        refused = await approve_input(sess, task, call_id, session, text)
+        if refused is not None:
+            return refused
+        await manager.write(session, text.encode(), task.sub_id)
         collected = await manager.collect(session, timeout_ms / 1000, task.sub_id)
     output = (warning or "") + _session_text(notes, collected)
     live_id = None if collected.result is not None else session.id
@@ -454,9 +471,27 @@ async def handle_write_stdin(sess: Session, task: AgentTask, arguments: str, cal
     if params.chars:
         if session.process is None or not session.process.tty:
             return ToolOutput(call_id, f"write_stdin failed: {STDIN_CLOSED}", success=False)
+        refused = await approve_input(sess, task, call_id, session, params.chars)
+        if refused is not None:
+            return refused
         await manager.write(session, params.chars.encode(), task.sub_id)
     collected = await manager.collect(session, clamp_yield_time(params.yield_time_ms) / 1000, task.sub_id)
     return _exec_command_answer(call_id, session, collected, _session_text([], collected), params.max_output_tokens)
+
+
+async def approve_input(sess: Session, task: AgentTask, call_id: str, session: ExecSession,
+                        text: str) -> ToolOutput | None:
+    """Ask before ``text`` is typed into ``session`` when the policies say so
+    (:func:`agent.safety.input_needs_approval`); the refusal for the model, or None to go
+    on. Every write asks on its own: "always" approves this input, not the next (an
+    unsandboxed shell is not handed over by one answer)."""
+    if not text or not input_needs_approval(session.sandboxed, sess.config.approval_policy, sess.sandbox_policy):
+        return None
+    request = ExecApprovalRequestEvent(call_id, session.argv, session.cwd, interactive=True, stdin=text,
+                                       process_id=str(session.id))
+    if await sess.request_approval(task, call_id, request) not in _APPROVED:
+        return ToolOutput(call_id, INPUT_REJECTED_BY_USER, success=False)
+    return None
 
 
 def _exec_command_answer(call_id: str, session: ExecSession, collected: Collected, text: str,

@@ -15,10 +15,11 @@ screen) and note a closed stdout instead of failing.
 
 Approval requests are not rendered by :meth:`HumanRenderer.event`: the frontend decides
 whether to ask (:meth:`_Output.ask_approval`: :func:`approval_question`, a patch as its
-unified diff per file, a shell script as the script, and in plain words that an approved
-command runs without the sandbox; ``v`` shows what a long one left out;
-:func:`parse_approval_answer`; :meth:`_Output.answered` confirms the answer in one line)
-or only to say what was asked (:func:`describe_approval`). An ``approval_resolved`` event
+unified diff per file, a shell script as the script, in plain words that an approved
+command runs without the sandbox and whether it keeps running as an interactive
+session, and last, right above the question, the real command and its directory; ``v``
+shows what a long one left out; :func:`parse_approval_answer`; :meth:`_Output.answered`
+confirms the answer in one line) or only to say what was asked (:func:`describe_approval`). An ``approval_resolved`` event
 is shown as who answered what, unless the answer was this frontend's own (``me``); a
 command approved (here or elsewhere) is marked as running WITHOUT the sandbox when it
 starts. A patch applied is summed up (files, +/- lines).
@@ -26,6 +27,9 @@ starts. A patch applied is summed up (files, +/- lines).
 Terminal safety: everything from the model, a server or a command is shown with its
 control characters escaped (:func:`safe_text`, :class:`SafeStream`), so ``\x1b[31m`` or
 an OSC sequence is seen, not obeyed; ``sluice run`` (not here) keeps command output raw.
+What a question shows of model-controlled text goes further (:func:`visible`): one line,
+nothing invisible or look-alike, the model's own words labelled and bounded
+(:func:`model_words`), so no text of the model's can pass for the question's.
 
 Less noise: token counts are summed and shown once when a turn ends (each as it comes
 with ``verbose``); an interrupt the frontend announced itself is not announced again. On
@@ -40,9 +44,11 @@ import os
 import re
 import shlex
 import time
+import unicodedata
 
 from broker.cli.base import write_all
 from broker.wire.protocol import (
+    RETRY_WITHOUT_SANDBOX_REASON,
     TURN_INTERRUPTED,
     AddFileChange,
     AgentMessageDeltaEvent,
@@ -106,6 +112,59 @@ def safe_text(text: str) -> str:
     return _UNSAFE.sub(_escape, text)
 
 
+# What a question shows of text the model controls (a command, a path, a file name, its
+# justification) must read as exactly what it is, on the line where it is printed. Beyond
+# what safe_text escapes: every line break and tab (a justification of 40 newlines would
+# push the real command off the screen), the invisible characters (bidi controls that
+# reorder a line, zero-width ones, soft hyphens, tags), spaces other than the space (a
+# no-break space joins two words into one argument), combining marks (U+0338 overlays a
+# stroke), private-use and unassigned ones (a font may draw anything), and non-ASCII
+# punctuation and symbols: the look-alikes of "/" (U+2215, U+2044, U+29F8, U+FF0F...),
+# quotes, dashes, pipes and semicolons that would make a path or a command read as
+# another. Letters and digits of every script stay, except the forms that fold to ASCII
+# (fullwidth, mathematical) and the Latin clicks drawn as "|" and "!".
+_VISIBLE_CATEGORIES = frozenset({"L", "N"})
+_LOOKALIKE_LETTERS = frozenset("\u01c0\u01c1\u01c2\u01c3")
+_NOT_PLAIN = re.compile("[^ -~]")  # printable ASCII is always itself
+_NAMED_ESCAPES = {"\n": "\\n", "\t": "\\t", "\r": "\\r"}
+
+
+def _visible_char(char: str) -> str:
+    if " " <= char <= "~":
+        return char
+    if char in _NAMED_ESCAPES:
+        return _NAMED_ESCAPES[char]
+    code = ord(char)
+    if code < 0xA0:  # C0, DEL, C1
+        return f"\\x{code:02x}"
+    if (unicodedata.category(char)[0] in _VISIBLE_CATEGORIES and char not in _LOOKALIKE_LETTERS
+            and not unicodedata.normalize("NFKC", char).isascii()):
+        return char
+    return f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}"
+
+
+def visible(text: str, *, limit: int | None = None, tabs: bool = False) -> str:
+    """``text`` as a question shows what the model controls: one line on which every
+    character is either plainly itself or its escape (``\n``, ``\x1b``, ``\u202e``,
+    ``\u2215``; see the comment above for which). ``limit``: at most that many
+    characters of the result, then how many were left out. ``tabs``: a tab stays (a line
+    of a script or a diff; a tab only moves the cursor right, over blanks)."""
+    def show(char: str) -> str:
+        return char if tabs and char == "\t" else _visible_char(char)
+
+    if limit is None:
+        return _NOT_PLAIN.sub(lambda match: show(match.group()), text)
+    shown: list[str] = []
+    length = 0
+    for index, char in enumerate(text):  # stops at the limit: no more work than it shows
+        piece = show(char)
+        if length + len(piece) > limit:
+            return "".join(shown) + f"... ({len(text) - index} more characters)"
+        shown.append(piece)
+        length += len(piece)
+    return "".join(shown)
+
+
 class SafeStream:
     """:func:`safe_text` for a byte stream that may split characters (and a CRLF) across
     chunks: :meth:`feed` returns what can be shown so far, :meth:`flush` the rest."""
@@ -167,7 +226,7 @@ def patch_summary(changes: dict[str, FileChange], cwd: str = "") -> str:
         plus, minus = change_counts(change)
         added += plus
         removed += minus
-        names.append(f"{change_letter(change)} {display_path(path, cwd)}{_moved(change, cwd)}")
+        names.append(f"{change_letter(change)} {visible(display_path(path, cwd))}{_moved(change, cwd)}")
     files = f"{len(changes)} file{'s' if len(changes) != 1 else ''} changed"
     return f"{files}, +{added} -{removed} ({', '.join(names)})"
 
@@ -178,7 +237,7 @@ def change_letter(change: FileChange) -> str:
 
 def _moved(change: FileChange, cwd: str) -> str:
     if isinstance(change, UpdateFileChange) and change.move_path:
-        return f" -> {display_path(change.move_path, cwd)}"
+        return f" -> {visible(display_path(change.move_path, cwd))}"
     return ""
 
 
@@ -187,7 +246,7 @@ def patch_diff(changes: dict[str, FileChange], cwd: str = "") -> list[tuple[str,
     file (bold), ``@@`` hunk lines (cyan), additions (green), removals (red), context."""
     shown: list[tuple[str, str]] = []
     for path, change in changes.items():
-        name = display_path(path, cwd)
+        name = visible(display_path(path, cwd))
         plus, minus = change_counts(change)
         if isinstance(change, AddFileChange):
             shown.append((f"A {name} (new file, +{plus})", "1"))
@@ -196,17 +255,17 @@ def patch_diff(changes: dict[str, FileChange], cwd: str = "") -> list[tuple[str,
             lines = change.content.splitlines()
             if lines:
                 shown.append((f"@@ -0,0 +1,{len(lines)} @@", "36"))
-            shown += [("+" + safe_text(line), "32") for line in lines]
+            shown += [("+" + visible(line, tabs=True), "32") for line in lines]
         elif isinstance(change, DeleteFileChange):
             shown.append((f"D {name} (deleted)", "1"))
         elif isinstance(change, UpdateFileChange):
-            target = display_path(change.move_path, cwd) if change.move_path else name
+            target = visible(display_path(change.move_path, cwd)) if change.move_path else name
             shown.append((f"M {name}{_moved(change, cwd)} (+{plus} -{minus})", "1"))
             shown.append((f"--- a/{name}", "1"))
             shown.append((f"+++ b/{target}", "1"))
             for line in _diff_lines(change.unified_diff):
                 style = {"+": "32", "-": "31", "@": "36"}.get(line[:1], "")
-                shown.append((safe_text(line), style))
+                shown.append((visible(line, tabs=True), style))
     return shown
 
 
@@ -223,12 +282,12 @@ def shell_script(command: list[str]) -> str | None:
 
 
 def command_text(command: list[str]) -> str:
-    """A command on one line: a shell script as its text (newlines shown as ``; ``...
-    no: as ``\n``), anything else shell-quoted."""
+    """A command on one line, as it starts: a one-line shell script as its text,
+    anything else shell-quoted, and either one :func:`visible`."""
     script = shell_script(command)
     if script is not None and "\n" not in script.strip():
-        return safe_text(script.strip())
-    return safe_text(shlex.join(command))
+        return visible(script.strip())
+    return visible(shlex.join(command))
 
 
 # -- approvals --------------------------------------------------------------------------
@@ -269,56 +328,142 @@ def wants_full_view(text: str) -> bool:
     return text.strip().lower() in ("v", "view")
 
 
+# How much of the model's own words (a justification) a question shows: they are its
+# claim about the command, never the command.
+MODEL_WORDS_CHARS = 300
+# How much of a command line, a list of files or an input a question shows before
+# "[v] shows all".
+COMMAND_CHARS = 1000
+
+Lines = list[tuple[str, str]]
+
+RETRIED = "It failed in the sandbox the way sandbox denials fail; approved, it runs again without it."
+INTERACTIVE = "If approved, it keeps running as an interactive session: the model types into it afterwards."
+
+
+def model_words(text: str) -> str:
+    """The model's justification as a question shows it: labelled, one line, bounded."""
+    return f'the model says: "{visible(text, limit=MODEL_WORDS_CHARS)}"'
+
+
+def _clipped(text: str, full: bool) -> str:
+    """:func:`visible` ``text``, cut after :data:`COMMAND_CHARS` unless ``full``."""
+    return visible(text, limit=None if full else COMMAND_CHARS)
+
+
+def _command_line(command: list[str], full: bool) -> str:
+    return _clipped(shlex.join(command), full)
+
+
+def _files(changes: dict[str, FileChange], cwd: str, full: bool) -> str:
+    return _clipped(", ".join(display_path(path, cwd) for path in changes), full)
+
+
 def describe_approval(msg: ExecApprovalRequestEvent | ApplyPatchApprovalRequestEvent, cwd: str = "") -> str:
-    """What an approval request asks, to follow "the agent asks to": ``run `ls` in /w (why)``."""
-    if isinstance(msg, ExecApprovalRequestEvent):
-        what = f"run `{command_text(msg.command)}` in {safe_text(msg.cwd)} without the sandbox"
-    else:
-        what = "apply a patch to " + ", ".join(display_path(path, cwd) for path in msg.changes)
+    """What an approval request asks, in one line, to follow "the agent asks to":
+    ``run `ls` in /w without the sandbox (the model says: "...")``; model-controlled text
+    made :func:`visible` and bounded, as in :func:`approval_question`."""
+    if isinstance(msg, ApplyPatchApprovalRequestEvent):
+        what = f"apply a patch to {_files(msg.changes, cwd, False)}"
         if msg.grant_root:
-            what += f" (and allow writes beneath {msg.grant_root} for this session)"
-    return safe_text(what) + (f" ({safe_text(msg.reason)})" if msg.reason else "")
+            what += f" (and allow writes beneath {visible(msg.grant_root)} for this session)"
+        return what
+    command = f"`{_command_line(msg.command, False)}` in {visible(msg.cwd)}"
+    if msg.stdin is not None:
+        return (f"type `{_clipped(msg.stdin, False)}` into session {msg.process_id} "
+                f"({command}), which runs without the sandbox")
+    what = f"run {command} without the sandbox"
+    if msg.interactive:
+        what += ", as an interactive session"
+    if msg.reason == RETRY_WITHOUT_SANDBOX_REASON:
+        return what + " (it failed in the sandbox)"
+    return what + (f" ({model_words(msg.reason)})" if msg.reason else "")
 
 
 def approval_question(msg: ExecApprovalRequestEvent | ApplyPatchApprovalRequestEvent, cwd: str = "",
                       *, full: bool = False) -> tuple[list[tuple[str, str]], bool]:
     """An approval request as the lines (text, style) of a question for a person, and
-    whether some were left out (shown by asking again with ``full``): a command's script
-    as the script, a patch as its diff, and plainly when the command is to run without
-    the sandbox."""
-    lines: list[tuple[str, str]] = []
-    body: list[tuple[str, str]] = []
-    reason = f" ({safe_text(msg.reason)})" if msg.reason else ""
-    if isinstance(msg, ExecApprovalRequestEvent):
-        script = shell_script(msg.command)
-        where = safe_text(msg.cwd)
-        if script is not None and "\n" in script.strip():
-            shell = os.path.basename(msg.command[0])
-            lines.append((f"The agent asks to run this {shell} script in {where}{reason}:", "1;33"))
-            body = [("    " + safe_text(line), "") for line in script.strip("\n").splitlines()]
-        else:
-            lines.append((f"The agent asks to run `{command_text(msg.command)}` in {where}{reason}.", "1;33"))
+    whether some were left out (shown by asking again with ``full``).
+
+    Whatever comes before, the last lines, right above the question, are what would
+    run and where: the command (shell-quoted) and its directory, the files a patch
+    writes, or the input for a session and the session it goes to. Everything the
+    model controls is :func:`visible` (one line each, nothing invisible or look-alike),
+    and its justification is labelled as its own and bounded (:func:`model_words`): no
+    text of the model's can pass for a line of sluice's, nor push the real command off
+    the screen. Above them: a script as its lines, a patch as its diff (both cut after
+    :data:`QUESTION_LINES` lines), whether it runs without the sandbox, and whether it
+    keeps running as an interactive session."""
+    if isinstance(msg, ApplyPatchApprovalRequestEvent):
+        head, body, tail = _patch_question(msg, cwd, full)
+    elif msg.stdin is not None:
+        head, body, tail = _input_question(msg, full)
     else:
-        files = ", ".join(display_path(path, cwd) for path in msg.changes)
-        lines.append((f"The agent asks to apply a patch to {safe_text(files)}{reason}:", "1;33"))
-        body = patch_diff(msg.changes, cwd)
+        head, body, tail = _command_question(msg, full)
     cut = not full and len(body) > QUESTION_LINES + 2
     if cut:
         left = len(body) - QUESTION_LINES
         body = body[:QUESTION_LINES] + [(f"... {left} more lines ([v] shows them all)", "2")]
-    lines += body
-    if isinstance(msg, ExecApprovalRequestEvent):
-        lines.append((NO_SANDBOX, "1;31"))
-    elif msg.grant_root:
-        lines.append((f"If approved, the agent may also write anywhere beneath {safe_text(msg.grant_root)} "
-                      "for the rest of this session.", "1;31"))
-    return lines, cut
+    # The command, files or input cut short (they say so themselves) count too.
+    cut = cut or (not full and tail != _tail_in_full(msg, cwd))
+    return head + body + tail, cut
+
+
+def _tail_in_full(msg: ExecApprovalRequestEvent | ApplyPatchApprovalRequestEvent, cwd: str) -> Lines:
+    if isinstance(msg, ApplyPatchApprovalRequestEvent):
+        return _patch_question(msg, cwd, True)[2]
+    return (_input_question if msg.stdin is not None else _command_question)(msg, True)[2]
+
+
+def _command_question(msg: ExecApprovalRequestEvent, full: bool) -> tuple[Lines, Lines, Lines]:
+    head = [("The agent asks to run a command without the sandbox.", "1;33")]
+    if msg.reason == RETRY_WITHOUT_SANDBOX_REASON:
+        head.append((f"  {RETRIED}", ""))
+    elif msg.reason:
+        head.append((f"  {model_words(msg.reason)}", ""))
+    body: Lines = []
+    script = shell_script(msg.command)
+    if script is not None and "\n" in script.strip():
+        head.append((f"  Its {os.path.basename(msg.command[0])} script, line by line:", ""))
+        body = [("    " + visible(line, tabs=True), "") for line in script.strip("\n").splitlines()]
+    tail = [(INTERACTIVE, "1;31")] if msg.interactive else []
+    tail += [(NO_SANDBOX, "1;31"),
+             (f"  command: {_command_line(msg.command, full)}", "1"),
+             (f"  in: {visible(msg.cwd)}", "1")]
+    return head, body, tail
+
+
+def _input_question(msg: ExecApprovalRequestEvent, full: bool) -> tuple[Lines, Lines, Lines]:
+    head = [(f"The agent asks to type into session {msg.process_id}, which runs WITHOUT the sandbox.", "1;33")]
+    tail = [("What it types runs with your full access to files and network; "
+             "approving lets this input through, and asks again for the next.", "1;31"),
+            (f"  session {msg.process_id} runs: {_command_line(msg.command, full)}", "1"),
+            (f"  in: {visible(msg.cwd)}", "1"),
+            (f"  input: {_clipped(msg.stdin or '', full)}", "1")]
+    return head, [], tail
+
+
+def _patch_question(msg: ApplyPatchApprovalRequestEvent, cwd: str, full: bool) -> tuple[Lines, Lines, Lines]:
+    count = len(msg.changes)
+    head = [(f"The agent asks to apply a patch to {count} file{'s' if count != 1 else ''}:", "1;33")]
+    if msg.reason and not msg.grant_root:  # with a grant_root, the reason is the grant
+        head.append((f"  {model_words(msg.reason)}", ""))
+    tail = []
+    if msg.grant_root:
+        tail.append((f"If approved, the agent may also write anywhere beneath {visible(msg.grant_root)} "
+                     "for the rest of this session.", "1;31"))
+    tail.append((f"  files: {_files(msg.changes, cwd, full)}", "1"))
+    if cwd:
+        tail.append((f"  in: {visible(cwd)}", "1"))
+    return head, patch_diff(msg.changes, cwd), tail
 
 
 def answer_confirmation(msg: ExecApprovalRequestEvent | ApplyPatchApprovalRequestEvent,
                         decision: ReviewDecision) -> str:
     """The one line that confirms an answer: what happens now."""
     command = isinstance(msg, ExecApprovalRequestEvent)
+    if command and msg.stdin is not None and decision in (ReviewDecision.APPROVED, ReviewDecision.APPROVED_FOR_SESSION):
+        return f"approved: typing this input into session {msg.process_id} (the next input is asked about again)"
     if decision == ReviewDecision.APPROVED:
         return "approved: running it without the sandbox" if command else "approved: applying the patch"
     if decision == ReviewDecision.APPROVED_FOR_SESSION:
@@ -550,7 +695,7 @@ class HumanRenderer(_Output):
         super().answered(msg, decision)
 
     def _approved(self, msg, decision: ReviewDecision) -> None:
-        if not isinstance(msg, ExecApprovalRequestEvent):
+        if not isinstance(msg, ExecApprovalRequestEvent) or msg.stdin is not None:
             return
         if decision in (ReviewDecision.APPROVED, ReviewDecision.APPROVED_FOR_SESSION):
             self._unsandboxed_calls.add(msg.call_id)
@@ -627,14 +772,14 @@ class HumanRenderer(_Output):
             self.line(f"reasoning: {msg.text}", "2;3")
 
     def _on_exec_command_begin(self, msg: ExecCommandBeginEvent) -> None:
-        where = f"   (in {msg.cwd})" if msg.cwd and msg.cwd != self.cwd else ""
+        where = f"   (in {visible(msg.cwd)})" if msg.cwd and msg.cwd != self.cwd else ""
         unsandboxed = msg.call_id in self._unsandboxed_calls or tuple(msg.command) in self._unsandboxed_commands
         self._unsandboxed_calls.discard(msg.call_id)
         script = shell_script(msg.command)
         if script is not None and "\n" in script.strip():
             self.line(f"$ {os.path.basename(msg.command[0])} script{where}:", "1")
             for text in script.strip("\n").splitlines():
-                self.line(f"    {text}", "1")
+                self.line(f"    {visible(text, tabs=True)}", "1")
         else:
             self.line(f"$ {command_text(msg.command)}{where}", "1")
         if unsandboxed:

@@ -73,6 +73,9 @@ TURN_INTERRUPTED = "Turn interrupted"  # before the turn_aborted of an interrupt
 # sluice's own: how the error that the session's rollout file can no longer be written
 # begins ("rollout: no space left on device: PATH"). The session goes on: it ends no turn.
 ROLLOUT_ERROR_PREFIX = "rollout: "
+# Codex's reason for the approval asked after a sandboxed command failed the way sandbox
+# denials fail; frontends show it as sluice's words, any other reason as the model's.
+RETRY_WITHOUT_SANDBOX_REASON = "command failed; retry without sandbox?"
 
 
 def is_rollout_error(message: str) -> bool:
@@ -632,6 +635,15 @@ class ExecApprovalRequestEvent(_EventMsg, tag="exec_approval_request", omit_defa
     command: list[str]
     cwd: str
     reason: str | None = None
+    """The model's justification, or :data:`RETRY_WITHOUT_SANDBOX_REASON`."""
+    # sluice's own, omitted when unset (Codex's shape is unchanged then):
+    interactive: bool = False
+    """Approved, ``command`` keeps running as a session the model types into."""
+    stdin: str | None = None
+    """Set when what is asked is input for the running unsandboxed session ``process_id``
+    (whose command and cwd these are): its text, exactly as it would be written."""
+    process_id: str | None = None
+    """The session's id, as the model names it (Codex's later name for it)."""
 
 
 class ApplyPatchApprovalRequestEvent(

@@ -184,7 +184,7 @@ def test_approval_answered_by_one_attach_is_dropped_by_the_other(fe, server, wor
                           "make a file")
     with fe.on_pty("attach", session_id) as person:
         person.read_until(b"Allow? [y]es")
-        assert b"The agent asks to run `touch made.txt`" in person.seen
+        assert b"  command: touch made.txt\r\n" in person.seen
         script = fe.popen("attach", session_id, "--json", "--until-idle")
         try:
             out = JsonLines(script)

@@ -64,7 +64,8 @@ def test_a_patch_approval_shows_a_coloured_diff_confirms_the_answer_and_sums_up(
     with coloured(fe).on_pty("exec", "--sandbox", "workspace-write", "--approval-policy", "untrusted",
                              "-C", str(work), "greet properly") as person:
         seen = person.read_until(b"Allow? [y]es")
-        assert b"The agent asks to apply a patch to hello.py, test_hello.py:" in seen
+        assert b"The agent asks to apply a patch to 2 files:" in seen
+        assert f"  files: hello.py, test_hello.py\x1b[0m\r\n\x1b[1m  in: {work}\x1b[0m\r\nAllow?".encode() in seen
         assert b"--- a/hello.py\x1b[0m\r\n\x1b[1m+++ b/hello.py" in seen
         assert b"\x1b[36m@@ -1,3 +1,3 @@\x1b[0m" in seen
         assert b"\x1b[31m-    print(\"Hello \" + name)\x1b[0m" in seen
@@ -88,10 +89,12 @@ def test_an_escalation_says_without_the_sandbox_when_asked_and_when_it_runs(fe, 
     with fe.on_pty("exec", "--sandbox", "read-only", "--approval-policy", "on-request", "-C", str(work),
                    "write") as person:
         seen = person.read_until(b"Allow? [y]es")
-        # The script as a script, not `bash -lc 'echo one\necho two > out.txt'`.
-        assert f"The agent asks to run this bash script in {work} (it writes outside the sandbox):".encode() in seen
+        # The script line by line, and the command and its directory last.
+        assert b'The agent asks to run a command without the sandbox.\r\n' in seen
+        assert b'  the model says: "it writes outside the sandbox"\r\n  Its bash script, line by line:\r\n' in seen
         assert b"\r\n    echo one\r\n    echo two > out.txt\r\n" in seen
-        assert b"If approved, it runs WITHOUT the sandbox" in seen
+        assert (f"If approved, it runs WITHOUT the sandbox: with your full access to files and network.\r\n"
+                f"  command: bash -lc 'echo one\\necho two > out.txt'\r\n  in: {work}\r\nAllow?").encode() in seen
         person.write(b"y\n")
         person.read_until(b"approved: running it without the sandbox\r\n")
         seen = person.read_until(b"(running WITHOUT the sandbox, as approved)")
@@ -110,7 +113,7 @@ def test_a_long_script_is_cut_in_the_question_and_v_shows_it_whole(fe, server, w
     with fe.on_pty("exec", "--sandbox", "read-only", "--approval-policy", "on-request", "-C", str(work),
                    "count") as person:
         seen = person.read_until(b"[v]iew in full: ")
-        assert b"    echo line-29\r\n" in seen and b"line-30" not in seen
+        assert b"    echo line-29\r\n" in seen and b"    echo line-30" not in seen
         assert b"... 30 more lines ([v] shows them all)" in seen
         person.write(b"v\n")
         seen = person.read_until(b"Allow? [y]es", count=2)
@@ -224,13 +227,13 @@ def test_attach_asks_the_same_question_and_confirms(fe, server, work) -> None:
     session_id = p.stdout.strip()
     with fe.on_pty("attach", session_id) as person:
         seen = person.read_until(b"Allow? [y]es")
-        assert b"The agent asks to apply a patch to hello.py, test_hello.py:" in seen
+        assert b"The agent asks to apply a patch to 2 files:" in seen and b"  files: hello.py, test_hello.py" in seen
         assert b"+    print(f\"Hello, {name}!\")" in seen and b"+def test_greet(capsys):" in seen
         person.write(b"y\n")
         person.read_until(b"approved: applying the patch\r\n")
         person.read_until(b"[patch applied: 2 files changed, +7 -1 (M hello.py, A test_hello.py)]")
         seen = person.read_until(b"Allow? [y]es", count=2)
-        assert b"The agent asks to run `echo hi > made.txt` in" in seen
+        assert f"  command: bash -lc 'echo hi > made.txt'\r\n  in: {work}\r\nAllow?".encode() in seen
         assert b"If approved, it runs WITHOUT the sandbox" in seen
         person.write(b"y\n")
         person.read_until(b"approved: running it without the sandbox\r\n")

@@ -3,12 +3,14 @@ approval questions and confirmations, terminal safety, token counts, the status 
 
 from __future__ import annotations
 
+import shlex
 import time
 
 from broker.cli.render import (
     APPROVAL_PROMPT_VIEW,
     NO_SANDBOX,
     QUESTION_LINES,
+    RETRIED,
     HumanRenderer,
     SafeStream,
     answer_confirmation,
@@ -20,6 +22,7 @@ from broker.cli.render import (
     patch_summary,
     safe_text,
     shell_script,
+    visible,
 )
 from broker.wire.protocol import (
     AddFileChange,
@@ -95,37 +98,41 @@ def test_a_multi_line_script_is_asked_as_the_script_and_says_it_runs_unsandboxed
     script = "set -e\ncd src\nmake 'all'\n"
     lines, cut = approval_question(ExecApprovalRequestEvent("c1", ["bash", "-lc", script], "/w", "needs network"), "/w")
     texts = [text for text, _ in lines]
-    assert texts[0] == "The agent asks to run this bash script in /w (needs network):"
-    assert texts[1:4] == ["    set -e", "    cd src", "    make 'all'"]
-    assert texts[-1] == NO_SANDBOX and "WITHOUT the sandbox" in NO_SANDBOX
-    assert not cut
+    assert texts[:3] == ["The agent asks to run a command without the sandbox.", '  the model says: "needs network"',
+                         "  Its bash script, line by line:"]
+    assert texts[3:6] == ["    set -e", "    cd src", "    make 'all'"]
+    assert texts[-3:] == [NO_SANDBOX, "  command: bash -lc 'set -e\\ncd src\\nmake '\"'\"'all'\"'\"'\\n'", "  in: /w"]
+    assert "WITHOUT the sandbox" in NO_SANDBOX and not cut
 
 
 def test_a_one_line_command_and_the_retry_without_sandbox() -> None:
     msg = ExecApprovalRequestEvent("c1", ["touch", "x"], "/w", "command failed; retry without sandbox?")
     lines, _ = approval_question(msg)
-    assert lines[0][0] == "The agent asks to run `touch x` in /w (command failed; retry without sandbox?)."
-    assert lines[-1][0] == NO_SANDBOX
-    assert "without the sandbox" in describe_approval(msg)
+    assert [text for text, _ in lines] == [
+        "The agent asks to run a command without the sandbox.", f"  {RETRIED}", NO_SANDBOX,
+        "  command: touch x", "  in: /w"]
+    assert describe_approval(msg) == "run `touch x` in /w without the sandbox (it failed in the sandbox)"
 
 
 def test_a_long_script_is_cut_and_shown_whole_on_request() -> None:
     script = "\n".join(f"echo {i}" for i in range(100))
     msg = ExecApprovalRequestEvent("c1", ["bash", "-lc", script], "/w")
     lines, cut = approval_question(msg)
-    assert cut and len(lines) == 1 + QUESTION_LINES + 1 + 1
-    assert lines[-2][0] == f"... {100 - QUESTION_LINES} more lines ([v] shows them all)"
+    assert cut and len(lines) == 2 + QUESTION_LINES + 1 + 3
+    assert lines[-4][0] == f"... {100 - QUESTION_LINES} more lines ([v] shows them all)"
+    assert lines[-2][0] == "  command: " + visible(shlex.join(msg.command)) and lines[-1][0] == "  in: /w"
     lines, cut = approval_question(msg, full=True)
-    assert not cut and [t for t, _ in lines[1:101]] == [f"    echo {i}" for i in range(100)]
+    assert not cut and [t for t, _ in lines[2:102]] == [f"    echo {i}" for i in range(100)]
 
 
-def test_a_patch_question_shows_its_diff() -> None:
+def test_a_patch_question_shows_its_diff_and_ends_with_its_files() -> None:
     msg = ApplyPatchApprovalRequestEvent("p1", CHANGES, grant_root="/elsewhere")
     lines, cut = approval_question(msg, "/w")
     texts = [text for text, _ in lines]
-    assert texts[0] == "The agent asks to apply a patch to hello.py, new.py, old.py:"
+    assert texts[0] == "The agent asks to apply a patch to 3 files:"
     assert "+    print('hello')" in texts and "+b = 2" in texts
-    assert "/elsewhere" in texts[-1] and not cut
+    assert "/elsewhere" in texts[-3] and not cut
+    assert texts[-2:] == ["  files: hello.py, new.py, old.py", "  in: /w"]
 
 
 def test_each_answer_is_confirmed_in_words() -> None:

@@ -16,6 +16,7 @@ from agent.safety import (
     Reject,
     assess_command_safety,
     assess_patch_safety,
+    input_needs_approval,
     is_likely_sandbox_denied,
     is_path_writable,
     should_retry_unsandboxed,
@@ -672,3 +673,12 @@ def test_retry_reads_minimal_results():
 
 def test_retry_reason_is_codex_text():
     assert RETRY_WITHOUT_SANDBOX_REASON == "command failed; retry without sandbox?"
+
+
+@pytest.mark.parametrize("policy", [UNTRUSTED, ON_FAILURE, ON_REQUEST, NEVER])
+@pytest.mark.parametrize("sandbox", [READ_ONLY, WORKSPACE, WORKSPACE_NET, FULL])
+def test_input_to_a_session_is_asked_for_only_when_it_runs_unsandboxed_and_someone_can_be_asked(policy, sandbox):
+    # A sandboxed session's input stays in its sandbox; under danger-full-access nothing
+    # is sandboxed and nothing was approved to leave it; under never nobody is asked.
+    assert not input_needs_approval(True, policy, sandbox)
+    assert input_needs_approval(False, policy, sandbox) == (policy != NEVER and sandbox is not FULL)
