@@ -236,7 +236,7 @@ class Session:
         try:
             self._emit(Event(id=sub_id, msg=msg))
         except Exception:
-            log.exception("emit failed", event=type(msg).__name__)
+            log.exception("emit failed", kind=type(msg).__name__)
 
     def error(self, sub_id: str, message: str) -> None:
         self.send(sub_id, ErrorEvent(message))
