@@ -88,6 +88,8 @@ class LocalProcess:
     def __init__(self, proc: asyncio.subprocess.Process, streams: Streams) -> None:
         self.proc = proc
         self.stderr = bytearray()
+        self._flowing = asyncio.Event()
+        self._flowing.set()
         self._tasks = [asyncio.ensure_future(self._pump(proc.stdout, streams.stdout)),
                        asyncio.ensure_future(self._pump(proc.stderr, self._stderr(streams.stderr)))]
         self._exit = asyncio.ensure_future(self._wait(streams))
@@ -101,6 +103,13 @@ class LocalProcess:
     async def _pump(self, stream, to) -> None:
         while chunk := await stream.read(65536):
             to(chunk)
+            await self._flowing.wait()
+
+    def hold_output(self, held: bool) -> None:
+        if held:
+            self._flowing.clear()
+        else:
+            self._flowing.set()
 
     async def _wait(self, streams: Streams) -> None:
         code = await self.proc.wait()

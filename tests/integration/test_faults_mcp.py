@@ -1,0 +1,243 @@
+"""One MCP server that misbehaves costs its own session only: the agent's event loop,
+which every session shares, stays free for the others, and the server's start-up and
+call timeouts fire whatever it sends.
+
+Real processes: a daemon with one agent, sessions opened with the client library, each
+with its own scripted model (tests/support/fake_model.py); the servers are small Python
+programs run in the sandbox (their source in ``-c``). Each test first shows the fault is
+real (the program floods), then that another session, without any MCP server, is served
+within a bound relative to its own latency measured in the same run.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import time
+from pathlib import Path
+
+import msgspec
+import psutil
+import pytest
+
+from broker.wire.protocol import McpServerConfig, Shutdown, TextInput, UserInput
+from tests.integration.test_faults_rollout import agent_pid, next_of, task_end
+from tests.support.fake_model import FakeModelServer, assistant, call, response, tag
+from tests.support.frontends import configure_op
+from tests.support.harness import SANDBOX_PYTHON, daemons, reap, wait_for
+
+pytestmark = pytest.mark.timeout(120)
+
+MARKER = "sluice-faults-mcp-marker"
+
+# Junk from its first byte, as fast as it can.
+JUNK = """
+import sys
+w = sys.stdout.buffer.write
+lines = b"this is not json, and it never stops\\n" * 2000
+while True:
+    w(lines)
+"""
+
+# A line that never ends.
+ENDLESS = """
+import sys
+w = sys.stdout.buffer.write
+chunk = b"x" * 65536
+while True:
+    w(chunk)
+"""
+
+# A valid server that floods valid notifications from its initialize on; its one tool,
+# count, says how many it has written.
+CHATTY = """
+import json, sys, threading
+lock = threading.Lock()
+sent = [0]
+out = sys.stdout.buffer
+def send(message):
+    with lock:
+        out.write(json.dumps(message).encode() + b"\\n")
+        out.flush()
+def flood():
+    note = {"jsonrpc": "2.0", "method": "notifications/message", "params": {"level": "info", "data": "x" * 100}}
+    batch = (json.dumps(note).encode() + b"\\n") * 100
+    while True:
+        with lock:
+            out.write(batch)
+            out.flush()
+            sent[0] += 100
+for line in sys.stdin:
+    message = json.loads(line)
+    if "id" not in message:
+        continue
+    reply = {"jsonrpc": "2.0", "id": message["id"]}
+    method = message["method"]
+    if method == "initialize":
+        reply["result"] = {"protocolVersion": message["params"]["protocolVersion"], "capabilities": {"tools": {}},
+                           "serverInfo": {"name": "chatty", "version": "1"}}
+        threading.Thread(target=flood, daemon=True).start()
+    elif method == "tools/list":
+        reply["result"] = {"tools": [{"name": "count", "description": "Notifications sent.",
+                                      "inputSchema": {"type": "object"}}]}
+    elif method == "tools/call":
+        with lock:
+            reply["result"] = {"content": [{"type": "text", "text": str(sent[0])}]}
+    else:
+        reply["error"] = {"code": -32601, "message": "no"}
+    send(reply)
+"""
+# One line of CHATTY's flood.
+NOTIFICATION_BYTES = len(json.dumps({"jsonrpc": "2.0", "method": "notifications/message",
+                                     "params": {"level": "info", "data": "x" * 100}})) + 1
+
+
+@pytest.fixture(scope="module")
+def dmn():
+    with daemons() as factory:
+        yield factory.start(executors=1)
+
+
+@pytest.fixture
+def work(tmp_path) -> Path:
+    path = tmp_path / "work"
+    path.mkdir()
+    return path
+
+
+def mcp_server(name: str, source: str, **settings) -> McpServerConfig:
+    return McpServerConfig(name=name, command=SANDBOX_PYTHON, args=["-c", source, MARKER], **settings)
+
+
+def servers_running() -> list[psutil.Process]:
+    return [p for p in psutil.process_iter(["cmdline"]) if MARKER in (p.info["cmdline"] or [])]
+
+
+def floods(source: str, seconds: float = 0.5) -> int:
+    """Bytes ``source`` writes in ``seconds``, run on its own (no sluice)."""
+    proc = subprocess.Popen([SANDBOX_PYTHON, "-c", source], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE)
+    got = 0
+    try:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            got += len(proc.stdout.read1(1 << 20))
+    finally:
+        reap(proc)
+    return got
+
+
+def turn_s(client, model: FakeModelServer, work: Path) -> float:
+    """Seconds for a session without MCP servers to be configured and complete one turn."""
+    model.script(response(assistant("Here.")))
+    started = time.monotonic()
+    session = client.open_session(configure_op(model, work), sub_id="0")
+    next_of(session, lambda e: tag(e) == "session_configured", "session_configured")
+    sub_id = session.submit(UserInput([TextInput("are you there?")]))
+    assert tag(task_end(session, sub_id)) == "task_complete"
+    elapsed = time.monotonic() - started
+    close(session)
+    return elapsed
+
+
+def close(session) -> None:
+    sub_id = session.submit(Shutdown())
+    next_of(session, lambda e: e.id == sub_id and tag(e) == "shutdown_complete", "shutdown_complete")
+
+
+def baseline_s(client, model: FakeModelServer, work: Path) -> float:
+    return statistics.median(turn_s(client, model, work) for _ in range(3))
+
+
+def bound(baseline: float) -> float:
+    # Generous: the flooding server and its executor share the machine's two cores with
+    # the session measured; before, that session waited for the flood to be parsed (15 s).
+    return 10 * baseline + 2.0
+
+
+def open_with(client, model: FakeModelServer, work: Path, server: McpServerConfig):
+    op = msgspec.structs.replace(configure_op(model, work), mcp_servers=[server])
+    return client.open_session(op, sub_id="0")
+
+
+def configure_events(session) -> list:
+    """The configure's events: session_configured and what follows it for sub id 0."""
+    events = [next_of(session, lambda e: tag(e) == "session_configured", "session_configured")]
+    while (event := session.next_event(0.5)) is not None:
+        events.append(event)
+    return events
+
+
+def test_a_server_printing_junk_is_stopped_with_one_error_naming_it(dmn, work) -> None:
+    assert floods(JUNK) > 5_000_000  # the fault is real: megabytes of junk at once
+    client = dmn.client()
+    with FakeModelServer() as model_a, FakeModelServer() as model_b:
+        baseline = baseline_s(client, model_b, work)
+        started = time.monotonic()
+        a = open_with(client, model_a, work, mcp_server("junk", JUNK, startup_timeout_s=30.0))
+        # Another session, while the junk server starts.
+        under = turn_s(client, model_b, work)
+        errors = [e.msg.message for e in configure_events(a) if tag(e) == "error"]
+        reported = time.monotonic() - started
+        assert errors == ["MCP client for `junk` failed to start: MCP server junk sent 100 lines in a row that are "
+                          "not MCP messages (the last: a line that is not JSON); it was stopped"]
+        assert reported < 30.0  # long before its start-up timeout
+        wait_for(lambda: not servers_running(), 10, "the junk server to be stopped")
+        # The session goes on without it.
+        model_a.script(response(assistant("Without it.")))
+        assert tag(task_end(a, a.submit(UserInput([TextInput("go on")])))) == "task_complete"
+        close(a)
+    print(f"\njunk MCP server: reported in {reported:.2f} s; other session {under:.2f} s (alone {baseline:.2f} s)")
+    assert under <= bound(baseline)
+
+
+def test_a_line_that_never_ends_is_dropped_and_the_startup_timeout_fires(dmn, work) -> None:
+    assert floods(ENDLESS) > 5_000_000
+    client = dmn.client()
+    with FakeModelServer() as model_a, FakeModelServer() as model_b:
+        baseline = baseline_s(client, model_b, work)
+        started = time.monotonic()
+        a = open_with(client, model_a, work, mcp_server("endless", ENDLESS, startup_timeout_s=3.0))
+        under = [turn_s(client, model_b, work) for _ in range(2)]
+        errors = [e.msg.message for e in configure_events(a) if tag(e) == "error"]
+        reported = time.monotonic() - started
+        assert errors == ["MCP client for `endless` failed to start: MCP server endless did not finish starting "
+                          "within 3 s"]
+        wait_for(lambda: not servers_running(), 10, "the endless server to be stopped")
+        close(a)
+    print(f"\nendless line: reported in {reported:.2f} s; other session {max(under):.2f} s (alone {baseline:.2f} s)")
+    assert reported < 3.0 + bound(baseline)
+    assert max(under) <= bound(baseline)
+
+
+def test_a_server_flooding_valid_notifications_is_read_within_a_budget(dmn, work) -> None:
+    assert floods(CHATTY.replace("for line in sys.stdin:", "flood()\nfor line in sys.stdin:")) > 5_000_000
+    client = dmn.client()
+    with FakeModelServer() as model_a, FakeModelServer() as model_b:
+        baseline = baseline_s(client, model_b, work)
+        agent = psutil.Process(agent_pid(dmn))
+        # Its answers wait behind what it sent before them (up to the executor's window and
+        # the client's backlog, 9 MiB) and are read at a quarter of the loop: time enough.
+        a = open_with(client, model_a, work, mcp_server("chatty", CHATTY, startup_timeout_s=60.0))
+        configured = configure_events(a)
+        assert [tag(e) for e in configured] == ["session_configured"], [e.msg for e in configured]
+        # The server floods from here on, as long as its session is open.
+        cpu, started = agent.cpu_times(), time.monotonic()
+        under = [turn_s(client, model_b, work) for _ in range(3)]
+        cpu_after, wall = agent.cpu_times(), time.monotonic() - started
+        agent_share = (cpu_after.user + cpu_after.system - cpu.user - cpu.system) / wall
+        # Its answers still come through the flood.
+        model_a.script(response(call("chatty__count", {}, "m1")), response(assistant("Counted.")))
+        sub_id = a.submit(UserInput([TextInput("count them")]))
+        end = next_of(a, lambda e: tag(e) == "mcp_tool_call_end", "the count call's end")
+        assert end.msg.success, end.msg
+        sent = int(end.msg.result.content[0]["text"])
+        assert tag(task_end(a, sub_id)) == "task_complete"
+        close(a)
+        wait_for(lambda: not servers_running(), 10, "the chatty server to be stopped")
+    print(f"\nchatty MCP server: {sent * NOTIFICATION_BYTES / 2**20:.0f} MiB of notifications; other session "
+          f"{max(under):.2f} s (alone {baseline:.2f} s); agent CPU {agent_share:.0%}")
+    # The agent read every notification written before the answer, and that is more than
+    # the executor's window holds: the flood went through the agent's loop.
+    assert sent * NOTIFICATION_BYTES > 8 * 2**20
+    assert max(under) <= bound(baseline)
