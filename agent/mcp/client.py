@@ -4,7 +4,8 @@ The server is an untrusted program (it runs in the sandbox, see :mod:`agent.mcp.
 so everything it sends is checked: a line that is not JSON, is not an object, answers no
 request of ours, or is over :data:`~broker.wire.mcp.MAX_LINE_BYTES` is dropped with a
 throttled log line, never an exception in the caller; after :data:`MAX_BAD_LINES` such
-lines in a row the server is taken for one that makes no sense: the client closes
+lines in a row, or a line that runs on past :data:`ENDLESS_LINE_BYTES`, the server is
+taken for one that makes no sense: the client closes
 (every request fails with one line naming the server and why) and :attr:`McpClient.on_fault`
 is told, so the server is stopped. What the client needs from the stream is a
 :class:`Transport`; the bytes the server writes are given to :meth:`McpClient.feed` and
@@ -52,6 +53,9 @@ log = structlog.get_logger("agent.mcp")
 MAX_PAGES = 100
 # Bad lines in a row (no good message between them) after which the server is stopped.
 MAX_BAD_LINES = 100
+# A line over the limit is dropped up to its end; one that runs on past this is no
+# line but a stream of junk, and the server is stopped.
+ENDLESS_LINE_BYTES = 4 * MAX_LINE_BYTES
 # A server's lines are read for at most this long at a time (seconds), and at most
 # BUDGET_S in any second, so other sessions wait for it at most that long.
 SLICE_S = 0.002
@@ -93,6 +97,7 @@ class McpClient:
         self._lines_end = 0
         # Inside a line over the limit: what comes is dropped up to its end.
         self._skipping = False
+        self._skipped = 0
         self._bad_in_a_row = 0
         self._reading: asyncio.Handle | asyncio.TimerHandle | None = None
         self._second_start = 0.0
@@ -124,6 +129,9 @@ class McpClient:
         if self._skipping:
             end = data.find(b"\n")
             if end < 0:
+                self._skipped += len(data)
+                if self._skipped > ENDLESS_LINE_BYTES:
+                    self._fault(f"sent a line that does not end (over {ENDLESS_LINE_BYTES >> 20} MiB)")
                 return
             self._skipping = False
             data = data[end + 1:]
@@ -133,9 +141,10 @@ class McpClient:
         if last >= 0:
             self._lines_end = start + last + 1
         if len(self._buffer) - self._lines_end > MAX_LINE_BYTES:
+            self._skipped = len(self._buffer) - self._lines_end
             del self._buffer[self._lines_end:]
             self._skipping = True
-            self._bad_line(f"a line over {MAX_LINE_BYTES >> 20} MiB (dropped)", b"")
+            self._bad_line(f"a line over {MAX_LINE_BYTES >> 20} MiB", b"")
             if self._gone is not None:
                 return
         if self._lines_end:
@@ -203,12 +212,15 @@ class McpClient:
         self._throttle("warning", f"MCP server sent {what}", server=self.name,
                        line=line[:200].decode(errors="replace"))
         if self._bad_in_a_row >= MAX_BAD_LINES:
-            why = (f"sent {MAX_BAD_LINES} lines in a row that are not MCP messages (the last: {what}); "
-                   "it was stopped")
-            log.error("MCP server makes no sense: stopped", server=self.name, why=why)
-            self.closed(why)
-            if self.on_fault is not None:
-                self.on_fault(why)
+            self._fault(f"sent {MAX_BAD_LINES} lines in a row that are not MCP messages (the last: {what})")
+
+    def _fault(self, what: str) -> None:
+        """Give up on the server: closed, with one line saying why, and :attr:`on_fault` told."""
+        why = f"{what}; it was stopped"
+        log.error("MCP server makes no sense: stopped", server=self.name, why=why)
+        self.closed(why)
+        if self.on_fault is not None:
+            self.on_fault(why)
 
     @property
     def gone(self) -> str | None:

@@ -12,7 +12,7 @@ import time
 import pytest
 
 import agent.mcp.client as mcp_client
-from agent.mcp.client import MAX_BAD_LINES, McpClient, McpError
+from agent.mcp.client import ENDLESS_LINE_BYTES, MAX_BAD_LINES, McpClient, McpError
 from broker.wire.mcp import MAX_LINE_BYTES
 
 pytestmark = pytest.mark.timeout(60)
@@ -87,6 +87,22 @@ def test_a_line_over_the_limit_is_dropped_and_the_stream_goes_on() -> None:
         client.feed(piece + b"\n" + answer(1, {"tools": []}))
         assert await request == {"tools": []}
         assert client.gone is None
+
+    asyncio.run(main())
+
+
+def test_a_line_that_never_ends_stops_the_server() -> None:
+    async def main():
+        client = McpClient("endless", Transport())
+        faults: list[str] = []
+        client.on_fault = faults.append
+        piece = b"z" * (1 << 20)
+        fed = 0
+        while client.gone is None:
+            client.feed(piece)
+            fed += len(piece)
+        assert fed == ENDLESS_LINE_BYTES + (1 << 20)  # the first piece past 64 MiB
+        assert faults == ["sent a line that does not end (over 64 MiB); it was stopped"]
 
     asyncio.run(main())
 
