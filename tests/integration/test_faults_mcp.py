@@ -11,7 +11,6 @@ within a bound relative to its own latency measured in the same run.
 
 from __future__ import annotations
 
-import json
 import statistics
 import subprocess
 import time
@@ -26,71 +25,11 @@ from tests.integration.test_faults_rollout import agent_pid, next_of, task_end
 from tests.support.fake_model import FakeModelServer, assistant, call, response, tag
 from tests.support.frontends import configure_op
 from tests.support.harness import SANDBOX_PYTHON, daemons, reap, wait_for
+from tests.support.mcp_servers import CHATTY, ENDLESS, JUNK, MUTE, NOTIFICATION_BYTES
 
 pytestmark = pytest.mark.timeout(120)
 
 MARKER = "sluice-faults-mcp-marker"
-
-# Junk from its first byte, as fast as it can.
-JUNK = """
-import sys
-w = sys.stdout.buffer.write
-lines = b"this is not json, and it never stops\\n" * 2000
-while True:
-    w(lines)
-"""
-
-# A line that never ends.
-ENDLESS = """
-import sys
-w = sys.stdout.buffer.write
-chunk = b"x" * 65536
-while True:
-    w(chunk)
-"""
-
-# A valid server that floods valid notifications from its initialize on; its one tool,
-# count, says how many it has written.
-CHATTY = """
-import json, sys, threading
-lock = threading.Lock()
-sent = [0]
-out = sys.stdout.buffer
-def send(message):
-    with lock:
-        out.write(json.dumps(message).encode() + b"\\n")
-        out.flush()
-def flood():
-    note = {"jsonrpc": "2.0", "method": "notifications/message", "params": {"level": "info", "data": "x" * 100}}
-    batch = (json.dumps(note).encode() + b"\\n") * 100
-    while True:
-        with lock:
-            out.write(batch)
-            out.flush()
-            sent[0] += 100
-for line in sys.stdin:
-    message = json.loads(line)
-    if "id" not in message:
-        continue
-    reply = {"jsonrpc": "2.0", "id": message["id"]}
-    method = message["method"]
-    if method == "initialize":
-        reply["result"] = {"protocolVersion": message["params"]["protocolVersion"], "capabilities": {"tools": {}},
-                           "serverInfo": {"name": "chatty", "version": "1"}}
-        threading.Thread(target=flood, daemon=True).start()
-    elif method == "tools/list":
-        reply["result"] = {"tools": [{"name": "count", "description": "Notifications sent.",
-                                      "inputSchema": {"type": "object"}}]}
-    elif method == "tools/call":
-        with lock:
-            reply["result"] = {"content": [{"type": "text", "text": str(sent[0])}]}
-    else:
-        reply["error"] = {"code": -32601, "message": "no"}
-    send(reply)
-"""
-# One line of CHATTY's flood.
-NOTIFICATION_BYTES = len(json.dumps({"jsonrpc": "2.0", "method": "notifications/message",
-                                     "params": {"level": "info", "data": "x" * 100}})) + 1
 
 
 @pytest.fixture(scope="module")
@@ -213,13 +152,12 @@ def test_a_line_that_never_ends_gets_the_server_stopped(dmn, work) -> None:
 def test_the_startup_timeout_fires_while_a_server_floods_and_never_answers(dmn, work) -> None:
     # Valid notifications from its first byte, and no answer ever: nothing to stop it
     # for but its start-up timeout, which must fire on time whatever it sends.
-    source = CHATTY.replace("for line in sys.stdin:", "flood()\nfor line in sys.stdin:")
-    assert floods(source) > 5_000_000
+    assert floods(MUTE) > 5_000_000
     client = dmn.client()
     with FakeModelServer() as model_a, FakeModelServer() as model_b:
         baseline = baseline_s(client, model_b, work)
         started = time.monotonic()
-        a = open_with(client, model_a, work, mcp_server("mute", source, startup_timeout_s=3.0))
+        a = open_with(client, model_a, work, mcp_server("mute", MUTE, startup_timeout_s=3.0))
         under = [turn_s(client, model_b, work) for _ in range(3)]
         errors = [e.msg.message for e in configure_events(a) if tag(e) == "error"]
         reported = time.monotonic() - started
@@ -233,7 +171,7 @@ def test_the_startup_timeout_fires_while_a_server_floods_and_never_answers(dmn, 
 
 
 def test_a_server_flooding_valid_notifications_is_read_within_a_budget(dmn, work) -> None:
-    assert floods(CHATTY.replace("for line in sys.stdin:", "flood()\nfor line in sys.stdin:")) > 5_000_000
+    assert floods(MUTE) > 5_000_000  # what CHATTY sends once initialized
     client = dmn.client()
     with FakeModelServer() as model_a, FakeModelServer() as model_b:
         baseline = baseline_s(client, model_b, work)
