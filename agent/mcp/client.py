@@ -3,13 +3,12 @@
 The server is an untrusted program (it runs in the sandbox, see :mod:`agent.mcp.manager`),
 so everything it sends is checked: a line that is not JSON, is not an object, answers no
 request of ours, or is over :data:`~broker.wire.mcp.MAX_LINE_BYTES` is dropped with a
-throttled log line, never an exception in the caller; after :data:`MAX_BAD_LINES` such
+throttled log line, never an exception in the caller. After :data:`MAX_BAD_LINES` such
 lines in a row, or a line that runs on past :data:`ENDLESS_LINE_BYTES`, the server is
-taken for one that makes no sense: the client closes
-(every request fails with one line naming the server and why) and :attr:`McpClient.on_fault`
-is told, so the server is stopped. What the client needs from the stream is a
-:class:`Transport`; the bytes the server writes are given to :meth:`McpClient.feed` and
-its end to :meth:`McpClient.closed`.
+taken for one that makes no sense: the client closes (every request fails with one line
+naming the server and why) and :attr:`McpClient.on_fault` is told, so that the server is
+stopped. What the client needs from the stream is a :class:`Transport`; the bytes the
+server writes are given to :meth:`McpClient.feed` and its end to :meth:`McpClient.closed`.
 
 What a server's output may cost: the agent's one event loop serves every session, so a
 server's lines are not read where they arrive (:meth:`McpClient.feed` only keeps them)
