@@ -10,6 +10,13 @@ rules; never the daemon, the client library, the executor or the CLI.
   :class:`agent.session.Session` per session id the broker names, over one
   :class:`agent.broker_link.BrokerLink` shared with the
   :class:`agent.exec_runner.BrokerRunner` that runs the commands.
+- One process hosts every session of the daemon, on one event loop: sessions mostly
+  wait (the model, commands, MCP servers), and what the loop spends on one session's
+  input is bounded (an MCP server's output: :mod:`agent.mcp.client`; a model's stream:
+  :mod:`agent.sse`), so sessions do not wait for each other (measured by
+  tests/bench/bench_mcp_flood.py: the loop's median lag is the same under a flooding
+  server as idle). A process per session would confine a crash of the agent itself, at
+  a process per session; the README's "The agent" section says why sluice has one.
 - :mod:`broker.cli.exec` is a frontend, not part of the process: ``sluice exec``, which
   resolves the configuration (:mod:`agent.config`) on the caller's side and talks to the
   daemon through :mod:`broker.client` only.

@@ -1,6 +1,7 @@
 """``python -m agent --connect ENDPOINT --token-file PATH [--die-with-parent]``: the agent process.
 
-The daemon starts exactly one (see ``broker.daemon.supervisor.AgentSupervisor``). It connects
+The daemon starts exactly one (see ``broker.daemon.supervisor.AgentSupervisor``; why one:
+:mod:`agent`). It connects
 as the ``agent`` peer, hosts every session the broker sends it (:mod:`agent.host`) and
 runs their commands on the daemon's executors over the same link
 (:class:`~agent.exec_runner.BrokerRunner`). It stops on SIGTERM / SIGINT (sessions

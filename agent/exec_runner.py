@@ -232,6 +232,12 @@ class InteractiveProcess(abc.ABC):
         """Its terminal's new size (nothing for a command without one)."""
 
     @abc.abstractmethod
+    def hold_output(self, held: bool) -> None:
+        """Stop (``True``) or restart (``False``) acknowledging its output: held, at most a
+        window more of it comes, then the executor stops reading its pipes and the command
+        waits to write. For a reader that cannot keep up (a flooding MCP server)."""
+
+    @abc.abstractmethod
     async def cancel(self) -> None:
         """Kill its whole tree; :meth:`wait` then returns with ``aborted`` set."""
 
@@ -256,6 +262,12 @@ class _Running:
     stdin_unacked: int = 0
     stdin_closed: bool = False
     stdin_room: asyncio.Event | None = None
+    output_held: bool = False
+
+
+def _ack(running: _Running) -> bytes:
+    """The acknowledgement of the output of ``running`` not acknowledged yet."""
+    return wire.header(wire.ACK, running.call_id, n=running.unacked_bytes, seq=running.unacked_chunks)
 
 
 class _BrokerProcess(InteractiveProcess):
@@ -294,6 +306,13 @@ class _BrokerProcess(InteractiveProcess):
         if self.tty and not self.done:
             body = wire.encode(wire.Winsize(rows, cols))
             self._runner._send_soon([wire.header(wire.RESIZE, self.call_id), body])
+
+    def hold_output(self, held: bool) -> None:
+        running = self._running
+        running.output_held = held
+        if not held and running.unacked_bytes and not self.done:
+            self._runner._send_soon([_ack(running)])
+            running.unacked_bytes = running.unacked_chunks = 0
 
     async def cancel(self) -> None:
         if not self.done:
@@ -516,9 +535,9 @@ class BrokerRunner(CommandRunner):
                 if running.on_output is not None:
                     running.on_output(_STREAMS.get(head.stream, ExecOutputStream.STDOUT), chunk)
         finally:
-            if running.unacked_bytes >= wire.ACK_EVERY_BYTES or running.unacked_chunks >= wire.ACK_EVERY_CHUNKS:
-                ack = wire.header(wire.ACK, running.call_id, n=running.unacked_bytes, seq=running.unacked_chunks)
-                if self.link.send([ack]):
+            if not running.output_held and (running.unacked_bytes >= wire.ACK_EVERY_BYTES
+                                            or running.unacked_chunks >= wire.ACK_EVERY_CHUNKS):
+                if self.link.send([_ack(running)]):
                     running.unacked_bytes = running.unacked_chunks = 0
 
     def _on_started(self, head: wire.Header, frames: list[zmq.Frame]) -> None:

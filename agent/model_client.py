@@ -83,11 +83,13 @@ import structlog
 
 from agent.chat_completions import ChatStreamAssembler, chat_messages, chat_tools
 from agent.config import ResolvedProvider
-from agent.sse import ServerSentEvent, SSEDecoder
+from agent.sse import ServerSentEvent, SSEDecoder, SSEError
+from broker.net.logging import Throttle
 from broker.wire.frames import one_line
 from broker.wire.protocol import TokenCountEvent, WireApi
 
 log = structlog.get_logger("agent.model_client")
+_throttled = Throttle(log)
 
 TokenUsage = TokenCountEvent
 """Token counts of one response; Codex's ``TokenUsage`` is its ``token_count`` event."""
@@ -541,7 +543,12 @@ class ModelClient:
                     raise _StreamBroke("idle timeout waiting for SSE") from None
                 except httpx.TransportError as err:
                     raise _StreamBroke(_describe(err)) from None
-                for event in decoder.feed(chunk):
+                try:
+                    events = decoder.feed(chunk)
+                except SSEError as err:
+                    # The same server would send it again: not worth a retry.
+                    raise ModelError(f"the model server sent {err}") from None
+                for event in events:
                     yield event
         finally:
             await chunks.aclose()
@@ -565,8 +572,10 @@ class ModelClient:
 def _json_object(sse: ServerSentEvent) -> dict[str, Any] | None:
     try:
         data = json.loads(sse.data)
-    except ValueError:
-        log.debug("model stream: skipped non-JSON event", event=sse.event)
+    except (ValueError, RecursionError):
+        # structlog keeps ``event`` for the message itself: the SSE event's name goes as sse_event.
+        _throttled("warning", "model stream: skipped an event that is not JSON", sse_event=sse.event,
+                   chars=len(sse.data))
         return None
     return data if isinstance(data, dict) else None
 

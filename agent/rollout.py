@@ -48,12 +48,15 @@ from typing import Any
 import structlog
 
 from agent.config import sluice_home
+from agent.items import CALL_TYPES, OUTPUT_TYPES
 from broker.wire.protocol import ROLLOUT_ERROR_PREFIX
 
 log = structlog.get_logger("agent.rollout")
 
 SESSIONS_SUBDIR = "sessions"
 REDACTED = "[redacted]"
+# Skipped line numbers named in the report, at most.
+SKIPPED_SHOWN = 10
 PERSISTED_TYPES = frozenset({"message", "reasoning", "function_call", "function_call_output", "local_shell_call",
                              "custom_tool_call", "custom_tool_call_output"})
 
@@ -72,11 +75,26 @@ def is_persisted(item: Mapping[str, Any]) -> bool:
 
 @dataclass
 class SavedSession:
-    """What a rollout file holds: the session id, its meta line and its items."""
+    """What a rollout file holds: the session id, its meta line and its items; the lines
+    that could not be read (their numbers, from 1) and the tool outputs left out with them."""
 
     session_id: uuid.UUID
     meta: dict[str, Any]
     items: list[dict[str, Any]] = field(default_factory=list)
+    skipped: list[int] = field(default_factory=list)
+    orphan_outputs: int = 0
+
+    def report(self, path: str | os.PathLike[str]) -> str | None:
+        """One line for a person about what was skipped (None when nothing was)."""
+        if not self.skipped:
+            return None
+        shown = ", ".join(map(str, self.skipped[:SKIPPED_SHOWN]))
+        more = f" and {len(self.skipped) - SKIPPED_SHOWN} more" if len(self.skipped) > SKIPPED_SHOWN else ""
+        which = "line" if len(self.skipped) == 1 else "lines"
+        text = f"rollout {path}: {which} {shown}{more} not readable (corrupt), skipped"
+        if self.orphan_outputs:
+            text += f", with {self.orphan_outputs} tool output(s) whose call was on them"
+        return text + "; the conversation goes on without them"
 
 
 def sessions_dir(env: Mapping[str, str] | None = None, home: Path | None = None) -> Path:
@@ -93,37 +111,60 @@ def _timestamp(when: dt.datetime) -> str:
 
 
 def read_rollout(path: str | os.PathLike[str]) -> SavedSession:
-    """Parse a rollout file; raises :class:`RolloutError` if it is not one."""
+    """Parse a rollout file, line by line as bytes; raises :class:`RolloutError` if it is
+    not one (it cannot be read, or its first line is no session line).
+
+    A last line without its newline was cut by a kill in the middle of writing it (no event
+    ever spoke of it): it is dropped. Any other line that is not UTF-8 JSON (a corrupt byte)
+    is skipped and listed in :attr:`SavedSession.skipped` for the session to report; a tool
+    output whose call was on such a line goes with it (the model refuses an output without
+    its call; a call without its output gets an ``aborted`` one at the next request)."""
     try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as err:
-        reason = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
-        raise RolloutError(f"cannot read rollout {path}: {reason}") from None
-    lines = text.splitlines()
-    if not lines or not lines[0].strip():
-        raise RolloutError(f"rollout {path} is empty")
+        with open(path, "rb") as f:
+            first = f.readline()
+            if not first.endswith(b"\n") or not first.strip():
+                raise RolloutError(f"rollout {path} is empty")
+            meta = _json_line(first)
+            try:
+                session_id = uuid.UUID(str(meta["id"]))
+            except (ValueError, KeyError, TypeError):
+                raise RolloutError(f"rollout {path} does not start with a session line") from None
+            saved = SavedSession(session_id, meta)
+            items: list[dict[str, Any]] = []
+            for number, line in enumerate(f, 2):
+                if not line.endswith(b"\n"):  # the last line, cut short
+                    log.warning("rollout: a partly written last line dropped", path=str(path), line=number)
+                    break
+                if not line.strip():
+                    continue
+                value = _json_line(line)
+                if not isinstance(value, dict):
+                    saved.skipped.append(number)
+                    continue
+                record = value.get("record_type")
+                if record == "compacted":
+                    items = [i for i in value.get("items") or [] if isinstance(i, dict) and is_persisted(i)]
+                elif record is None and is_persisted(value):
+                    items.append(value)
+    except OSError as err:
+        raise RolloutError(f"cannot read rollout {path}: {err.strerror or err}") from None
+    if saved.skipped:
+        calls = {i.get("call_id") for i in items if i.get("type") in CALL_TYPES}
+        kept = [i for i in items if i.get("type") not in OUTPUT_TYPES or i.get("call_id") in calls]
+        saved.orphan_outputs = len(items) - len(kept)
+        items = kept
+        log.warning("rollout: unreadable lines skipped", path=str(path), lines=saved.skipped[:100],
+                    orphan_outputs=saved.orphan_outputs)
+    saved.items = items
+    return saved
+
+
+def _json_line(line: bytes) -> Any:
+    """The JSON value of one line; None if it is not UTF-8 JSON."""
     try:
-        meta = json.loads(lines[0])
-        session_id = uuid.UUID(str(meta["id"]))
-    except (ValueError, KeyError, TypeError):
-        raise RolloutError(f"rollout {path} does not start with a session line") from None
-    items: list[dict[str, Any]] = []
-    for number, line in enumerate(lines[1:], 2):
-        if not line.strip():
-            continue
-        try:
-            value = json.loads(line)
-        except ValueError:
-            log.warning("rollout line skipped: not JSON", path=str(path), line=number)
-            continue
-        if not isinstance(value, dict):
-            continue
-        record = value.get("record_type")
-        if record == "compacted":
-            items = [i for i in value.get("items") or [] if isinstance(i, dict) and is_persisted(i)]
-        elif record is None and is_persisted(value):
-            items.append(value)
-    return SavedSession(session_id, meta, items)
+        return json.loads(line.decode("utf-8"))
+    except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
+        return None
 
 
 def failure_message(err: OSError, path: str | os.PathLike[str]) -> str:

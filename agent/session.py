@@ -20,10 +20,13 @@ What each op does is Codex's ``submission_loop``:
   history_entry_count}``. A relative (or missing) cwd is an ``error`` and changes
   nothing. Configuring again aborts the running task and keeps the history, the commands
   approved for the session and the roots granted to patches. ``resume_path`` restores the
-  history from a rollout file and goes on recording in it (one that cannot be read, or
-  that another session holds, is an ``error`` after ``session_configured``, and the
-  session starts afresh); the session id becomes the rollout's, as in Codex (the daemon
-  learns it from ``session_configured``).
+  history from a rollout file and goes on recording in it; the session id becomes the
+  rollout's, as in Codex (the daemon learns it from ``session_configured``). A rollout
+  that cannot be resumed (unreadable, not a rollout, held by another session) is an
+  ``error`` instead of ``session_configured`` and changes nothing: a resume never starts
+  a fresh conversation in place of the one asked for. Lines of it that are corrupt are
+  skipped and said in one ``background_event`` after ``session_configured``
+  (:func:`agent.rollout.read_rollout`).
 - The model's instructions: ``base_instructions`` if given, else the built-in ones; then
   ``user_instructions`` as given (later Codex's frontends put ``AGENTS.md`` in them), else
   ``instructions`` with the project docs found from the cwd; then the environment.
@@ -86,7 +89,7 @@ from agent.mcp.config import grants
 from agent.mcp.launcher import sandboxed_launcher
 from agent.mcp.manager import McpManager
 from agent.model_client import DEFAULT_BACKOFF_BASE, ModelClient, reasoning_param
-from agent.rollout import RolloutError, RolloutRecorder, sessions_dir
+from agent.rollout import RolloutError, RolloutRecorder, SavedSession, sessions_dir
 from agent.turn import run_compact_task, run_task
 from agent.unified_exec import UnifiedExecManager
 from broker.wire.protocol import (
@@ -236,7 +239,7 @@ class Session:
         try:
             self._emit(Event(id=sub_id, msg=msg))
         except Exception:
-            log.exception("emit failed", event=type(msg).__name__)
+            log.exception("emit failed", kind=type(msg).__name__)
 
     def error(self, sub_id: str, message: str) -> None:
         self.send(sub_id, ErrorEvent(message))
@@ -428,30 +431,35 @@ class Session:
             self.error(sub_id, f"cwd is not a directory: {cwd!r}")
             return
         provider, missing_key = self._resolve_provider(op)
+        resumed = None
+        if isinstance(op.resume_path, str):
+            try:
+                resumed = await self._resume(op.resume_path)
+            except RolloutError as err:
+                # Never a fresh conversation in place of the one asked for: the configure
+                # is refused, with why, and nothing changes.
+                self.error(sub_id, f"could not resume the session: {err}")
+                return
         await self.abort()
         if self.client is not None:
             await self.client.aclose()
             self.client = None
 
         errors: list[str] = []
-        resume_path = op.resume_path if isinstance(op.resume_path, str) else None
+        notes: list[str] = []
         restored: list[Item] | None = None
-        if resume_path is not None:
-            if self.rollout is not None and _same_file(self.rollout.path, resume_path):
-                await self.rollout.shutdown()  # its own rollout again: let go of it first
-                self.rollout = None
-            try:
-                recorder, saved = await RolloutRecorder.resume(resume_path, secrets=self._secrets)
-            except RolloutError as err:
-                errors.append(f"could not resume the session: {err}")
-            else:
-                if self.rollout is not None:
-                    await self.rollout.shutdown()
-                self._use_rollout(recorder)
-                # The session is the rollout's again, as in Codex; the daemon learns the id
-                # from session_configured and addresses the session by it from then on.
-                self.session_id = saved.session_id
-                restored = saved.items
+        if resumed is not None:
+            recorder, saved = resumed
+            if self.rollout is not None:
+                await self.rollout.shutdown()
+            self._use_rollout(recorder)
+            # The session is the rollout's again, as in Codex; the daemon learns the id
+            # from session_configured and addresses the session by it from then on.
+            self.session_id = saved.session_id
+            restored = saved.items
+            report = saved.report(recorder.path)
+            if report is not None:
+                notes.append(report)
 
         if isinstance(op.env, dict):
             self.command_env = dict(op.env)
@@ -518,10 +526,18 @@ class Session:
             if granted:
                 self.send(sub_id, BackgroundEventEvent(f"MCP server {server.name} runs with {' and '.join(granted)} "
                                                        "(its configuration asks for it)"))
-        for note in self.mcp.notes if self.mcp is not None else ():
+        for note in [*notes, *(self.mcp.notes if self.mcp is not None else ())]:
             self.send(sub_id, BackgroundEventEvent(note))
         for message in [*errors, *mcp_errors]:
             self.error(sub_id, message)
+
+    async def _resume(self, path: str) -> tuple[RolloutRecorder, SavedSession]:
+        """The rollout at ``path``, opened to go on recording in it, and what it holds;
+        raises :class:`RolloutError`."""
+        if self.rollout is not None and _same_file(self.rollout.path, path):
+            await self.rollout.shutdown()  # its own rollout again: let go of it first
+            self.rollout = None
+        return await RolloutRecorder.resume(path, secrets=self._secrets)
 
     async def _start_mcp(self, op: ConfigureSession, sandbox_policy: SandboxPolicy, cwd: str) -> list[str]:
         """Start the session's MCP servers (those of a previous configure are stopped); the

@@ -10,6 +10,12 @@ sluice does not reconnect by itself. An event with no data is not dispatched, an
 half-built event at the end of the stream is dropped, as the standard says: a body cut
 mid-event never yields a truncated JSON payload.
 
+The decoder's work is linear in what it is fed, however the body is cut: the piece of a
+line still waiting for its end is kept as a list of pieces, and only new text is searched
+for a line end. An event (its data plus the line being read) over
+:data:`MAX_EVENT_CHARS` characters raises :class:`SSEError`, so a server cannot make the
+agent hold an unbounded event.
+
 Chat Completions ends its stream with ``data: [DONE]``; that is an ordinary event here
 and the model client gives it its meaning.
 """
@@ -17,7 +23,19 @@ and the model client gives it its meaning.
 from __future__ import annotations
 
 import codecs
+import re
 from dataclasses import dataclass
+
+from landlock_helper.limits import format_size
+
+# An event's size limit, in characters (so an event past it is also past it in bytes).
+MAX_EVENT_CHARS = 64 * 1024 * 1024
+
+_LINE_END = re.compile(r"\r\n?|\n")
+
+
+class SSEError(ValueError):
+    """The stream broke the decoder's limits; one line."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,9 +49,14 @@ class ServerSentEvent:
 class SSEDecoder:
     """Feed it text or bytes as they arrive; it returns the events each piece completes."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_event_chars: int | None = None) -> None:
+        self.max_event_chars = MAX_EVENT_CHARS if max_event_chars is None else max_event_chars
         self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        self._buffer = ""
+        # The start of a line whose end has not come yet, in the pieces it came in.
+        self._partial: list[str] = []
+        self._partial_chars = 0
+        # Characters of the event being built: its data lines (the partial line's apart).
+        self._data_chars = 0
         # A CR at the end of one chunk may be the first half of a CRLF split across two.
         self._skip_lf = False
         self._first_line = True
@@ -43,6 +66,7 @@ class SSEDecoder:
         self._retry_ms: int | None = None
 
     def feed(self, chunk: bytes | str) -> list[ServerSentEvent]:
+        """The events ``chunk`` completes; raises :class:`SSEError` for an event over the limit."""
         text = self._utf8.decode(chunk) if isinstance(chunk, bytes) else chunk
         if not text:
             return []
@@ -50,26 +74,34 @@ class SSEDecoder:
             self._skip_lf = False
             if text.startswith("\n"):
                 text = text[1:]
-        self._buffer += text
         events: list[ServerSentEvent] = []
-        while True:
-            cut = _line_end(self._buffer)
-            if cut < 0:
-                break
-            line = self._buffer[:cut]
-            if self._buffer[cut] == "\r":
-                if cut + 1 < len(self._buffer):
-                    rest = cut + 2 if self._buffer[cut + 1] == "\n" else cut + 1
-                else:
-                    rest = cut + 1
-                    self._skip_lf = True
+        start = 0
+        for end in _LINE_END.finditer(text):
+            if self._partial:
+                self._partial.append(text[start:end.start()])
+                line = "".join(self._partial)
+                self._partial.clear()
+                self._partial_chars = 0
             else:
-                rest = cut + 1
-            self._buffer = self._buffer[rest:]
+                line = text[start:end.start()]
+            start = end.end()
             event = self._line(line)
             if event is not None:
                 events.append(event)
+        if start < len(text):
+            self._partial.append(text[start:])
+            self._partial_chars += len(text) - start
+            self._check_size()
+        elif text.endswith("\r"):
+            self._skip_lf = True
         return events
+
+    def _check_size(self) -> None:
+        if self._data_chars + self._partial_chars > self.max_event_chars:
+            self._partial.clear()
+            self._data.clear()
+            self._partial_chars = self._data_chars = 0
+            raise SSEError(f"an event over {format_size(self.max_event_chars)}")
 
     def _line(self, line: str) -> ServerSentEvent | None:
         if self._first_line:
@@ -84,6 +116,8 @@ class SSEDecoder:
             value = value[1:]
         if name == "data":
             self._data.append(value)
+            self._data_chars += len(value) + 1
+            self._check_size()
         elif name == "event":
             self._event = value
         elif name == "id":
@@ -97,15 +131,7 @@ class SSEDecoder:
     def _dispatch(self) -> ServerSentEvent | None:
         data, event = self._data, self._event
         self._data, self._event = [], ""
+        self._data_chars = 0
         if not data:
             return None
         return ServerSentEvent("\n".join(data), event or "message", self._last_id, self._retry_ms)
-
-
-def _line_end(text: str) -> int:
-    lf, cr = text.find("\n"), text.find("\r")
-    if lf < 0:
-        return cr
-    if cr < 0:
-        return lf
-    return min(lf, cr)

@@ -1,11 +1,23 @@
 """A client of one MCP server: JSON-RPC 2.0 over a byte stream, newline-delimited.
 
 The server is an untrusted program (it runs in the sandbox, see :mod:`agent.mcp.manager`),
-so everything it sends is checked: a line that is not JSON, is too long, or answers no
-request of ours is dropped with a throttled log line, never an exception in the caller;
-a server that stops making sense is closed. What the client needs from the stream is a
-:class:`Transport`; the bytes the server writes are given to :meth:`McpClient.feed` and
-its end to :meth:`McpClient.closed`.
+so everything it sends is checked: a line that is not JSON, is not an object, answers no
+request of ours, or is over :data:`~broker.wire.mcp.MAX_LINE_BYTES` is dropped with a
+throttled log line, never an exception in the caller. After :data:`MAX_BAD_LINES` such
+lines in a row, or a line that runs on past :data:`ENDLESS_LINE_BYTES`, the server is
+taken for one that makes no sense: the client closes (every request fails with one line
+naming the server and why) and :attr:`McpClient.on_fault` is told, so that the server is
+stopped. What the client needs from the stream is a :class:`Transport`; the bytes the
+server writes are given to :meth:`McpClient.feed` and its end to :meth:`McpClient.closed`.
+
+What a server's output may cost: the agent's one event loop serves every session, so a
+server's lines are not read where they arrive (:meth:`McpClient.feed` only keeps them)
+but by a reader that takes at most :data:`SLICE_S` of the loop at a time and
+:data:`BUDGET_S` in any second, then yields. While more than :data:`BACKLOG_BYTES` of
+whole lines wait, the server's output is held (:meth:`Transport.hold_output`: the
+executor stops reading its pipe after at most a window more, and the server waits to
+write), so what one server holds in the agent stays under about 25 MiB whatever it
+sends, and the request timeouts fire whatever it does.
 
 The protocol as the client speaks it (MCP, https://modelcontextprotocol.io):
 
@@ -25,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
@@ -37,6 +50,17 @@ log = structlog.get_logger("agent.mcp")
 
 # tools/list pages followed, at most (a server that pages forever is cut off).
 MAX_PAGES = 100
+# Bad lines in a row (no good message between them) after which the server is stopped.
+MAX_BAD_LINES = 100
+# A line over the limit is dropped up to its end; one that runs on past this is no
+# line but a stream of junk, and the server is stopped.
+ENDLESS_LINE_BYTES = 4 * MAX_LINE_BYTES
+# A server's lines are read for at most this long at a time (seconds), and at most
+# BUDGET_S in any second, so other sessions wait for it at most that long.
+SLICE_S = 0.002
+BUDGET_S = 0.25
+# Whole lines waiting to be read past which the server's output is held.
+BACKLOG_BYTES = 1024 * 1024
 CLIENT_INFO = {"name": "sluice", "version": "0.1.0"}
 
 
@@ -45,10 +69,13 @@ class McpError(Exception):
 
 
 class Transport(Protocol):
-    """How bytes reach the server's stdin."""
+    """How bytes reach the server's stdin, and how its output is held back."""
 
     async def write(self, data: bytes) -> None:
         """Send ``data`` (in order); raises :class:`McpError` when the server is gone."""
+
+    def hold_output(self, held: bool) -> None:
+        """Stop (``True``) or restart (``False``) the flow of the server's output."""
 
 
 class McpClient:
@@ -63,42 +90,136 @@ class McpClient:
         self.instructions: str | None = None
         self._ids = itertools.count(1)
         self._pending: dict[int, asyncio.Future] = {}
+        # What the server wrote and was not read yet: whole lines (the first
+        # ``_lines_end`` bytes), then the start of the next one.
         self._buffer = bytearray()
+        self._lines_end = 0
+        # Inside a line over the limit: what comes is dropped up to its end.
+        self._skipping = False
+        self._skipped = 0
+        self._bad_in_a_row = 0
+        self._reading: asyncio.Handle | asyncio.TimerHandle | None = None
+        self._second_start = 0.0
+        self._second_spent = 0.0
+        self._held = False
         self._gone: str | None = None
         self._throttle = Throttle(log)
         # Called with (method, params) for each notification from the server.
         self.on_notification: Callable[[str, Any], None] | None = None
+        # Called with why (the rest of "MCP server NAME ...") when the client gives up on
+        # a server that makes no sense; it is closed by then, and should be stopped.
+        self.on_fault: Callable[[str], None] | None = None
         self._writes: asyncio.Lock | None = None
         # Our answers to the server's own requests (ping, roots/list) while they are sent.
         self._answering: set[asyncio.Future] = set()
 
+    def attach(self, transport: Transport) -> None:
+        """Speak to the server through ``transport`` from now on (its output held if it must be)."""
+        self.transport = transport
+        if self._held:
+            self._hold(True)
+
     # -- what the server sends -----------------------------------------------------------
 
     def feed(self, data: bytes) -> None:
-        """Bytes the server wrote to its stdout."""
+        """Bytes the server wrote to its stdout: kept, and read soon (see the module docstring)."""
         if self._gone is not None:
             return
-        self._buffer += data
-        while True:
-            end = self._buffer.find(b"\n")
+        if self._skipping:
+            end = data.find(b"\n")
             if end < 0:
-                if len(self._buffer) > MAX_LINE_BYTES:
-                    self.closed(f"sent a message over {MAX_LINE_BYTES >> 20} MiB")
+                self._skipped += len(data)
+                if self._skipped > ENDLESS_LINE_BYTES:
+                    self._fault(f"sent a line that does not end (over {ENDLESS_LINE_BYTES >> 20} MiB)")
                 return
-            line = bytes(self._buffer[:end])
-            del self._buffer[:end + 1]
+            self._skipping = False
+            data = data[end + 1:]
+        start = len(self._buffer)
+        self._buffer += data
+        last = data.rfind(b"\n")
+        if last >= 0:
+            self._lines_end = start + last + 1
+        if len(self._buffer) - self._lines_end > MAX_LINE_BYTES:
+            self._skipped = len(self._buffer) - self._lines_end
+            del self._buffer[self._lines_end:]
+            self._skipping = True
+            self._bad_line(f"a line over {MAX_LINE_BYTES >> 20} MiB", b"")
+            if self._gone is not None:
+                return
+        if self._lines_end:
+            if self._reading is None:
+                self._reading = asyncio.get_running_loop().call_soon(self._read)
+            if self._lines_end > BACKLOG_BYTES and not self._held:
+                self._hold(True)
+
+    def _read(self) -> None:
+        """Read waiting lines within the budget; called again (soon, or in the next second)
+        while lines wait."""
+        self._reading = None
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        if now - self._second_start >= 1.0:
+            self._second_start, self._second_spent = now, 0.0
+        if self._second_spent >= BUDGET_S:
+            self._reading = loop.call_at(self._second_start + 1.0, self._read)
+            return
+        started = time.perf_counter()
+        buffer, pos = self._buffer, 0
+        while pos < self._lines_end and self._gone is None:
+            end = buffer.index(b"\n", pos, self._lines_end)
+            line = bytes(buffer[pos:end])
+            pos = end + 1
             if line.strip():
                 self._on_line(line)
+            if time.perf_counter() - started >= SLICE_S:
+                break
+        self._second_spent += time.perf_counter() - started
+        if self._gone is not None:
+            return
+        del buffer[:pos]
+        self._lines_end -= pos
+        if self._lines_end:
+            self._reading = loop.call_soon(self._read)
+        if self._held and self._lines_end <= BACKLOG_BYTES // 2:
+            self._hold(False)
+
+    def _hold(self, held: bool) -> None:
+        self._held = held
+        try:
+            self.transport.hold_output(held)
+        except McpError:
+            pass
 
     def closed(self, why: str) -> None:
         """The server is gone (it exited, or makes no sense): every request fails with ``why``."""
         if self._gone is not None:
             return
         self._gone = why
+        self._buffer = bytearray()
+        self._lines_end = 0
+        if self._reading is not None:
+            self._reading.cancel()
+            self._reading = None
         pending, self._pending = self._pending, {}
         for future in pending.values():
             if not future.done():
                 future.set_exception(McpError(f"MCP server {self.name} {why}"))
+
+    def _bad_line(self, what: str, line: bytes) -> None:
+        """A line that is no MCP message: logged (throttled) and counted."""
+        self._bad_in_a_row += 1
+        self._throttle("warning", f"MCP server sent {what}", server=self.name,
+                       line=line[:200].decode(errors="replace"))
+        if self._bad_in_a_row >= MAX_BAD_LINES:
+            self._fault(f"sent {MAX_BAD_LINES} lines in a row that are not MCP messages (the last: {what})")
+
+    def _fault(self, what: str) -> None:
+        """Give up on the server: closed, with one line saying why, and :attr:`on_fault` told."""
+        why = f"{what}; it was stopped"
+        log.error("MCP server makes no sense: stopped", server=self.name, why=why)
+        self.closed(why)
+        if self.on_fault is not None:
+            self.on_fault(why)
 
     @property
     def gone(self) -> str | None:
@@ -109,21 +230,21 @@ class McpClient:
         try:
             message = json.loads(line)
         except (ValueError, RecursionError):
-            self._throttle("warning", "MCP server sent a line that is not JSON", server=self.name,
-                           line=line[:200].decode(errors="replace"))
+            self._bad_line("a line that is not JSON", line)
             return
         if isinstance(message, list):  # a batch (2025-03-26 allows them)
             for item in message[:1000]:
-                self._on_message(item)
+                self._on_message(item, line)
         else:
-            self._on_message(message)
+            self._on_message(message, line)
 
-    def _on_message(self, message: Any) -> None:
+    def _on_message(self, message: Any, line: bytes) -> None:
         if not isinstance(message, dict):
-            self._throttle("warning", "MCP server sent a message that is not an object", server=self.name)
+            self._bad_line("a message that is not an object", line)
             return
         method = message.get("method")
         if isinstance(method, str):
+            self._bad_in_a_row = 0
             if "id" in message:
                 self._spawn(self._answer(message["id"], method, message.get("params")))
             elif self.on_notification is not None:
@@ -131,8 +252,9 @@ class McpClient:
             return
         future = self._pending.pop(message.get("id"), None) if _is_id(message.get("id")) else None
         if future is None:
-            self._throttle("warning", "MCP server answered no request of ours", server=self.name)
+            self._bad_line("an answer to no request of ours", line)
             return
+        self._bad_in_a_row = 0
         if future.done():
             return
         error = message.get("error")

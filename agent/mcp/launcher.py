@@ -59,6 +59,9 @@ class _Server:
         await self.process.cancel()
         await self.process.wait()
 
+    def hold_output(self, held: bool) -> None:
+        self.process.hold_output(held)
+
 
 def sandboxed_launcher(runner: CommandRunner, *, session_policy: SandboxPolicy, cwd: str, sandbox_cwd: str,
                        env: Mapping[str, str] | None = None, env_passthrough=(), limits: Limits | None = None) -> Launcher:

@@ -42,6 +42,9 @@ class Process(Protocol):
     async def stop(self) -> None:
         """Kill it (its whole process tree); returns once it is gone."""
 
+    def hold_output(self, held: bool) -> None:
+        """Stop (``True``) or restart (``False``) the flow of its output."""
+
 
 @dataclass
 class Streams:
@@ -84,6 +87,7 @@ class McpManager:
         # Tools left out at start (a schema that cannot be offered, a name taken), one line each.
         self.notes: list[str] = []
         self._closed = False
+        self._stopping: set[asyncio.Task] = set()
 
     @property
     def servers(self) -> list[McpServerConfig]:
@@ -158,6 +162,7 @@ class McpManager:
         client = McpClient(config.name, _Unstarted(), roots=self._roots)
         client.on_notification = lambda method, params: log.debug("MCP notification", server=config.name,
                                                                   method=method)
+        client.on_fault = lambda why: self._fault(server, client)
         streams = Streams(client.feed, lambda data: self._stderr(server, data),
                           lambda why: client.closed(why))
         server.client = client
@@ -168,7 +173,10 @@ class McpManager:
         except asyncio.TimeoutError:
             raise McpError(f"MCP server {config.name} did not start within {timeout:g} s") from None
         server.process = process
-        client.transport = process
+        client.attach(process)
+        if client.gone is not None:  # it made no sense before it was even started
+            await self._stop(server)
+            raise McpError(f"MCP server {config.name} {client.gone}")
         left = max(0.0, deadline - time.monotonic())
         try:
             await client.initialize(left)
@@ -177,6 +185,14 @@ class McpManager:
             if "did not answer" in str(err):
                 raise McpError(f"MCP server {config.name} did not finish starting within {timeout:g} s") from None
             raise
+
+    def _fault(self, server: _Server, client: McpClient) -> None:
+        """``client`` gave up on its server: stop the server now, not at the next call."""
+        if server.client is not client or server.process is None:
+            return  # not started yet (_start stops it) or stopped already
+        task = asyncio.get_running_loop().create_task(self._stop(server))
+        self._stopping.add(task)
+        task.add_done_callback(self._stopping.discard)
 
     def _stderr(self, server: _Server, data: bytes) -> None:
         if server.stderr_left <= 0:
@@ -204,3 +220,6 @@ class McpManager:
 class _Unstarted:
     async def write(self, data: bytes) -> None:
         raise McpError("not started yet")
+
+    def hold_output(self, held: bool) -> None:
+        pass  # McpClient.attach applies it once there is a process

@@ -17,7 +17,9 @@ the session, so the daemon and the executors never get the caller's secrets
 starts (or reuses) the daemon, opens a session (``configure_session``), submits PROMPT
 (``-`` reads it from stdin), renders the events (:mod:`broker.cli.render`) until the task
 ends, and shuts the session down (its rollout flushed). ``experimental_resume = "PATH"``
-(``-c experimental_resume=PATH``) resumes the conversation of a rollout file, as in Codex.
+(``-c experimental_resume=PATH``) resumes the conversation of a rollout file, as in Codex
+(corrupt lines of it are skipped and said in one line; one that cannot be resumed is an
+error and exit 1, never a fresh conversation in its place).
 ``--session ID`` (an id or a unique prefix of one; never starting a daemon, and an unknown
 one said as ``sluice attach`` says it: :func:`broker.cli.attach.no_session`) continues a session that is already open
 instead: it follows the session live from there (no replay) and leaves it open at the end.

@@ -95,6 +95,36 @@ def test_a_big_write_waits_for_the_window_and_arrives_whole(module_daemon, tmp_p
     asyncio.run(main())
 
 
+def test_held_output_stops_after_a_window_and_flows_again_when_released(module_daemon, tmp_path) -> None:
+    async def main() -> None:
+        runner = await BrokerRunner.connect(module_daemon.runtime)
+        try:
+            got = [0]
+            proc = await runner.start_interactive(["yes"], str(tmp_path), WORKSPACE,
+                                                  lambda s, c: got.__setitem__(0, got[0] + len(c)), stdin=False)
+            loop = asyncio.get_running_loop()
+            started = loop.time()
+            await _until(lambda: got[0] > 3 * wire.WINDOW_BYTES, what="yes to flood")  # it does, unheld
+            rate = got[0] / (loop.time() - started)
+            proc.hold_output(True)
+            held_at = got[0]
+            # What was not acknowledged yet still comes (at most a window), then nothing:
+            # watched for three times as long as the flow, unheld, took to pass the bound.
+            bound = held_at + wire.WINDOW_BYTES + wire.ACK_EVERY_BYTES
+            deadline = loop.time() + max(1.0, 3 * (bound - held_at) / rate)
+            while loop.time() < deadline:
+                assert got[0] <= bound
+                await asyncio.sleep(0.01)
+            proc.hold_output(False)
+            await _until(lambda: got[0] > bound + 3 * wire.WINDOW_BYTES, what="the flow to start again")
+            await proc.cancel()
+            await asyncio.wait_for(proc.wait(), 10)
+        finally:
+            await runner.aclose()
+
+    asyncio.run(main())
+
+
 def test_cancel_and_closing_the_runner_kill_interactive_trees(module_daemon, tmp_path) -> None:
     marker = ["sleep", "4242.17"]
 

@@ -277,3 +277,90 @@ def test_full_sluice_home_is_one_line_and_a_failed_exec(daemon_factory, work, ag
     else:
         assert lines[0].startswith("error: rollout: no space left on device: ")
         assert p.stdout == answer + "\n"  # the session went on
+
+
+# -- a rollout that is cut or corrupt ------------------------------------------------------
+
+
+def first_session(handle, server: FakeModelServer, fe: Frontends, work: Path, home: Path) -> Path:
+    """One real ``sluice exec`` turn whose answer has non-ASCII text; its rollout."""
+    server.script(response(assistant("Noted: naïve €uro.")))
+    p = fe.run("exec", "--approval-policy", "never", "-C", str(work), "remember the euro")
+    assert p.returncode == 0, p.stderr
+    (path,) = (home / "sessions").rglob("rollout-*.jsonl")
+    assert [i["type"] for i in parse(path)[1:]] == ["message", "message"]
+    return path
+
+
+def resume_exec(fe: Frontends, path: Path, work: Path) -> subprocess.CompletedProcess:
+    return fe.run("exec", "-c", f'experimental_resume="{path}"', "--approval-policy", "never", "-C", str(work),
+                  "and now?")
+
+
+def test_a_last_line_cut_inside_a_utf8_character_is_dropped_on_resume(daemon_factory, work, agent_home,
+                                                                      tmp_path) -> None:
+    handle = daemon_factory.start(executors=1, env={"SLUICE_HOME": str(agent_home)})
+    with FakeModelServer() as server:
+        fe = Frontends(handle.runtime, server, tmp_path / "fe-home")
+        path = first_session(handle, server, fe, work, agent_home)
+        whole = path.read_bytes()
+        # The agent killed in the middle of writing a line with a euro sign in it.
+        line = json.dumps(assistant("a long answer, €100"), ensure_ascii=False).encode()
+        path.write_bytes(whole + line[:line.index("€".encode()) + 2])
+        with pytest.raises(UnicodeDecodeError):
+            path.read_text(encoding="utf-8")  # what used to make it unreadable
+
+        server.script(response(assistant("Back.")))
+        p = resume_exec(fe, path, work)
+        assert p.returncode == 0, p.stderr
+        assert p.stdout == "Back.\n" and "rollout" not in p.stderr
+        sent = server.requests[-1]["json"]["input"]
+        assert [i["type"] for i in sent] == ["message", "message", "message"]
+        assert sent[1]["content"][0]["text"] == "Noted: naïve €uro." and sent[2] == user_item("and now?")
+        # The cut was taken off the file before the session went on writing to it.
+        assert path.read_bytes().startswith(whole) and parse(path)[-1]["role"] == "assistant"
+
+
+def test_a_corrupt_middle_line_is_said_with_file_and_line_and_skipped(daemon_factory, work, agent_home,
+                                                                     tmp_path) -> None:
+    handle = daemon_factory.start(executors=1, env={"SLUICE_HOME": str(agent_home)})
+    with FakeModelServer() as server:
+        fe = Frontends(handle.runtime, server, tmp_path / "fe-home")
+        path = first_session(handle, server, fe, work, agent_home)
+        lines = path.read_bytes().split(b"\n")
+        lines[1] = lines[1].replace(b"remember", b"rem\xffmber")  # one bad byte on line 2
+        path.write_bytes(b"\n".join(lines))
+
+        server.script(response(assistant("Back.")))
+        p = resume_exec(fe, path, work)
+        assert p.returncode == 0, p.stderr
+        assert p.stdout == "Back.\n"
+        said = [line for line in p.stderr.splitlines() if "rollout" in line]
+        assert said == [f"- rollout {path}: line 2 not readable (corrupt), skipped; "
+                        "the conversation goes on without them"], p.stderr
+        sent = server.requests[-1]["json"]["input"]
+        assert [i["type"] for i in sent] == ["message", "message"]
+        assert sent[0]["role"] == "assistant" and sent[1] == user_item("and now?")
+
+
+def test_a_rollout_that_cannot_be_resumed_is_one_line_and_a_failed_exec(daemon_factory, work, agent_home,
+                                                                       tmp_path) -> None:
+    handle = daemon_factory.start(executors=1, env={"SLUICE_HOME": str(agent_home)})
+    with FakeModelServer() as server:
+        fe = Frontends(handle.runtime, server, tmp_path / "fe-home")
+        path = first_session(handle, server, fe, work, agent_home)
+        path.write_bytes(b"\xff" + path.read_bytes())  # its session line is corrupt
+        asked = len(server.requests)
+
+        p = resume_exec(fe, path, work)
+        assert p.returncode == 1, p.stderr
+        assert p.stdout == ""
+        errors = [line for line in p.stderr.splitlines() if line.startswith("error:")]
+        assert errors == [f"error: could not resume the session: rollout {path} does not start with a "
+                          "session line"], p.stderr
+        # No fresh conversation in its place: the model was not asked, no new rollout.
+        assert len(server.requests) == asked
+        assert list((agent_home / "sessions").rglob("rollout-*.jsonl")) == [path]
+        # The daemon keeps no session for it.
+        client = handle.client()
+        wait_for(lambda: client.list_sessions().sessions == [], 10, "the refused session to be forgotten")

@@ -33,8 +33,8 @@ def test_tools_are_listed_across_pages_and_called():
         started: list[LocalProcess] = []
         manager = McpManager([server()], launcher(started))
         assert await manager.start() == []
-        assert sorted(manager.tools) == ["fake__add", "fake__crash", "fake__echo", "fake__fail", "fake__sleep",
-                                         "fake__write"]
+        assert sorted(manager.tools) == ["fake__add", "fake__crash", "fake__echo", "fake__fail", "fake__junk",
+                                         "fake__sleep", "fake__write"]
         assert manager.tools["fake__write"].parameters["type"] == "object"  # inferred from its properties
         assert manager.tools["fake__fail"].parameters == {"type": "object", "properties": {}}  # `true` as a schema
         outcome = await manager.call("fake__add", {"a": 2, "b": 40})
@@ -54,15 +54,15 @@ def test_a_timeout_cancels_the_request_and_so_does_cancelling_the_call():
         assert await manager.start() == []
         outcome = await manager.call("fake__sleep", {"seconds": 30})
         assert not outcome.success and "did not answer tools/call within 0.3 s" in outcome.text
-        await _until(lambda: b"cancelled 5" in started[0].stderr)  # initialize 1, three pages 2-4, the call 5
+        await _until(lambda: b"cancelled 6" in started[0].stderr)  # initialize 1, four pages 2-5, the call 6
         # The server goes on serving.
         assert (await manager.call("fake__echo", {"text": "again"})).success and len(started) == 1
         task = asyncio.ensure_future(manager.call("fake__sleep", {"seconds": 30}))
-        await _until(lambda: b"call 7" in started[0].stderr)  # in flight at the server
+        await _until(lambda: b"call 8" in started[0].stderr)  # in flight at the server
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
-        await _until(lambda: b"cancelled 7" in started[0].stderr)
+        await _until(lambda: b"cancelled 8" in started[0].stderr)
         await manager.aclose()
     run(main())
 
@@ -77,6 +77,22 @@ def test_a_server_that_crashes_mid_call_fails_that_call_and_is_restarted():
         outcome = await manager.call("fake__echo", {"text": "back"})
         assert outcome.success and '"text": "back"' in outcome.text
         assert len(started) == 2
+        await manager.aclose()
+    run(main())
+
+
+def test_a_server_that_turns_to_junk_mid_call_is_stopped_at_once_and_started_again_for_the_next():
+    async def main():
+        started: list[LocalProcess] = []
+        manager = McpManager([server()], launcher(started))
+        assert await manager.start() == []
+        outcome = await manager.call("fake__junk", {})
+        assert not outcome.success
+        assert outcome.text == ("tool call failed: MCP server fake sent 100 lines in a row that are not MCP messages "
+                                "(the last: a line that is not JSON); it was stopped")
+        await _until(lambda: started[0].proc.returncode is not None)  # stopped now, not at the next call
+        outcome = await manager.call("fake__echo", {"text": "back"})
+        assert outcome.success and len(started) == 2
         await manager.aclose()
     run(main())
 

@@ -1,6 +1,7 @@
 """A small MCP server over stdio for tests: tools ``echo``, ``add``, ``sleep`` (answers
 after ``seconds`` unless cancelled), ``crash`` (exits at once), ``write`` (writes ``text``
-to ``path``), ``fail`` (an isError result); tools/list in pages of two. Calls and
+to ``path``), ``fail`` (an isError result), ``junk`` (prints lines that are not JSON until
+it is stopped); tools/list in pages of two. Calls and
 cancellations are written to stderr as ``call <id>`` and ``cancelled <id>``."""
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ TOOLS = [
     {"name": "write", "description": "Write a file.",
      "inputSchema": {"properties": {"path": {"type": "string"}, "text": {"type": "string"}}}},
     {"name": "fail", "description": "Fail.", "inputSchema": True},
+    {"name": "junk", "description": "Print junk.", "inputSchema": {"type": "object"}},
 ]
 lock = threading.Lock()
 cancelled: set = set()
@@ -61,6 +63,11 @@ def call(request_id, name: str, args: dict) -> None:
             result = text(f"cannot write: {e.strerror}", isError=True)
     elif name == "fail":
         result = text("it failed", isError=True)
+    elif name == "junk":
+        while True:
+            with lock:
+                sys.stdout.write("not json\n" * 1000)
+                sys.stdout.flush()
     else:
         send({"jsonrpc": "2.0", "id": request_id, "error": {"code": -32602, "message": f"unknown tool {name}"}})
         return

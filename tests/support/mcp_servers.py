@@ -3,11 +3,13 @@ a cache outside the repository (the reference ``@modelcontextprotocol/server-eve
 from npm, and ``mcp-server-time`` from PyPI), each as a
 ``[mcp_servers.NAME]`` table; and :func:`local_launcher`, which starts servers as plain
 children of this process (no daemon, no sandbox) for the manager's own tests and as the
-baseline of the benchmark."""
+baseline of the benchmark; and small servers that misbehave (:data:`JUNK`, :data:`ENDLESS`,
+:data:`CHATTY`, :data:`MUTE`) for the fault tests and their benchmark."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import shutil
 import subprocess
@@ -88,6 +90,8 @@ class LocalProcess:
     def __init__(self, proc: asyncio.subprocess.Process, streams: Streams) -> None:
         self.proc = proc
         self.stderr = bytearray()
+        self._flowing = asyncio.Event()
+        self._flowing.set()
         self._tasks = [asyncio.ensure_future(self._pump(proc.stdout, streams.stdout)),
                        asyncio.ensure_future(self._pump(proc.stderr, self._stderr(streams.stderr)))]
         self._exit = asyncio.ensure_future(self._wait(streams))
@@ -101,6 +105,13 @@ class LocalProcess:
     async def _pump(self, stream, to) -> None:
         while chunk := await stream.read(65536):
             to(chunk)
+            await self._flowing.wait()
+
+    def hold_output(self, held: bool) -> None:
+        if held:
+            self._flowing.clear()
+        else:
+            self._flowing.set()
 
     async def _wait(self, streams: Streams) -> None:
         code = await self.proc.wait()
@@ -132,3 +143,70 @@ def local_launcher(started: list[LocalProcess]):
         started.append(process)
         return process
     return launch
+
+
+# -- servers that misbehave (Python source, run with ``python -c``) -----------------------
+
+# Junk from its first byte, as fast as it can.
+JUNK = """
+import sys
+w = sys.stdout.buffer.write
+lines = b"this is not json, and it never stops\\n" * 2000
+while True:
+    w(lines)
+"""
+
+# A line that never ends.
+ENDLESS = """
+import sys
+w = sys.stdout.buffer.write
+chunk = b"x" * 65536
+while True:
+    w(chunk)
+"""
+
+# A valid server that floods valid notifications from its initialize on, as fast as it
+# can; its one tool, count, says how many it has written.
+CHATTY = """
+import json, sys, threading
+lock = threading.Lock()
+sent = [0]
+out = sys.stdout.buffer
+def send(message):
+    with lock:
+        out.write(json.dumps(message).encode() + b"\\n")
+        out.flush()
+def flood():
+    note = {"jsonrpc": "2.0", "method": "notifications/message", "params": {"level": "info", "data": "x" * 100}}
+    batch = (json.dumps(note).encode() + b"\\n") * 100
+    while True:
+        with lock:
+            out.write(batch)
+            out.flush()
+            sent[0] += 100
+for line in sys.stdin:
+    message = json.loads(line)
+    if "id" not in message:
+        continue
+    reply = {"jsonrpc": "2.0", "id": message["id"]}
+    method = message["method"]
+    if method == "initialize":
+        reply["result"] = {"protocolVersion": message["params"]["protocolVersion"], "capabilities": {"tools": {}},
+                           "serverInfo": {"name": "chatty", "version": "1"}}
+        threading.Thread(target=flood, daemon=True).start()
+    elif method == "tools/list":
+        reply["result"] = {"tools": [{"name": "count", "description": "Notifications sent.",
+                                      "inputSchema": {"type": "object"}}]}
+    elif method == "tools/call":
+        with lock:
+            reply["result"] = {"content": [{"type": "text", "text": str(sent[0])}]}
+    else:
+        reply["error"] = {"code": -32601, "message": "no"}
+    send(reply)
+"""
+# One line of CHATTY's flood.
+NOTIFICATION_BYTES = len(json.dumps({"jsonrpc": "2.0", "method": "notifications/message",
+                                     "params": {"level": "info", "data": "x" * 100}})) + 1
+
+# CHATTY's flood from its first byte, and never an answer.
+MUTE = CHATTY.replace("for line in sys.stdin:", "flood()\nfor line in sys.stdin:")

@@ -139,3 +139,59 @@ def test_rollout_errors_are_one_line(tmp_path) -> None:
     ok.write_text(json.dumps({"id": str(SID)}) + "\nnot json\n" + json.dumps(user("x")) + "\n"
                   + json.dumps({"record_type": "state"}) + "\n")
     assert read_rollout(ok).items == [user("x")]
+
+
+def _rollout_bytes(*items: dict) -> list[bytes]:
+    return [json.dumps({"id": str(SID)}).encode(), *(json.dumps(i, ensure_ascii=False).encode() for i in items)]
+
+
+def test_a_last_line_cut_inside_a_utf8_character_is_dropped(tmp_path) -> None:
+    path = tmp_path / "r.jsonl"
+    lines = _rollout_bytes(user("kept"))
+    cut = json.dumps(user("naïve €uro"), ensure_ascii=False).encode()
+    cut = cut[:cut.index("€".encode()) + 1]  # killed in the middle of the euro sign
+    path.write_bytes(b"\n".join(lines) + b"\n" + cut)
+    with pytest.raises(UnicodeDecodeError):
+        path.read_text(encoding="utf-8")  # what made the whole file unreadable
+    saved = read_rollout(path)
+    assert saved.items == [user("kept")] and saved.skipped == [] and saved.report(path) is None
+
+
+@pytest.mark.parametrize(("at", "corrupt"), [(10, b"\xff"), (10, b"\x00"), (0, b"}")],
+                         ids=["not-utf8", "nul", "not-json"])
+def test_a_corrupt_middle_line_is_skipped_and_reported_with_its_number(tmp_path, at, corrupt) -> None:
+    path = tmp_path / "r.jsonl"
+    lines = _rollout_bytes(user("one"), user("two"), user("three"))
+    lines[2] = lines[2][:at] + corrupt + lines[2][at + 1:]
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    saved = read_rollout(path)
+    assert saved.items == [user("one"), user("three")]
+    assert saved.skipped == [3]
+    assert saved.report(path) == (f"rollout {path}: line 3 not readable (corrupt), skipped; "
+                                  "the conversation goes on without them")
+
+
+def test_an_output_whose_call_was_lost_goes_too_and_the_report_says_so(tmp_path) -> None:
+    path = tmp_path / "r.jsonl"
+    call = {"type": "function_call", "name": "shell", "arguments": "{}", "call_id": "c1"}
+    output = {"type": "function_call_output", "call_id": "c1", "output": "hi"}
+    lines = _rollout_bytes(user("run it"), call, output, user("next"))
+    lines[2] = b"\xfe" + lines[2]
+    lines += [b"[1, 2]"] * 12  # JSON, but no line sluice writes
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    saved = read_rollout(path)
+    assert saved.items == [user("run it"), user("next")] and saved.orphan_outputs == 1
+    assert saved.skipped == [3, *range(6, 18)]
+    assert saved.report(path) == (f"rollout {path}: lines 3, 6, 7, 8, 9, 10, 11, 12, 13, 14 and 3 more not readable "
+                                  "(corrupt), skipped, with 1 tool output(s) whose call was on them; "
+                                  "the conversation goes on without them")
+
+
+def test_a_rollout_whose_first_line_is_corrupt_or_cut_is_refused(tmp_path) -> None:
+    path = tmp_path / "r.jsonl"
+    path.write_bytes(b'{"id":"\xff"}\n' + json.dumps(user("x")).encode() + b"\n")
+    with pytest.raises(RolloutError, match="does not start with a session line"):
+        read_rollout(path)
+    path.write_bytes(b'{"id":"67e55044-10b1-426f-92')
+    with pytest.raises(RolloutError, match="is empty"):
+        read_rollout(path)

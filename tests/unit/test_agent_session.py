@@ -789,12 +789,12 @@ def test_a_named_session_resuming_takes_the_rollouts_id_and_a_held_rollout_is_re
         await first.done(await first.say("hi"))
         path = first.session.rollout.path
         # While the first session holds its rollout, nobody else resumes it (two writers,
-        # one id): an error after session_configured, and a fresh session.
+        # one id): an error, and no session (never a fresh one in its place).
         other = Harness(server, FakeRunner(), tmp_path, session_id=named)
         sub_id = await other.submit(other.configure_op(resume_path=str(path)))
-        assert other.tags(sub_id) == ["session_configured", "error"]
+        assert other.tags(sub_id) == ["error"]
         assert "is in use by another session" in other.last(sub_id).msg.message
-        assert other.session.session_id == named
+        assert other.session.session_id == named and other.session.config is None
         await first.submit(Shutdown())
         # Let go of, it is resumed, and the session is the rollout's, as in Codex, even
         # when the daemon named it (the daemon learns the id from session_configured).
@@ -855,14 +855,54 @@ def test_every_user_input_is_a_user_message_event(server, tmp_path) -> None:
     run(main)
 
 
-def test_resume_from_a_bad_file_is_an_error_after_configured(server, tmp_path) -> None:
+def test_resume_from_a_bad_file_is_an_error_and_no_session(server, tmp_path) -> None:
     async def main():
         h = Harness(server, FakeRunner(), tmp_path)
         sub_id = await h.submit(h.configure_op(resume_path=str(tmp_path / "nope.jsonl")))
-        assert h.tags(sub_id) == ["session_configured", "error"]
+        assert h.tags(sub_id) == ["error"]
         assert h.last(sub_id).msg.message.startswith("could not resume the session: cannot read rollout")
+        assert h.session.config is None and not list((tmp_path / "home").rglob("rollout-*"))
 
     run(main)
+
+
+def test_resume_again_from_a_bad_file_changes_nothing(server, tmp_path) -> None:
+    server.script(response(assistant("one")), response(assistant("two")))
+
+    async def main():
+        h = Harness(server, FakeRunner(), tmp_path)
+        await h.configure()
+        await h.done(await h.say("first"))
+        before = (h.session.session_id, h.session.rollout.path, list(h.session.history))
+        sub_id = await h.submit(h.configure_op(resume_path=str(tmp_path / "nope.jsonl")))
+        assert h.tags(sub_id) == ["error"]
+        assert (h.session.session_id, h.session.rollout.path, h.session.history) == before
+        await h.done(await h.say("second"))
+
+    run(main)
+    assert [m["content"][0]["text"] for m in server.requests[1]["json"]["input"] if m["type"] == "message"] == [
+        "first", "one", "second"]
+
+
+def test_resume_with_a_corrupt_line_says_so_once_and_goes_on_without_it(server, tmp_path) -> None:
+    sid = "67e55044-10b1-426f-9247-bb680e5fe0c8"
+    path = tmp_path / "r.jsonl"
+    lines = [json.dumps({"id": sid}).encode(), json.dumps(user_item("kept")).encode(),
+             b'{"type":"message","role":"user","content":[{"type":"input_text","text":"lo\xffst"}]}',
+             json.dumps(user_item("also kept")).encode()]
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    server.script(response(assistant("Back.")))
+
+    async def main():
+        h = Harness(server, FakeRunner(), tmp_path)
+        sub_id = await h.submit(h.configure_op(resume_path=str(path)))
+        assert h.tags(sub_id) == ["session_configured", "background_event"]
+        assert h.last(sub_id).msg.message == (
+            f"rollout {path}: line 3 not readable (corrupt), skipped; the conversation goes on without them")
+        await h.done(await h.say("next"))
+
+    run(main)
+    assert server.requests[0]["json"]["input"][:3] == [user_item("kept"), user_item("also kept"), user_item("next")]
 
 
 def test_history_add_and_get(server, tmp_path) -> None:

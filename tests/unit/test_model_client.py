@@ -16,6 +16,9 @@ from typing import Any
 
 import msgspec
 import pytest
+from structlog.testing import capture_logs
+
+import agent.sse
 
 from agent.chat_completions import ChatStreamAssembler, chat_messages, chat_tools
 from agent.config import ResolvedProvider
@@ -33,7 +36,6 @@ from agent.model_client import (
     format_delay,
     retry_message,
 )
-from agent.sse import ServerSentEvent, SSEDecoder
 from broker.wire.protocol import ModelProviderInfo, TokenCountEvent, WireApi
 from tests.support.fake_model import FakeModelServer, chat_chunk, sse, sse_frame, status
 
@@ -143,6 +145,35 @@ def test_data_split_over_lines_and_crlf(server: FakeModelServer) -> None:
     server.script(sse([created[:17], created[17:50], created[50:]] + rest))
     events = collect(ModelClient(provider(server)))
     assert events[0] == Created() and isinstance(events[-1], Completed)
+
+
+def test_an_event_that_is_not_json_is_skipped_and_logged(server: FakeModelServer) -> None:
+    frames = responses_stream()
+    frames[2:2] = [b"event: response.output_text.delta\ndata: {not json\n\n", b"data: [1,\n\n"]
+    server.script(sse(frames))
+    with capture_logs() as logs:
+        events = collect(ModelClient(provider(server)))
+    assert isinstance(events[-1], Completed) and OutputTextDelta("here.") in events
+    skipped = [entry for entry in logs if entry["event"] == "model stream: skipped an event that is not JSON"]
+    assert [entry["sse_event"] for entry in skipped] == ["response.output_text.delta", "message"]
+
+
+def test_a_chat_chunk_that_is_not_json_is_skipped(server: FakeModelServer) -> None:
+    frames = [chat_chunk({"content": "4"}), b"data: {oops\n\n", chat_chunk({}, "stop"), b"data: [DONE]\n\n"]
+    server.script(sse(frames))
+    events = collect(ModelClient(provider(server, WireApi.CHAT)))
+    assert OutputTextDelta("4") in events and isinstance(events[-1], Completed)
+
+
+def test_an_event_over_the_size_limit_fails_the_request_once(server: FakeModelServer, monkeypatch) -> None:
+    monkeypatch.setattr(agent.sse, "MAX_EVENT_CHARS", 1024 * 1024)
+    frames = responses_stream()
+    frames[1:1] = [b"data: " + b"x" * (1024 * 1024 + 1) + b"\n\n"]
+    server.script(sse(frames), sse(responses_stream()))
+    with pytest.raises(ModelError) as caught:
+        collect(ModelClient(provider(server), backoff_base=FAST))
+    assert str(caught.value) == "the model server sent an event over 1 MiB"
+    assert len(server.requests) == 1  # the same server would send it again: not retried
 
 
 def test_response_failed_is_retried_with_its_delay(server: FakeModelServer) -> None:
@@ -476,21 +507,6 @@ def test_backoff_doubles_with_ten_percent_jitter() -> None:
     for attempt, nominal in ((1, 0.2), (2, 0.4), (3, 0.8), (4, 1.6)):
         for _ in range(50):
             assert nominal * 0.9 - 0.001 <= backoff_delay(attempt, rng=rng) <= nominal * 1.1
-
-
-def test_sse_decoder() -> None:
-    decoder = SSEDecoder()
-    stream = "\ufeff: comment\r\nevent: a\r\ndata: one\r\ndata:two\r\n\r\ndata: x\rid: 7\r\rdata\n\nevent: only\n\ndata: half"
-    events: list[ServerSentEvent] = []
-    for index in range(0, len(stream), 3):  # CRLF pairs and UTF-8 are split across feeds
-        events += decoder.feed(stream[index:index + 3].encode())
-    assert events == [
-        ServerSentEvent("one\ntwo", "a"),
-        ServerSentEvent("x", "message", "7"),
-        ServerSentEvent("", "message", "7"),
-    ]
-    # The half event at the end of the stream is never dispatched.
-    assert SSEDecoder().feed("data: é\n\n".encode()[:-3]) == []
 
 
 def test_provider_info_carries_no_key() -> None:

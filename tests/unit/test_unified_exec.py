@@ -199,6 +199,9 @@ class _FakeProcess(InteractiveProcess):
     def close_stdin(self) -> None:
         pass
 
+    def hold_output(self, held: bool) -> None:
+        pass
+
     def resize(self, rows: int, cols: int) -> None:
         pass
 
