@@ -81,6 +81,28 @@ def connect_client(args, *, name: str, autostart: bool = True):
     return client
 
 
+def hold_closed_stdio() -> None:
+    """Put /dev/null on whichever of our stdin, stdout and stderr was closed (``>&-``,
+    ``2>&-``). Otherwise the first socket or pipe we open takes its number, and what is
+    meant for stdout goes into it; this way, what we (or a command of ours) write to a
+    closed stream is lost, as it is for a shell program whose output cannot go anywhere,
+    and a closed stdin reads as empty, as /dev/null does."""
+    for fd in (0, 1, 2):
+        try:
+            os.get_inheritable(fd)
+            continue  # open
+        except OSError:
+            pass
+        null = os.open(os.devnull, os.O_RDWR)
+        if null != fd:  # the lower ones are open by now, so it is fd itself
+            os.dup2(null, fd)
+            os.close(null)
+        os.set_inheritable(fd, True)
+        if fd and getattr(sys, ("stdout", "stderr")[fd - 1]) is None:
+            # Python made no stream for a closed descriptor; print() and flush() want one.
+            setattr(sys, ("stdout", "stderr")[fd - 1], open(fd, "w", errors="backslashreplace", closefd=False))
+
+
 def leave(code: int) -> NoReturn:
     """End the process now with exit code ``code``: stdout and stderr flushed, the client's
     sockets closed with what they still hold sent (:func:`broker.client.close_sockets`, if

@@ -21,7 +21,16 @@ import os
 import signal
 import sys
 
-from broker.cli.base import USAGE_RUN, USAGE_SANDBOX, CliExit, add_connect_args, fail, leave, print_error
+from broker.cli.base import (
+    USAGE_RUN,
+    USAGE_SANDBOX,
+    CliExit,
+    add_connect_args,
+    fail,
+    hold_closed_stdio,
+    leave,
+    print_error,
+)
 from broker.wire.results import EXIT_INTERRUPTED, EXIT_SIGNAL_BASE, EXIT_SLUICE, EXIT_USAGE
 
 
@@ -217,6 +226,7 @@ def main(argv: list[str] | None = None) -> int:
     once (:func:`leave`), and ``sluice sandbox`` supervises its sandbox itself."""
     program = argv is None
     argv = sys.argv[1:] if argv is None else list(argv)
+    hold_closed_stdio()  # before any socket or pipe of ours can take a closed one's number
     # Each command's module is imported once it is chosen: ``sluice run`` does not pay for
     # the daemon's, the agent's or the sandbox's imports, nor they for the client's.
     try:
