@@ -468,6 +468,7 @@ class Client:
         fds = [fd for fd in fds if fd >= 0]
         for fd in fds:
             self._poller.register(fd, zmq.POLLIN)
+        drained = False
         try:
             while True:
                 if session.events:
@@ -481,10 +482,12 @@ class Client:
                     raise Interrupted(self._signals.popleft())
                 remaining = None
                 if deadline is not None:
-                    remaining = deadline - time.monotonic()
-                    if remaining <= 0:
+                    # Past the deadline (timeout=0 included) only once the socket has been
+                    # read to its end: what has arrived counts as available now.
+                    remaining = max(0.0, deadline - time.monotonic())
+                    if not remaining and drained:
                         return None
-                self._pump(remaining)
+                drained = self._pump(remaining) < DRAIN_BATCH
                 for fd in self._ready_fds:
                     if fd in fds:
                         return fd
@@ -504,15 +507,16 @@ class Client:
         with ``interruptible``, :class:`Interrupted` as soon as a signal arrives.
         """
         deadline = None if timeout is None else time.monotonic() + timeout
+        drained = False
         while not call.done:
             if interruptible and self._signals:
                 raise Interrupted(self._signals.popleft())
             remaining = None
             if deadline is not None:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
+                remaining = max(0.0, deadline - time.monotonic())
+                if not remaining and drained:  # as next_session_event: the socket read first
                     raise TimeoutError(f"call {call.call_id} still running after {timeout} s")
-            self._pump(remaining)
+            drained = self._pump(remaining) < DRAIN_BATCH
         if call.failure is not None:
             raise call.failure
         return call.result  # type: ignore[return-value]

@@ -11,8 +11,14 @@ from __future__ import annotations
 import os
 import shlex
 import subprocess
+import time
 
 import pytest
+
+from broker.wire.protocol import TextInput, UserInput
+from tests.support.fake_model import assistant, response
+from tests.support.harness import daemons, short_tempdir
+from tests.support.sessions import collect, configure_op
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -42,3 +48,37 @@ def test_closed_stdout_or_stderr_loses_that_output_and_nothing_else(shell_run, p
 
     # The daemon was not written to in their place: it still serves.
     assert shell_run("", *path, "--", "echo", "still here").stdout == b"still here\n"
+
+
+@pytest.fixture(scope="module")
+def agent_daemon():
+    """A daemon with its agent, in a home of its own."""
+    with daemons() as factory:
+        yield factory.start(executors=1, env={"SLUICE_HOME": short_tempdir("sl-small-home-")})
+
+
+def test_three_clients_polling_with_timeout_0_get_every_event(agent_daemon, server, tmp_path) -> None:
+    deltas = [f"w{i} " for i in range(900)]
+    server.script(response(assistant("".join(deltas)), deltas=deltas))
+    owner = agent_daemon.client()
+    session = owner.open_session(configure_op(server, str(tmp_path)))
+    pollers = [agent_daemon.client().attach(session.id, since=0) for _ in range(3)]
+    session.submit(UserInput([TextInput("talk a lot")]))
+    collect(session, "task_complete", timeout=60)
+    head = owner.list_sessions().sessions[0].seq
+    assert head > 900
+
+    # As a program with a loop of its own polls: take what is there, else go on with other work.
+    seen: list[list[int]] = [[] for _ in pollers]
+    deadline = time.monotonic() + 30
+    while any(not got or got[-1] < head for got in seen) and time.monotonic() < deadline:
+        idle = True
+        for poller, got in zip(pollers, seen):
+            event = poller.next_event(timeout=0)
+            if event is not None:
+                idle = False
+                got.append(event.seq)
+        if idle:
+            time.sleep(0.005)
+    for got in seen:
+        assert got == list(range(1, head + 1)), f"{len(got)} of {head} events"
