@@ -52,6 +52,7 @@ from broker.net import peer
 from broker.net.runtime import RuntimeDir
 from broker.wire import frames as wire
 from broker.wire.results import new_call_id
+from landlock_helper.limits import format_size
 
 # Messages handled per pump before the wait loops look at signals and deadlines again.
 DRAIN_BATCH = 512
@@ -613,6 +614,13 @@ class Client:
             raise self._broken
 
     def send_frames(self, parts, *, block: bool) -> bool:
+        """Send one message; raises :class:`UsageError` for one the daemon would not take
+        (it would cut the connection instead of answering)."""
+        size = sum(len(part) for part in parts)
+        if size > wire.MAX_MESSAGE_SIZE:
+            raise UsageError(f"this request is {size:,} bytes, more than the {format_size(wire.MAX_MESSAGE_SIZE)} the "
+                             "daemon takes in one message (a command's arguments and environment, or one submission, "
+                             "must fit in it); nothing was sent")
         try:
             if block:
                 # SNDTIMEO bounds it: a daemon that stopped reading becomes an error, not a hang.

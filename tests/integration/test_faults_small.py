@@ -15,7 +15,10 @@ import time
 
 import pytest
 
+from broker.client import UsageError
+from broker.wire import frames as wire
 from broker.wire.protocol import TextInput, UserInput
+from landlock_helper.limits import format_size
 from tests.support.fake_model import assistant, response
 from tests.support.harness import daemons, short_tempdir
 from tests.support.sessions import collect, configure_op
@@ -82,3 +85,21 @@ def test_three_clients_polling_with_timeout_0_get_every_event(agent_daemon, serv
             time.sleep(0.005)
     for got in seen:
         assert got == list(range(1, head + 1)), f"{len(got)} of {head} events"
+
+
+def test_a_request_over_the_size_limit_is_refused_naming_the_limit(agent_daemon, server, tmp_path) -> None:
+    client = agent_daemon.client()
+    limit = f"more than the {format_size(wire.MAX_MESSAGE_SIZE)} the daemon takes in one message"
+    big = "x" * (wire.MAX_MESSAGE_SIZE + 1024)
+    with pytest.raises(UsageError, match=limit):
+        client.run(["echo", big])
+    session = client.open_session(configure_op(server, str(tmp_path)))
+    with pytest.raises(UsageError, match=limit):
+        session.submit(UserInput([TextInput(big)]))
+
+    # Refused before it was sent (the daemon would have cut the connection): the client
+    # and the session serve on.
+    assert client.run(["echo", "fine"]).stdout == b"fine\n"
+    server.script(response(assistant("Still here.")))
+    session.submit(UserInput([TextInput("hello")]))
+    assert collect(session, "task_complete", timeout=30)[-1].msg.last_agent_message == "Still here."
