@@ -12,7 +12,8 @@ Exit codes of ``sluice run``: the command's own exit code; 124 when it timed out
 128+N when it was killed by signal N; 130 / 143 / 129 when sluice itself got SIGINT /
 SIGTERM / SIGHUP (the command is cancelled first and its tree is gone); 141 when our
 stdout was closed; 127 when the command was not found, 126 when it could not be
-executed; 125 when sluice or the daemon failed; 2 for bad usage.
+executed; 125 when sluice or the daemon failed; 75 when the daemon shut down before the
+command finished; 2 for bad usage.
 """
 
 from __future__ import annotations

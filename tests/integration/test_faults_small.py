@@ -18,9 +18,10 @@ import pytest
 from broker.client import UsageError
 from broker.wire import frames as wire
 from broker.wire.protocol import TextInput, UserInput
+from broker.wire.results import DAEMON_STOPPED, EXIT_DAEMON_STOPPED
 from landlock_helper.limits import format_size
 from tests.support.fake_model import assistant, response
-from tests.support.harness import daemons, short_tempdir
+from tests.support.harness import daemons, reap, short_tempdir, wait_for
 from tests.support.sessions import collect, configure_op
 
 pytestmark = pytest.mark.timeout(120)
@@ -103,3 +104,24 @@ def test_a_request_over_the_size_limit_is_refused_naming_the_limit(agent_daemon,
     server.script(response(assistant("Still here.")))
     session.submit(UserInput([TextInput("hello")]))
     assert collect(session, "task_complete", timeout=30)[-1].msg.last_agent_message == "Still here."
+
+
+def test_clients_of_a_stopped_daemon_are_told_so_with_an_exit_code_of_its_own(daemon_factory, sluice, tmp_path) -> None:
+    dmn = daemon_factory.start(executors=1)
+    paths = {"direct": [], "via-broker": ["--via-broker"]}
+    runs = {}
+    for name, args in paths.items():
+        script = f"echo started > {name}; exec sleep 60"
+        runs[name] = subprocess.Popen([*sluice, "run", "--cwd", str(tmp_path), *args, "--", "sh", "-c", script],
+                                      env=dmn.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        wait_for(lambda: all((tmp_path / name).exists() for name in paths), 30, "both commands to start")
+        stop = subprocess.run([*sluice, "daemon", "stop"], env=dmn.env, capture_output=True, timeout=60)
+        assert stop.returncode == 0, stop.stderr
+        for name, proc in runs.items():
+            _, err = proc.communicate(timeout=30)
+            assert proc.returncode == EXIT_DAEMON_STOPPED == 75, (name, err)
+            assert err.decode().splitlines() == [f"sluice: error: {DAEMON_STOPPED}"], name
+    finally:
+        for proc in runs.values():
+            reap(proc)
