@@ -125,3 +125,30 @@ def test_clients_of_a_stopped_daemon_are_told_so_with_an_exit_code_of_its_own(da
     finally:
         for proc in runs.values():
             reap(proc)
+
+
+def test_a_timeout_fires_while_our_reader_reads_nothing(module_daemon, sluice, tmp_path) -> None:
+    # `sluice run --via-broker --timeout-ms 2000 -- yes | sleep 6`: the reader never reads.
+    proc = subprocess.Popen([*sluice, "run", "--via-broker", "--cwd", str(tmp_path), "--timeout-ms", "2000", "--", "yes"],
+                            env=module_daemon.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert proc.wait(timeout=60) == 124, proc.stderr.read()
+    finally:
+        reap(proc)
+
+
+def test_output_a_slow_reader_has_not_taken_when_the_command_ends_still_reaches_it(module_daemon, sluice,
+                                                                                  tmp_path) -> None:
+    size = 20 * 1024 * 1024  # more than a window: the command waits for the reader too
+    script = f"head -c {size} /dev/zero; echo done > ended"
+    proc = subprocess.Popen([*sluice, "run", "--via-broker", "--cwd", str(tmp_path), "--", "sh", "-c", script],
+                            env=module_daemon.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        # Read a little at a time until the command has ended, then the rest.
+        got = 0
+        while not (tmp_path / "ended").exists():
+            got += len(proc.stdout.read1(4096))
+        got += len(proc.stdout.read())
+        assert (proc.wait(timeout=60), got) == (0, size), proc.stderr.read()
+    finally:
+        reap(proc)
