@@ -154,6 +154,22 @@ def _parser(argv: list[str] = ()):
                             help="how long a stopped (Ctrl-Z) frontend keeps its commands running (default: 3600)")
         daemon.add_argument("--executor-wait", metavar="SECONDS", type=seconds, default=None,
                             help="how long a command waits while no executor is connected before it fails (default: 30)")
+
+        def journal_size(text: str) -> int:
+            from landlock_helper.limits import LimitError, parse_size
+
+            try:
+                n = parse_size(text, "--journal-limit")
+            except LimitError as e:
+                raise argparse.ArgumentTypeError(str(e)) from None
+            if n < 1024 * 1024:
+                raise argparse.ArgumentTypeError(f"must be 1M or more, got {text!r}")
+            return n
+
+        daemon.add_argument("--journal-limit", metavar="SIZE", type=journal_size, default=None,
+                            help="what the session journals in the runtime dir hold together, at most (default: "
+                                 "1G, and no more than a quarter of the filesystem they are on); past it, the oldest "
+                                 "events of the biggest sessions go first")
         from broker.cli.keys import add_listen_args
 
         add_listen_args(daemon)

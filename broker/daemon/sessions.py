@@ -96,7 +96,7 @@ import msgspec
 import structlog
 import zmq
 
-from broker.daemon.journal import Block, Journal
+from broker.daemon.journal import Block, Journal, JournalSpace
 from broker.net.logging import Throttle
 from broker.wire import frames as wire
 from broker.wire.protocol import NO_SESSION, ApprovalResolvedEvent, ErrorEvent, Event, ReviewDecision, encode_msgpack
@@ -475,13 +475,15 @@ class Sessions:
     """The sessions of one daemon; the router calls the ``on_*`` methods.
 
     ``journal_dir``: where sessions keep their journals, a path or a directory descriptor
-    (None: memory log only).
+    (None: memory log only); ``journal_space``: the cap on all of them together.
     """
 
-    def __init__(self, router: Router, starter: AgentStarter | None = None, journal_dir: str | int | None = None) -> None:
+    def __init__(self, router: Router, starter: AgentStarter | None = None, journal_dir: str | int | None = None,
+                 journal_space: JournalSpace | None = None) -> None:
         self.router = router
         self.starter = starter
         self.journal_dir = journal_dir
+        self.journal_space = journal_space
         self.max_sessions = MAX_SESSIONS
         self.sessions: dict[str, Session] = {}
         # A session's earlier id (the daemon's uuid) -> its id now, for sessions that took
@@ -648,7 +650,9 @@ class Sessions:
 
     def _create(self) -> Session:
         session_id = str(uuid.uuid4())
-        journal = Journal(self.journal_dir, session_id) if self.journal_dir is not None else None
+        journal = None
+        if self.journal_dir is not None:
+            journal = Journal(self.journal_dir, session_id, space=self.journal_space)
         session = self.sessions[session_id] = Session(session_id, journal)
         return session
 

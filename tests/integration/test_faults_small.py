@@ -8,19 +8,21 @@ Real daemons, real sandboxes, real processes.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
 from broker.client import UsageError
 from broker.wire import frames as wire
-from broker.wire.protocol import TextInput, UserInput
+from broker.wire.protocol import TextInput, UnifiedExecSettings, UserInput
 from broker.wire.results import DAEMON_STOPPED, EXIT_DAEMON_STOPPED
 from landlock_helper.limits import format_size
-from tests.support.fake_model import assistant, response
+from tests.support.fake_model import assistant, call, response
 from tests.support.harness import daemons, reap, short_tempdir, wait_for
 from tests.support.sessions import collect, configure_op
 
@@ -152,3 +154,51 @@ def test_output_a_slow_reader_has_not_taken_when_the_command_ends_still_reaches_
         assert (proc.wait(timeout=60), got) == (0, size), proc.stderr.read()
     finally:
         reap(proc)
+
+
+def _on_disk(directory: Path) -> int:
+    total = 0
+    for entry in os.scandir(directory):
+        with contextlib.suppress(FileNotFoundError):  # a segment dropped meanwhile
+            total += entry.stat(follow_symlinks=False).st_size
+    return total
+
+
+def test_terminal_sessions_printing_with_nobody_attached_stay_within_the_journals_cap(daemon_factory, server,
+                                                                                     tmp_path) -> None:
+    limit = 8 * 1024 * 1024
+    dmn = daemon_factory.start(executors=1, args=["--journal-limit", "8M"],
+                               env={"SLUICE_HOME": short_tempdir("sl-small-home-")})
+    journal = Path(dmn.runtime.path, "journal")
+    client = dmn.client()
+    sessions = []
+    for i in range(2):
+        server.script(response(call("exec_command", {"cmd": "yes", "tty": True, "yield_time_ms": 300}, f"c{i}")),
+                      response(assistant("Left it running.")))
+        session = client.open_session(configure_op(server, str(tmp_path), unified_exec=UnifiedExecSettings(tools="codex")))
+        session.submit(UserInput([TextInput("start yes in a terminal")]))
+        collect(session, "task_complete", timeout=60)
+        session.detach()  # nobody attached: its output goes only to the log and the journal
+        sessions.append(session)
+
+    # Until each session has printed three times what the cap leaves it (and more than its
+    # memory log keeps, so its first events are gone), the journals never hold more than the cap.
+    sizes = []
+    segments = {s.id: 0 for s in sessions}
+    deadline = time.monotonic() + 90
+    while min(segments.values()) < 3:
+        assert time.monotonic() < deadline, f"the sessions stopped printing? {sorted(os.listdir(journal))}"
+        sizes.append(_on_disk(journal))
+        for name in os.listdir(journal):
+            session_id, n, _ = name.rsplit(".", 2)
+            segments[session_id] = max(segments[session_id], int(n))
+        time.sleep(0.02)
+    assert max(sizes) <= limit, max(sizes)
+
+    # A frontend replaying from the start is told what is gone, then gets the rest in order.
+    late = dmn.client().attach(sessions[0].id, since=0)
+    notice = late.next_event(10)
+    assert notice.seq is None and notice.msg.message.startswith("events 1..")
+    assert " of this session are no longer kept; continuing at " in notice.msg.message
+    resumed = int(notice.msg.message.rsplit(" ", 1)[1])
+    assert [late.next_event(10).seq for _ in range(3)] == [resumed, resumed + 1, resumed + 2]
