@@ -59,7 +59,7 @@ from broker.net.logging import Throttle
 from broker.net.peer import DEAD_AFTER_HEARTBEATS, HELLO_FIRST
 from broker.wire import frames as wire
 from broker.wire import version
-from broker.wire.results import DAEMON_STOPPED
+from broker.wire.results import DAEMON_SHUTTING_DOWN, DAEMON_STOPPED
 
 log = structlog.get_logger(component="router")
 
@@ -593,7 +593,7 @@ class Router:
     def _on_run(self, peer: Peer, head: wire.Header, frames: list) -> None:
         call_id = head.corr
         if self.closing:
-            return self._reply_error(peer, call_id, "the sluice daemon is shutting down")
+            return self._reply_error(peer, call_id, DAEMON_SHUTTING_DOWN)
         if not call_id:
             return self._reply_error(peer, call_id, "run needs a call id (header corr)")
         try:
@@ -607,7 +607,7 @@ class Router:
     def run_direct(self, peer: Peer, call_id: str, request: wire.RunRequest, fds: list[int]) -> None:
         """A direct run (:mod:`broker.daemon.direct`): ``fds`` are the command's stdio."""
         if self.closing:
-            return self._reply_error(peer, call_id, "the sluice daemon is shutting down")
+            return self._reply_error(peer, call_id, DAEMON_SHUTTING_DOWN)
         if request.tty is not None or not request.stdio_fds:
             return self._reply_error(peer, call_id, "a direct run has stdio_fds set and no terminal")
         self._accept_run(peer, call_id, request, wire.message(wire.RUN, call_id, request), fds)
@@ -1002,7 +1002,7 @@ class Router:
     def close(self) -> None:
         """Refuse new runs and submissions, end the queued runs, end the sessions."""
         self.closing = True
-        self.sessions.close("the sluice daemon is shutting down")
+        self.sessions.close(DAEMON_SHUTTING_DOWN)
         queued = list(self.queue.values())
         self.queue.clear()
         for call in queued:

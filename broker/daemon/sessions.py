@@ -100,6 +100,7 @@ from broker.daemon.journal import Block, Journal, JournalSpace
 from broker.net.logging import Throttle
 from broker.wire import frames as wire
 from broker.wire.protocol import NO_SESSION, ApprovalResolvedEvent, ErrorEvent, Event, ReviewDecision, encode_msgpack
+from broker.wire.results import DAEMON_SHUTTING_DOWN
 
 if TYPE_CHECKING:
     from broker.daemon.router import Peer, Router
@@ -512,7 +513,7 @@ class Sessions:
         except wire.WireError as e:
             return self._tell(peer, head, "", f"invalid submission: {e.reason}")
         if self.router.closing:
-            return self._tell(peer, head, submission.id, "the sluice daemon is shutting down")
+            return self._tell(peer, head, submission.id, DAEMON_SHUTTING_DOWN)
         op = submission.op
         created = False
         if head.session:

@@ -23,14 +23,16 @@ EXIT_INTERRUPTED = 128 + signal.SIGINT  # cancelled, interrupted, aborted
 # EX_TEMPFAIL, a temporary failure, the command may be run again.
 EXIT_DAEMON_STOPPED = 75
 
-# A command's ``error`` when the daemon's shutdown ended it (or it never ran for that).
+# A command's ``error`` when the daemon's shutdown ended it (or it never ran for that),
+# and what the daemon answers a run or a submission, and tells a session, while it stops.
 DAEMON_STOPPED = "the sluice daemon shut down before this command finished"
+DAEMON_SHUTTING_DOWN = "the sluice daemon is shutting down"
 
 
 def error_returncode(error: str) -> int:
-    """127 / 126 / 125 for a spawn error message, 75 for :data:`DAEMON_STOPPED` (see
+    """127 / 126 / 125 for a spawn error message, 75 for the daemon's shutdown (see
     :func:`shell_returncode`)."""
-    if error == DAEMON_STOPPED:
+    if error in (DAEMON_STOPPED, DAEMON_SHUTTING_DOWN):
         return EXIT_DAEMON_STOPPED
     low = error.lower()
     if "not found" in low:

@@ -20,9 +20,10 @@ import pytest
 from broker.client import UsageError
 from broker.wire import frames as wire
 from broker.wire.protocol import TextInput, UnifiedExecSettings, UserInput
-from broker.wire.results import DAEMON_STOPPED, EXIT_DAEMON_STOPPED
+from broker.wire.results import DAEMON_SHUTTING_DOWN, DAEMON_STOPPED, EXIT_DAEMON_STOPPED
 from landlock_helper.limits import format_size
 from tests.support.fake_model import assistant, call, response
+from tests.support.frontends import Frontends
 from tests.support.harness import daemons, reap, short_tempdir, wait_for
 from tests.support.sessions import collect, configure_op
 
@@ -108,24 +109,33 @@ def test_a_request_over_the_size_limit_is_refused_naming_the_limit(agent_daemon,
     assert collect(session, "task_complete", timeout=30)[-1].msg.last_agent_message == "Still here."
 
 
-def test_clients_of_a_stopped_daemon_are_told_so_with_an_exit_code_of_its_own(daemon_factory, sluice, tmp_path) -> None:
-    dmn = daemon_factory.start(executors=1)
-    paths = {"direct": [], "via-broker": ["--via-broker"]}
-    runs = {}
-    for name, args in paths.items():
+def test_clients_of_a_stopped_daemon_are_told_so_with_an_exit_code_of_its_own(daemon_factory, sluice, server,
+                                                                               tmp_path) -> None:
+    dmn = daemon_factory.start(executors=1, env={"SLUICE_HOME": short_tempdir("sl-small-home-")})
+    work = tmp_path / "work"
+    work.mkdir()
+    clients = {}
+    for name, args in {"direct": [], "via-broker": ["--via-broker"]}.items():
         script = f"echo started > {name}; exec sleep 60"
-        runs[name] = subprocess.Popen([*sluice, "run", "--cwd", str(tmp_path), *args, "--", "sh", "-c", script],
-                                      env=dmn.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        clients[name] = subprocess.Popen([*sluice, "run", "--cwd", str(work), *args, "--", "sh", "-c", script],
+                                         env=dmn.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    fe = Frontends(dmn.runtime, server, tmp_path / "fe-home")
+    server.script(response(call("shell", {"command": ["sh", "-c", "echo started > exec; exec sleep 60"]}, "c1")))
+    clients["exec"] = fe.popen("exec", "--sandbox", "workspace-write", "--cd", str(work), "-c",
+                               "approval_policy=never", "start it", stdin=subprocess.DEVNULL)
     try:
-        wait_for(lambda: all((tmp_path / name).exists() for name in paths), 30, "both commands to start")
+        wait_for(lambda: all((work / name).exists() for name in clients), 30, "the commands to start")
         stop = subprocess.run([*sluice, "daemon", "stop"], env=dmn.env, capture_output=True, timeout=60)
         assert stop.returncode == 0, stop.stderr
-        for name, proc in runs.items():
+        said = {}
+        for name, proc in clients.items():
             _, err = proc.communicate(timeout=30)
             assert proc.returncode == EXIT_DAEMON_STOPPED == 75, (name, err)
-            assert err.decode().splitlines() == [f"sluice: error: {DAEMON_STOPPED}"], name
+            said[name] = err.decode().splitlines()[-1]
+        assert said == {"direct": f"sluice: error: {DAEMON_STOPPED}", "via-broker": f"sluice: error: {DAEMON_STOPPED}",
+                        "exec": f"error: {DAEMON_SHUTTING_DOWN}"}
     finally:
-        for proc in runs.values():
+        for proc in clients.values():
             reap(proc)
 
 
