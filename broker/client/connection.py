@@ -374,6 +374,8 @@ class Client:
     def release_output(self, call: Call) -> None:
         """Acknowledge the output :meth:`hold_output` held back, and every chunk as its
         callback returns again."""
+        if not call._output_held:
+            return
         call._output_held = False
         if not call.done and (call._unacked_bytes or call._unacked_chunks):
             # Blocking: with the window full, nothing else would bring the ack that resumes it.

@@ -36,7 +36,10 @@ BOTH_STREAMS = ["sh", "-c", "echo out; echo err >&2; exit 3"]
 @pytest.fixture
 def shell_run(module_daemon, sluice, tmp_path):
     """shell_run(redirect, *args): ``sluice run --cwd TMP ARGS REDIRECT`` as a shell runs it
-    (``>&-`` closes our stdout), against the module's daemon."""
+    (``>&-`` closes our stdout), against the module's daemon, once an executor has joined
+    it (else the first command is told it waits for one)."""
+    client = module_daemon.client()
+    wait_for(lambda: client.daemon_info().executors, 30, "an executor to join")
 
     def run(redirect: str, *args: str) -> subprocess.CompletedProcess:
         line = shlex.join([*sluice, "run", "--cwd", str(tmp_path), *args]) + " " + redirect
