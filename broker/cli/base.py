@@ -7,8 +7,10 @@ Imports stay light here (no zmq until a command connects): ``sluice sandbox`` an
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import select
+import stat
 import signal
 import sys
 from typing import NoReturn
@@ -183,6 +185,20 @@ def write_all(fd: int, data) -> None:
         if n == len(data):
             return
         data = memoryview(data)[n:]
+
+
+# A pipe of ours is widened to this (the most an unprivileged process may, by default).
+PIPE_SIZE = 1024 * 1024
+
+
+def widen_pipe(fd: int) -> None:
+    """Widen ``fd`` to :data:`PIPE_SIZE` if it is a pipe, so that it moves big chunks in one
+    read or write rather than in 64 KiB pieces (best effort)."""
+    try:
+        if stat.S_ISFIFO(os.fstat(fd).st_mode):
+            fcntl.fcntl(fd, getattr(fcntl, "F_SETPIPE_SZ", 1031), PIPE_SIZE)
+    except OSError:
+        pass  # above the system's limit, or not ours to change: the default size works too
 
 
 def read_stdin(fd: int, size: int) -> bytes:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import stat
 
-from broker.cli.base import write_all
+from broker.cli.base import widen_pipe, write_all
 
 
 class Outlet:
@@ -70,9 +70,11 @@ def _reopen_nonblocking(fd: int) -> int:
     try:
         if not stat.S_ISFIFO(os.fstat(fd).st_mode):
             return -1
-        return os.open(f"/proc/self/fd/{fd}", os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        own = os.open(f"/proc/self/fd/{fd}", os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:  # no /proc, not ours to open again, its reader gone: write as before
         return -1
+    widen_pipe(own)  # a reader keeping up then takes a chunk in one write
+    return own
 
 
 def _write_some(fd: int, data) -> int:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import os
 import signal
 import stat
@@ -24,6 +23,7 @@ from broker.cli.base import (
     print_error,
     read_stdin,
     remote_from_args,
+    widen_pipe,
 )
 from broker.cli.outlet import Outlet
 from broker.cli.run_direct import FALLBACK, DirectRun
@@ -218,7 +218,9 @@ def _feed_stdin(client, call, fd: int, out: _Output) -> None:
     """Forward ``fd`` to ``call``'s stdin until its end (then end of file) or the call's:
     at most what the executor's acks leave room for, so a 1 GiB stdin is read as the
     command reads it, not into anyone's memory. Its output goes on meanwhile (``out``)."""
-    _widen_pipe(fd)
+    # A writer ahead of us then leaves reads of up to STDIN_READ, not 64 KiB, so a big stdin
+    # goes in a quarter of the messages, each of which costs the daemon and the executor.
+    widen_pipe(fd)
     while not call.done:
         room = client.stdin_room(call)
         ready = client.wait_io((fd,) if room else (), None, writable=out.waiting())  # room: the start, or acks
@@ -233,20 +235,6 @@ def _feed_stdin(client, call, fd: int, out: _Output) -> None:
             client.close_stdin(call)
             return
         client.write_stdin(call, data)
-
-
-# A pipe on our stdin is widened to this (the default most systems allow unprivileged):
-# a writer ahead of us then leaves reads of up to STDIN_READ, not 64 KiB, so a big stdin
-# goes in a quarter of the messages, each of which costs the daemon and the executor.
-STDIN_PIPE_SIZE = 1024 * 1024
-
-
-def _widen_pipe(fd: int) -> None:
-    try:
-        if stat.S_ISFIFO(os.fstat(fd).st_mode):
-            fcntl.fcntl(fd, getattr(fcntl, "F_SETPIPE_SZ", 1031), STDIN_PIPE_SIZE)
-    except OSError:
-        pass  # above the system's limit, or not ours to change: the default size works too
 
 
 def _feed_terminal(client, call, term: RawTerminal, out: _Output) -> None:

@@ -825,7 +825,8 @@ class Client:
 
     def _ack(self, call: Call, *, block: bool = False) -> None:
         # Acks are increments: bytes and chunks consumed since the previous ack.
-        if self.send_frames([wire.header(wire.ACK, call.call_id, n=call._unacked_bytes, seq=call._unacked_chunks)], block=block):
+        hdr = wire.header(wire.ACK, call.call_id, n=call._unacked_bytes, seq=call._unacked_chunks)
+        if self.send_frames([hdr], block=block):
             call._unacked_bytes = 0
             call._unacked_chunks = 0
 

@@ -144,8 +144,8 @@ def test_clients_of_a_stopped_daemon_are_told_so_with_an_exit_code_of_its_own(da
 
 def test_a_timeout_fires_while_our_reader_reads_nothing(module_daemon, sluice, tmp_path) -> None:
     # `sluice run --via-broker --timeout-ms 2000 -- yes | sleep 6`: the reader never reads.
-    proc = subprocess.Popen([*sluice, "run", "--via-broker", "--cwd", str(tmp_path), "--timeout-ms", "2000", "--", "yes"],
-                            env=module_daemon.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    argv = [*sluice, "run", "--via-broker", "--cwd", str(tmp_path), "--timeout-ms", "2000", "--", "yes"]
+    proc = subprocess.Popen(argv, env=module_daemon.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         assert proc.wait(timeout=60) == 124, proc.stderr.read()
     finally:
@@ -188,7 +188,8 @@ def test_terminal_sessions_printing_with_nobody_attached_stay_within_the_journal
     for i in range(2):
         server.script(response(call("exec_command", {"cmd": "yes", "tty": True, "yield_time_ms": 300}, f"c{i}")),
                       response(assistant("Left it running.")))
-        session = client.open_session(configure_op(server, str(tmp_path), unified_exec=UnifiedExecSettings(tools="codex")))
+        op = configure_op(server, str(tmp_path), unified_exec=UnifiedExecSettings(tools="codex"))
+        session = client.open_session(op)
         session.submit(UserInput([TextInput("start yes in a terminal")]))
         collect(session, "task_complete", timeout=60)
         session.detach()  # nobody attached: its output goes only to the log and the journal
