@@ -303,7 +303,9 @@ class _Output:
     call_id = None
 
     def __init__(self) -> None:
-        self.outlets = {1: Outlet(1), 2: Outlet(2)}
+        stdout = Outlet(1)
+        # One pipe for both (2>&1): one outlet, so what waits keeps the order it came in.
+        self.outlets = {1: stdout, 2: stdout if _same_file(1, 2) else Outlet(2)}
         self.stdout_closed = False
         self.lossy = False
         self._client = None
@@ -394,6 +396,14 @@ class _Output:
 
     def end(self, result) -> None:
         pass
+
+
+def _same_file(a: int, b: int) -> bool:
+    try:
+        sa, sb = os.fstat(a), os.fstat(b)
+    except OSError:
+        return False
+    return (sa.st_dev, sa.st_ino) == (sb.st_dev, sb.st_ino)
 
 
 class _RawOutput(_Output):
