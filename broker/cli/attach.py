@@ -48,7 +48,7 @@ import msgspec
 from broker.cli.base import CliExit, connect_client, print_error, write_all
 from broker.cli.render import HumanRenderer, JsonRenderer, describe_approval, parse_approval_answer, wants_full_view
 from broker.cli.turns import APPROVAL_REQUESTS, TURN_EVENTS, approval_answer, isatty, tag_of, turn_end
-from broker.client import DaemonError, Interrupted, SessionError, daemon_status
+from broker.client import DaemonError, Interrupted, SessionError, UsageError, daemon_status
 from broker.wire import frames as wire
 from broker.wire.protocol import (
     ErrorEvent,
@@ -590,7 +590,10 @@ class Attachment:
         except ValueError as e:
             self._bad_line(number, str(e))
             return
-        self._submit(sub.op, sub.id)
+        try:
+            self._submit(sub.op, sub.id)
+        except UsageError as e:  # more than the daemon takes in one message
+            self._bad_line(number, str(e))
 
     def _bad_line(self, number: int, message: str) -> None:
         text = f"line {number}: {message}"

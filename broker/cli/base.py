@@ -7,8 +7,10 @@ Imports stay light here (no zmq until a command connects): ``sluice sandbox`` an
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import select
+import stat
 import signal
 import sys
 from typing import NoReturn
@@ -79,6 +81,28 @@ def connect_client(args, *, name: str, autostart: bool = True):
         raise CliExit(fail(str(e), EXIT_SLUICE)) from None
     announce(client)
     return client
+
+
+def hold_closed_stdio() -> None:
+    """Put /dev/null on whichever of our stdin, stdout and stderr was closed (``>&-``,
+    ``2>&-``). Otherwise the first socket or pipe we open takes its number, and what is
+    meant for stdout goes into it; this way, what we (or a command of ours) write to a
+    closed stream is lost, as it is for a shell program whose output cannot go anywhere,
+    and a closed stdin reads as empty, as /dev/null does."""
+    for fd in (0, 1, 2):
+        try:
+            os.get_inheritable(fd)
+            continue  # open
+        except OSError:
+            pass
+        null = os.open(os.devnull, os.O_RDWR)
+        if null != fd:  # the lower ones are open by now, so it is fd itself
+            os.dup2(null, fd)
+            os.close(null)
+        os.set_inheritable(fd, True)
+        if fd and getattr(sys, ("stdout", "stderr")[fd - 1]) is None:
+            # Python made no stream for a closed descriptor; print() and flush() want one.
+            setattr(sys, ("stdout", "stderr")[fd - 1], open(fd, "w", errors="backslashreplace", closefd=False))
 
 
 def leave(code: int) -> NoReturn:
@@ -161,6 +185,20 @@ def write_all(fd: int, data) -> None:
         if n == len(data):
             return
         data = memoryview(data)[n:]
+
+
+# A pipe of ours is widened to this (the most an unprivileged process may, by default).
+PIPE_SIZE = 1024 * 1024
+
+
+def widen_pipe(fd: int) -> None:
+    """Widen ``fd`` to :data:`PIPE_SIZE` if it is a pipe, so that it moves big chunks in one
+    read or write rather than in 64 KiB pieces (best effort)."""
+    try:
+        if stat.S_ISFIFO(os.fstat(fd).st_mode):
+            fcntl.fcntl(fd, getattr(fcntl, "F_SETPIPE_SZ", 1031), PIPE_SIZE)
+    except OSError:
+        pass  # above the system's limit, or not ours to change: the default size works too
 
 
 def read_stdin(fd: int, size: int) -> bytes:

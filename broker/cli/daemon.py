@@ -41,7 +41,8 @@ def daemon_main(args) -> int:
     if args.action is None:
         try:
             return serve(runtime, executors=capped_executors(args.executors), log_json=True if args.log_json else None,
-                         listen=listen, suspend_limit_s=args.suspend_limit, executor_wait_s=args.executor_wait)
+                         listen=listen, suspend_limit_s=args.suspend_limit, executor_wait_s=args.executor_wait,
+                         journal_limit=args.journal_limit)
         except DaemonAlreadyRunning as e:
             return fail(str(e) or f"a daemon is already running in {runtime.path}", 1)
         except (RuntimeDirError, ListenError) as e:
@@ -79,6 +80,8 @@ def daemon_main(args) -> int:
         extra += ["--suspend-limit", f"{args.suspend_limit:g}"]
     if args.executor_wait is not None:
         extra += ["--executor-wait", f"{args.executor_wait:g}"]
+    if args.journal_limit is not None:
+        extra += ["--journal-limit", str(args.journal_limit)]
     extra += listen_argv(args)
     try:
         pid = C.start_daemon(runtime, args=extra)

@@ -12,7 +12,8 @@ Exit codes of ``sluice run``: the command's own exit code; 124 when it timed out
 128+N when it was killed by signal N; 130 / 143 / 129 when sluice itself got SIGINT /
 SIGTERM / SIGHUP (the command is cancelled first and its tree is gone); 141 when our
 stdout was closed; 127 when the command was not found, 126 when it could not be
-executed; 125 when sluice or the daemon failed; 2 for bad usage.
+executed; 125 when sluice or the daemon failed; 75 when the daemon shut down before the
+command finished; 2 for bad usage.
 """
 
 from __future__ import annotations
@@ -21,7 +22,16 @@ import os
 import signal
 import sys
 
-from broker.cli.base import USAGE_RUN, USAGE_SANDBOX, CliExit, add_connect_args, fail, leave, print_error
+from broker.cli.base import (
+    USAGE_RUN,
+    USAGE_SANDBOX,
+    CliExit,
+    add_connect_args,
+    fail,
+    hold_closed_stdio,
+    leave,
+    print_error,
+)
 from broker.wire.results import EXIT_INTERRUPTED, EXIT_SIGNAL_BASE, EXIT_SLUICE, EXIT_USAGE
 
 
@@ -144,6 +154,22 @@ def _parser(argv: list[str] = ()):
                             help="how long a stopped (Ctrl-Z) frontend keeps its commands running (default: 3600)")
         daemon.add_argument("--executor-wait", metavar="SECONDS", type=seconds, default=None,
                             help="how long a command waits while no executor is connected before it fails (default: 30)")
+
+        def journal_size(text: str) -> int:
+            from landlock_helper.limits import LimitError, parse_size
+
+            try:
+                n = parse_size(text, "--journal-limit")
+            except LimitError as e:
+                raise argparse.ArgumentTypeError(str(e)) from None
+            if n < 1024 * 1024:
+                raise argparse.ArgumentTypeError(f"must be 1M or more, got {text!r}")
+            return n
+
+        daemon.add_argument("--journal-limit", metavar="SIZE", type=journal_size, default=None,
+                            help="what the session journals in the runtime dir hold together, at most (default: "
+                                 "1G, and no more than a quarter of the filesystem they are on); past it, the oldest "
+                                 "events of the biggest sessions go first")
         from broker.cli.keys import add_listen_args
 
         add_listen_args(daemon)
@@ -217,6 +243,7 @@ def main(argv: list[str] | None = None) -> int:
     once (:func:`leave`), and ``sluice sandbox`` supervises its sandbox itself."""
     program = argv is None
     argv = sys.argv[1:] if argv is None else list(argv)
+    hold_closed_stdio()  # before any socket or pipe of ours can take a closed one's number
     # Each command's module is imported once it is chosen: ``sluice run`` does not pay for
     # the daemon's, the agent's or the sandbox's imports, nor they for the client's.
     try:

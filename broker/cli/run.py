@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import os
 import signal
 import stat
@@ -24,8 +23,9 @@ from broker.cli.base import (
     print_error,
     read_stdin,
     remote_from_args,
-    write_all,
+    widen_pipe,
 )
+from broker.cli.outlet import Outlet
 from broker.cli.run_direct import FALLBACK, DirectRun
 from broker.cli.terminal import NOT_A_TERMINAL, RawTerminal, is_terminal, window_size
 from broker.net.runtime import sluice_home
@@ -129,23 +129,27 @@ def _through_broker(fields: dict, command: list[str], args) -> int:
                     call.on_notice = lambda call, note: term.say(note)
                 try:
                     if term is not None:
-                        _feed_terminal(client, call, term)
+                        _feed_terminal(client, call, term, out)
                     elif request.stdin:
-                        _feed_stdin(client, call, 0)
-                    result = client.wait(call)
+                        _feed_stdin(client, call, 0, out)
+                    result = out.wait(client, call)
                 except C.Interrupted as e:
                     signum = e.signum
                     client.cancel(call)
-                    # Further signals are noted but do not cut the wait short: the tree must die first.
+                    # Further signals are noted but do not cut the wait short: the tree must die
+                    # first. What our reader has not taken of its output is dropped.
+                    out.drop(lossy=True)
                     result = client.wait(call, CANCEL_WAIT_S, interruptible=False)
         except TimeoutError:
             print_error(f"the command did not end within {CANCEL_WAIT_S:g} s of being cancelled; exiting anyway")
             return EXIT_SIGNAL_BASE + signum if signum else EXIT_SLUICE
         except C.DaemonError as e:
             out.error(str(e))
+            out.finish()
             return fail(str(e), EXIT_SLUICE)
 
     out.end(result)
+    out.finish()
     return _ending(result, command, args, signum, out.stdout_closed)
 
 
@@ -210,17 +214,18 @@ def _forwarded_stdin(interactive: bool = False) -> int | None:
     return 0
 
 
-def _feed_stdin(client, call, fd: int) -> None:
+def _feed_stdin(client, call, fd: int, out: _Output) -> None:
     """Forward ``fd`` to ``call``'s stdin until its end (then end of file) or the call's:
     at most what the executor's acks leave room for, so a 1 GiB stdin is read as the
-    command reads it, not into anyone's memory."""
-    _widen_pipe(fd)
+    command reads it, not into anyone's memory. Its output goes on meanwhile (``out``)."""
+    # A writer ahead of us then leaves reads of up to STDIN_READ, not 64 KiB, so a big stdin
+    # goes in a quarter of the messages, each of which costs the daemon and the executor.
+    widen_pipe(fd)
     while not call.done:
         room = client.stdin_room(call)
-        if not room:
-            client.wait_io((), None)  # the start, or acks
-            continue
-        if fd not in client.wait_io((fd,), None):
+        ready = client.wait_io((fd,) if room else (), None, writable=out.waiting())  # room: the start, or acks
+        out.flush()
+        if fd not in ready:
             continue
         try:
             data = read_stdin(fd, min(room, STDIN_READ))
@@ -232,24 +237,11 @@ def _feed_stdin(client, call, fd: int) -> None:
         client.write_stdin(call, data)
 
 
-# A pipe on our stdin is widened to this (the default most systems allow unprivileged):
-# a writer ahead of us then leaves reads of up to STDIN_READ, not 64 KiB, so a big stdin
-# goes in a quarter of the messages, each of which costs the daemon and the executor.
-STDIN_PIPE_SIZE = 1024 * 1024
-
-
-def _widen_pipe(fd: int) -> None:
-    try:
-        if stat.S_ISFIFO(os.fstat(fd).st_mode):
-            fcntl.fcntl(fd, getattr(fcntl, "F_SETPIPE_SZ", 1031), STDIN_PIPE_SIZE)
-    except OSError:
-        pass  # above the system's limit, or not ours to change: the default size works too
-
-
-def _feed_terminal(client, call, term: RawTerminal) -> None:
+def _feed_terminal(client, call, term: RawTerminal, out: _Output) -> None:
     """``-t``: keys typed on our (raw) terminal to the command's pty, as bytes, and our
     window's changes to it, until the call ends. Keys wait in our terminal while the
-    executor has a window's worth unread (flow control, as for a pipe)."""
+    executor has a window's worth unread (flow control, as for a pipe). Its output goes
+    on meanwhile (``out``)."""
     fd = term.fd
     reading = True
     while not call.done:
@@ -257,7 +249,9 @@ def _feed_terminal(client, call, term: RawTerminal) -> None:
             client.resize(call, *term.size())
         room = client.stdin_room(call) if reading else 0
         # SIGWINCH wakes this wait too (Python's wakeup fd is in the client's poller).
-        if fd not in client.wait_io((fd,) if room else (), None):
+        ready = client.wait_io((fd,) if room else (), None, writable=out.waiting())
+        out.flush()
+        if fd not in ready:
             continue
         try:
             data = os.read(fd, min(room, STDIN_READ))
@@ -300,37 +294,102 @@ def config_limits():
         raise RunArgsError(str(e)) from None
 
 
-class _RawOutput:
-    """Bytes of the command's stdout/stderr to ours, as they come."""
+class _Output:
+    """The command's output on our stdout and stderr (:class:`~broker.cli.outlet.Outlet`):
+    what a full pipe does not take yet waits here, the call's output held back meanwhile,
+    so waiting for the call goes on (its exit, its timeout, our signals) whatever our
+    reader does."""
 
     call_id = None
 
     def __init__(self) -> None:
+        stdout = Outlet(1)
+        # One pipe for both (2>&1): one outlet, so what waits keeps the order it came in.
+        self.outlets = {1: stdout, 2: stdout if _same_file(1, 2) else Outlet(2)}
         self.stdout_closed = False
+        self.lossy = False
         self._client = None
+        self._call = None
 
     def begin(self, client, call) -> None:
         self._client = client
+        self._call = call
 
-    def on_output(self, call, stream, chunk) -> None:
-        if stream == 2:
-            try:
-                write_all(2, chunk)
-            except OSError:
-                pass
-            return
-        if self.stdout_closed:
+    def waiting(self) -> tuple[int, ...]:
+        """The descriptors to wait on until they take more (for :meth:`Client.wait_io`)."""
+        return tuple(fd for fd in (o.waiting for o in self.outlets.values()) if fd >= 0)
+
+    def put(self, fd: int, data) -> None:
+        outlet = self.outlets[fd]
+        if outlet.closed:
             return
         try:
-            write_all(1, chunk)
+            outlet.write(data)
         except OSError as e:
-            # A closed pipe, or a terminal hung up (EIO): like a command writing into a
-            # closed pipe, stop it. Anything else (a full disk) is said, not swallowed.
-            if not isinstance(e, BrokenPipeError) and e.errno != errno.EIO:
-                raise
-            self.stdout_closed = True
-            if self._client is not None:
-                self._client.cancel(call)
+            self._failed(outlet, e)
+        if outlet.pending and self.lossy:
+            outlet.pending.clear()
+        elif outlet.pending and self._call is not None:
+            self._client.hold_output(self._call)
+
+    def flush(self) -> None:
+        """Write what our descriptors take now of what waits for them."""
+        for outlet in self.outlets.values():
+            try:
+                outlet.flush()
+            except OSError as e:
+                self._failed(outlet, e)
+        if not self.waiting() and self._call is not None:
+            self._client.release_output(self._call)
+
+    def wait(self, client, call):
+        """Pump until ``call`` ends, writing its output as our descriptors take it; then
+        the rest, unless it timed out: its deadline is ours too, and what our reader has
+        not taken by then is dropped. Raises like :meth:`Client.wait`."""
+        while not call.done:
+            client.wait_io((), None, writable=self.waiting())
+            self.flush()
+        result = client.wait(call)
+        if result.timed_out:
+            self.drop()
+        while self.waiting():
+            client.wait_io((), None, writable=self.waiting())
+            self.flush()
+        return result
+
+    def drop(self, *, lossy: bool = False) -> None:
+        """Drop what waits for our descriptors; the call's output flows again. ``lossy``:
+        from now on, what they do not take at once is dropped too (we were interrupted:
+        nothing may keep us waiting for our reader)."""
+        self.lossy = self.lossy or lossy
+        for outlet in self.outlets.values():
+            outlet.pending.clear()
+        if self._call is not None:
+            self._client.release_output(self._call)
+
+    def finish(self) -> None:
+        """Write what still waits (whatever the client's state), then stop writing."""
+        for outlet in self.outlets.values():
+            try:
+                outlet.finish()
+            except OSError as e:
+                self._failed(outlet, e)
+            outlet.close()
+
+    def _failed(self, outlet: Outlet, e: OSError) -> None:
+        outlet.close()
+        if outlet.fd != 1:
+            return  # our stderr is gone: nothing to tell anyone
+        # A closed pipe, or a terminal hung up (EIO): like a command writing into a closed
+        # pipe, stop it. Anything else (a full disk) is said, not swallowed.
+        if not isinstance(e, BrokenPipeError) and e.errno != errno.EIO:
+            raise e
+        self.stdout_closed = True
+        call = self._call
+        if call is not None and not call.done:
+            self._client.cancel(call)
+            if not self.waiting():
+                self._client.release_output(call)
 
     def error(self, message: str) -> None:
         pass
@@ -339,28 +398,39 @@ class _RawOutput:
         pass
 
 
-class _JsonOutput:
+def _same_file(a: int, b: int) -> bool:
+    try:
+        sa, sb = os.fstat(a), os.fstat(b)
+    except OSError:
+        return False
+    return (sa.st_dev, sa.st_ino) == (sb.st_dev, sb.st_ino)
+
+
+class _RawOutput(_Output):
+    """Bytes of the command's stdout/stderr to ours, as they come."""
+
+    def on_output(self, call, stream, chunk) -> None:
+        self.put(2 if stream == 2 else 1, chunk)
+
+
+class _JsonOutput(_Output):
     """Codex-shaped events, one JSON object per line on stdout."""
 
     def __init__(self, request) -> None:
+        super().__init__()
         # Here, not at the top: the Codex types cost a plain `sluice run` a tenth of its start-up.
         from broker.wire import protocol
 
         self.P = protocol
         self.request = request
         self.call_id = new_call_id()
-        self.stdout_closed = False
         self._names = {1: "stdout", 2: "stderr"}
 
     def _emit(self, msg) -> None:
-        if self.stdout_closed:
-            return
-        try:
-            write_all(1, self.P.encode_json(self.P.Event(id=self.call_id, msg=msg)) + b"\n")
-        except BrokenPipeError:
-            self.stdout_closed = True
+        self.put(1, self.P.encode_json(self.P.Event(id=self.call_id, msg=msg)) + b"\n")
 
     def begin(self, client, call) -> None:
+        super().begin(client, call)
         self._emit(self.P.ExecCommandBeginEvent(call_id=self.call_id, command=list(self.request.argv), cwd=self.request.cwd))
 
     def on_output(self, call, stream, chunk) -> None:

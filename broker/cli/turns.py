@@ -14,7 +14,7 @@ from broker.wire.protocol import (
     ReviewDecision,
     is_rollout_error,
 )
-from broker.wire.results import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK
+from broker.wire.results import DAEMON_SHUTTING_DOWN, EXIT_DAEMON_STOPPED, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK
 
 APPROVAL_REQUESTS = ("exec_approval_request", "apply_patch_approval_request")
 # Events only a running task emits: they name the turn when its task_started was not seen.
@@ -32,14 +32,17 @@ def tag_of(event: Event) -> str:
 
 
 def turn_end(event: Event) -> int | None:
-    """How ``event`` ends its turn, as an exit status: 0 completed, 130 aborted, 1 failed
-    (an error other than the interruption notice, or the rollout's failure, after which the
-    session goes on: :func:`rollout_failed`); None if it does not end one."""
+    """How ``event`` ends its turn, as an exit status: 0 completed, 130 aborted, 75 the
+    daemon shut down, 1 failed (an error other than the interruption notice, or the
+    rollout's failure, after which the session goes on: :func:`rollout_failed`); None if it
+    does not end one."""
     tag = tag_of(event)
     if tag == "task_complete":
         return EXIT_OK
     if tag == "turn_aborted":
         return EXIT_INTERRUPTED
+    if tag == "error" and event.msg.message == DAEMON_SHUTTING_DOWN:
+        return EXIT_DAEMON_STOPPED
     if tag == "error" and event.msg.message != TURN_INTERRUPTED and not is_rollout_error(event.msg.message):
         return EXIT_FAILED
     return None

@@ -13,7 +13,11 @@ when you call :meth:`Client.poll`; output callbacks run from inside those calls:
 ``on_output(call, stream, chunk)`` gets ``stream`` 1 (stdout) or 2 (stderr) and the chunk
 as a memoryview straight out of the ZeroMQ frame (no copy): use it during the callback
 or copy it with ``bytes(chunk)``. Output is acknowledged to the executor as the callbacks
-return, so a slow callback slows only its own command, never the daemon.
+return, so a slow callback slows only its own command, never the daemon. A callback
+whose destination is full need not block the client: it keeps a copy and calls
+:meth:`Client.hold_output`, and the command is held back (after a window) until
+:meth:`Client.release_output`, while the client goes on pumping (the call's exit,
+signals, other calls); :meth:`Client.wait_io` waits for the destination to take more.
 
 Interrupts: inside ``with client.catch_signals():`` SIGINT/SIGTERM/SIGHUP are caught
 through a wakeup fd that sits in the same poller as the socket, so a waiting
@@ -52,6 +56,7 @@ from broker.net import peer
 from broker.net.runtime import RuntimeDir
 from broker.wire import frames as wire
 from broker.wire.results import new_call_id
+from landlock_helper.limits import format_size
 
 # Messages handled per pump before the wait loops look at signals and deadlines again.
 DRAIN_BATCH = 512
@@ -105,6 +110,7 @@ class Call:
         "failure",
         "_unacked_bytes",
         "_unacked_chunks",
+        "_output_held",
     )
 
     def __init__(self, call_id, argv, request, on_output, on_started) -> None:
@@ -126,6 +132,8 @@ class Call:
         self.failure: DaemonError | None = None
         self._unacked_bytes = 0
         self._unacked_chunks = 0
+        # Its output is not acknowledged meanwhile (Client.hold_output).
+        self._output_held = False
 
     @property
     def started(self) -> bool:
@@ -331,24 +339,47 @@ class Client:
             return
         self.send_frames([wire.header(wire.RESIZE, call.call_id), wire.encode(size)], block=True)
 
-    def wait_io(self, fds, timeout: float | None = None, *, interruptible: bool = True) -> tuple[int, ...]:
-        """Handle what arrives from the daemon until one of ``fds`` is readable or
-        ``timeout`` passes (or something arrived); returns the readable ones. Raises like
-        :meth:`wait` (:class:`Interrupted` inside :meth:`catch_signals`)."""
+    def wait_io(self, fds, timeout: float | None = None, *, writable=(), interruptible: bool = True) -> tuple[int, ...]:
+        """Handle what arrives from the daemon until one of ``fds`` is readable, one of
+        ``writable`` writable, or ``timeout`` passes (or something arrived); returns the
+        ready ones. Raises like :meth:`wait` (:class:`Interrupted` inside :meth:`catch_signals`)."""
         self.check_usable()
         if interruptible and self._signals:
             raise Interrupted(self._signals.popleft())
-        fds = [fd for fd in fds if fd >= 0]
+        watched: dict[int, int] = {}
         for fd in fds:
-            self._poller.register(fd, zmq.POLLIN)
+            if fd >= 0:
+                watched[fd] = zmq.POLLIN
+        for fd in writable:
+            if fd >= 0:
+                watched[fd] = watched.get(fd, 0) | zmq.POLLOUT
+        for fd, events in watched.items():
+            self._poller.register(fd, events)
         try:
             self._pump(timeout)
-            return tuple(fd for fd in self._ready_fds if fd in fds)
+            return tuple(fd for fd in self._ready_fds if fd in watched)
         finally:
-            for fd in fds:
+            for fd in watched:
                 with contextlib.suppress(KeyError, ValueError):
                     self._poller.unregister(fd)
             self._ready_fds = ()
+
+    def hold_output(self, call: Call) -> None:
+        """Acknowledge none of ``call``'s output until :meth:`release_output`: for an
+        ``on_output`` that keeps a chunk its destination cannot take yet. The executor
+        stops the command once a window of output (:data:`~broker.wire.frames.WINDOW_BYTES`)
+        is unacknowledged, so what is held stays within about that."""
+        call._output_held = True
+
+    def release_output(self, call: Call) -> None:
+        """Acknowledge the output :meth:`hold_output` held back, and every chunk as its
+        callback returns again."""
+        if not call._output_held:
+            return
+        call._output_held = False
+        if not call.done and (call._unacked_bytes or call._unacked_chunks):
+            # Blocking: with the window full, nothing else would bring the ack that resumes it.
+            self._ack(call, block=True)
 
     def submit_request(
         self,
@@ -468,6 +499,7 @@ class Client:
         fds = [fd for fd in fds if fd >= 0]
         for fd in fds:
             self._poller.register(fd, zmq.POLLIN)
+        drained = False
         try:
             while True:
                 if session.events:
@@ -481,10 +513,12 @@ class Client:
                     raise Interrupted(self._signals.popleft())
                 remaining = None
                 if deadline is not None:
-                    remaining = deadline - time.monotonic()
-                    if remaining <= 0:
+                    # Past the deadline (timeout=0 included) only once the socket has been
+                    # read to its end: what has arrived counts as available now.
+                    remaining = max(0.0, deadline - time.monotonic())
+                    if not remaining and drained:
                         return None
-                self._pump(remaining)
+                drained = self._pump(remaining) < DRAIN_BATCH
                 for fd in self._ready_fds:
                     if fd in fds:
                         return fd
@@ -504,15 +538,16 @@ class Client:
         with ``interruptible``, :class:`Interrupted` as soon as a signal arrives.
         """
         deadline = None if timeout is None else time.monotonic() + timeout
+        drained = False
         while not call.done:
             if interruptible and self._signals:
                 raise Interrupted(self._signals.popleft())
             remaining = None
             if deadline is not None:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
+                remaining = max(0.0, deadline - time.monotonic())
+                if not remaining and drained:  # as next_session_event: the socket read first
                     raise TimeoutError(f"call {call.call_id} still running after {timeout} s")
-            self._pump(remaining)
+            drained = self._pump(remaining) < DRAIN_BATCH
         if call.failure is not None:
             raise call.failure
         return call.result  # type: ignore[return-value]
@@ -609,6 +644,13 @@ class Client:
             raise self._broken
 
     def send_frames(self, parts, *, block: bool) -> bool:
+        """Send one message; raises :class:`UsageError` for one the daemon would not take
+        (it would cut the connection instead of answering)."""
+        size = sum(len(part) for part in parts)
+        if size > wire.MAX_MESSAGE_SIZE:
+            raise UsageError(f"this request is {size:,} bytes, more than the {format_size(wire.MAX_MESSAGE_SIZE)} the "
+                             "daemon takes in one message (a command's arguments and environment, or one submission, "
+                             "must fit in it); nothing was sent")
         try:
             if block:
                 # SNDTIMEO bounds it: a daemon that stopped reading becomes an error, not a hang.
@@ -698,7 +740,8 @@ class Client:
                 if cb is not None and size:
                     cb(call, h.stream, chunk)
             finally:
-                if call._unacked_bytes >= wire.ACK_EVERY_BYTES or call._unacked_chunks >= wire.ACK_EVERY_CHUNKS:
+                if not call._output_held and (call._unacked_bytes >= wire.ACK_EVERY_BYTES
+                                              or call._unacked_chunks >= wire.ACK_EVERY_CHUNKS):
                     self._ack(call)
         elif kind == wire.EXIT:
             call = self._calls.pop(h.corr, None)
@@ -780,9 +823,10 @@ class Client:
                 self._break(DaemonError(f"the daemon reported: {wire.one_line(message)}"))
         # pong, welcome and anything newer: nothing to do beyond the liveness stamp.
 
-    def _ack(self, call: Call) -> None:
+    def _ack(self, call: Call, *, block: bool = False) -> None:
         # Acks are increments: bytes and chunks consumed since the previous ack.
-        if self.send_frames([wire.header(wire.ACK, call.call_id, n=call._unacked_bytes, seq=call._unacked_chunks)], block=False):
+        hdr = wire.header(wire.ACK, call.call_id, n=call._unacked_bytes, seq=call._unacked_chunks)
+        if self.send_frames([hdr], block=block):
             call._unacked_bytes = 0
             call._unacked_chunks = 0
 

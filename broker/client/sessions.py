@@ -119,6 +119,7 @@ class ClientSession:
 
     def next_event(self, timeout: float | None = None, *, fds=(), interruptible: bool = True):
         """The next event (waiting up to ``timeout`` seconds; None when none came).
+        ``timeout=0`` polls: an event if one has arrived, the socket read first.
 
         ``fds`` are more file descriptors to watch: if one becomes readable first, it is
         returned instead (an ``int``), so a frontend can read its terminal meanwhile.

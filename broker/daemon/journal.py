@@ -29,6 +29,13 @@ file it made (same device and inode), or the journal turns itself off.
 Disk trouble (full, unwritable) never reaches the caller: the journal logs once, deletes
 what it wrote and turns itself off; ``first_seq`` then says nothing is readable, and
 replay falls back to what the memory log holds.
+
+All of a daemon's journals together are bounded too (:class:`JournalSpace`): the runtime
+dir is often in RAM (``/run``), and a session printing with nobody attached (``yes`` in a
+terminal) would fill it at megabytes a second. Past the cap, the biggest journal loses
+its oldest segment, and so on until the total fits; its readable range stays contiguous
+(it starts later), so a frontend that replays across what was dropped is told which
+events are gone, as for any event no longer kept (:mod:`broker.daemon.sessions`).
 """
 
 from __future__ import annotations
@@ -42,10 +49,16 @@ import sys
 
 import structlog
 
+from broker.net.logging import Throttle
+
 log = structlog.get_logger(component="journal")
+_throttle = Throttle(log)
 
 # Per session: between half and all of this is kept.
 JOURNAL_BYTES = 256 * 1024 * 1024
+# All sessions together (:class:`JournalSpace`): at most this, and a quarter of the
+# filesystem the journals are on (:func:`default_limit`).
+JOURNALS_BYTES = 1024 * 1024 * 1024
 # Buffered appends are written out at this size.
 WRITE_BLOCK = 256 * 1024
 
@@ -120,11 +133,50 @@ class _Segment:
         return self.data_size + _END.size * (self.last_seq - self.first_seq + 1)
 
 
+class JournalSpace:
+    """The cap on all journals together: past ``limit`` bytes, the biggest journal drops its
+    oldest segment until they fit (see the module docstring)."""
+
+    def __init__(self, limit: int) -> None:
+        if limit < 2:
+            raise ValueError("the journals' limit must be at least 2 bytes")
+        self.limit = limit
+        # What the journals' segments hold (each journal adds and takes off its own).
+        self.used = 0
+        self.journals: set[Journal] = set()
+
+    def fit(self) -> None:
+        """Drop the oldest segments of the biggest journals until all fit in the limit."""
+        while self.used > self.limit:
+            biggest = max(self.journals, key=lambda j: j.size, default=None)
+            if biggest is None or not biggest.drop_oldest():
+                return
+
+    def __repr__(self) -> str:
+        return f"<JournalSpace {self.used} of {self.limit} bytes, {len(self.journals)} journals>"
+
+
+def default_limit(dir_fd: int) -> int:
+    """How much the journals in the directory ``dir_fd`` may hold together by default:
+    :data:`JOURNALS_BYTES`, and no more than a quarter of the filesystem's size (a tmpfs
+    such as ``/run`` is often a tenth of the RAM)."""
+    try:
+        st = os.fstatvfs(dir_fd)
+    except OSError:
+        return JOURNALS_BYTES
+    size = st.f_blocks * st.f_frsize
+    return min(JOURNALS_BYTES, size // 4) if size else JOURNALS_BYTES
+
+
 class Journal:
     """Every event body of one session, on disk; see the module docstring."""
 
-    def __init__(self, directory: str | int, session_id: str, *, max_bytes: int = JOURNAL_BYTES) -> None:
-        """``directory``: a path, or a descriptor of the directory (not closed here)."""
+    def __init__(self, directory: str | int, session_id: str, *, max_bytes: int = JOURNAL_BYTES,
+                 space: JournalSpace | None = None) -> None:
+        """``directory``: a path, or a descriptor of the directory (not closed here).
+        ``space``: the cap it shares with the other journals (it keeps no more than that either)."""
+        if space is not None:
+            max_bytes = min(max_bytes, space.limit)
         if max_bytes < 2:
             raise ValueError("max_bytes must be at least 2")
         self.directory = directory
@@ -139,6 +191,9 @@ class Journal:
         self._next_segment = 0
         self._last_seq = 0
         self._broken = False
+        self._space = space
+        if space is not None:
+            space.journals.add(self)
 
     # ------------------------------------------------------------------ state
 
@@ -178,6 +233,8 @@ class Journal:
             self._buffer += body
             segment.data_size += len(body)
             self._index += _END.pack(segment.data_size)
+            if self._space is not None:
+                self._space.used += len(body) + _END.size
             segment.last_seq = seq
             self._last_seq = seq
             if len(self._buffer) >= WRITE_BLOCK:
@@ -185,6 +242,9 @@ class Journal:
         except OSError as e:
             self._last_seq = seq
             self._fail(e.strerror or str(e))
+            return
+        if self._space is not None:
+            self._space.fit()  # last: it may drop segments of this journal too
 
     def _rotate(self, first_seq: int) -> _Segment:
         self._flush()
@@ -310,8 +370,29 @@ class Journal:
             self._drop(segment, delete=delete)
         self._segments.clear()
         self._broken = True
+        if self._space is not None:
+            self._space.journals.discard(self)
+            self._space = None
+
+    def drop_oldest(self) -> bool:
+        """Drop the oldest segment (for the cap on all journals); False when there is none.
+        The readable range then starts after it; the newest one too can go, and the next
+        append starts a new one."""
+        if not self._segments:
+            return False
+        segment = self._segments.pop(0)
+        if not self._segments:  # the newest: what waits to be written is its
+            self._buffer.clear()
+            self._index.clear()
+        _throttle("warning", "session journals at their cap: the oldest events of the biggest one dropped",
+                  session=self.session_id, first=segment.first_seq, last=segment.last_seq,
+                  limit=self._space.limit if self._space is not None else self.max_bytes)
+        self._drop(segment)
+        return True
 
     def _drop(self, segment: _Segment, *, delete: bool = True) -> None:
+        if self._space is not None:
+            self._space.used -= segment.size
         if delete:
             self._unlink(segment.path, segment.ident)
             self._unlink(segment.index_path, segment.index_ident)

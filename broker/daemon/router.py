@@ -48,6 +48,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Protocol
 
+import msgspec
 import structlog
 import zmq
 
@@ -58,6 +59,7 @@ from broker.net.logging import Throttle
 from broker.net.peer import DEAD_AFTER_HEARTBEATS, HELLO_FIRST
 from broker.wire import frames as wire
 from broker.wire import version
+from broker.wire.results import DAEMON_SHUTTING_DOWN, DAEMON_STOPPED
 
 log = structlog.get_logger(component="router")
 
@@ -106,7 +108,6 @@ DIRECT = b"\x02"
 
 INTERACTIVE_FULL = (f"no executor can host another interactive command (each hosts at most "
                     f"{wire.INTERACTIVE_PER_EXECUTOR}); end some first")
-SHUTDOWN_MESSAGE = "the sluice daemon shut down before this command finished"
 NO_LOCAL_EXECUTOR = "the daemon runs no executor of its own (started with --executors 0): no direct run"
 # A run queued while no executor is connected is told so (see :meth:`Router.heartbeat`),
 # and fails after this long by default (``sluice daemon --executor-wait``).
@@ -230,7 +231,7 @@ class Call:
     """
 
     __slots__ = ("id", "caller", "executor", "frames", "sent", "sent_chunks", "acked", "acked_chunks", "held",
-                 "held_chunks", "interactive", "queued_at", "noticed", "fds")
+                 "held_chunks", "interactive", "queued_at", "noticed", "fds", "cancelled")
 
     def __init__(self, call_id: str, caller: Peer, frames: list, *, interactive: bool = False, tick: int = 0,
                  fds: list[int] | None = None) -> None:
@@ -252,6 +253,8 @@ class Call:
         self.sent = self.sent_chunks = 0
         self.acked = self.acked_chunks = 0
         self.held = self.held_chunks = 0
+        # Its caller asked to cancel it (its end is then theirs, not the daemon's shutdown's).
+        self.cancelled = False
 
     def close_fds(self) -> None:
         """Close a direct run's stdio here; the list empties (its connection shares it)."""
@@ -303,6 +306,19 @@ class RunQueue:
     def clear(self) -> None:
         self._calls.clear()
         self.bytes = 0
+
+
+def _stopped_by_shutdown(frames: list) -> list:
+    """An executor's ``exit`` while the daemon shuts down: a command it aborted for that is
+    said to have been ended by the shutdown (:data:`DAEMON_STOPPED`, its own exit code),
+    not cancelled, which its caller did not ask for."""
+    try:
+        status = wire.decode(wire.EXIT, frames[2])
+    except wire.WireError:
+        return frames
+    if not status.aborted:
+        return frames  # it ended on its own meanwhile
+    return [*frames[:2], wire.encode(msgspec.structs.replace(status, aborted=False, error=DAEMON_STOPPED))]
 
 
 def _size(frames: list | None) -> int:
@@ -577,7 +593,7 @@ class Router:
     def _on_run(self, peer: Peer, head: wire.Header, frames: list) -> None:
         call_id = head.corr
         if self.closing:
-            return self._reply_error(peer, call_id, "the sluice daemon is shutting down")
+            return self._reply_error(peer, call_id, DAEMON_SHUTTING_DOWN)
         if not call_id:
             return self._reply_error(peer, call_id, "run needs a call id (header corr)")
         try:
@@ -591,7 +607,7 @@ class Router:
     def run_direct(self, peer: Peer, call_id: str, request: wire.RunRequest, fds: list[int]) -> None:
         """A direct run (:mod:`broker.daemon.direct`): ``fds`` are the command's stdio."""
         if self.closing:
-            return self._reply_error(peer, call_id, "the sluice daemon is shutting down")
+            return self._reply_error(peer, call_id, DAEMON_SHUTTING_DOWN)
         if request.tty is not None or not request.stdio_fds:
             return self._reply_error(peer, call_id, "a direct run has stdio_fds set and no terminal")
         self._accept_run(peer, call_id, request, wire.message(wire.RUN, call_id, request), fds)
@@ -710,6 +726,7 @@ class Router:
             return  # already finished: the exit is on its way or delivered
         executor = call.executor
         if executor is not None:
+            call.cancelled = True
             self._send(executor, [executor.identity, wire.header(wire.CANCEL, call.id)])
             return
         self.queue.remove(call)
@@ -736,6 +753,8 @@ class Router:
             return self._stray(peer, head)
         caller = call.caller
         if caller is not None:
+            if self.closing and not call.cancelled:
+                frames = _stopped_by_shutdown(frames)
             self._send(caller, [caller.identity, *frames[1:]])
             caller.calls.pop(call.id, None)
         del self.calls[call.id]
@@ -983,14 +1002,14 @@ class Router:
     def close(self) -> None:
         """Refuse new runs and submissions, end the queued runs, end the sessions."""
         self.closing = True
-        self.sessions.close("the sluice daemon is shutting down")
+        self.sessions.close(DAEMON_SHUTTING_DOWN)
         queued = list(self.queue.values())
         self.queue.clear()
         for call in queued:
             del self.calls[call.id]
-            self._fail(call, SHUTDOWN_MESSAGE)
+            self._fail(call, DAEMON_STOPPED)
 
-    def fail_all(self, error: str = SHUTDOWN_MESSAGE) -> None:
+    def fail_all(self, error: str = DAEMON_STOPPED) -> None:
         """End every call still in flight: the daemon is exiting.
 
         Calls still running at this point are at executors we did not spawn (or that

@@ -38,7 +38,7 @@ import zmq
 
 from broker.daemon.direct import DirectRuns
 from broker.daemon.gate import ConnectionGate
-from broker.daemon.journal import reset_directory
+from broker.daemon.journal import JournalSpace, default_limit, reset_directory
 from broker.daemon.listener import AllowList, HandshakeLog, ZapHandler, bind_listener, listener_socket
 from broker.daemon.router import DIRECT, EXECUTOR_WAIT_S, HEARTBEAT_S, REMOTE, SUSPEND_LIMIT_S, Router
 from broker.daemon.sessions import max_sessions
@@ -89,12 +89,14 @@ class DaemonAlreadyRunning(RuntimeError):
 
 
 def serve(runtime: RuntimeDir, *, executors: int | None = None, log_json: bool | None = None, listen=None,
-          suspend_limit_s: float | None = None, executor_wait_s: float | None = None) -> int:
+          suspend_limit_s: float | None = None, executor_wait_s: float | None = None,
+          journal_limit: int | None = None) -> int:
     """Run the daemon in the foreground until SIGTERM/SIGINT; returns the exit code.
 
     ``executors=None`` spawns one executor per CPU; ``0`` spawns none (executors may
     still connect on their own). ``listen`` (a :class:`broker.daemon.listener.Listen`) also accepts
-    peers over tcp. Raises :class:`DaemonAlreadyRunning` or :class:`RuntimeDirError`
+    peers over tcp. ``journal_limit``: bytes the session journals hold together (None:
+    :func:`broker.daemon.journal.default_limit`). Raises :class:`DaemonAlreadyRunning` or :class:`RuntimeDirError`
     before serving if the runtime dir is taken or unusable, :class:`broker.daemon.listener.ListenError`
     if the tcp endpoint cannot be bound.
     """
@@ -129,6 +131,7 @@ def serve(runtime: RuntimeDir, *, executors: int | None = None, log_json: bool |
             daemon = _Daemon(runtime, dir_fd, executors, listen, fd_limit, suspend_limit_s)
             if executor_wait_s is not None:
                 daemon.executor_wait_s = executor_wait_s
+            daemon.journal_limit = journal_limit
             daemon.log_path = runtime.log_path if log_file is not None else "stderr"
             try:
                 daemon.bind()
@@ -223,6 +226,7 @@ class _Daemon:
         self.token = ""
         self.log_path = "stderr"
         self.executor_wait_s = EXECUTOR_WAIT_S
+        self.journal_limit: int | None = None
 
     def bind(self) -> None:
         rt = self.runtime
@@ -326,6 +330,8 @@ class _Daemon:
         router.sessions.starter = agents
         router.sessions.max_sessions = max_sessions(self.fd_limit)
         self._journal_fd = router.sessions.journal_dir = _journal_dir(self.runtime, self.dir_fd)
+        if self._journal_fd is not None:
+            router.sessions.journal_space = JournalSpace(self.journal_limit or default_limit(self._journal_fd))
         zsock = ZSocket(self.sock, _local_only(router.on_message), loop)
         gate.watch(self.sock, self.ctx, loop)
         tsock = None

@@ -96,10 +96,11 @@ import msgspec
 import structlog
 import zmq
 
-from broker.daemon.journal import Block, Journal
+from broker.daemon.journal import Block, Journal, JournalSpace
 from broker.net.logging import Throttle
 from broker.wire import frames as wire
 from broker.wire.protocol import NO_SESSION, ApprovalResolvedEvent, ErrorEvent, Event, ReviewDecision, encode_msgpack
+from broker.wire.results import DAEMON_SHUTTING_DOWN
 
 if TYPE_CHECKING:
     from broker.daemon.router import Peer, Router
@@ -475,13 +476,15 @@ class Sessions:
     """The sessions of one daemon; the router calls the ``on_*`` methods.
 
     ``journal_dir``: where sessions keep their journals, a path or a directory descriptor
-    (None: memory log only).
+    (None: memory log only); ``journal_space``: the cap on all of them together.
     """
 
-    def __init__(self, router: Router, starter: AgentStarter | None = None, journal_dir: str | int | None = None) -> None:
+    def __init__(self, router: Router, starter: AgentStarter | None = None, journal_dir: str | int | None = None,
+                 journal_space: JournalSpace | None = None) -> None:
         self.router = router
         self.starter = starter
         self.journal_dir = journal_dir
+        self.journal_space = journal_space
         self.max_sessions = MAX_SESSIONS
         self.sessions: dict[str, Session] = {}
         # A session's earlier id (the daemon's uuid) -> its id now, for sessions that took
@@ -510,7 +513,7 @@ class Sessions:
         except wire.WireError as e:
             return self._tell(peer, head, "", f"invalid submission: {e.reason}")
         if self.router.closing:
-            return self._tell(peer, head, submission.id, "the sluice daemon is shutting down")
+            return self._tell(peer, head, submission.id, DAEMON_SHUTTING_DOWN)
         op = submission.op
         created = False
         if head.session:
@@ -648,7 +651,9 @@ class Sessions:
 
     def _create(self) -> Session:
         session_id = str(uuid.uuid4())
-        journal = Journal(self.journal_dir, session_id) if self.journal_dir is not None else None
+        journal = None
+        if self.journal_dir is not None:
+            journal = Journal(self.journal_dir, session_id, space=self.journal_space)
         session = self.sessions[session_id] = Session(session_id, journal)
         return session
 

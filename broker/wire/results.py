@@ -19,10 +19,21 @@ EXIT_CANNOT_EXECUTE = 126
 EXIT_NOT_FOUND = 127
 EXIT_SIGNAL_BASE = 128  # + N: killed by signal N
 EXIT_INTERRUPTED = 128 + signal.SIGINT  # cancelled, interrupted, aborted
+# The daemon shut down (`sluice daemon stop`) before the command finished: sysexits.h's
+# EX_TEMPFAIL, a temporary failure, the command may be run again.
+EXIT_DAEMON_STOPPED = 75
+
+# A command's ``error`` when the daemon's shutdown ended it (or it never ran for that),
+# and what the daemon answers a run or a submission, and tells a session, while it stops.
+DAEMON_STOPPED = "the sluice daemon shut down before this command finished"
+DAEMON_SHUTTING_DOWN = "the sluice daemon is shutting down"
 
 
 def error_returncode(error: str) -> int:
-    """127 / 126 / 125 for a spawn error message (see :func:`shell_returncode`)."""
+    """127 / 126 / 125 for a spawn error message, 75 for the daemon's shutdown (see
+    :func:`shell_returncode`)."""
+    if error in (DAEMON_STOPPED, DAEMON_SHUTTING_DOWN):
+        return EXIT_DAEMON_STOPPED
     low = error.lower()
     if "not found" in low:
         return EXIT_NOT_FOUND
@@ -34,7 +45,8 @@ def error_returncode(error: str) -> int:
 def shell_returncode(r) -> int:
     """How a finished call (anything with exit_code, signal, timed_out, aborted, error)
     reads as one shell-style number: 124 timed out, 130 aborted, 128+N killed by signal
-    N, the sandbox's code or 125-127 when it never ran, else the exit code."""
+    N, the sandbox's code or 125-127 when it never ran, 75 when the daemon's shutdown
+    ended it, else the exit code."""
     if r.timed_out:
         return EXIT_TIMED_OUT
     if r.aborted:

@@ -27,6 +27,7 @@ import zmq
 from broker.daemon.server import DaemonAlreadyRunning, serve
 from broker.net.runtime import RuntimeDir
 from broker.wire import frames as wire
+from broker.wire.results import DAEMON_STOPPED
 from landlock_helper.policy import SandboxPolicy
 from tests.support.harness import daemons as harness_daemons
 from tests.support.harness import wait_for
@@ -739,7 +740,8 @@ def test_shutdown_stops_executors_and_forwards_their_last_exits(daemons, peer, f
     pids = d.executor_pids()
     assert d.terminate() == 0
     _, status, _ = fe.expect(wire.EXIT, "s")
-    assert status.aborted and status.signal == 15 and status.error is None
+    # Its executor's exit, said to be the shutdown's doing (75), not a cancel (130).
+    assert status.signal == 15 and status.error == DAEMON_STOPPED and not status.aborted
     assert not any(psutil.pid_exists(p) for p in pids)
 
 

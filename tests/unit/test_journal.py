@@ -152,3 +152,50 @@ def test_a_segment_replaced_under_the_journal_turns_it_off(tmp_path):
     os.unlink(tmp_path / name)
     os.unlink(tmp_path / "moved")
     assert os.listdir(tmp_path) == []  # its index went with it
+
+
+def _on_disk(path) -> int:
+    return sum(entry.stat().st_size for entry in os.scandir(path))
+
+
+def _readable(j: J.Journal) -> list[int]:
+    seqs = []
+    seq = j.first_seq
+    while batch := read(j, seq, 1000, 1 << 20):
+        seqs.extend(s for s, _ in batch)
+        seq = batch[-1][0] + 1
+    return seqs
+
+
+def test_journals_together_stay_within_their_space_the_biggest_losing_its_oldest_first(tmp_path):
+    space = J.JournalSpace(64 * 1024)
+    loud = J.Journal(str(tmp_path), "loud", space=space)
+    quiet = J.Journal(str(tmp_path), "quiet", space=space)
+    assert loud.max_bytes == 64 * 1024  # none may keep more than all of them together
+    for seq in range(1, 101):
+        quiet.append(seq, b"q" * 100)
+    for seq in range(1, 3001):
+        loud.append(seq, b"l" * 100)
+        assert space.used == loud.size + quiet.size <= space.limit
+    assert _on_disk(tmp_path) <= space.limit
+    # The quiet one kept everything; the loud one its newest events, in one contiguous range.
+    assert _readable(quiet) == list(range(1, 101))
+    assert 1 < loud.first_seq and _readable(loud) == list(range(loud.first_seq, 3001))
+    assert loud.size >= (space.limit - quiet.size) // 4
+
+    loud.close()
+    assert space.used == quiet.size and space.journals == {quiet}
+
+
+def test_the_cap_may_take_a_journals_newest_segment_and_the_journal_goes_on(tmp_path):
+    space = J.JournalSpace(4096)
+    big = J.Journal(str(tmp_path), "big", space=space)
+    small = J.Journal(str(tmp_path), "small", space=space)
+    big.append(1, b"b" * 3000)
+    small.append(1, b"s" * 1000)
+    small.append(2, b"s" * 100)  # over: the biggest journal's only segment goes
+    assert space.used <= space.limit
+    assert (big.first_seq, big.last_seq) == (2, 1) and read(big, 1, 10, 1 << 20) == []
+    big.append(2, b"b" * 10)
+    assert _readable(big) == [2] and _readable(small) == [1, 2]
+    assert space.used == big.size + small.size
