@@ -1,5 +1,8 @@
 """``sluice run``: one command through the daemon, its output streamed as it comes
-(raw bytes, or Codex-shaped events with ``--json``), its exit code ours. Its stdin is
+(raw bytes, or Codex-shaped events with ``--json``), its exit code ours. On a terminal,
+the sequences that set the clipboard or the title or make the terminal answer are
+dropped (:mod:`broker.cli.terminal_guard`; ``--raw-escapes`` keeps them); pipes and
+files get every byte. Its stdin is
 ours when that is a pipe or a file (or, with ``-i``, a terminal); with ``-t`` it gets a
 terminal of its own in the sandbox, to which our raw terminal's keys and window size go
 (:mod:`broker.cli.terminal`)."""
@@ -28,6 +31,7 @@ from broker.cli.base import (
 )
 from broker.cli.run_direct import FALLBACK, DirectRun
 from broker.cli.terminal import NOT_A_TERMINAL, RawTerminal, is_terminal, window_size
+from broker.cli.terminal_guard import ConfigValueError, output_guards
 from broker.net.runtime import sluice_home
 from broker.wire.results import EXIT_NOT_FOUND, EXIT_SIGNAL_BASE, EXIT_SLUICE, EXIT_USAGE, new_call_id
 from broker.wire.run_args import RunArgsError, check_run
@@ -70,14 +74,19 @@ def run_main(args) -> int:
         return fail(str(e), EXIT_USAGE)
     if args.env_report:
         env_report(args.env)
+    try:
+        guards = output_guards(args.raw_escapes)
+    except ConfigValueError as e:
+        return fail(str(e), EXIT_USAGE)
 
     if not (args.tty or args.interactive or args.json or args.via_broker or args.connect or args.server_key or args.key):
-        run = DirectRun(fields)
+        run = DirectRun(fields, guards=guards)
         if run.start():
             code = _direct(run, command, args)
             if code is not None:
+                _flush(guards)
                 return code
-    return _through_broker(fields, command, args)
+    return _through_broker(fields, command, args, guards)
 
 
 def _direct(run: DirectRun, command: list[str], args) -> int | None:
@@ -97,7 +106,14 @@ def _direct(run: DirectRun, command: list[str], args) -> int | None:
     return _ending(result, command, args, run.signum, run.stdout_closed)
 
 
-def _through_broker(fields: dict, command: list[str], args) -> int:
+def _flush(guards: dict) -> None:
+    """The end of the command's output on our terminals (an unfinished sequence is dropped)."""
+    for fd, guard in guards.items():
+        with contextlib.suppress(OSError):
+            write_all(fd, guard.flush())
+
+
+def _through_broker(fields: dict, command: list[str], args, guards: dict) -> int:
     """Through the broker socket and the client library: the command's output comes as
     messages (or Codex-shaped events with ``--json``); a terminal of its own with ``-t``."""
     import broker.client as C
@@ -108,7 +124,7 @@ def _through_broker(fields: dict, command: list[str], args) -> int:
         request = wire.RunRequest(**fields, tty=winsize(*window_size(0, 1, 2)) if args.tty else None)
     except C.UsageError as e:
         return fail(str(e), EXIT_USAGE)
-    out = _JsonOutput(request) if args.json else _RawOutput()
+    out = _JsonOutput(request) if args.json else _RawOutput(guards)
     remote = remote_from_args(args)
     try:
         client = C.Client.connect(remote=remote, name="sluice run")
@@ -146,6 +162,7 @@ def _through_broker(fields: dict, command: list[str], args) -> int:
             return fail(str(e), EXIT_SLUICE)
 
     out.end(result)
+    _flush(guards)
     return _ending(result, command, args, signum, out.stdout_closed)
 
 
@@ -301,18 +318,23 @@ def config_limits():
 
 
 class _RawOutput:
-    """Bytes of the command's stdout/stderr to ours, as they come."""
+    """Bytes of the command's stdout/stderr to ours, as they come (through ``guards``, by
+    our fd, for a terminal: :mod:`broker.cli.terminal_guard`)."""
 
     call_id = None
 
-    def __init__(self) -> None:
+    def __init__(self, guards: dict) -> None:
         self.stdout_closed = False
         self._client = None
+        self._guards = guards
 
     def begin(self, client, call) -> None:
         self._client = client
 
     def on_output(self, call, stream, chunk) -> None:
+        guard = self._guards.get(stream)
+        if guard is not None:
+            chunk = guard.feed(chunk)
         if stream == 2:
             try:
                 write_all(2, chunk)

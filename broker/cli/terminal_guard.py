@@ -381,3 +381,63 @@ class _Scan:
         if not self.utf8:
             return min(stop, self.find(_C1_8BIT, pos))
         return min(stop, self.find(_C1_UTF8, pos), self.find(_INVALID_UTF8, pos))
+
+
+# -- where sluice uses it ---------------------------------------------------------------
+
+
+class ConfigValueError(ValueError):
+    """``[terminal]`` in config.toml holds something other than what it may."""
+
+
+def output_guards(raw: bool = False) -> dict[int, TerminalGuard]:
+    """A guard for each of our stdout and stderr that is a terminal, by file descriptor:
+    what a command's output written there goes through. None with ``raw`` (``--raw-escapes``)
+    or ``[terminal] raw_escapes = true`` in config.toml (read only when a guard would be
+    made); pipes and files never get one. Raises :class:`ConfigValueError`."""
+    from broker.cli.terminal import is_terminal
+
+    fds = [fd for fd in (1, 2) if is_terminal(fd)]
+    if raw or not fds or _raw_escapes_configured():
+        return {}
+    utf8 = _utf8_locale()
+    return {fd: TerminalGuard(utf8=utf8) for fd in fds}
+
+
+def _raw_escapes_configured() -> bool:
+    import os
+
+    from broker.net.runtime import sluice_home
+
+    path = os.path.join(sluice_home(), "config.toml")
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError:
+        return False
+    if b"raw_escapes" not in data:
+        return False  # not worth parsing the file
+    import tomllib
+
+    try:
+        table = tomllib.loads(data.decode("utf-8", "replace"))
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigValueError(f"{path}: invalid TOML: {e}") from None
+    terminal = table.get("terminal", {})
+    value = terminal.get("raw_escapes", False) if isinstance(terminal, dict) else False
+    if not isinstance(value, bool):
+        raise ConfigValueError(f"{path}: [terminal] raw_escapes must be true or false, not {value!r}")
+    return value
+
+
+def _utf8_locale() -> bool:
+    """Whether the terminal is taken to decode UTF-8: unless the locale names another
+    character set (ISO-8859-1, KOI8-R...), in which every byte 0x80-0x9f is a control.
+    (Python sets the locale from the environment as it starts.)"""
+    import locale
+
+    try:
+        codeset = codecs.lookup(locale.nl_langinfo(locale.CODESET)).name
+    except (AttributeError, LookupError, ValueError):
+        return True
+    return codeset in ("utf-8", "ascii")
