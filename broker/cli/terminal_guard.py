@@ -181,6 +181,11 @@ class TerminalGuard:
             pos = self._unit(data, stop, out) if stop < end else stop
         return b"".join(out)
 
+    @property
+    def held(self) -> int:
+        """How many bytes are kept for the next chunk (at most :data:`MAX_SEQUENCE`)."""
+        return len(self._held)
+
     def flush(self) -> bytes:
         """The end of the stream: a character left incomplete shows as U+FFFD (as a terminal
         would show it), an incomplete sequence is dropped; the guard starts afresh."""
@@ -260,7 +265,8 @@ class TerminalGuard:
         if kind is not None:
             self._mode = kind
         elif code != _DECID_C1:
-            out.append(data[i:i + width])
+            # A lone byte 0x80-0x9f is no character to a UTF-8 terminal: shown as U+FFFD there.
+            out.append(REPLACEMENT if width == 1 and self.utf8 else data[i:i + width])
         return i + width
 
     def _csi(self, data: bytes, i: int, width: int, out: list) -> int:
