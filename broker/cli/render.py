@@ -25,7 +25,8 @@ starts. A patch applied is summed up (files, +/- lines).
 
 Terminal safety: everything from the model, a server or a command is shown with its
 control characters escaped (:func:`safe_text`, :class:`SafeStream`), so ``\x1b[31m`` or
-an OSC sequence is seen, not obeyed; ``sluice run`` (not here) keeps command output raw.
+an OSC sequence is seen, not obeyed; ``sluice run`` (not here) keeps a command's colours
+and drops on a terminal only what acts outside the screen (:mod:`broker.cli.terminal_guard`).
 
 Less noise: token counts are summed and shown once when a turn ends (each as it comes
 with ``verbose``); an interrupt the frontend announced itself is not announced again. On
