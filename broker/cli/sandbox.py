@@ -9,9 +9,9 @@ tells what it will do through the daemon:
 - Otherwise the command never gets a terminal of ours: a stdin that is a terminal is
   /dev/null (with ``-i``: relayed through a pipe, lines as the terminal hands them
   over, end of file at Ctrl-D), and a stdout or stderr that is a terminal is relayed
-  through a pipe.
+  through a pipe. A pipe, a file or /dev/null is handed to the command as it is.
 - On a terminal (``-t`` or not) the command's output goes through
-  :mod:`broker.cli.terminal_guard` unless ``--raw-escapes``. A pipe, a file or /dev/null is handed to the command as it is.
+  :mod:`broker.cli.terminal_guard` unless ``--raw-escapes``.
 
 SIGINT, SIGTERM and SIGHUP to sluice end the command's whole tree (SIGTERM, SIGKILL
 after :data:`KILL_GRACE_S`; sluice then exits with 128 + that signal, as ``sluice run``
