@@ -31,8 +31,12 @@ Dropped:
   (``$ u``), DECRQUPSS (``& u``), DECRQCRA (``* y``: a checksum of screen contents),
   DECRQLP (``' |``), DECRQDE (``" v``), XTREPORTSGR/XTREPORTCOLORS (``# R``), XTVERSION
   (``> q``), XTQMODKEYS (``? m``), XTSMGRAPHICS (``? S``), the kitty keyboard query
-  (``? u``), title modes (``> T``), the status line (``$ }``, ``$ ~``).
-- DECID (``ESC Z``, ``0x9a``) and ENQ (``0x05``, the answerback message).
+  (``? u``), title modes (``> T``), the status line (``$ }``, ``$ ~``), and the ANSI
+  modes that lock the keyboard (KAM, 2), make the terminal echo what is typed,
+  passwords included (SRM, 12), or change what Enter sends (LNM, 20).
+- DECID (``ESC Z``, ``0x9a``), ENQ (``0x05``, the answerback message), and DOCS
+  (``ESC % @`` and the like: out of UTF-8, the terminal would take bytes inside UTF-8
+  characters for C1 controls).
 
 Passed byte for byte: text, C0 controls (newline, tab, backspace, bell...), SGR colours
 and attributes, cursor movement, erase (``clear``'s scrollback erase included),
@@ -93,11 +97,12 @@ _UTF8_START = re.compile(rb"(?:[\xc2-\xdf]|\xe0[\xa0-\xbf]?|[\xe1-\xec\xee\xef][
 
 # The fast path, for text between the units below: the first ESC that does not start a
 # harmless sequence complete in the chunk (the CSI sequences without intermediates or
-# private marker whose final is none of c i n t x: SGR, cursor, erase, scroll...; DEC
-# private modes set and reset; escape sequences that introduce nothing: ESC 7, ESC ( B).
+# private marker whose final is none of c h i l n t x: SGR, cursor, erase, scroll...;
+# DEC private modes set and reset; escape sequences that introduce nothing and switch no
+# coding system: ESC 7, ESC ( B).
 # (A search with a literal first byte is what runs fast in Python's re: several hundred
 # MB/s, against tens for a pattern that starts with a choice.)
-_UNSAFE_ESC = re.compile(rb"\x1b(?!\[[0-9;:]*[@-bd-hj-mo-suvwy-~]|\[\?[0-9;]*[hl]|[ -/]+[0-~]|[0-OQ-WY\\`-~])")
+_UNSAFE_ESC = re.compile(rb"\x1b(?!\[[0-9;:]*[@-bd-gjkmo-suvwy-~]|\[\?[0-9;]*[hl]|[ -$&-/]+[0-~]|[0-OQ-WY\\`-~])")
 # A C1 control in UTF-8 (U+0080-U+009F; 0xc2 is never inside another character).
 _C1_UTF8 = re.compile(rb"\xc2[\x80-\x9f]")
 _C1_8BIT = re.compile(rb"[\x80-\x9f]")
@@ -130,6 +135,16 @@ _CSI_PAIRS_DROPPED = frozenset(
         b">q", b"?m", b"?S", b"?u", b">T"))
 _CSI_MARKS = frozenset(mark for mark, _ in _CSI_PAIRS_DROPPED)
 _DECREQTPARM = ord("x")
+# SM and RM (final h, l; no private marker) of the ANSI modes that change what the
+# keyboard sends or locks it: KAM (2: keys locked), SRM (12: the terminal echoes what
+# is typed, passwords included), LNM (20: Enter sends CR LF).
+_SET_MODE, _RESET_MODE = ord("h"), ord("l")
+_INPUT_MODES = frozenset({2, 12, 20})
+_PARAMETER = re.compile(rb"[0-9]+")
+_PRIVATE_MARKERS = frozenset(b"<=>?")
+# DOCS (ESC % ...): another coding system. ESC % @ takes the terminal out of UTF-8, after
+# which bytes 0x80-0x9f inside characters we passed as text would be controls to it.
+_DOCS = ord("%")
 
 # C1 controls (and the final byte of ESC + their 7-bit form) that introduce a string.
 _STRING_INTRODUCERS = {0x9d: _OSC, 0x90: _STRING, 0x98: _STRING, 0x9e: _STRING, 0x9f: _STRING}
@@ -145,6 +160,8 @@ def csi_dropped(body: bytes, final: int) -> bool:
         return True
     if final == _DECREQTPARM and not any(0x20 <= b <= 0x2F for b in body):
         return True
+    if final in (_SET_MODE, _RESET_MODE) and not _PRIVATE_MARKERS.intersection(body):
+        return any(int(number) in _INPUT_MODES for number in _PARAMETER.findall(body))
     return any((mark, final) in _CSI_PAIRS_DROPPED for mark in _CSI_MARKS.intersection(body))
 
 
@@ -306,7 +323,8 @@ class TerminalGuard:
         final = data[stop]
         if not 0x30 <= final <= 0x7E:
             return stop
-        if not (stop == i + 1 and final == ord("Z")):  # DECID: the terminal answers
+        # DECID (the terminal answers) and DOCS (the terminal leaves UTF-8) are dropped.
+        if not (stop == i + 1 and final == ord("Z")) and _DOCS not in data[i + 1:stop]:
             out.append(data[i:stop + 1])
         return stop + 1
 
