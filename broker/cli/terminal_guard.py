@@ -109,12 +109,13 @@ _C1_8BIT = re.compile(rb"[\x80-\x9f]")
 # The same test without a regular expression, for whole chunks (TerminalGuard._harmless):
 # the most common harmless sequences once their parameters are taken out, commonest first.
 _PARAMETERS = b"0123456789;:"
-_COMMON_SEQUENCES = (b"\x1b[m", b"\x1b[K", b"\x1b[H", b"\x1b[J", b"\x1b[?h", b"\x1b[?l", b"\x1b(B",
+_COMMON_SEQUENCES = (b"\x1b[m", b"\x1b[K", b"\x1b[H", b"\x1b[J", b"\x1b(B",
                      b"\x1b[A", b"\x1b[B", b"\x1b[C", b"\x1b[D", b"\x1b[G", b"\x1b[d", b"\x1b[r")
 
 # Inside a CSI sequence: parameter and intermediate bytes (a final byte 0x40-0x7e ends it).
 _CSI_BODY = re.compile(rb"[ -?]*")
-_CSI_WELL_FORMED = re.compile(rb"[0-?]*[ -/]*")
+# A private marker (< = > ?) only first, as ECMA-48 and the DEC parser have it.
+_CSI_WELL_FORMED = re.compile(rb"[<-?]?[0-;]*[ -/]*")
 # Inside an escape sequence: intermediate bytes (a final byte 0x30-0x7e ends it).
 _ESC_BODY = re.compile(rb"[ -/]*")
 _ESC_RUN = re.compile(rb"\x1b+")
@@ -229,11 +230,17 @@ class TerminalGuard:
             # of a few strings: all is well when every ESC starts one of them. (An ESC
             # followed by a digit, ; or : is ESC 7 and its like: harmless too.)
             shape = data.translate(None, _PARAMETERS)
+            private = data.count(b"\x1b[?")
+            if private:
+                # DEC private modes: only where "?" follows "ESC [" itself (not "ESC [ 2 ? h").
+                if shape.count(b"\x1b[?h") + shape.count(b"\x1b[?l") != private:
+                    return False
+                escapes -= private
             for common in _COMMON_SEQUENCES:
-                escapes -= shape.count(common)
                 if not escapes:
                     break
-            else:
+                escapes -= shape.count(common)
+            if escapes:
                 return False
         if data.isascii():
             return True

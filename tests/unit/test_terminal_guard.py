@@ -193,6 +193,7 @@ def test_a_string_is_ended_or_aborted_as_a_terminal_would():
 
 def test_a_malformed_or_interrupted_sequence_never_reaches_the_terminal():
     assert run([b"\x1b[1?6n"]) == b""           # a marker out of place: dropped, as a terminal ignores it
+    assert run([b"\x1b[2?h\x1b[?25h"]) == b"\x1b[?25h"  # not taken for a private mode (nor KAM)
     assert run([b"\x1b[6\nn"]) == b"\nn"        # cut short by a control: it never began
     assert run([b"\x1b\x1b\x1b[31mx"]) == b"\x1b[31mx"
     assert run([b"\x1b" * 10000 + b"[6n"]) == b""
