@@ -107,10 +107,12 @@ _UNSAFE_ESC = re.compile(rb"\x1b(?!\[[0-9;:]*[@-bd-gjkmo-suvwy-~]|\[\?[0-9;]*[hl
 _C1_UTF8 = re.compile(rb"\xc2[\x80-\x9f]")
 _C1_8BIT = re.compile(rb"[\x80-\x9f]")
 # The same test without a regular expression, for whole chunks (TerminalGuard._harmless):
-# the most common harmless sequences once their parameters are taken out, commonest first.
+# the most common harmless sequences once their parameters are taken out: SGR, then the
+# others, commonest first.
 _PARAMETERS = b"0123456789;:"
-_COMMON_SEQUENCES = (b"\x1b[m", b"\x1b[K", b"\x1b[H", b"\x1b[J", b"\x1b(B",
-                     b"\x1b[A", b"\x1b[B", b"\x1b[C", b"\x1b[D", b"\x1b[G", b"\x1b[d", b"\x1b[r")
+_SGR = b"\x1b[m"
+_COMMON_SEQUENCES = (b"\x1b[K", b"\x1b[H", b"\x1b[J", b"\x1b(B", b"\x1b[A", b"\x1b[B", b"\x1b[C", b"\x1b[D",
+                     b"\x1b[G", b"\x1b[d", b"\x1b[r")
 
 # Inside a CSI sequence: parameter and intermediate bytes (a final byte 0x40-0x7e ends it).
 _CSI_BODY = re.compile(rb"[ -?]*")
@@ -236,6 +238,9 @@ class TerminalGuard:
                 if shape.count(b"\x1b[?h") + shape.count(b"\x1b[?l") != private:
                     return False
                 escapes -= private
+            escapes -= shape.count(_SGR)
+            if escapes and shape.count(b"\x1b[") + shape.count(b"\x1b(") < data.count(b"\x1b"):
+                return False  # some ESC is followed by neither [ nor (: no need to count further
             for common in _COMMON_SEQUENCES:
                 if not escapes:
                     break
