@@ -186,12 +186,13 @@ class TerminalGuard:
         if self._held:
             data, self._held = self._held + data, b""
         if self._mode == _GROUND:
-            if self._harmless(data):
-                return data  # the common case, at the speed of bytes.find: as it is, no copy
-            # The next commonest: a sequence (or a character) cut by the chunk's end.
-            cut = data.rfind(b"\x1b", max(0, len(data) - MAX_SEQUENCE))
-            cut = cut if cut >= 0 else len(data) - 3
-            if cut > 0 and self._harmless(data[:cut]):
+            # The common case, at the speed of bytes.find: text and harmless sequences, as
+            # they are (no copy), but maybe for a sequence or a character the chunk's end cut.
+            cut = _cut(data)
+            if cut == len(data):
+                if self._harmless(data):
+                    return data
+            elif cut and self._harmless(data[:cut]):
                 return data[:cut] + self.feed(data[cut:])
         scan = _Scan(data, self.utf8)
         out: list[bytes] = []
@@ -375,6 +376,19 @@ class TerminalGuard:
             return at + 2 if data[at + 1] == ord("\\") else at
         self._mode = _GROUND
         return at + 1 if byte == _BEL else at  # CAN and SUB abort it, and are shown as controls are
+
+
+def _cut(data: bytes) -> int:
+    """Where a sequence or a character cut by the end of ``data`` begins (its length if none)."""
+    end = len(data)
+    last = data.rfind(b"\x1b", max(0, end - MAX_SEQUENCE))
+    if last >= 0 and _UNSAFE_ESC.match(data, last):
+        return last  # (or a sequence that is not harmless: the slow path sees to it)
+    if end and data[-1] >= 0x80:
+        for back in range(1, min(3, end) + 1):
+            if _UTF8_START.fullmatch(data, end - back):
+                return end - back
+    return end
 
 
 # What :meth:`_Scan.text_end` looks for besides bytes: where valid UTF-8 stops.
