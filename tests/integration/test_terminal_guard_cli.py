@@ -72,12 +72,15 @@ def test_on_a_terminal_the_clipboard_title_and_queries_are_dropped_and_colours_p
     assert b"AB" + COLOURED in shown and b" D" in shown
 
 
-def test_through_a_pipe_the_output_is_byte_for_byte(cli):
-    if "-t" in cli.name:
-        pytest.skip("-t needs a terminal")
+@pytest.mark.parametrize("mode", [name for name in MODES if "-t" not in name])  # -t needs a terminal
+def test_through_a_pipe_the_output_is_byte_for_byte(mode, sluice, tmp_path, request):
+    env = dict(os.environ, TERM="xterm")
+    if MODES[mode][0] == "run":
+        env.update(request.getfixturevalue("module_daemon").env_for_children())
     expected = subprocess.run(["printf", PAYLOAD], stdout=subprocess.PIPE, check=True).stdout
     assert CLIPBOARD in expected
-    done = subprocess.run(cli.argv(), env=cli.env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+    argv = [*sluice, *MODES[mode], "--cwd", str(tmp_path), "--", "printf", PAYLOAD]
+    done = subprocess.run(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                           stderr=subprocess.PIPE, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout == expected
