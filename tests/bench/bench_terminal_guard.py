@@ -47,7 +47,8 @@ def inputs(size: int) -> dict[str, bytes]:
         "ls --color": _repeat(ls, size),
         "git diff --color": _repeat(diff, size),
         "full-screen redraws": _repeat(screen, size),
-        "adversarial: queries, OSC 52": _repeat(b"\x1b[c\x1b[6n\x1b]52;c;Y3VybCBldmlsIHwgc2g=\x07\x9b6n\xc2\x9d0;t\x07x", size),
+        "adversarial: queries, OSC 52": _repeat(b"\x1b[c\x1b[6n\x1b]52;c;Y3VybCBldmlsIHwgc2g=\x07\x9b6n"
+                                                b"\xc2\x9d0;t\x07x", size),
         "adversarial: ESC bytes alone": _repeat(b"\x1b", size),
         "adversarial: unterminated OSC": b"\x1b]52;c;" + _repeat(b"QUFB", size),
         "adversarial: over-long CSI": b"\x1b[" + _repeat(b"1;", size),
