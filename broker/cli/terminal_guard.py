@@ -400,43 +400,54 @@ class _Scan:
     next invalid UTF-8, next string terminator...: each found once and again only once
     passed, so that a chunk is read a bounded number of times whatever it holds."""
 
-    __slots__ = ("data", "utf8", "ascii", "_next")
+    __slots__ = ("data", "_next", "_text_stops")
 
     def __init__(self, data: bytes, utf8: bool) -> None:
         self.data = data
-        self.utf8 = utf8
-        self.ascii = data.isascii()
         self._next: dict = {}
+        # What ends text: ENQ and an ESC that starts something; beyond ASCII, C1 controls
+        # and (in UTF-8) invalid bytes.
+        if data.isascii():
+            self._text_stops = (b"\x05", _UNSAFE_ESC)
+        elif utf8:
+            self._text_stops = (b"\x05", _UNSAFE_ESC, _C1_UTF8, _INVALID_UTF8)
+        else:
+            self._text_stops = (b"\x05", _UNSAFE_ESC, _C1_8BIT)
 
     def find(self, what, pos: int) -> int:
         """Where ``what`` (bytes, a compiled pattern or :data:`_INVALID_UTF8`) is next at or
         after ``pos``; the end of the chunk if nowhere."""
         at = self._next.get(what, -1)
-        if at < pos:
-            data = self.data
-            if isinstance(what, bytes):
-                at = data.find(what, pos)
-            elif what is _INVALID_UTF8:
-                try:
-                    at = pos + codecs.utf_8_decode(memoryview(data)[pos:], "strict", False)[1]
-                except UnicodeDecodeError as e:
-                    at = pos + e.start
-            else:
-                found = what.search(data, pos)
-                at = found.start() if found else -1
-            if at < 0:
-                at = len(data)
-            self._next[what] = at
+        return at if at >= pos else self._find(what, pos)
+
+    def _find(self, what, pos: int) -> int:
+        data = self.data
+        if isinstance(what, bytes):
+            at = data.find(what, pos)
+        elif what is _INVALID_UTF8:
+            try:
+                at = pos + codecs.utf_8_decode(memoryview(data)[pos:], "strict", False)[1]
+            except UnicodeDecodeError as e:
+                at = pos + e.start
+        else:
+            found = what.search(data, pos)
+            at = found.start() if found else -1
+        if at < 0:
+            at = len(data)
+        self._next[what] = at
         return at
 
     def text_end(self, pos: int) -> int:
         """Where the text and harmless sequences from ``pos`` end."""
-        stop = min(self.find(b"\x05", pos), self.find(_UNSAFE_ESC, pos))
-        if self.ascii:
-            return stop
-        if not self.utf8:
-            return min(stop, self.find(_C1_8BIT, pos))
-        return min(stop, self.find(_C1_UTF8, pos), self.find(_INVALID_UTF8, pos))
+        stop = len(self.data)
+        known = self._next
+        for what in self._text_stops:
+            at = known.get(what, -1)
+            if at < pos:
+                at = self._find(what, pos)
+            if at < stop:
+                stop = at
+        return stop
 
 
 # -- where sluice uses it ---------------------------------------------------------------
