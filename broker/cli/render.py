@@ -26,7 +26,8 @@ starts. A patch applied is summed up (files, +/- lines).
 
 Terminal safety: everything from the model, a server or a command is shown with its
 control characters escaped (:func:`safe_text`, :class:`SafeStream`), so ``\x1b[31m`` or
-an OSC sequence is seen, not obeyed; ``sluice run`` (not here) keeps command output raw.
+an OSC sequence is seen, not obeyed; ``sluice run`` (not here) keeps a command's colours
+and drops on a terminal only what acts outside the screen (:mod:`broker.cli.terminal_guard`).
 What a question shows of model-controlled text goes further (:func:`visible`): one line,
 nothing invisible or look-alike, the model's own words labelled and bounded
 (:func:`model_words`), so no text of the model's can pass for the question's.

@@ -1,5 +1,8 @@
 """``sluice run``: one command through the daemon, its output streamed as it comes
-(raw bytes, or Codex-shaped events with ``--json``), its exit code ours. Its stdin is
+(raw bytes, or Codex-shaped events with ``--json``), its exit code ours. On a terminal,
+the sequences that set the clipboard or the title or make the terminal answer are
+dropped (:mod:`broker.cli.terminal_guard`; ``--raw-escapes`` keeps them); pipes and
+files get every byte. Its stdin is
 ours when that is a pipe or a file (or, with ``-i``, a terminal); with ``-t`` it gets a
 terminal of its own in the sandbox, to which our raw terminal's keys and window size go
 (:mod:`broker.cli.terminal`)."""
@@ -24,10 +27,12 @@ from broker.cli.base import (
     read_stdin,
     remote_from_args,
     widen_pipe,
+    write_all,
 )
 from broker.cli.outlet import Outlet
 from broker.cli.run_direct import FALLBACK, DirectRun
 from broker.cli.terminal import NOT_A_TERMINAL, RawTerminal, is_terminal, window_size
+from broker.cli.terminal_guard import ConfigValueError, output_guards
 from broker.net.runtime import sluice_home
 from broker.wire.results import EXIT_NOT_FOUND, EXIT_SIGNAL_BASE, EXIT_SLUICE, EXIT_USAGE, new_call_id
 from broker.wire.run_args import RunArgsError, check_run
@@ -70,14 +75,19 @@ def run_main(args) -> int:
         return fail(str(e), EXIT_USAGE)
     if args.env_report:
         env_report(args.env)
+    try:
+        guards = output_guards(args.raw_escapes)
+    except ConfigValueError as e:
+        return fail(str(e), EXIT_USAGE)
 
     if not (args.tty or args.interactive or args.json or args.via_broker or args.connect or args.server_key or args.key):
-        run = DirectRun(fields)
+        run = DirectRun(fields, guards=guards)
         if run.start():
             code = _direct(run, command, args)
             if code is not None:
+                _flush(guards)
                 return code
-    return _through_broker(fields, command, args)
+    return _through_broker(fields, command, args, guards)
 
 
 def _direct(run: DirectRun, command: list[str], args) -> int | None:
@@ -97,7 +107,14 @@ def _direct(run: DirectRun, command: list[str], args) -> int | None:
     return _ending(result, command, args, run.signum, run.stdout_closed)
 
 
-def _through_broker(fields: dict, command: list[str], args) -> int:
+def _flush(guards: dict) -> None:
+    """The end of the command's output on our terminals (an unfinished sequence is dropped)."""
+    for fd, guard in guards.items():
+        with contextlib.suppress(OSError):
+            write_all(fd, guard.flush())
+
+
+def _through_broker(fields: dict, command: list[str], args, guards: dict) -> int:
     """Through the broker socket and the client library: the command's output comes as
     messages (or Codex-shaped events with ``--json``); a terminal of its own with ``-t``."""
     import broker.client as C
@@ -108,7 +125,7 @@ def _through_broker(fields: dict, command: list[str], args) -> int:
         request = wire.RunRequest(**fields, tty=winsize(*window_size(0, 1, 2)) if args.tty else None)
     except C.UsageError as e:
         return fail(str(e), EXIT_USAGE)
-    out = _JsonOutput(request) if args.json else _RawOutput()
+    out = _JsonOutput(request) if args.json else _RawOutput(guards)
     remote = remote_from_args(args)
     try:
         client = C.Client.connect(remote=remote, name="sluice run")
@@ -407,10 +424,22 @@ def _same_file(a: int, b: int) -> bool:
 
 
 class _RawOutput(_Output):
-    """Bytes of the command's stdout/stderr to ours, as they come."""
+    """Bytes of the command's stdout/stderr to ours, as they come (through ``guards``, by
+    our fd, for a terminal: :mod:`broker.cli.terminal_guard`)."""
+
+    def __init__(self, guards: dict) -> None:
+        super().__init__()
+        self._guards = guards
 
     def on_output(self, call, stream, chunk) -> None:
-        self.put(2 if stream == 2 else 1, chunk)
+        fd = 2 if stream == 2 else 1
+        guard = self._guards.get(fd)
+        self.put(fd, guard.feed(chunk) if guard is not None else chunk)
+
+    def finish(self) -> None:
+        for fd, guard in self._guards.items():
+            self.put(fd, guard.flush())  # an unfinished sequence is dropped
+        super().finish()
 
 
 class _JsonOutput(_Output):

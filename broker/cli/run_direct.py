@@ -54,8 +54,10 @@ class _Relay:
 class DirectRun:
     """One direct run: :meth:`start` (None: not possible, use the broker socket), then :meth:`wait`."""
 
-    def __init__(self, fields: dict, *, name: str = "sluice run", runtime: RuntimeDir | None = None) -> None:
+    def __init__(self, fields: dict, *, name: str = "sluice run", runtime: RuntimeDir | None = None,
+                 guards: dict | None = None) -> None:
         self.fields = fields
+        self.guards = guards or {}  # our fd -> its TerminalGuard (broker.cli.terminal_guard), for a terminal
         self.name = name
         self.runtime = runtime or RuntimeDir.default()
         self.sock: socket.socket | None = None
@@ -227,8 +229,9 @@ class DirectRun:
             return
         if relay.dst == 1 and self.stdout_closed:
             return
+        guard = self.guards.get(relay.dst)
         try:
-            write_all(relay.dst, data)
+            write_all(relay.dst, guard.feed(data) if guard else data)
         except OSError as e:
             if relay.dst != 1:
                 return  # our stderr is gone: nothing to tell anyone

@@ -10,6 +10,8 @@ tells what it will do through the daemon:
   /dev/null (with ``-i``: relayed through a pipe, lines as the terminal hands them
   over, end of file at Ctrl-D), and a stdout or stderr that is a terminal is relayed
   through a pipe. A pipe, a file or /dev/null is handed to the command as it is.
+- On a terminal (``-t`` or not) the command's output goes through
+  :mod:`broker.cli.terminal_guard` unless ``--raw-escapes``.
 
 SIGINT, SIGTERM and SIGHUP to sluice end the command's whole tree (SIGTERM, SIGKILL
 after :data:`KILL_GRACE_S`; sluice then exits with 128 + that signal, as ``sluice run``
@@ -31,6 +33,7 @@ import time
 
 from broker.cli.base import USAGE_SANDBOX, caught_signals, command_of, env_report, fail, print_error, write_all
 from broker.cli.terminal import NOT_A_TERMINAL, RawTerminal, is_terminal, window_size
+from broker.cli.terminal_guard import ConfigValueError, output_guards
 from broker.net.keys import default_keys_dir
 from broker.net.runtime import RuntimeDir, ensure_sluice_home, hidden_paths
 from broker.wire.results import EXIT_SIGNAL_BASE, EXIT_USAGE
@@ -52,7 +55,8 @@ KILL_GRACE_S = 0.5
 # those that take a value, and the switches, by the attribute they set.
 _VALUE_FLAGS = {"--sandbox": "sandbox", "--cwd": "cwd", "--writable": "writable", "--env": "env"}
 _SWITCHES = {"--network": "network", "--env-report": "env_report", "-t": "tty", "--tty": "tty",
-             "-i": "interactive", "--interactive": "interactive", "-it": None, "-ti": None}
+             "-i": "interactive", "--interactive": "interactive", "-it": None, "-ti": None,
+             "--raw-escapes": "raw_escapes"}
 
 
 class _Args:
@@ -63,7 +67,7 @@ class _Args:
         self.cwd = None
         self.writable: list[str] = []
         self.env: list[str] = []
-        self.network = self.env_report = self.tty = self.interactive = False
+        self.network = self.env_report = self.tty = self.interactive = self.raw_escapes = False
         self.command: list[str] = []
 
 
@@ -139,15 +143,21 @@ def sandbox_main(args, *, one_shot: bool = False) -> int:
     except PolicyError as e:
         return fail(str(e), EXIT_SETUP)
     env = filter_env(os.environ, args.env)
-    return _Relay(args.tty, args.interactive, one_shot).run(command, cwd=cwd, env=env, policy=policy, hide=hide)
+    try:
+        guards = output_guards(args.raw_escapes)
+    except ConfigValueError as e:
+        return fail(str(e), EXIT_USAGE)
+    return _Relay(args.tty, args.interactive, one_shot, guards).run(command, cwd=cwd, env=env, policy=policy,
+                                                                   hide=hide)
 
 
 class _Relay:
     """Starts the command with the right ends of its stdio and moves bytes between ours
     and theirs until its whole tree is dead."""
 
-    def __init__(self, tty: bool, interactive: bool, one_shot: bool = False) -> None:
+    def __init__(self, tty: bool, interactive: bool, one_shot: bool = False, guards: dict | None = None) -> None:
         self.tty = tty
+        self.guards = guards or {}  # our fd -> its TerminalGuard (broker.cli.terminal_guard), for a terminal
         self.interactive = interactive
         self.one_shot = one_shot
         # (from, to) pairs moved while the command runs; ``to`` for stdin is theirs.
@@ -227,6 +237,8 @@ class _Relay:
                     self._stop()
                 with RawTerminal(0) if self.tty else contextlib.nullcontext() as term:
                     self._pump(proc, term)
+                for fd, guard in self.guards.items():
+                    _write_out(fd, guard.flush())
                 outcome = proc.wait()
             finally:
                 proc.close()
@@ -278,7 +290,7 @@ class _Relay:
             if dead:
                 # The whole tree is gone: what is left in the pipes (or the pty) is all there is.
                 for src, dst in outputs.items():
-                    _drain(src, dst)
+                    _drain(src, dst, self.guards.get(dst))
                 return
             rlist = [self.wake, *done_fds, *outputs]
             wlist = []
@@ -305,7 +317,7 @@ class _Relay:
             for src in [fd for fd in readable if fd in outputs]:
                 data = _read(src)
                 if data:
-                    _write_out(outputs[src], data)
+                    _write_out(outputs[src], data, self.guards.get(outputs[src]))
                 elif data is not None:
                     del outputs[src]  # the command closed that stream (or every end of its pty)
             if 0 in readable:
@@ -324,7 +336,7 @@ class _Relay:
             if not done_fds and proc.poll() is not None:
                 done_fds = ()
                 for src, dst in outputs.items():
-                    _drain(src, dst)
+                    _drain(src, dst, self.guards.get(dst))
                 return
 
     def _feed(self) -> None:
@@ -376,16 +388,16 @@ def _read(fd: int) -> bytes | None:
         raise
 
 
-def _drain(src: int, dst: int) -> None:
+def _drain(src: int, dst: int, guard=None) -> None:
     while _readable(src):
         data = _read(src)
         if not data:
             return
-        _write_out(dst, data)
+        _write_out(dst, data, guard)
 
 
-def _write_out(fd: int, data: bytes) -> None:
+def _write_out(fd: int, data: bytes, guard=None) -> None:
     try:
-        write_all(fd, data)
+        write_all(fd, guard.feed(data) if guard else data)
     except OSError:
         pass  # our stdout or stderr is gone: the command's output has nowhere to go
