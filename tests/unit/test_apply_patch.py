@@ -13,10 +13,11 @@ from agent.apply_patch import (
     ApplyOutcome,
     ApplyPatchAction,
     TurnDiffTracker,
-    apply_action,
+    change_ops,
     grant_root_for,
     maybe_parse_apply_patch,
     maybe_parse_apply_patch_verified,
+    outcome_of,
     paths_outside,
     seek_sequence,
     unified_diff,
@@ -32,9 +33,28 @@ from agent.patch_parse import (
     extract_heredoc_patch,
     parse_patch,
 )
+from agent.sandbox_files import read_ops, states_from
 from broker.wire.protocol import AddFileChange, DeleteFileChange, UpdateFileChange
+from landlock_helper import fileops
 
 pytestmark = pytest.mark.timeout(30)
+
+
+# The agent reads and writes through a sandboxed process (tested in
+# tests/integration/test_containment_agent.py); here the same batches run in this process.
+
+
+def read_here(reads, stats=()):
+    ops = read_ops(reads, stats)
+    return states_from(ops, fileops.run({"ops": ops}))
+
+
+def apply_action(action: ApplyPatchAction) -> ApplyOutcome:
+    return outcome_of(action, fileops.run({"ops": change_ops(action)})["failed"])
+
+
+def diff_now(tracker: TurnDiffTracker) -> str | None:
+    return tracker.get_unified_diff(read_here(tracker.current_paths()))
 
 
 def wrap(body: str) -> str:
@@ -51,13 +71,13 @@ def write(path: Path, text: str | bytes) -> Path:
 
 
 def verified(tmp_path: Path, body: str) -> ApplyPatchAction:
-    result = maybe_parse_apply_patch_verified(["apply_patch", wrap(body)], tmp_path)
+    result = maybe_parse_apply_patch_verified(["apply_patch", wrap(body)], tmp_path, read_here)
     assert isinstance(result, ApplyPatchAction), result
     return result
 
 
 def verify_error(tmp_path: Path, body: str) -> str:
-    result = maybe_parse_apply_patch_verified(["apply_patch", wrap(body)], tmp_path)
+    result = maybe_parse_apply_patch_verified(["apply_patch", wrap(body)], tmp_path, read_here)
     assert isinstance(result, PatchError), result
     return str(result)
 
@@ -391,7 +411,7 @@ def test_verification_failures(tmp_path, setup, body, message):
 def test_expected_lines_error_is_one_line_then_the_lines(tmp_path):
     write(tmp_path / "foo.py", "x\n")
     result = maybe_parse_apply_patch_verified(
-        ["apply_patch", wrap("*** Update File: foo.py\n@@\n-y\n-z\n+w")], tmp_path
+        ["apply_patch", wrap("*** Update File: foo.py\n@@\n-y\n-z\n+w")], tmp_path, read_here
     )
     assert isinstance(result, PatchError)
     assert result.message == "Failed to find expected lines in foo.py:"
@@ -400,7 +420,7 @@ def test_expected_lines_error_is_one_line_then_the_lines(tmp_path):
 
 def test_empty_patch_is_refused(tmp_path):
     result = maybe_parse_apply_patch_verified(
-        ["apply_patch", "*** Begin Patch\n*** End Patch"], tmp_path
+        ["apply_patch", "*** Begin Patch\n*** End Patch"], tmp_path, read_here
     )
     assert result == PatchError("No files were modified.")
 
@@ -410,6 +430,7 @@ def test_failing_later_hunk_writes_nothing(tmp_path):
     result = maybe_parse_apply_patch_verified(
         ["apply_patch", wrap("*** Add File: created.txt\n+hello\n*** Update File: missing.txt\n@@\n-old\n+new")],
         tmp_path,
+        read_here,
     )
     assert isinstance(result, PatchError)
     assert list(tmp_path.iterdir()) == []
@@ -737,7 +758,7 @@ def test_turn_diff_pinned(tmp_path):
     tracker.on_patch_begin(second)
     assert apply_action(second).success
 
-    assert tracker.get_unified_diff() == (
+    assert diff_now(tracker) == (
         "diff --git a/gone.txt b/gone.txt\n"
         "deleted file mode 100644\n"
         "index 587be6b4c3f93f93c489c0111bba5596147a26cb..0000000000000000000000000000000000000000\n"
@@ -776,7 +797,7 @@ def test_turn_diff_rename_with_changes_and_modes(tmp_path):
     tracker.on_patch_begin(action)
     assert apply_action(action).success
     assert stat.S_IMODE((tmp_path / "b.sh").stat().st_mode) != 0o755  # a new file
-    assert tracker.get_unified_diff() == (
+    assert diff_now(tracker) == (
         "diff --git a/a.sh b/b.sh\n"
         "old mode 100755\n"
         "new mode 100644\n"
@@ -799,7 +820,7 @@ def test_turn_diff_paths_relative_to_cwd_without_git(tmp_path):
     action = verified(tmp_path, "*** Delete File: d/f.txt")
     tracker.on_patch_begin(action)
     assert apply_action(action).success
-    assert tracker.get_unified_diff().startswith("diff --git a/d/f.txt b/d/f.txt\n")
+    assert diff_now(tracker).startswith("diff --git a/d/f.txt b/d/f.txt\n")
     outside = TurnDiffTracker(cwd=str(tmp_path / "elsewhere"))
     write(tmp_path / "g.txt", "x\n")
     action = verified(tmp_path, "*** Delete File: g.txt")
@@ -807,7 +828,7 @@ def test_turn_diff_paths_relative_to_cwd_without_git(tmp_path):
     assert apply_action(action).success
     # Outside any git root and the cwd: the absolute path, without a doubled slash.
     rel = str(tmp_path).lstrip("/")
-    diff = outside.get_unified_diff()
+    diff = diff_now(outside)
     assert diff.startswith(f"diff --git a/{rel}/g.txt b/{rel}/g.txt\n") and "a//" not in diff
     assert f"\n--- a/{rel}/g.txt\n+++ /dev/null\n" in diff
 
@@ -819,7 +840,7 @@ def test_turn_diff_baseline_is_the_first_touch(tmp_path):
         action = verified(tmp_path, f"*** Update File: f.txt\n@@\n-{old}\n+{new}")
         tracker.on_patch_begin(action)
         assert apply_action(action).success
-    diff = tracker.get_unified_diff()
+    diff = diff_now(tracker)
     assert diff is not None and diff.endswith("@@ -1 +1 @@\n-v1\n+v3\n")
 
 
@@ -829,7 +850,7 @@ def test_turn_diff_add_then_delete_is_nothing(tmp_path):
         action = verified(tmp_path, body)
         tracker.on_patch_begin(action)
         assert apply_action(action).success
-    assert tracker.get_unified_diff() is None
+    assert diff_now(tracker) is None
 
 
 def test_turn_diff_sees_later_edits_and_missing_newline(tmp_path):
@@ -839,7 +860,7 @@ def test_turn_diff_sees_later_edits_and_missing_newline(tmp_path):
     tracker.on_patch_begin(action)
     assert apply_action(action).success
     (tmp_path / "f.txt").write_text("b")  # e.g. a shell command later in the turn
-    diff = tracker.get_unified_diff()
+    diff = diff_now(tracker)
     assert diff is not None
     assert diff.endswith("@@ -1 +1 @@\n-a\n+b\n\\ No newline at end of file\n")
 
@@ -850,7 +871,7 @@ def test_turn_diff_empty_file_oid(tmp_path):
     action = verified(tmp_path, "*** Add File: empty.txt")
     tracker.on_patch_begin(action)
     assert apply_action(action).success
-    assert tracker.get_unified_diff() == (
+    assert diff_now(tracker) == (
         "diff --git a/empty.txt b/empty.txt\n"
         "new file mode 100644\n"
         f"index {'0' * 40}..{OID['']}\n"
