@@ -200,8 +200,14 @@ def writable_roots_for(
 
 
 def _resolve(path: str | os.PathLike[str], cwd: str) -> str:
-    """Absolute and with symlinks resolved: where a write would really land."""
-    return os.path.realpath(os.path.join(cwd, os.fspath(path)))
+    """Absolute and with symlinks resolved: where a write would land now. (Only a
+    guess, since a path can change under us: patches are written in the sandbox, which
+    decides at the moment of the write.)"""
+    path = os.path.join(cwd, os.fspath(path))
+    try:
+        return os.path.realpath(path)
+    except OSError:  # a link being swapped as we look (EINVAL from readlink)
+        return os.path.normpath(path)
 
 
 def is_path_writable(
