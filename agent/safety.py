@@ -245,12 +245,18 @@ def assess_patch_safety(
     paths = list(action_paths)
     if not paths:
         return Reject("empty patch")
-    if policy == _UNTRUSTED:
-        return AskUser()
-    if sandbox_policy is not None and sandbox_policy.has_full_disk_write_access():
-        return AutoApprove(run_sandboxed=False)
+    full_write = sandbox_policy is not None and sandbox_policy.has_full_disk_write_access()
     roots = list(writable_roots)
-    offending = [_resolve(p, cwd) for p in paths if not is_path_writable(p, roots, cwd)]
+    offending = [] if full_write else [_resolve(p, cwd) for p in paths if not is_path_writable(p, roots, cwd)]
+    if policy == _UNTRUSTED:
+        # Asked either way; a patch that leaves the roots asks for the directory too,
+        # since it is written in the session's sandbox.
+        if not offending:
+            return AskUser()
+        root = _grant_root(offending)
+        return AskUser(reason=f"grant write access to {root} for this session", grant_root=root)
+    if full_write:
+        return AutoApprove(run_sandboxed=False)
     if not offending:
         if sandbox_available:
             return AutoApprove(run_sandboxed=True)
