@@ -108,7 +108,7 @@ def file_data(result: dict) -> bytes | None:
     if result.get("kind") != FILE or not isinstance(data, str):
         return None
     try:
-        return binascii.a2b_base64(data)
+        return binascii.a2b_base64(data, strict_mode=True)
     except (binascii.Error, ValueError):
         return None
 
@@ -168,7 +168,7 @@ def run(batch: dict) -> dict:
             data = None
             if kind == "write":
                 try:
-                    data = binascii.a2b_base64(op["data"])
+                    data = binascii.a2b_base64(op["data"], strict_mode=True)
                 except (KeyError, TypeError, binascii.Error, ValueError):
                     raise BatchError(f"a write needs its 'data' in base64 ({op['path']})") from None
             expect = op.get("expect")
