@@ -25,7 +25,7 @@ import pytest
 from agent.exec_runner import BrokerRunner
 from agent.safety import AutoApprove, assess_patch_safety, writable_roots_for
 from broker.wire.protocol import AskForApproval, PatchApproval, ReviewDecision, UnifiedExecSettings
-from landlock_helper import mounts
+from landlock_helper import fileops, mounts
 from landlock_helper.policy import SandboxPolicy
 from tests.support.fake_model import FakeModelServer, Harness, assistant, call, outputs_of, response, tag
 
@@ -341,3 +341,82 @@ def test_agents_md_fifo_does_not_hold_up_the_session(module_daemon, tmp_path) ->
             assert tag(await h.done(sub, timeout=30)) == "task_complete"
 
         session(server, module_daemon, tmp_path, body)
+
+
+# -- the builtin itself, as root and as an unprivileged user ------------------------------
+
+RUN_BUILTIN = r"""
+import os, sys
+from landlock_helper import fileops
+from landlock_helper.policy import SandboxPolicy
+from landlock_helper.spawn import spawn
+cwd, batch = sys.argv[1], sys.argv[2].encode()
+r_in, w_in = os.pipe()
+r_out, w_out = os.pipe()
+proc = spawn([fileops.PROGRAM], cwd=cwd, env={}, policy=SandboxPolicy.from_mode("workspace-write"),
+             stdout=w_out, stderr=2, stdin=r_in, builtin="fileops")
+os.close(r_in)
+os.close(w_out)
+os.write(w_in, batch)
+os.close(w_in)
+out = b""
+while chunk := os.read(r_out, 1 << 16):
+    out += chunk
+outcome = proc.wait(30)
+sys.stdout.write(out.decode())
+sys.exit(outcome.exit_code if outcome.exit_code is not None else 99)
+"""
+
+
+def _batch(proj: Path, name: str) -> list[dict]:
+    return [fileops.write_op(str(proj / "sub/.git/config"), b"[core]\n\tfsmonitor = x\n", b"[core]\n"),
+            fileops.write_op(f"/tmp/{name}", b"t", None)]
+
+
+def _project(base: Path) -> Path:
+    proj = base / "proj"
+    (proj / "sub/.git").mkdir(parents=True)
+    (proj / "sub/.git/config").write_text("[core]\n")
+    for d in (proj, proj / "sub", proj / "sub/.git"):
+        os.chmod(d, 0o777)
+    os.chmod(proj / "sub/.git/config", 0o666)
+    return proj
+
+
+def test_the_builtin_holds_as_root_and_as_nobody(as_user, nobody_env, open_tmp) -> None:
+    name = f"sluice-builtin-{secrets.token_hex(6)}"
+    # The attack: the same batch with the user's rights writes the .git and the host's /tmp.
+    twin = _project(open_tmp / "twin")
+    assert fileops.run({"ops": _batch(twin, name)})["failed"] is None
+    assert "fsmonitor" in (twin / "sub/.git/config").read_text()
+    os.unlink(f"/tmp/{name}")
+
+    proj = _project(open_tmp / "w")
+    python, lib = nobody_env
+    argv = [python, "-c", RUN_BUILTIN, str(proj)]
+    env = {**os.environ, "PYTHONPATH": lib}
+    if as_user == "nobody":
+        argv = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", *argv]
+        env["HOME"] = "/nonexistent"
+    # The sluice code that runs the builtin lies in the host's /tmp: the sandbox does not
+    # see it (nor needs to).
+    code = str(Path(lib) / "landlock_helper" / "fileops.py")
+    looked = subprocess.run([*argv, fileops.encode({"ops": [fileops.read_op(code)]}).decode()],
+                            capture_output=True, text=True, env=env, timeout=60)
+    assert looked.returncode == 0, looked.stderr
+    assert fileops.decode(looked.stdout.encode())["results"][0]["kind"] == "none"
+
+    scratch = Path(f"/tmp/sluice-tmp-{0 if as_user == 'root' else 65534}")
+    try:
+        ran = subprocess.run([*argv, fileops.encode({"ops": _batch(proj, name)[:1]}).decode()],
+                             capture_output=True, text=True, env=env, timeout=60)
+        assert ran.returncode == 0, ran.stderr
+        failed = fileops.decode(ran.stdout.encode())["failed"]
+        assert failed["stage"] == "write" and failed["error"] == "Read-only file system", failed
+        assert (proj / "sub/.git/config").read_text() == "[core]\n"
+        ran = subprocess.run([*argv, fileops.encode({"ops": _batch(proj, name)[1:]}).decode()],
+                             capture_output=True, text=True, env=env, timeout=60)
+        assert fileops.decode(ran.stdout.encode())["failed"] is None, ran.stdout
+        assert not os.path.exists(f"/tmp/{name}") and (scratch / name).read_text() == "t"
+    finally:
+        (scratch / name).unlink(missing_ok=True)
