@@ -618,6 +618,13 @@ def spawn(argv, *, cwd, env, policy: SandboxPolicy, stdout: int, stderr: int, st
     if sys.platform == "darwin":  # pragma: no cover - exercised on macOS only
         from landlock_helper.darwin import spawn_seatbelt
 
+        if builtin is not None:
+            # Seatbelt applies at exec: the builtin runs in this interpreter, exec'd
+            # under the profile (which lets it read the interpreter and sluice's code).
+            _load_builtin(builtin)
+            package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+            argv = [sys.executable, "-I", "-c", f"import sys; sys.path.insert(0, {package!r}); "
+                    f"import {BUILTINS[builtin]} as m; sys.exit(m.serve())"]
         return spawn_seatbelt(argv, cwd=cwd, env=env, policy=policy, stdout=stdout, stderr=stderr,
                               stdin=stdin, hidden_paths=hidden_paths, sandbox_cwd=sandbox_cwd, tty=tty)
     mode = _stdin_mode(stdin, tty)
