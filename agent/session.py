@@ -80,7 +80,7 @@ from agent import history as message_history
 from agent.apply_patch import TurnDiffTracker
 from agent.config import OPENAI_DEFAULT_BASE_URL, ResolvedProvider, sluice_home
 from agent.exec_runner import CommandRunner
-from agent.instructions import PROJECT_DOC_TIMEOUT_MS, BASE_INSTRUCTIONS, full_instructions, user_instructions
+from agent.instructions import BASE_INSTRUCTIONS, PROJECT_DOC_TIMEOUT_MS, full_instructions, user_instructions
 from agent.sandbox_files import SandboxFiles
 from agent.items import Item, input_texts
 from agent.mcp.config import grants

@@ -45,7 +45,7 @@ def answers(server: FakeModelServer) -> dict[str, str]:
     return found
 
 
-def session(server: FakeModelServer, handle, tmp_path: Path, body, **configure) -> None:
+def session(server: FakeModelServer, handle, tmp_path: Path, body) -> None:
     async def main() -> None:
         runner = await BrokerRunner.connect(handle.runtime)
         h = Harness(server, runner, tmp_path)
