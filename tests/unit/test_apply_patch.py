@@ -19,6 +19,7 @@ from agent.apply_patch import (
     maybe_parse_apply_patch_verified,
     outcome_of,
     paths_outside,
+    paths_to_read,
     seek_sequence,
     unified_diff,
     verify_patch,
@@ -876,3 +877,31 @@ def test_turn_diff_empty_file_oid(tmp_path):
         "new file mode 100644\n"
         f"index {'0' * 40}..{OID['']}\n"
     )
+
+
+# -- what is read for verification, how a refused change is reported --------------------
+
+
+def test_paths_to_read_are_the_targets_and_the_directories_above_new_files(tmp_path):
+    parsed = maybe_parse_apply_patch(
+        ["apply_patch", wrap("*** Add File: a/b/new.txt\n+x\n*** Update File: old.txt\n*** Move to: c/moved.txt\n"
+                             "@@\n-x\n+y\n*** Delete File: gone.txt")], tmp_path)
+    reads, stats = paths_to_read(parsed)
+    assert reads == [str(tmp_path / p) for p in ("a/b/new.txt", "old.txt", "c/moved.txt", "gone.txt")]
+    assert stats[:2] == [str(tmp_path / "a/b"), str(tmp_path / "a")] and str(tmp_path / "c") in stats
+    assert "/" in stats and not set(reads) & set(stats)
+
+
+def test_a_refused_change_is_a_failed_patch_that_says_why(tmp_path):
+    write(tmp_path / "f.txt", "a\n")
+    action = verified(tmp_path, "*** Update File: f.txt\n@@\n-a\n+b")
+    path = str(tmp_path / "f.txt")
+    refused = outcome_of(action, {"path": path, "stage": "write", "error": "Read-only file system", "errno": 30})
+    assert refused == ApplyOutcome(
+        "", "Failed to write file f.txt: Read-only file system (the session's sandbox does not allow this write)\n",
+        False)
+    changed = outcome_of(action, {"path": path, "stage": "check", "error": "changed since it was read", "errno": 0})
+    assert changed.stderr == "f.txt changed on disk after the patch was checked; read it again and redo the patch\n"
+    partly = outcome_of(action, {"path": path, "stage": "update", "error": "No space left on device", "errno": 28})
+    assert partly.stderr == "Failed to update f.txt: No space left on device (the patch was partly applied)\n"
+    assert outcome_of(action, None) == ApplyOutcome("Success. Updated the following files:\nM f.txt\n", "", True)
