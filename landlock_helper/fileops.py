@@ -41,13 +41,22 @@ from __future__ import annotations
 
 import binascii
 import errno
-import hashlib
 import json
 import os
 import stat
 from typing import NamedTuple
 
 from landlock_helper.policy import PROTECTED_SUBDIRS
+
+# CPython's own SHA-256, not hashlib's: hashlib loads OpenSSL (3.5 MiB resident) into the
+# process every sandbox is forked from.
+try:
+    from _sha2 import sha256  # Python 3.12+
+except ImportError:
+    try:
+        from _sha256 import sha256  # Python 3.11
+    except ImportError:  # a build without them
+        from hashlib import sha256
 
 # What a sandbox shows for the builtin's argv[0] (``ps``, logs).
 PROGRAM = "sluice-fileops"
@@ -68,7 +77,7 @@ class BatchError(ValueError):
 
 def digest(data: bytes | None) -> str:
     """What ``expect`` holds for ``data`` (``""``: no readable file)."""
-    return "" if data is None else hashlib.sha256(data).hexdigest()
+    return "" if data is None else sha256(data).hexdigest()
 
 
 def read_op(path: str, max_bytes: int = MAX_READ) -> dict:
@@ -250,7 +259,7 @@ def _current_digest(path: str) -> str:
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             return digest(None)
-        h = hashlib.sha256()
+        h = sha256()
         while chunk := os.read(fd, 1 << 20):
             h.update(chunk)
         return h.hexdigest()
@@ -366,7 +375,7 @@ def _unlink_quietly(path: str) -> None:
 
 
 def rehearse() -> None:
-    """Touch what a batch uses (JSON, SHA-256, base64), in the process sandboxes are
-    forked from: its first use may load more (OpenSSL's configuration)."""
+    """Use what a batch uses (JSON, SHA-256, base64) once, in the process sandboxes are
+    forked from, so that no first use inside a sandbox has anything left to load."""
     decode(encode({"ops": [write_op("x", b"x", b"x")]}))
     file_data({"kind": FILE, "data": _b64(b"x")})
