@@ -28,7 +28,8 @@ them, ``""`` for no readable file: a file changed since then refuses the whole c
 compare-and-swap done here, where the write happens); then each new content goes to a
 temporary file beside its target (parents made as needed; an existing file's mode
 kept; a symlink written through to its target), and only when all are written are they
-renamed into place and the deletes done. A failure before the renames leaves nothing
+renamed into place, within the directory opened for the temporary file, and the deletes
+done. A failure before the renames leaves nothing
 behind. No path component named ``.git`` or ``.sluice`` is ever created (a new
 repository is git's to make, not a patch's; the executor's post-command check would
 move one aside too). The first failure is ``failed``; ``stage`` says how far it got
@@ -280,52 +281,64 @@ class _Change(NamedTuple):
     expect: str | None  # None: not checked
 
 
+class _Staged(NamedTuple):
+    dir_fd: int  # the directory it goes into, opened once: a link swapped in later moves nothing
+    temp: str
+    name: str
+    path: str  # for a person
+
+
 def _change(ops: list[_Change]) -> dict | None:
     for op in ops:
         if op.expect is not None and _current_digest(op.path) != op.expect:
             return {"path": op.path, "stage": "check", "error": "changed since it was read", "errno": 0}
 
-    staged: list[tuple[str, str]] = []  # (temporary file, destination)
+    staged: list[_Staged] = []
     made: list[str] = []
-    for op in ops:
-        if op.op != "write":
-            continue
-        path, data = op.path, op.data
-        target = os.path.realpath(path) if os.path.islink(path) else path
-        try:
-            _make_parents(os.path.dirname(target), made)
-            if not os.path.lexists(target):
-                _refuse_protected(target)
-            staged.append((_write_temp(target, data), target))
-        except OSError as e:
-            for temp, _ in staged:
-                _unlink_quietly(temp)
-            for directory in reversed(made):
-                try:
-                    os.rmdir(directory)
-                except OSError:
-                    pass
-            return _failure(path, "write", e)
-
-    # Nothing on disk has changed yet; from here on only renames and unlinks remain.
-    done = 0
-    path = ""
+    dirs: dict[str, int] = {}  # each directory opened once, however many files go there
     try:
-        for temp, path in staged:
-            os.replace(temp, path)
-            done += 1
         for op in ops:
-            if op.op == "delete":
-                path = op.path
-                try:
-                    os.unlink(path)
-                except FileNotFoundError:
-                    pass
-    except OSError as e:
-        for temp, _ in staged[done:]:
-            _unlink_quietly(temp)
-        return _failure(path, "update", e)
-    return None
+            if op.op != "write":
+                continue
+            target = os.path.realpath(op.path) if os.path.islink(op.path) else op.path
+            try:
+                _make_parents(os.path.dirname(target), made)
+                if not os.path.lexists(target):
+                    _refuse_protected(target)
+                staged.append(_stage(target, op.data, dirs))
+            except OSError as e:
+                for s in staged:
+                    _unlink_quietly(s.temp, s.dir_fd)
+                for directory in reversed(made):
+                    try:
+                        os.rmdir(directory)
+                    except OSError:
+                        pass
+                return _failure(op.path, "write", e)
+
+        # Nothing on disk has changed yet; from here on only renames and unlinks remain.
+        done = 0
+        path = ""
+        try:
+            for s in staged:
+                path = s.path
+                os.replace(s.temp, s.name, src_dir_fd=s.dir_fd, dst_dir_fd=s.dir_fd)
+                done += 1
+            for op in ops:
+                if op.op == "delete":
+                    path = op.path
+                    try:
+                        os.unlink(path)
+                    except FileNotFoundError:
+                        pass
+        except OSError as e:
+            for s in staged[done:]:
+                _unlink_quietly(s.temp, s.dir_fd)
+            return _failure(path, "update", e)
+        return None
+    finally:
+        for fd in dirs.values():
+            os.close(fd)
 
 
 def _refuse_protected(path: str) -> None:
@@ -345,14 +358,20 @@ def _make_parents(directory: str, made: list[str]) -> None:
         made.append(d)
 
 
-def _write_temp(target: str, data: bytes) -> str:
+def _stage(target: str, data: bytes, dirs: dict[str, int]) -> _Staged:
+    """``data`` in a new temporary file beside ``target``, with ``target``'s mode if it
+    exists; its directory opened (once, kept in ``dirs``)."""
     directory, name = os.path.split(target)
-    temp = os.path.join(directory, f".{name}.{os.urandom(6).hex()}.tmp")
+    directory = directory or "."
+    if directory not in dirs:
+        dirs[directory] = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    dir_fd = dirs[directory]
+    temp = f".{name}.{os.urandom(6).hex()}.tmp"
     try:
-        mode = stat.S_IMODE(os.stat(target).st_mode)
+        mode = stat.S_IMODE(os.stat(name, dir_fd=dir_fd).st_mode)
     except OSError:
         mode = 0o666  # a new file: the umask applies, as for any file we create
-    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=dir_fd)
     try:
         view = memoryview(data)
         while view:
@@ -361,15 +380,15 @@ def _write_temp(target: str, data: bytes) -> str:
             os.fchmod(fd, mode)  # the umask must not narrow an existing file's mode
     except OSError:
         os.close(fd)
-        _unlink_quietly(temp)
+        _unlink_quietly(temp, dir_fd)
         raise
     os.close(fd)
-    return temp
+    return _Staged(dir_fd, temp, name, target)
 
 
-def _unlink_quietly(path: str) -> None:
+def _unlink_quietly(name: str, dir_fd: int | None = None) -> None:
     try:
-        os.unlink(path)
+        os.unlink(name, dir_fd=dir_fd)
     except OSError:
         pass
 

@@ -195,9 +195,8 @@ def test_symlink_race_never_lands_outside(module_daemon, tmp_path, swapper, outs
             # The race was on: some patches met the symlink (and were refused, by the
             # sandbox or the user) ...
             assert failed or asked, "no patch met the swapped symlink"
-            # ... and failed as the sandbox refused them, never by writing elsewhere.
-            assert all("Read-only file system" in e.stderr or "No such file" in e.stderr
-                       or "changed on disk" in e.stderr or "Not a directory" in e.stderr for e in failed), failed
+            # ... and failed, saying so (where they could have gone is checked below).
+            assert all(e.stderr.startswith("Failed to ") or "changed on disk" in e.stderr for e in failed), failed
 
         session(server, module_daemon, tmp_path, body)
     assert "Process running with session ID" in answers(server)["swap"]
