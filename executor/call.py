@@ -331,7 +331,7 @@ class Call:
             return False
         self._send([s.header, chunk])
         s.capture.add(chunk)
-        if len(chunk) < PACE_BELOW:
+        if len(chunk) < PACE_BELOW and self.req.fileops is None:  # one answer, then EOF: nothing to gather
             s.paced_until = self._loop.time() + PACE_S
         self.unacked_bytes += len(chunk)
         self.unacked_chunks += 1
