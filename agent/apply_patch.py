@@ -549,6 +549,8 @@ def outcome_of(action: ApplyPatchAction, failed: Mapping | None) -> ApplyOutcome
     """The report of a change batch whose answer's ``failed`` is ``failed``."""
     if not failed:
         return ApplyOutcome(summary(action), "", True)
+    if not isinstance(failed, Mapping):
+        failed = {"error": "the sandbox's answer is unreadable"}
     shown = _display(action, str(failed.get("path", "")))
     reason = str(failed.get("error") or "failed")
     if failed.get("errno") in _REFUSED:

@@ -600,7 +600,8 @@ async def apply_patch(sess: Session, task: AgentTask, call_id: str, action: Appl
     # Written in the session's sandbox (a root granted above is in its policy now), so
     # the kernel decides at the moment of each write, as for a command of the session.
     try:
-        answer = await session_files(sess).run(change_ops(action))
+        # Shielded: an interrupt must not stop the sandbox between two renames.
+        answer = await asyncio.shield(session_files(sess).run(change_ops(action)))
         outcome = outcome_of(action, answer.get("failed"))
     except FileAccessError as err:
         outcome = ApplyOutcome("", f"Failed to apply the patch: {err}\n", False)
