@@ -26,9 +26,15 @@ old lines inserts its lines right after its ``@@`` context line, or at the end o
 file if it has none. The result always ends with a newline; a file that used CRLF line
 ends throughout keeps them.
 
+The agent touches no file itself: what verification needs is read, and the change is
+made, by a batch of file operations run in the session's sandbox
+(:mod:`agent.sandbox_files`). This module is the pure part: which paths to read
+(:func:`paths_to_read`), the verification over what was read, the batch that makes the
+change (:func:`change_ops`) and the report of how it went (:func:`outcome_of`).
+
 What is verified before anything is written (:func:`verify_patch`). Every hunk is
-applied, in order, to an in-memory view of the files, so a later hunk sees what an
-earlier one did: paths are resolved against the cwd; an Update or Delete target must
+applied, in order, to an in-memory view of the files (as the sandbox read them), so a
+later hunk sees what an earlier one did: paths are resolved against the cwd; an Update or Delete target must
 exist, be a regular file, and (for an update) be UTF-8 text; every chunk must apply; an
 Add target or Move destination must not be a directory, nor lie beneath a file. An Add
 of an existing file overwrites it, as a Move onto an existing file does. A patch with no
@@ -36,28 +42,31 @@ hunks is refused. The result is an :class:`ApplyPatchAction`: the net change of 
 path as ``broker.wire.protocol`` :class:`FileChange` values (what
 ``apply_patch_approval_request`` and ``patch_apply_begin`` carry) and the final contents.
 
-:func:`apply_action` then makes the disk match: it first checks no target changed since
-verification, writes every new file's contents to a temporary file beside it (keeping
-an existing file's permissions, writing through a symlink to its target), and only when
-all are written renames them into place and deletes what the patch deletes. It reports
-as Codex does: ``Success. Updated the following files:`` then ``A``/``M``/``D`` lines.
+The change (:func:`change_ops`, carried out in the sandbox by
+:mod:`landlock_helper.fileops`) makes the disk match: it first checks no target changed
+since verification (compare-and-swap, where the write happens), writes every new file's
+contents to a temporary file beside it (keeping an existing file's permissions, writing
+through a symlink to its target), and only when all are written renames them into place
+and deletes what the patch deletes. :func:`outcome_of` reports as Codex does:
+``Success. Updated the following files:`` then ``A``/``M``/``D`` lines; a write the
+sandbox refuses is a failed patch that says so.
 
 :func:`paths_outside` and :func:`grant_root_for` decide whether a patch writes outside
 the session's writable roots and which directory to propose as ``grant_root``.
 :class:`TurnDiffTracker` remembers each file as it was before the turn first patched it
-and renders the git-style diff of everything the turn changed (the ``turn_diff`` event).
+(as verification read it) and renders the git-style diff of everything the turn changed (the ``turn_diff`` event).
 """
 
 from __future__ import annotations
 
 import difflib
+import errno
 import hashlib
 import os
-import stat
-import uuid
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, NamedTuple
+from typing import Callable, NamedTuple
 
 from agent.patch_parse import (
     AddFile,
@@ -68,7 +77,9 @@ from agent.patch_parse import (
     parse_apply_patch_argv,
     parse_patch,
 )
+from agent.sandbox_files import FileState
 from broker.wire.protocol import AddFileChange, DeleteFileChange, FileChange, UpdateFileChange
+from landlock_helper import fileops
 from landlock_helper.policy import is_beneath, write_allowed
 
 __all__ = [
@@ -78,21 +89,20 @@ __all__ = [
     "ParsedPatch",
     "PatchError",
     "TurnDiffTracker",
-    "apply_action",
     "apply_chunks",
+    "change_ops",
     "grant_root_for",
     "maybe_parse_apply_patch",
     "maybe_parse_apply_patch_verified",
+    "outcome_of",
     "parse_patch",
     "paths_outside",
+    "paths_to_read",
     "seek_sequence",
     "summary",
     "unified_diff",
     "verify_patch",
 ]
-
-# Directories that stay read-only inside a writable root (as the sandbox keeps them).
-
 
 def maybe_parse_apply_patch(
     argv: list[str] | tuple[str, ...], cwd: str | os.PathLike[str]
@@ -102,15 +112,20 @@ def maybe_parse_apply_patch(
     return parse_apply_patch_argv(argv, _absolute_cwd(cwd))
 
 
+# Reads the paths verification needs (:func:`paths_to_read`): ``(reads, stats)`` -> each
+# path's state.
+FileReader = Callable[[list[str], list[str]], Mapping[str, FileState]]
+
+
 def maybe_parse_apply_patch_verified(
-    argv: list[str] | tuple[str, ...], cwd: str | os.PathLike[str]
+    argv: list[str] | tuple[str, ...], cwd: str | os.PathLike[str], read: FileReader
 ) -> ApplyPatchAction | PatchError | None:
-    """:func:`maybe_parse_apply_patch` then :func:`verify_patch`."""
+    """:func:`maybe_parse_apply_patch` then :func:`verify_patch` over what ``read`` gives."""
     parsed = maybe_parse_apply_patch(argv, cwd)
     if parsed is None or isinstance(parsed, PatchError):
         return parsed
     try:
-        return verify_patch(parsed)
+        return verify_patch(parsed, read(*paths_to_read(parsed)))
     except PatchError as err:
         return err
 
@@ -144,8 +159,9 @@ class ApplyPatchAction:
     ``changes``: absolute path -> the net :class:`FileChange` of that path (a move is an
     update keyed by its source, ``move_path`` its destination), in the order the patch
     first touched them. ``final``: absolute path -> contents after the patch, ``None`` if
-    the path will not exist. ``original``: the same paths as they were on disk (bytes)
-    when verified. ``ops``: the hunks in order, resolved."""
+    the path will not exist. ``original``: the same paths as they were (bytes, None if
+    no readable file) when verified, and ``states`` as the sandbox saw them then.
+    ``ops``: the hunks in order, resolved."""
 
     patch: str
     cwd: str
@@ -153,36 +169,64 @@ class ApplyPatchAction:
     changes: dict[str, FileChange]
     final: dict[str, str | None]
     original: dict[str, bytes | None]
+    states: dict[str, FileState] = field(default_factory=dict)
 
     def written_paths(self) -> list[str]:
         """Every path the patch creates, overwrites or deletes (move sources included)."""
         return list(self.final)
 
 
-def _not_a_file_reason(path: str) -> str | None:
-    """Why ``path`` is not an existing regular file (symlinks followed), or None."""
-    try:
-        mode = os.stat(path).st_mode
-    except OSError as err:
-        return err.strerror or str(err)
-    if stat.S_ISREG(mode):
-        return None
-    return "Is a directory" if stat.S_ISDIR(mode) else "Not a regular file"
+def _resolver(base: str) -> Callable[[str], str]:
+    return lambda p: os.path.normpath(os.path.join(base, p))
+
+
+def paths_to_read(parsed: ParsedPatch, cwd: str | os.PathLike[str] | None = None) -> tuple[list[str], list[str]]:
+    """What :func:`verify_patch` needs to know of the disk: every path the patch touches
+    (read: its contents), and every directory above a path it creates (stat: is it a
+    directory, a file, nothing)."""
+    resolve = _resolver(_absolute_cwd(cwd if cwd is not None else (parsed.cwd or "")))
+    reads: dict[str, None] = {}
+    stats: dict[str, None] = {}
+    for hunk in parsed.hunks:
+        targets = [resolve(hunk.path)]
+        reads[targets[0]] = None
+        move = getattr(hunk, "move_path", None)
+        if move is not None:
+            targets.append(resolve(move))
+            reads[targets[1]] = None
+        for target in targets[0 if isinstance(hunk, AddFile) else 1:]:
+            parent = os.path.dirname(target)
+            while parent and parent not in stats:
+                stats[parent] = None
+                if parent == os.path.dirname(parent):
+                    break
+                parent = os.path.dirname(parent)
+    return list(reads), [p for p in stats if p not in reads]
+
+
+_UNKNOWN = FileState("none", error="No such file or directory")
 
 
 class _Overlay:
-    """The files as the patch has left them so far; disk underneath."""
+    """The files as the patch has left them so far; as the sandbox read them underneath."""
 
-    def __init__(self) -> None:
+    def __init__(self, disk: Mapping[str, FileState]) -> None:
+        self.disk = disk
         self.final: dict[str, str | None] = {}
         self.original: dict[str, bytes | None] = {}
+        self.states: dict[str, FileState] = {}
+
+    def on_disk(self, path: str) -> FileState:
+        return self.disk.get(path, _UNKNOWN)
 
     def _snapshot(self, path: str) -> None:
         if path in self.original:
             return
+        state = self.on_disk(path)
+        self.states[path] = state
         # None also for what is not a readable file (a directory, say); the hunk that
         # needs it reports why.
-        self.original[path] = _current_bytes(path)
+        self.original[path] = state.data if state.is_file and not state.truncated else None
 
     def read_text(self, path: str, display: str, purpose: str) -> str:
         """Current text of ``path``; ``purpose`` completes "Failed to read file to ..."."""
@@ -194,39 +238,39 @@ class _Overlay:
                     f"Failed to read file to {purpose} {display}: No such file or directory"
                 )
             return content
-        reason = _not_a_file_reason(path)
-        if reason is None:
-            try:
-                with open(path, "rb") as f:
-                    data = f.read()
-            except OSError as err:
-                reason = err.strerror or str(err)
-        if reason is not None:
-            raise PatchError(f"Failed to read file to {purpose} {display}: {reason}")
+        state = self.on_disk(path)
+        reason = state.not_a_file_reason()
+        if reason is not None or state.data is None:
+            raise PatchError(f"Failed to read file to {purpose} {display}: {reason or 'unreadable'}")
         try:
-            return data.decode("utf-8")
+            return state.data.decode("utf-8")
         except UnicodeDecodeError:
             raise PatchError(
                 f"Failed to read file to {purpose} {display}: stream did not contain valid UTF-8"
             ) from None
 
+    def not_a_file_reason(self, path: str) -> str | None:
+        if path in self.final:
+            return None if self.final[path] is not None else "No such file or directory"
+        return self.on_disk(path).not_a_file_reason()
+
     def exists_as_file(self, path: str) -> bool:
         if path in self.final:
             return self.final[path] is not None
-        return os.path.isfile(path)
+        return self.on_disk(path).is_file
 
     def check_writable_target(self, path: str, display: str) -> None:
         """A file can be written at ``path``: not a directory, no file above it."""
-        if path not in self.final and os.path.isdir(path):
+        if path not in self.final and self.on_disk(path).is_dir:
             raise PatchError(f"Failed to write file {display}: Is a directory")
         parent = os.path.dirname(path)
         while parent and parent != os.path.dirname(parent):
             # A file the patch deletes still blocks: files are written before deletes.
-            if self.exists_as_file(parent) or os.path.isfile(parent):
+            if self.exists_as_file(parent) or self.on_disk(parent).is_file:
                 raise PatchError(
                     f"Failed to create parent directories for {display}: Not a directory"
                 )
-            if os.path.isdir(parent):
+            if self.on_disk(parent).is_dir:
                 break
             parent = os.path.dirname(parent)
 
@@ -236,20 +280,19 @@ class _Overlay:
 
 
 def verify_patch(
-    parsed: ParsedPatch, cwd: str | os.PathLike[str] | None = None
+    parsed: ParsedPatch, disk: Mapping[str, FileState], cwd: str | os.PathLike[str] | None = None
 ) -> ApplyPatchAction:
     """Apply ``parsed`` in memory against the files under ``cwd`` (default: the cwd it
-    was parsed with); raise :class:`PatchError` if any hunk would not apply."""
+    was parsed with) as ``disk`` gives them (what :func:`paths_to_read` names, read in the
+    sandbox); raise :class:`PatchError` if any hunk would not apply."""
     base = _absolute_cwd(cwd if cwd is not None else (parsed.cwd or ""))
     if not parsed.hunks:
         raise PatchError("No files were modified.")
-    overlay = _Overlay()
+    overlay = _Overlay(disk)
     ops: list[FileOp] = []
     last_writer: dict[str, str] = {}
     origin: dict[str, str] = {}  # move destination -> the file it came from
-
-    def resolve(p: str) -> str:
-        return os.path.normpath(os.path.join(base, p))
+    resolve = _resolver(base)
 
     for hunk in parsed.hunks:
         path = resolve(hunk.path)
@@ -260,10 +303,7 @@ def verify_patch(
             origin.pop(path, None)
             ops.append(FileOp("add", path, hunk.path))
         elif isinstance(hunk, DeleteFile):
-            if path in overlay.final:
-                reason = None if overlay.final[path] is not None else "No such file or directory"
-            else:
-                reason = _not_a_file_reason(path)
+            reason = overlay.not_a_file_reason(path)
             if reason is not None:
                 raise PatchError(f"Failed to read file to delete {hunk.path}: {reason}")
             overlay.write(path, None)
@@ -299,6 +339,7 @@ def verify_patch(
         changes=changes,
         final=dict(overlay.final),
         original=dict(overlay.original),
+        states=dict(overlay.states),
     )
 
 
@@ -490,106 +531,38 @@ def _display(action: ApplyPatchAction, path: str) -> str:
     return path if rel.startswith("..") else rel
 
 
-def _current_bytes(path: str) -> bytes | None:
-    try:
-        with open(path, "rb") as f:
-            return f.read()
-    except OSError:
-        return None
+def change_ops(action: ApplyPatchAction) -> list[dict]:
+    """The batch (:mod:`landlock_helper.fileops`) that makes the disk match ``action``:
+    each write and delete refused if its file is no longer what verification read."""
+    return [
+        fileops.delete_op(path, action.original.get(path)) if content is None
+        else fileops.write_op(path, content.encode("utf-8"), action.original.get(path))
+        for path, content in action.final.items()
+    ]
 
 
-def apply_action(action: ApplyPatchAction) -> ApplyOutcome:
-    """Write a verified action to disk: all files or (barring a failed rename) none."""
-    for path, before in action.original.items():
-        if _current_bytes(path) != before:
-            return ApplyOutcome(
-                "",
-                f"{_display(action, path)} changed on disk after the patch was checked; "
-                "read it again and redo the patch\n",
-                False,
-            )
-
-    staged: list[tuple[str, str]] = []  # (temporary file, destination)
-    made_dirs: list[str] = []
-    for path, content in action.final.items():
-        if content is None:
-            continue
-        target = os.path.realpath(path) if os.path.islink(path) else path
-        try:
-            _make_parents(os.path.dirname(target), made_dirs)
-            staged.append((_write_temp(target, content.encode("utf-8")), target))
-        except OSError as err:
-            for temp, _ in staged:
-                _unlink_quietly(temp)
-            for directory in reversed(made_dirs):
-                try:
-                    os.rmdir(directory)
-                except OSError:
-                    pass
-            reason = err.strerror or str(err)
-            return ApplyOutcome(
-                "", f"Failed to write file {_display(action, path)}: {reason}\n", False
-            )
-
-    # Nothing on disk has changed yet; from here on only renames and unlinks remain.
-    done = 0
-    path = ""
-    try:
-        for temp, path in staged:
-            os.replace(temp, path)
-            done += 1
-        for path, content in action.final.items():
-            if content is None:
-                try:
-                    os.unlink(path)
-                except FileNotFoundError:
-                    pass
-    except OSError as err:
-        for temp, _ in staged[done:]:
-            _unlink_quietly(temp)
-        return ApplyOutcome(
-            "",
-            f"Failed to update {_display(action, path)}: {err.strerror or err} "
-            "(the patch was partly applied)\n",
-            False,
-        )
-    return ApplyOutcome(summary(action), "", True)
+# What the sandbox's refusals mean, for the model: it should not retry the same write.
+_REFUSED = (errno.EROFS, errno.EACCES, errno.EPERM)
 
 
-def _make_parents(directory: str, made: list[str]) -> None:
-    missing: list[str] = []
-    while directory and not os.path.isdir(directory):
-        missing.append(directory)
-        directory = os.path.dirname(directory)
-    for d in reversed(missing):
-        os.mkdir(d)
-        made.append(d)
-
-
-def _write_temp(target: str, data: bytes) -> str:
-    directory, name = os.path.split(target)
-    temp = os.path.join(directory, f".{name}.{uuid.uuid4().hex[:12]}.tmp")
-    try:
-        mode = stat.S_IMODE(os.stat(target).st_mode)
-    except OSError:
-        mode = 0o666  # a new file: the umask applies, as for any file we create
-    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        if mode != 0o666:
-            os.chmod(temp, mode)  # the umask must not narrow an existing file's mode
-    except OSError:
-        _unlink_quietly(temp)
-        raise
-    return temp
-
-
-def _unlink_quietly(path: str) -> None:
-    try:
-        os.unlink(path)
-    except OSError:
-        pass
+def outcome_of(action: ApplyPatchAction, failed: Mapping | None) -> ApplyOutcome:
+    """The report of a change batch whose answer's ``failed`` is ``failed``."""
+    if not failed:
+        return ApplyOutcome(summary(action), "", True)
+    if not isinstance(failed, Mapping):
+        failed = {"error": "the sandbox's answer is unreadable"}
+    shown = _display(action, str(failed.get("path", "")))
+    reason = str(failed.get("error") or "failed")
+    if failed.get("errno") in _REFUSED:
+        reason += " (the session's sandbox does not allow this write)"
+    stage = failed.get("stage")
+    if stage == "check":
+        text = f"{shown} changed on disk after the patch was checked; read it again and redo the patch\n"
+    elif stage == "update":
+        text = f"Failed to update {shown}: {reason} (the patch was partly applied)\n"
+    else:
+        text = f"Failed to write file {shown}: {reason}\n"
+    return ApplyOutcome("", text, False)
 
 
 # -- writable roots -------------------------------------------------------------------
@@ -686,20 +659,15 @@ class _Blob:
         return hashlib.sha1(b"blob %d\0" % len(self.data) + self.data).hexdigest()
 
 
-def _read_blob(path: str | None) -> _Blob | None:
-    if path is None:
+def _blob(state: FileState | None) -> _Blob | None:
+    """What git would store for a path in ``state`` (a symlink as its target's name)."""
+    if state is None:
         return None
-    try:
-        st = os.lstat(path)
-        if stat.S_ISLNK(st.st_mode):
-            return _Blob(os.fsencode(os.readlink(path)), "120000")
-        if not stat.S_ISREG(st.st_mode):
-            return None
-        with open(path, "rb") as f:
-            data = f.read()
-    except OSError:
+    if state.link is not None:
+        return _Blob(os.fsencode(state.link), "120000")
+    if not state.is_file or state.data is None or state.truncated:
         return None
-    return _Blob(data, "100755" if st.st_mode & 0o111 else "100644")
+    return _Blob(state.data, "100755" if (state.mode or 0) & 0o111 else "100644")
 
 
 @dataclass
@@ -713,41 +681,38 @@ class _Tracked:
 class TurnDiffTracker:
     """The net diff of the files a turn's patches touched.
 
-    Call :meth:`on_patch_begin` with each action (or its ``changes``) just before it is
-    applied: a file is snapshotted the first time the turn touches it. A move carries
-    the file's identity to its new path. :meth:`get_unified_diff` compares every
-    snapshot with what is on disk now. Paths are shown relative to their git root, else
-    to ``cwd``, else absolute."""
+    Call :meth:`on_patch_begin` with each action just before it is applied: a file's
+    snapshot is what verification read of it the first time the turn touched it. A move
+    carries the file's identity to its new path. :meth:`get_unified_diff` compares every
+    snapshot with the files as they are now, read (in the sandbox) from the paths
+    :meth:`current_paths` names. Paths are shown relative to their git root, else to
+    ``cwd``, else absolute."""
 
     cwd: str | None = None
     _by_path: dict[str, _Tracked] = field(default_factory=dict)
     _all: list[_Tracked] = field(default_factory=list)
     _git_roots: dict[str, str | None] = field(default_factory=dict)
 
-    def _track(self, path: str) -> _Tracked:
+    def _track(self, path: str, state: FileState | None) -> _Tracked:
         tracked = self._by_path.get(path)
         if tracked is None:
-            tracked = _Tracked(path, _read_blob(path), path)
+            tracked = _Tracked(path, _blob(state), path)
             self._by_path[path] = tracked
             self._all.append(tracked)
         return tracked
 
-    def on_patch_begin(self, action: ApplyPatchAction | dict[str, FileChange]) -> None:
-        if isinstance(action, ApplyPatchAction):
-            changes = action.changes
-            # Snapshot every path first, move destinations and sources included.
-            for path in action.written_paths():
-                self._track(os.path.normpath(path))
-        else:
-            changes = action
-        for raw_path, change in changes.items():
+    def on_patch_begin(self, action: ApplyPatchAction) -> None:
+        # Snapshot every path first, move destinations and sources included.
+        for path in action.written_paths():
+            self._track(os.path.normpath(path), action.states.get(path))
+        for raw_path, change in action.changes.items():
             path = os.path.normpath(os.fspath(raw_path))
-            source = self._track(path)
+            source = self._track(path, None)
             if isinstance(change, UpdateFileChange) and change.move_path is not None:
                 dest = os.path.normpath(change.move_path)
                 if dest == path:
                     continue
-                replaced = self._track(dest)
+                replaced = self._track(dest, None)
                 if replaced is not source:
                     replaced.current_path = None  # whatever was there is overwritten
                 source.current_path = dest
@@ -784,20 +749,29 @@ class TurnDiffTracker:
             return path.lstrip("/")
         return os.path.relpath(path, root)
 
-    def get_unified_diff(self) -> str | None:
-        """The diff of everything the turn changed, or None if nothing differs."""
+    @property
+    def tracks_anything(self) -> bool:
+        return bool(self._all)
+
+    def current_paths(self) -> list[str]:
+        """The paths whose contents :meth:`get_unified_diff` compares with the snapshots."""
+        return [t.current_path for t in self._all if t.current_path is not None]
+
+    def get_unified_diff(self, now: Mapping[str, FileState]) -> str | None:
+        """The diff of everything the turn changed, or None if nothing differs; ``now``
+        holds the files of :meth:`current_paths` as they are now."""
         entries = []
         for tracked in self._all:
             shown = tracked.current_path or tracked.baseline_path
             entries.append((self.display_path(shown), tracked))
         entries.sort(key=lambda e: e[0])
-        parts = [self._render(tracked) for _, tracked in entries]
+        parts = [self._render(tracked, now) for _, tracked in entries]
         text = "".join(p if p.endswith("\n") else p + "\n" for p in parts if p)
         return text or None
 
-    def _render(self, tracked: _Tracked) -> str:
+    def _render(self, tracked: _Tracked, now: Mapping[str, FileState]) -> str:
         left = tracked.baseline
-        right = _read_blob(tracked.current_path)
+        right = _blob(now.get(tracked.current_path)) if tracked.current_path else None
         left_name = self.display_path(tracked.baseline_path)
         right_name = (
             self.display_path(tracked.current_path) if tracked.current_path else left_name

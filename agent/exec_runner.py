@@ -63,6 +63,7 @@ from broker.net.runtime import RuntimeDir
 from broker.wire import frames as wire
 from broker.wire.protocol import ExecOutputStream, SandboxPolicy
 from broker.wire.results import new_call_id
+from landlock_helper import fileops
 from landlock_helper.env import filter_env
 from landlock_helper.limits import Limits
 
@@ -177,6 +178,21 @@ class CommandRunner(abc.ABC):
     @abc.abstractmethod
     async def cancel(self, call_id: str) -> None:
         """Kill the command ``call_id`` (and its whole tree) if it is still running."""
+
+    async def run_fileops(
+        self,
+        batch: bytes,
+        cwd: str,
+        sandbox_policy: SandboxPolicy,
+        timeout_ms: int | None,
+        *,
+        sandbox_cwd: str | None = None,
+        limits: Limits | None = None,
+    ) -> ExecResult:
+        """Carry out ``batch`` (:mod:`landlock_helper.fileops`) in the sandbox of
+        ``sandbox_policy``, exactly as a command of that policy would be run; the result's
+        ``stdout`` is the whole answer, its ``stderr`` what the sandbox said besides."""
+        raise NotImplementedError(f"{type(self).__name__} cannot run file operations")
 
     async def start_interactive(
         self,
@@ -394,6 +410,34 @@ class BrokerRunner(CommandRunner):
             sandbox_cwd=sandbox_cwd or cwd,
             limits=limits,
         )
+        return await self._run(call_id, request, on_output)
+
+    async def run_fileops(
+        self,
+        batch: bytes,
+        cwd: str,
+        sandbox_policy: SandboxPolicy,
+        timeout_ms: int | None,
+        *,
+        sandbox_cwd: str | None = None,
+        limits: Limits | None = None,
+    ) -> ExecResult:
+        if self.link.broken is not None:
+            return ExecResult(error=str(self.link.broken))
+        request = wire.RunRequest(
+            argv=[fileops.PROGRAM], cwd=cwd, sandbox=sandbox_policy, env={}, timeout_ms=timeout_ms,
+            # All of the answer is gathered here as it streams; the executor keeps no copy.
+            capture_limit=0, sandbox_cwd=sandbox_cwd or cwd, limits=limits, fileops=batch,
+        )
+        out, err = bytearray(), bytearray()
+
+        def gather(stream: ExecOutputStream, chunk: bytes) -> None:
+            (out if stream == ExecOutputStream.STDOUT else err).extend(chunk)
+
+        result = await self._run(new_call_id(), request, gather)
+        return msgspec.structs.replace(result, stdout=bytes(out), stderr=bytes(err))
+
+    async def _run(self, call_id: str, request: wire.RunRequest, on_output: OutputCallback | None) -> ExecResult:
         future: asyncio.Future[ExecResult] = asyncio.get_running_loop().create_future()
         running = _Running(call_id, on_output, future, HeadTailBuffer(self.aggregate_limit))
         self._running[call_id] = running

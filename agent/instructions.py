@@ -12,17 +12,22 @@ Project docs (:func:`project_doc`) are the ``AGENTS.md`` files of the git reposi
 root and of the cwd (the root's first; one file when they are the same directory), the
 git root being the nearest directory at or above the cwd holding a ``.git`` file or
 directory. Empty files are skipped; together they are cut to
-:data:`PROJECT_DOC_MAX_BYTES`, as Codex's ``project_doc_max_bytes``.
+:data:`PROJECT_DOC_MAX_BYTES`, as Codex's ``project_doc_max_bytes``. They are read as a
+command of the session would read them: in its sandbox (:mod:`agent.sandbox_files`),
+regular files only, within :data:`PROJECT_DOC_TIMEOUT_MS`; what the sandbox cannot see
+is not there, and a doc that cannot be read in time is skipped with a log line.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 from pathlib import Path
 
 import structlog
 
 from agent.safety import writable_roots_for
+from agent.sandbox_files import NONE, FileAccessError, FileState, SandboxFiles
 from broker.wire.protocol import AskForApproval, SandboxPolicy
 
 log = structlog.get_logger("agent.instructions")
@@ -61,59 +66,65 @@ for searching. If a command is refused or fails in the sandbox, say so rather th
 working around it."""
 
 
-def _git_root(start: Path) -> Path | None:
-    directory = start
-    while True:
-        if (directory / ".git").exists():
-            return directory
-        if directory.parent == directory:
-            return None
-        directory = directory.parent
+# Reading the project docs may take this long (in the sandbox, from its start) and this
+# long in all (waiting for an executor included); past either, the session starts without them.
+PROJECT_DOC_TIMEOUT_MS = 2000
+PROJECT_DOC_WAIT_S = 10.0
 
 
-def _read_doc(directory: Path, budget: int) -> str | None:
-    path = directory / PROJECT_DOC_FILENAME
-    try:
-        with open(path, "rb") as f:
-            data = f.read(budget + 1)
-    except FileNotFoundError:
+def _doc(path: str, state: FileState | None, budget: int) -> str | None:
+    if state is None or (state.kind == NONE and state.error == "No such file or directory"):
         return None
-    except OSError as err:
-        log.warning("project doc unreadable", path=str(path), error=err.strerror)
+    reason = state.not_a_file_reason() if not state.truncated else None
+    if reason is not None or state.data is None:
+        log.warning("project doc unreadable", path=path, error=reason)
         return None
-    if len(data) > budget:
-        log.warning("project doc truncated", path=str(path), max_bytes=PROJECT_DOC_MAX_BYTES)
+    data = state.data
+    if state.truncated or len(data) > budget:
+        log.warning("project doc truncated", path=path, max_bytes=PROJECT_DOC_MAX_BYTES)
         data = data[:budget]
     text = data.decode("utf-8", errors="ignore")
     return text if text.strip() else None
 
 
-def project_doc(cwd: str | os.PathLike[str], max_bytes: int = PROJECT_DOC_MAX_BYTES) -> str | None:
-    """The ``AGENTS.md`` of the git root and of ``cwd``, joined; None if neither has one."""
+async def project_doc(files: SandboxFiles, cwd: str | os.PathLike[str],
+                      max_bytes: int = PROJECT_DOC_MAX_BYTES) -> str | None:
+    """The ``AGENTS.md`` of the git root and of ``cwd``, joined; None if neither has one
+    (or they could not be read in time). Read in the session's sandbox: what it hides
+    (the daemon's runtime dir, ``$SLUICE_HOME``, the host's /tmp) is not there to read,
+    only regular files are read, and a FIFO never blocks."""
     try:
         here = Path(cwd).resolve()
     except OSError:
         here = Path(cwd)
-    directories = []
-    root = _git_root(here)
-    if root is not None and root != here:
-        directories.append(root)
+    ancestors = [here, *here.parents]
+    # One batch: every candidate AGENTS.md and .git up to /, since the root is not known yet.
+    docs_at = [str(d / PROJECT_DOC_FILENAME) for d in ancestors]
+    try:
+        states = await asyncio.wait_for(
+            files.read(docs_at, [str(d / ".git") for d in ancestors], max_bytes=max_bytes), PROJECT_DOC_WAIT_S)
+    except (FileAccessError, asyncio.TimeoutError) as err:
+        log.warning("project docs skipped", cwd=str(here), error=str(err) or "timed out")
+        return None
+    root = next((d for d in ancestors if states[str(d / ".git")].kind != NONE), None)
+    directories = [root] if root is not None and root != here else []
     directories.append(here)
     docs: list[str] = []
     budget = max_bytes
     for directory in directories:
         if budget <= 0:
             break
-        doc = _read_doc(directory, budget)
+        path = str(directory / PROJECT_DOC_FILENAME)
+        doc = _doc(path, states.get(path), budget)
         if doc is not None:
             docs.append(doc)
             budget -= len(doc.encode("utf-8"))
     return "\n\n".join(docs) if docs else None
 
 
-def user_instructions(configured: str | None, cwd: str | os.PathLike[str]) -> str | None:
+async def user_instructions(configured: str | None, cwd: str | os.PathLike[str], files: SandboxFiles) -> str | None:
     """Codex's ``get_user_instructions``: configured ones, then the project doc."""
-    doc = project_doc(cwd)
+    doc = await project_doc(files, cwd)
     if doc is None:
         return configured
     if configured:

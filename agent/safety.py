@@ -217,8 +217,14 @@ def writable_roots_for(
 
 
 def _resolve(path: str | os.PathLike[str], cwd: str) -> str:
-    """Absolute and with symlinks resolved: where a write would really land."""
-    return os.path.realpath(os.path.join(cwd, os.fspath(path)))
+    """Absolute and with symlinks resolved: where a write would land now. (Only a
+    guess, since a path can change under us: patches are written in the sandbox, which
+    decides at the moment of the write.)"""
+    path = os.path.join(cwd, os.fspath(path))
+    try:
+        return os.path.realpath(path)
+    except OSError:  # a link being swapped as we look (EINVAL from readlink)
+        return os.path.normpath(path)
 
 
 def is_path_writable(
@@ -256,12 +262,18 @@ def assess_patch_safety(
     paths = list(action_paths)
     if not paths:
         return Reject("empty patch")
-    if policy == _UNTRUSTED:
-        return AskUser()
-    if sandbox_policy is not None and sandbox_policy.has_full_disk_write_access():
-        return AutoApprove(run_sandboxed=False)
+    full_write = sandbox_policy is not None and sandbox_policy.has_full_disk_write_access()
     roots = list(writable_roots)
-    offending = [_resolve(p, cwd) for p in paths if not is_path_writable(p, roots, cwd)]
+    offending = [] if full_write else [_resolve(p, cwd) for p in paths if not is_path_writable(p, roots, cwd)]
+    if policy == _UNTRUSTED:
+        # Asked either way; a patch that leaves the roots asks for the directory too,
+        # since it is written in the session's sandbox.
+        if not offending:
+            return AskUser()
+        root = _grant_root(offending)
+        return AskUser(reason=f"grant write access to {root} for this session", grant_root=root)
+    if full_write:
+        return AutoApprove(run_sandboxed=False)
     if not offending:
         if sandbox_available:
             return AutoApprove(run_sandboxed=True)

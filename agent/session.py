@@ -83,7 +83,8 @@ from agent import history as message_history
 from agent.apply_patch import TurnDiffTracker
 from agent.config import OPENAI_DEFAULT_BASE_URL, ResolvedProvider, sluice_home
 from agent.exec_runner import CommandRunner
-from agent.instructions import BASE_INSTRUCTIONS, full_instructions, user_instructions
+from agent.instructions import BASE_INSTRUCTIONS, PROJECT_DOC_TIMEOUT_MS, full_instructions, user_instructions
+from agent.sandbox_files import SandboxFiles
 from agent.items import Item, input_texts
 from agent.mcp.config import grants
 from agent.mcp.launcher import sandboxed_launcher
@@ -474,7 +475,10 @@ class Session:
         if isinstance(op.user_instructions, str):
             user: str | None = op.user_instructions or None  # the frontend's, AGENTS.md included
         else:
-            user = await asyncio.to_thread(user_instructions, op.instructions, cwd)
+            # Read as a command of this session would read them (its sandbox, its view).
+            files = SandboxFiles(self.runner, op.sandbox_policy, cwd, limits=self.command_limits,
+                                 timeout_ms=PROJECT_DOC_TIMEOUT_MS)
+            user = await user_instructions(op.instructions, cwd, files)
         base = op.base_instructions if isinstance(op.base_instructions, str) and op.base_instructions \
             else self.base_instructions
         sandbox_policy = op.sandbox_policy

@@ -29,8 +29,11 @@ A patch: :func:`agent.safety.assess_patch_safety` over every path it writes; a r
 (``apply_patch_approval_request``, with ``grant_root`` when the patch leaves the
 writable roots: approving it opens that root for the rest of the session) or a refusal
 (``patch rejected: <why>`` / ``patch rejected by user``); then ``patch_apply_begin``,
-the patch applied by the agent itself (verified first, written atomically),
-``patch_apply_end``, and the turn's diff tracker updated.
+the patch applied in the session's sandbox (verified first against the files as the
+sandbox reads them, then written atomically by a sandboxed process of the session's
+policy, a granted root included: the agent never writes with its own rights; a write
+the sandbox refuses fails the patch), ``patch_apply_end``, and the turn's diff tracker
+updated.
 
 Long-lived commands (:mod:`agent.unified_exec`; the seed's ``unified_exec``, Codex's
 ``exec_command`` / ``write_stdin``, answered only when the session's ``unified_exec``
@@ -69,7 +72,17 @@ from typing import TYPE_CHECKING
 
 import structlog
 
-from agent.apply_patch import ApplyPatchAction, PatchError, apply_action, maybe_parse_apply_patch_verified
+from agent.apply_patch import (
+    ApplyOutcome,
+    ApplyPatchAction,
+    PatchError,
+    change_ops,
+    maybe_parse_apply_patch,
+    outcome_of,
+    paths_to_read,
+    verify_patch,
+)
+from agent.sandbox_files import FileAccessError, SandboxFiles
 from agent.exec_runner import ExecResult, StreamedOutput, cap_stream_output
 from agent.items import Item, output_texts
 from agent.safety import (
@@ -288,7 +301,7 @@ async def handle_exec(sess: Session, task: AgentTask, params: ShellParams, call_
     except WorkdirError as err:
         return ToolOutput(call_id, f"error: {err}", success=False)
 
-    patch = maybe_parse_apply_patch_verified(argv, cwd)
+    patch = await verified_patch(sess, argv, cwd)
     if isinstance(patch, PatchError):
         return ToolOutput(call_id, f"error: {patch}")
     if patch is not None:
@@ -307,6 +320,27 @@ async def handle_exec(sess: Session, task: AgentTask, params: ShellParams, call_
             return output  # the failure, as it was
         result, output = await run_command(sess, task, call_id, argv, cwd, False, timeout_ms)
     return output
+
+
+def session_files(sess: Session) -> SandboxFiles:
+    """The session's files as a ``shell`` call of the session sees them: its policy
+    (granted roots included), its directory, its limits."""
+    return SandboxFiles(sess.runner, sess.sandbox_policy, sess.config.cwd, limits=sess.command_limits)
+
+
+async def verified_patch(sess: Session, argv: list[str], cwd: str) -> ApplyPatchAction | PatchError | None:
+    """``argv`` as a verified patch (None: it is not one), checked against the files as
+    the session's sandbox reads them."""
+    parsed = maybe_parse_apply_patch(argv, cwd)
+    if parsed is None or isinstance(parsed, PatchError):
+        return parsed
+    reads, stats = paths_to_read(parsed)
+    try:
+        return verify_patch(parsed, await session_files(sess).read(reads, stats))
+    except PatchError as err:
+        return err
+    except FileAccessError as err:
+        return PatchError(f"could not read the files the patch touches: {err}")
 
 
 async def approve_command(
@@ -404,7 +438,7 @@ async def handle_unified_exec(sess: Session, task: AgentTask, arguments: str, ca
     if session_id is None:
         argv = list(params.input)
         cwd = sess.config.cwd
-        patch = maybe_parse_apply_patch_verified(argv, cwd)
+        patch = await verified_patch(sess, argv, cwd)
         if isinstance(patch, PatchError):
             return ToolOutput(call_id, f"error: {patch}")
         if patch is not None:
@@ -445,7 +479,7 @@ async def handle_exec_command(sess: Session, task: AgentTask, arguments: str, ca
     shell = params.shell or (DEFAULT_SHELL if os.path.exists(DEFAULT_SHELL) else "/bin/sh")
     login = True if params.login is None else params.login
     argv = [shell, "-lc" if login else "-c", params.cmd]
-    patch = maybe_parse_apply_patch_verified(argv, cwd)
+    patch = await verified_patch(sess, argv, cwd)
     if isinstance(patch, PatchError):
         return ToolOutput(call_id, f"error: {patch}")
     if patch is not None:
@@ -598,7 +632,14 @@ async def apply_patch(sess: Session, task: AgentTask, call_id: str, action: Appl
     if task.diff is not None:
         task.diff.on_patch_begin(action)
     started = time.monotonic()
-    outcome = apply_action(action)
+    # Written in the session's sandbox (a root granted above is in its policy now), so
+    # the kernel decides at the moment of each write, as for a command of the session.
+    try:
+        # Shielded: an interrupt must not stop the sandbox between two renames.
+        answer = await asyncio.shield(session_files(sess).run(change_ops(action)))
+        outcome = outcome_of(action, answer.get("failed"))
+    except FileAccessError as err:
+        outcome = ApplyOutcome("", f"Failed to apply the patch: {err}\n", False)
     duration = time.monotonic() - started
     sess.send(task.sub_id, PatchApplyEndEvent(call_id, outcome.stdout, outcome.stderr, outcome.success))
     text = outcome.stdout if outcome.success else outcome.stderr

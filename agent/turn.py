@@ -44,7 +44,8 @@ from agent.model_client import (
     ReasoningSummaryDelta,
 )
 from agent.notify import spawn_notifier, turn_complete_payload
-from agent.tool_calls import handle_response_item
+from agent.sandbox_files import FileAccessError
+from agent.tool_calls import handle_response_item, session_files
 from agent.tools import ToolOutput, tools_for
 from broker.wire.protocol import (
     AgentMessageDeltaEvent,
@@ -111,7 +112,7 @@ async def run_task(sess: Session, task: AgentTask) -> None:
                 if message is not None:
                     sess.record([message])
             turn = await run_turn(sess, task)
-            diff = task.diff.get_unified_diff()
+            diff = await turn_diff(sess, task.diff)
             if diff is not None and diff != last_diff:
                 last_diff = diff
                 sess.send(sub_id, TurnDiffEvent(diff))
@@ -134,6 +135,19 @@ async def run_task(sess: Session, task: AgentTask) -> None:
         sess.error(sub_id, f"internal error: {err}")
     finally:
         sess.task_finished(task)
+
+
+async def turn_diff(sess: Session, tracker: TurnDiffTracker) -> str | None:
+    """The turn's diff so far, the files read as they are now through the session's
+    sandbox (None: nothing changed, or they could not be read)."""
+    if not tracker.tracks_anything:
+        return None
+    try:
+        now = await session_files(sess).read(tracker.current_paths())
+    except FileAccessError as err:
+        log.warning("turn diff: files unreadable", error=str(err))
+        return None
+    return tracker.get_unified_diff(now)
 
 
 def _prompt(sess: Session, **overrides: object) -> Prompt:

@@ -9,6 +9,10 @@ A run with ``tty`` gets a pty made here, outside the sandbox: the command has th
 as its terminal, and the master is its one output stream (stdout), where its stdin is
 written and its window size set. Reading the master fails with EIO once every process
 holding the slave has gone: that is its end of file.
+
+A run with ``fileops`` is the sandbox's file-operation builtin
+(:mod:`landlock_helper.fileops`) instead of a program: the batch from the request is
+its stdin, and its answer comes back as its stdout, like any command's output.
 """
 
 from __future__ import annotations
@@ -30,6 +34,9 @@ from executor.capture import Capture
 from landlock_helper import filter_env
 from landlock_helper.limits import Limits
 from landlock_helper.spawn import SandboxError
+
+# The builtin a run with ``fileops`` runs (landlock_helper.spawn.BUILTINS).
+FILEOPS = "fileops"
 
 if TYPE_CHECKING:
     from executor.worker import Worker
@@ -145,6 +152,8 @@ class Call:
             return self._fail(f"sandbox_cwd must be an absolute path: {sandbox_cwd}")
         # Again, though the sender filtered it: a sender of another version, or none.
         env = filter_env(os.environ if req.env is None else req.env, req.env_passthrough)
+        if req.fileops is not None and (req.tty is not None or self._stdio is not None or req.stdin):
+            return self._fail("a fileops run has no terminal, stdin or stdio of its own")
         if req.tty is not None:
             return self._start_tty(req, env, sandbox_cwd)
         if self._stdio is not None:
@@ -156,7 +165,7 @@ class Call:
             fds += (r_out, w_out)
             r_err, w_err = os.pipe2(os.O_CLOEXEC)
             fds += (r_err, w_err)
-            if req.stdin:
+            if req.stdin or req.fileops is not None:
                 r_in, w_in = os.pipe2(os.O_CLOEXEC)
                 fds += (r_in, w_in)
         except OSError as e:
@@ -173,7 +182,8 @@ class Call:
             # disk-write-cwd means sandbox_cwd (the session's directory), not where it runs.
             self.proc = self.worker.spawn(req.argv, cwd=req.cwd, env=env, policy=policy, stdout=w_out, stderr=w_err,
                                           stdin=r_in, sandbox_cwd=os.path.normpath(sandbox_cwd),
-                                          limits=req.limits or Limits())
+                                          limits=req.limits or Limits(),
+                                          builtin=None if req.fileops is None else FILEOPS)
         except SandboxError as e:
             _close_all((r_out, r_err, *((w_in,) if w_in is not None else ())))
             return self._fail(wire.one_line(e) or "unknown error")
@@ -186,6 +196,8 @@ class Call:
             _close_all((w_out, w_err, *((r_in,) if r_in is not None else ())))
         if w_in is not None:
             self.stdin = _Stdin(self, w_in)
+            if req.fileops is not None:
+                self.stdin.preload(req.fileops)
         return self._started(r_out, r_err)
 
     def _start_tty(self, req: wire.RunRequest, env: dict, sandbox_cwd: str) -> bool:
@@ -319,7 +331,7 @@ class Call:
             return False
         self._send([s.header, chunk])
         s.capture.add(chunk)
-        if len(chunk) < PACE_BELOW:
+        if len(chunk) < PACE_BELOW and self.req.fileops is None:  # one answer, then EOF: nothing to gather
             s.paced_until = self._loop.time() + PACE_S
         self.unacked_bytes += len(chunk)
         self.unacked_chunks += 1
@@ -502,7 +514,7 @@ class Call:
 
     def feed_stdin(self, data) -> None:
         """The next bytes of the command's stdin from the caller (empty: end of file)."""
-        if self.stdin is not None:
+        if self.stdin is not None and self.stdin.acks:
             self.stdin.feed(data)
 
     def _release(self) -> None:
@@ -544,7 +556,7 @@ class _Stdin:
     here). A command that closes its stdin or exits makes the rest go nowhere, acked all
     the same so the caller never waits for it."""
 
-    __slots__ = ("call", "fd", "buffer", "eof", "unacked", "writing")
+    __slots__ = ("call", "fd", "buffer", "eof", "unacked", "writing", "acks")
 
     def __init__(self, call: Call, fd: int) -> None:
         self.call = call
@@ -555,6 +567,15 @@ class _Stdin:
         # Bytes taken from the buffer (written, or dropped) and not yet acked to the caller.
         self.unacked = 0
         self.writing = False
+        self.acks = True
+
+    def preload(self, data: bytes) -> None:
+        """All of the command's stdin, from the run request itself (a fileops batch):
+        written as the command reads it, then end of file; nobody waits for acks."""
+        self.acks = False
+        self.buffer += data
+        self.eof = True
+        self._write()
 
     def feed(self, data) -> None:
         if len(data) == 0:
@@ -600,6 +621,8 @@ class _Stdin:
             self.close()
 
     def _ack(self, n: int, *, now: bool) -> None:
+        if not self.acks:
+            return
         self.unacked += n
         if self.unacked and (now or self.unacked >= wire.STDIN_ACK_EVERY_BYTES):
             self.call._send([wire.header(wire.ACK, self.call.corr, n=self.unacked)])

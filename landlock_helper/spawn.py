@@ -61,6 +61,7 @@ import dataclasses
 import errno
 import fcntl
 import gc
+import importlib
 import marshal
 import os
 import resource
@@ -176,12 +177,29 @@ def _stdin_mode(stdin: int | None, tty: bool) -> int:
     return STDIN_TTY if tty else STDIN_NULL if stdin is None else STDIN_FD
 
 
+# sluice's own programs a sandbox can run in place of exec'ing a command: the command
+# process, sandboxed exactly as for a command, calls the module's ``serve()`` over its
+# stdin and stdout, then exits with what it returns. The module is imported before any
+# sandbox is forked (:func:`_load_builtin`), so nothing of sluice, nor an interpreter,
+# needs to be visible inside the sandbox.
+BUILTINS = {"fileops": "landlock_helper.fileops"}
+
+
+def _load_builtin(name: str | None) -> None:
+    if name is None:
+        return
+    if name not in BUILTINS:
+        raise SandboxError(f"no builtin {name!r} (known: {', '.join(sorted(BUILTINS))})")
+    module = importlib.import_module(BUILTINS[name])
+    module.rehearse()
+
+
 def _encode_spec(argv, cwd, env, policy: SandboxPolicy, plan: mounts.Plan | None, stdin_mode: int = STDIN_NULL,
-                 rlimits=()) -> bytes:
+                 rlimits=(), builtin: str | None = None) -> bytes:
     env = dict(env)
     env["PWD"] = cwd
     spec = marshal.dumps(([str(a) for a in argv], cwd, env, policy.to_json(),
-                          None if plan is None else plan.to_spec(), stdin_mode, tuple(rlimits)))
+                          None if plan is None else plan.to_spec(), stdin_mode, tuple(rlimits), builtin))
     if len(spec) > MAX_SPEC:
         raise SandboxError(f"command and environment too large ({len(spec)} bytes, at most {MAX_SPEC})")
     return spec
@@ -579,7 +597,7 @@ def _make_warm(template: _Template, *, reap: bool) -> _Warm:
 
 def spawn(argv, *, cwd, env, policy: SandboxPolicy, stdout: int, stderr: int, stdin: int | None = None,
           hidden_paths=(), sandbox_cwd: str | None = None, limits: limits.Limits | None = None,
-          tty: bool = False, one_shot: bool = False) -> SandboxedProcess:
+          tty: bool = False, one_shot: bool = False, builtin: str | None = None) -> SandboxedProcess:
     """Start ``argv`` under ``policy`` in a sandbox made now; raises SandboxError.
 
     ``stdout``/``stderr`` (and ``stdin``; None means /dev/null) are fds the command gets
@@ -600,13 +618,21 @@ def spawn(argv, *, cwd, env, policy: SandboxPolicy, stdout: int, stderr: int, st
     if sys.platform == "darwin":  # pragma: no cover - exercised on macOS only
         from landlock_helper.darwin import spawn_seatbelt
 
+        if builtin is not None:
+            # Seatbelt applies at exec: the builtin runs in this interpreter, exec'd
+            # under the profile (which lets it read the interpreter and sluice's code).
+            _load_builtin(builtin)
+            package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+            argv = [sys.executable, "-I", "-c", f"import sys; sys.path.insert(0, {package!r}); "
+                    f"import {BUILTINS[builtin]} as m; sys.exit(m.serve())"]
         return spawn_seatbelt(argv, cwd=cwd, env=env, policy=policy, stdout=stdout, stderr=stderr,
                               stdin=stdin, hidden_paths=hidden_paths, sandbox_cwd=sandbox_cwd, tty=tty)
     mode = _stdin_mode(stdin, tty)
     plan = _check(argv, cwd, policy, sandbox_cwd, env)
+    _load_builtin(builtin)
     template = _Template.make(hidden_paths, restricted=plan is not None, cgroups=limits is not None)
     limited = _limited(limits, template)
-    spec = _encode_spec(argv, cwd, env, policy, plan, mode, limited.rlimits if limited else ())
+    spec = _encode_spec(argv, cwd, env, policy, plan, mode, limited.rlimits if limited else (), builtin)
     if one_shot and limited is None:
         return _supervise_here(template).start(spec, stdin, stdout, stderr, plan)
     return _make_warm(template, reap=True).start(spec, stdin, stdout, stderr, plan, limited)
@@ -647,6 +673,8 @@ class Spawner:
         if not sys.platform.startswith("linux"):
             raise SandboxError("the warm-sandbox pool needs Linux")
         self.pool = pool
+        for name in BUILTINS:  # before the zygote: every sandbox is a fork of it
+            _load_builtin(name)
         self.template = _Template.make(hidden_paths, cgroups=cgroups)
         self._ready: list[_Warm] = []
         self._asked = 0
@@ -766,7 +794,8 @@ class Spawner:
 
     def spawn(self, argv, *, cwd, env, policy: SandboxPolicy, stdout: int, stderr: int,
               stdin: int | None = None, sandbox_cwd: str | None = None,
-              limits: limits.Limits | None = None, tty: bool = False) -> SandboxedProcess:
+              limits: limits.Limits | None = None, tty: bool = False,
+              builtin: str | None = None) -> SandboxedProcess:
         """Like :func:`spawn`, in a warm sandbox (waiting for one only if none is ready).
 
         Warm sandboxes are read-only views; a danger-full-access command gets one of the
@@ -774,8 +803,10 @@ class Spawner:
         """
         mode = _stdin_mode(stdin, tty)
         plan = _check(argv, cwd, policy, sandbox_cwd, env)
+        if builtin is not None and builtin not in BUILTINS:
+            raise SandboxError(f"no builtin {builtin!r} (known: {', '.join(sorted(BUILTINS))})")
         limited = _limited(limits, self.template)
-        spec = _encode_spec(argv, cwd, env, policy, plan, mode, limited.rlimits if limited else ())
+        spec = _encode_spec(argv, cwd, env, policy, plan, mode, limited.rlimits if limited else (), builtin)
         if plan is None:
             template = dataclasses.replace(self.template, scratch=None)
             return _make_warm(template, reap=True).start(spec, stdin, stdout, stderr, None, limited)
@@ -1160,7 +1191,7 @@ def _command(template: _Template, ctl: int, view: mounts.View | None, guard_end:
     for level, kind, data in ancdata:
         if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
             fds += memoryview(data).cast("i")
-    argv, cwd, env, policy_json, plan_spec, stdin_mode, rlimits = marshal.loads(memoryview(buf)[:size])
+    argv, cwd, env, policy_json, plan_spec, stdin_mode, rlimits, builtin = marshal.loads(memoryview(buf)[:size])
     try:
         policy = SandboxPolicy.from_json(policy_json)
         signal.pthread_sigmask(signal.SIG_SETMASK, ())
@@ -1201,6 +1232,10 @@ def _command(template: _Template, ctl: int, view: mounts.View | None, guard_end:
             # Last before exec: the filter, its listener to the init (unix_guard), no copy kept.
             unix_guard.hand_over(seccomp.install(template.seccomp_progs[policy.network]), guard_end,
                                  policy.network)
+        if builtin is not None:
+            stage = "builtin"
+            code = sys.modules[BUILTINS[builtin]].serve()
+            os._exit(code)
         stage = "exec"
         os.execvpe(argv[0], argv, env)
     except OSError as e:

@@ -313,6 +313,11 @@ class RunRequest(msgspec.Struct, frozen=True):
     # then says whether a third fd is its stdin. Only a local caller of the daemon's
     # run.sock can ask for it.
     stdio_fds: bool = False
+    # A batch for sluice's own file operations (landlock_helper.fileops, JSON): the run
+    # is that builtin, in the sandbox of ``sandbox``, instead of ``argv`` (which only
+    # names it); the executor writes the batch to its stdin, its answer is its stdout.
+    # How the agent reads and writes files for the model: never with its own rights.
+    fileops: bytes | None = None
 
 
 class Started(msgspec.Struct, frozen=True):

@@ -51,6 +51,7 @@ BENCHMARKS = {
     "bench_mcp": "mcp-true",
     "bench_mcp_agent": "mcp-start",
     "bench_unified_exec": "uexec-roundtrip",
+    "bench_apply_patch": "patch-10-files",
 }
 
 

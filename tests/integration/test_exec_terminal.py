@@ -229,6 +229,8 @@ def test_attach_asks_the_same_question_and_confirms(fe, server, work) -> None:
         seen = person.read_until(b"Allow? [y]es")
         assert b"The agent asks to apply a patch to 2 files:" in seen and b"  files: hello.py, test_hello.py" in seen
         assert b"+    print(f\"Hello, {name}!\")" in seen and b"+def test_greet(capsys):" in seen
+        # Under read-only the patch is written in the sandbox only once the workspace is granted.
+        assert b"If approved, the agent may also write anywhere beneath" in seen
         person.write(b"y\n")
         person.read_until(b"approved: applying the patch\r\n")
         person.read_until(b"[patch applied: 2 files changed, +7 -1 (M hello.py, A test_hello.py)]")

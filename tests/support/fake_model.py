@@ -39,6 +39,7 @@ from broker.wire.protocol import (
     UserInput,
     WireApi,
 )
+from landlock_helper import fileops
 from landlock_helper.policy import SandboxPolicy
 
 # -- the scripted server --------------------------------------------------------------
@@ -260,11 +261,17 @@ def _b(data: bytes | str) -> bytes:
 
 
 class FakeRunner(CommandRunner):
-    """Answers every command with ``respond(argv, sandboxed)``; records what it ran."""
+    """Answers every command with ``respond(argv, sandboxed)``; records what it ran.
+
+    File operations (patches, AGENTS.md) are carried out here, in this process, without
+    a sandbox: the session's logic is what these tests are about; the sandbox's part is
+    tested with real daemons (tests/integration/test_containment_agent.py). Each batch's
+    policy is recorded in ``fileops``."""
 
     def __init__(self, respond: Callable[[list[str], bool], FakeExec] | None = None) -> None:
         self.respond = respond or (lambda argv, sandboxed: FakeExec(stdout=f"ran {' '.join(argv)}\n"))
         self.runs: list[RunRecord] = []
+        self.fileops: list[SandboxPolicy] = []
         self.cancelled: list[str] = []
         self.started = asyncio.Event()
         self._cancel: dict[str, asyncio.Event] = {}
@@ -294,6 +301,10 @@ class FakeRunner(CommandRunner):
         return ExecResult(exit_code=spec.exit_code, timed_out=spec.timed_out, duration_s=spec.duration_s,
                           stdout=_b(spec.stdout), stderr=_b(spec.stderr), aggregated=aggregated.getvalue(),
                           error=spec.error, limit=spec.limit)
+
+    async def run_fileops(self, batch, cwd, sandbox_policy, timeout_ms, *, sandbox_cwd=None, limits=None) -> ExecResult:
+        self.fileops.append(sandbox_policy)
+        return ExecResult(exit_code=0, stdout=fileops.encode(fileops.run(fileops.decode(batch))))
 
     async def cancel(self, call_id: str) -> None:
         self.cancelled.append(call_id)

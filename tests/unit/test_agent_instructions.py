@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
 
 import pytest
@@ -12,14 +13,30 @@ from agent.instructions import (
     BASE_INSTRUCTIONS,
     PROJECT_DOC_SEPARATOR,
     full_instructions,
-    project_doc,
-    user_instructions,
 )
+from agent.instructions import project_doc as _project_doc
+from agent.instructions import user_instructions as _user_instructions
 from agent.notify import spawn_notifier, turn_complete_payload
+from agent.sandbox_files import SandboxFiles
 from broker.wire.protocol import AskForApproval
 from landlock_helper.policy import SandboxPolicy
+from tests.support.fake_model import FakeRunner
 
 pytestmark = pytest.mark.timeout(20)
+
+
+# The docs are read by a batch of file operations in the session's sandbox (see
+# tests/integration/test_containment_agent.py); here the batch runs in this process.
+def _files() -> SandboxFiles:
+    return SandboxFiles(FakeRunner(), SandboxPolicy.from_mode("workspace-write"), "/")
+
+
+def project_doc(cwd, **kwargs) -> str | None:
+    return asyncio.run(_project_doc(_files(), cwd, **kwargs))
+
+
+def user_instructions(configured, cwd) -> str | None:
+    return asyncio.run(_user_instructions(configured, cwd, _files()))
 
 
 def test_project_doc_from_git_root_and_cwd(tmp_path) -> None:
@@ -45,6 +62,18 @@ def test_project_doc_without_git_is_cwd_only_and_capped(tmp_path) -> None:
     inner.mkdir()
     assert project_doc(inner) is None
     assert project_doc(tmp_path, max_bytes=10) == "x" * 10
+
+
+def test_project_doc_is_a_regular_file_or_nothing(tmp_path) -> None:
+    os.mkfifo(tmp_path / "AGENTS.md")  # nobody writes it: reading must not wait
+    assert project_doc(tmp_path) is None
+    os.unlink(tmp_path / "AGENTS.md")
+    (tmp_path / "AGENTS.md").mkdir()
+    assert project_doc(tmp_path) is None
+    os.rmdir(tmp_path / "AGENTS.md")
+    (tmp_path / "real.md").write_text("through a link")
+    os.symlink("real.md", tmp_path / "AGENTS.md")
+    assert project_doc(tmp_path) == "through a link"
 
 
 def test_user_instructions_joins_configured_and_project(tmp_path) -> None:

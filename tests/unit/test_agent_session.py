@@ -287,7 +287,7 @@ def test_apply_patch_tool_and_heredoc_form_with_turn_diff(server, tmp_path) -> N
         await h.configure(sandbox_policy=cwd_only_policy())
         sub_id = await h.say("patch it")
         await h.done(sub_id)
-        assert not runner.runs  # the agent applies patches itself
+        assert not runner.runs  # a patch is file operations in the sandbox, not a command
         assert h.tags(sub_id, deltas=False) == [
             "task_started", "user_message", "patch_apply_begin", "patch_apply_end", "token_count", "turn_diff",
             "patch_apply_begin", "patch_apply_end", "token_count", "turn_diff",

@@ -13,11 +13,13 @@ from agent.apply_patch import (
     ApplyOutcome,
     ApplyPatchAction,
     TurnDiffTracker,
-    apply_action,
+    change_ops,
     grant_root_for,
     maybe_parse_apply_patch,
     maybe_parse_apply_patch_verified,
+    outcome_of,
     paths_outside,
+    paths_to_read,
     seek_sequence,
     unified_diff,
     verify_patch,
@@ -32,9 +34,28 @@ from agent.patch_parse import (
     extract_heredoc_patch,
     parse_patch,
 )
+from agent.sandbox_files import read_ops, states_from
 from broker.wire.protocol import AddFileChange, DeleteFileChange, UpdateFileChange
+from landlock_helper import fileops
 
 pytestmark = pytest.mark.timeout(30)
+
+
+# The agent reads and writes through a sandboxed process (tested in
+# tests/integration/test_containment_agent.py); here the same batches run in this process.
+
+
+def read_here(reads, stats=()):
+    ops = read_ops(reads, stats)
+    return states_from(ops, fileops.run({"ops": ops}))
+
+
+def apply_action(action: ApplyPatchAction) -> ApplyOutcome:
+    return outcome_of(action, fileops.run({"ops": change_ops(action)})["failed"])
+
+
+def diff_now(tracker: TurnDiffTracker) -> str | None:
+    return tracker.get_unified_diff(read_here(tracker.current_paths()))
 
 
 def wrap(body: str) -> str:
@@ -51,13 +72,13 @@ def write(path: Path, text: str | bytes) -> Path:
 
 
 def verified(tmp_path: Path, body: str) -> ApplyPatchAction:
-    result = maybe_parse_apply_patch_verified(["apply_patch", wrap(body)], tmp_path)
+    result = maybe_parse_apply_patch_verified(["apply_patch", wrap(body)], tmp_path, read_here)
     assert isinstance(result, ApplyPatchAction), result
     return result
 
 
 def verify_error(tmp_path: Path, body: str) -> str:
-    result = maybe_parse_apply_patch_verified(["apply_patch", wrap(body)], tmp_path)
+    result = maybe_parse_apply_patch_verified(["apply_patch", wrap(body)], tmp_path, read_here)
     assert isinstance(result, PatchError), result
     return str(result)
 
@@ -391,7 +412,7 @@ def test_verification_failures(tmp_path, setup, body, message):
 def test_expected_lines_error_is_one_line_then_the_lines(tmp_path):
     write(tmp_path / "foo.py", "x\n")
     result = maybe_parse_apply_patch_verified(
-        ["apply_patch", wrap("*** Update File: foo.py\n@@\n-y\n-z\n+w")], tmp_path
+        ["apply_patch", wrap("*** Update File: foo.py\n@@\n-y\n-z\n+w")], tmp_path, read_here
     )
     assert isinstance(result, PatchError)
     assert result.message == "Failed to find expected lines in foo.py:"
@@ -400,7 +421,7 @@ def test_expected_lines_error_is_one_line_then_the_lines(tmp_path):
 
 def test_empty_patch_is_refused(tmp_path):
     result = maybe_parse_apply_patch_verified(
-        ["apply_patch", "*** Begin Patch\n*** End Patch"], tmp_path
+        ["apply_patch", "*** Begin Patch\n*** End Patch"], tmp_path, read_here
     )
     assert result == PatchError("No files were modified.")
 
@@ -410,6 +431,7 @@ def test_failing_later_hunk_writes_nothing(tmp_path):
     result = maybe_parse_apply_patch_verified(
         ["apply_patch", wrap("*** Add File: created.txt\n+hello\n*** Update File: missing.txt\n@@\n-old\n+new")],
         tmp_path,
+        read_here,
     )
     assert isinstance(result, PatchError)
     assert list(tmp_path.iterdir()) == []
@@ -737,7 +759,7 @@ def test_turn_diff_pinned(tmp_path):
     tracker.on_patch_begin(second)
     assert apply_action(second).success
 
-    assert tracker.get_unified_diff() == (
+    assert diff_now(tracker) == (
         "diff --git a/gone.txt b/gone.txt\n"
         "deleted file mode 100644\n"
         "index 587be6b4c3f93f93c489c0111bba5596147a26cb..0000000000000000000000000000000000000000\n"
@@ -776,7 +798,7 @@ def test_turn_diff_rename_with_changes_and_modes(tmp_path):
     tracker.on_patch_begin(action)
     assert apply_action(action).success
     assert stat.S_IMODE((tmp_path / "b.sh").stat().st_mode) != 0o755  # a new file
-    assert tracker.get_unified_diff() == (
+    assert diff_now(tracker) == (
         "diff --git a/a.sh b/b.sh\n"
         "old mode 100755\n"
         "new mode 100644\n"
@@ -799,7 +821,7 @@ def test_turn_diff_paths_relative_to_cwd_without_git(tmp_path):
     action = verified(tmp_path, "*** Delete File: d/f.txt")
     tracker.on_patch_begin(action)
     assert apply_action(action).success
-    assert tracker.get_unified_diff().startswith("diff --git a/d/f.txt b/d/f.txt\n")
+    assert diff_now(tracker).startswith("diff --git a/d/f.txt b/d/f.txt\n")
     outside = TurnDiffTracker(cwd=str(tmp_path / "elsewhere"))
     write(tmp_path / "g.txt", "x\n")
     action = verified(tmp_path, "*** Delete File: g.txt")
@@ -807,7 +829,7 @@ def test_turn_diff_paths_relative_to_cwd_without_git(tmp_path):
     assert apply_action(action).success
     # Outside any git root and the cwd: the absolute path, without a doubled slash.
     rel = str(tmp_path).lstrip("/")
-    diff = outside.get_unified_diff()
+    diff = diff_now(outside)
     assert diff.startswith(f"diff --git a/{rel}/g.txt b/{rel}/g.txt\n") and "a//" not in diff
     assert f"\n--- a/{rel}/g.txt\n+++ /dev/null\n" in diff
 
@@ -819,7 +841,7 @@ def test_turn_diff_baseline_is_the_first_touch(tmp_path):
         action = verified(tmp_path, f"*** Update File: f.txt\n@@\n-{old}\n+{new}")
         tracker.on_patch_begin(action)
         assert apply_action(action).success
-    diff = tracker.get_unified_diff()
+    diff = diff_now(tracker)
     assert diff is not None and diff.endswith("@@ -1 +1 @@\n-v1\n+v3\n")
 
 
@@ -829,7 +851,7 @@ def test_turn_diff_add_then_delete_is_nothing(tmp_path):
         action = verified(tmp_path, body)
         tracker.on_patch_begin(action)
         assert apply_action(action).success
-    assert tracker.get_unified_diff() is None
+    assert diff_now(tracker) is None
 
 
 def test_turn_diff_sees_later_edits_and_missing_newline(tmp_path):
@@ -839,7 +861,7 @@ def test_turn_diff_sees_later_edits_and_missing_newline(tmp_path):
     tracker.on_patch_begin(action)
     assert apply_action(action).success
     (tmp_path / "f.txt").write_text("b")  # e.g. a shell command later in the turn
-    diff = tracker.get_unified_diff()
+    diff = diff_now(tracker)
     assert diff is not None
     assert diff.endswith("@@ -1 +1 @@\n-a\n+b\n\\ No newline at end of file\n")
 
@@ -850,8 +872,36 @@ def test_turn_diff_empty_file_oid(tmp_path):
     action = verified(tmp_path, "*** Add File: empty.txt")
     tracker.on_patch_begin(action)
     assert apply_action(action).success
-    assert tracker.get_unified_diff() == (
+    assert diff_now(tracker) == (
         "diff --git a/empty.txt b/empty.txt\n"
         "new file mode 100644\n"
         f"index {'0' * 40}..{OID['']}\n"
     )
+
+
+# -- what is read for verification, how a refused change is reported --------------------
+
+
+def test_paths_to_read_are_the_targets_and_the_directories_above_new_files(tmp_path):
+    parsed = maybe_parse_apply_patch(
+        ["apply_patch", wrap("*** Add File: a/b/new.txt\n+x\n*** Update File: old.txt\n*** Move to: c/moved.txt\n"
+                             "@@\n-x\n+y\n*** Delete File: gone.txt")], tmp_path)
+    reads, stats = paths_to_read(parsed)
+    assert reads == [str(tmp_path / p) for p in ("a/b/new.txt", "old.txt", "c/moved.txt", "gone.txt")]
+    assert stats[:2] == [str(tmp_path / "a/b"), str(tmp_path / "a")] and str(tmp_path / "c") in stats
+    assert "/" in stats and not set(reads) & set(stats)
+
+
+def test_a_refused_change_is_a_failed_patch_that_says_why(tmp_path):
+    write(tmp_path / "f.txt", "a\n")
+    action = verified(tmp_path, "*** Update File: f.txt\n@@\n-a\n+b")
+    path = str(tmp_path / "f.txt")
+    refused = outcome_of(action, {"path": path, "stage": "write", "error": "Read-only file system", "errno": 30})
+    assert refused == ApplyOutcome(
+        "", "Failed to write file f.txt: Read-only file system (the session's sandbox does not allow this write)\n",
+        False)
+    changed = outcome_of(action, {"path": path, "stage": "check", "error": "changed since it was read", "errno": 0})
+    assert changed.stderr == "f.txt changed on disk after the patch was checked; read it again and redo the patch\n"
+    partly = outcome_of(action, {"path": path, "stage": "update", "error": "No space left on device", "errno": 28})
+    assert partly.stderr == "Failed to update f.txt: No space left on device (the patch was partly applied)\n"
+    assert outcome_of(action, None) == ApplyOutcome("Success. Updated the following files:\nM f.txt\n", "", True)

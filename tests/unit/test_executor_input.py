@@ -62,3 +62,13 @@ def test_a_header_that_does_not_decode_is_dropped() -> None:
     w._on_message([Frame(wire.header(wire.RUN, "no-body"))])
     assert [wire.decode_header(p[0]).corr for p in w.zs.sent] == ["no-body"]
     assert not w.calls
+
+
+def test_a_fileops_run_has_no_stdio_of_its_own() -> None:
+    w = worker()
+    for corr, extra in (("tty", {"tty": {"rows": 24, "cols": 80}}), ("stdin", {"stdin": True})):
+        w._on_message([Frame(wire.header(wire.RUN, corr)), Frame(run_body(fileops=b"{}", **extra))])
+    answers = {wire.decode_header(parts[0]).corr: wire.decode(wire.EXIT, parts[1]) for parts in w.zs.sent}
+    assert {corr: a.error for corr, a in answers.items()} == dict.fromkeys(
+        ("tty", "stdin"), "a fileops run has no terminal, stdin or stdio of its own")
+    assert not w.calls

@@ -440,7 +440,10 @@ def test_patch_inside_the_roots_is_auto_approved(workspace, policy):
 def test_patch_under_untrusted_always_asks(workspace):
     root, outside = workspace
     assert assess_patch_safety(["src/a.py"], UNTRUSTED, [root], root) == ASK
-    assert assess_patch_safety([os.path.join(outside, "x")], UNTRUSTED, [root], root) == ASK
+    # Outside the roots it asks for the directory as well: the patch is written in the sandbox.
+    folder = os.path.realpath(outside)
+    assert assess_patch_safety([os.path.join(outside, "x")], UNTRUSTED, [root], root) == AskUser(
+        reason=f"grant write access to {folder} for this session", grant_root=folder)
 
 
 @pytest.mark.parametrize("policy", [ON_FAILURE, ON_REQUEST])
