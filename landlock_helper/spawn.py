@@ -4,8 +4,9 @@ A sandbox is three processes, each forked (never exec'd) so nothing is re-import
 
 ``supervisor``
     Makes the sandbox's cgroups when the caller wants resource limits
-    (:mod:`landlock_helper.limits`), unshares the PID, mount and IPC namespaces (and a
-    user namespace when not root), forks the init, reports the init's pid, and waits for
+    (:mod:`landlock_helper.limits`), unshares the PID, mount and IPC namespaces (a
+    network namespace too for a command without network, and a user namespace when not
+    root), forks the init, reports the init's pid, and waits for
     it; then reports the cgroups' counters and removes them. It dies with its parent
     (``PR_SET_PDEATHSIG``; with cgroups, that signal is SIGTERM: it kills the init and
     removes them first), and the init dies with the supervisor the same way, so a
@@ -30,9 +31,9 @@ A sandbox is three processes, each forked (never exec'd) so nothing is re-import
 
 A process that makes one sandbox and then exits (``sluice sandbox``) can be the
 supervisor itself (:func:`spawn` with ``one_shot=True``): one Python process fewer to
-fork and end. It unshares the PID and IPC namespaces (and enters the user namespace)
-for good, and its init unshares the mount namespace as it starts, so the caller keeps
-the host's view; the init dies with the caller as it would with a supervisor.
+fork and end. It unshares the PID and IPC (and network) namespaces (and enters the user
+namespace) for good, and its init unshares the mount namespace as it starts, so the
+caller keeps the host's view; the init dies with the caller as it would with a supervisor.
 
 All of that up to "waits for the spec" happens before anyone asks for a command, so a
 sandbox can be *warm*: :class:`Spawner` keeps a few warm sandboxes per executor, made
@@ -103,6 +104,10 @@ class _Template:
 
     hidden_paths: tuple[str, ...]
     scratch: str | None  # the host dir that is /tmp inside; None: the host's view (danger-full-access)
+    # A network namespace of the sandbox's own: for commands without network (the usual
+    # shape, and every warm sandbox's). Abstract unix socket names live per network
+    # namespace: with it, the command's are its own in both directions.
+    netns: bool
     as_root: bool
     uid: int
     gid: int
@@ -113,7 +118,7 @@ class _Template:
     cgroups: tuple = ()
 
     @classmethod
-    def make(cls, hidden_paths, *, restricted: bool = True, cgroups: bool = False) -> _Template:
+    def make(cls, hidden_paths, *, restricted: bool = True, network: bool = False, cgroups: bool = False) -> _Template:
         progs = {}
         if _libc.ARCH is not None:
             progs = {net: seccomp.compile_program(seccomp.build(net)) for net in (False, True)}
@@ -124,7 +129,7 @@ class _Template:
             raise SandboxError(f"cannot make the sandbox's /tmp: {_describe(e)}") from None
         return cls(
             hidden_paths=tuple(os.path.abspath(p) for p in hidden_paths), scratch=scratch,
-            as_root=os.geteuid() == 0, uid=os.geteuid(), gid=os.getegid(),
+            netns=restricted and not network, as_root=os.geteuid() == 0, uid=os.geteuid(), gid=os.getegid(),
             cap_last=namespaces.last_cap(), seccomp_progs=progs,
             cgroups=_limits().mechanism().hierarchies if cgroups else (),
         )
@@ -604,7 +609,8 @@ def spawn(argv, *, cwd, env, policy: SandboxPolicy, stdout: int, stderr: int, st
                               stdin=stdin, hidden_paths=hidden_paths, sandbox_cwd=sandbox_cwd, tty=tty)
     mode = _stdin_mode(stdin, tty)
     plan = _check(argv, cwd, policy, sandbox_cwd, env)
-    template = _Template.make(hidden_paths, restricted=plan is not None, cgroups=limits is not None)
+    template = _Template.make(hidden_paths, restricted=plan is not None, network=policy.network,
+                              cgroups=limits is not None)
     limited = _limited(limits, template)
     spec = _encode_spec(argv, cwd, env, policy, plan, mode, limited.rlimits if limited else ())
     if one_shot and limited is None:
@@ -618,7 +624,7 @@ def _supervise_here(template: _Template) -> _Warm:
     mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     mine.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, MAX_SPEC + 65536)
     try:
-        namespaces.enter(template.uid, template.gid, template.as_root, mount=False)
+        namespaces.enter(template.uid, template.gid, template.as_root, mount=False, net=template.netns)
         init = os.fork()
     except OSError as e:
         mine.close()
@@ -769,16 +775,17 @@ class Spawner:
               limits: limits.Limits | None = None, tty: bool = False) -> SandboxedProcess:
         """Like :func:`spawn`, in a warm sandbox (waiting for one only if none is ready).
 
-        Warm sandboxes are read-only views; a danger-full-access command gets one of the
-        host's view, made on the spot.
+        Warm sandboxes are read-only views without network (a network namespace of their
+        own); a command with network gets one in the host's network namespace, and a
+        danger-full-access command one of the host's view, made on the spot.
         """
         mode = _stdin_mode(stdin, tty)
         plan = _check(argv, cwd, policy, sandbox_cwd, env)
         limited = _limited(limits, self.template)
         spec = _encode_spec(argv, cwd, env, policy, plan, mode, limited.rlimits if limited else ())
-        if plan is None:
-            template = dataclasses.replace(self.template, scratch=None)
-            return _make_warm(template, reap=True).start(spec, stdin, stdout, stderr, None, limited)
+        if plan is None or policy.network:
+            template = dataclasses.replace(self.template, netns=False, scratch=self.template.scratch if plan else None)
+            return _make_warm(template, reap=True).start(spec, stdin, stdout, stderr, plan, limited)
         self.refill()
         while True:
             while not self._ready:
@@ -1003,7 +1010,7 @@ def _supervisor(template: _Template, parent: int, ctl: int, reported: int | None
             os.write(ctl, f"C {cgroup.name}".encode())
         if told:
             raise SandboxError("the sandbox was ended while being made")
-        namespaces.enter(template.uid, template.gid, template.as_root)
+        namespaces.enter(template.uid, template.gid, template.as_root, net=template.netns)
         init = os.fork()
         if init == 0:
             if reported is not None:
