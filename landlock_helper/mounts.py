@@ -24,7 +24,8 @@ per command, in the command's process before exec (:func:`apply`)
     also makes it a mount point: it cannot be renamed or removed, so the workspace keeps
     its shape; ``.git`` and ``.sluice`` in each root and in its direct subdirectories
     (and the targets of a ``.git`` symlink or ``gitdir:`` file inside a root) get a
-    read-only clone on top; /tmp goes read-only unless the policy writes temp folders.
+    read-only clone on top; /tmp goes read-only unless the policy writes temp folders;
+    /dev/shm is bounded by the command's memory limit (:func:`bound_shm`).
 
 Host /tmp is never visible: it holds other programs' sockets (tmux, X11, ssh-agent),
 credentials (Kerberos ticket caches), other repositories and other sluice daemons'
@@ -64,6 +65,9 @@ RESOLVE_BENEATH = 0x08
 
 # Device nodes bound into the private /dev; everything else of the host's /dev
 # (disks, other terminals, consoles, /dev/vcs*) does not exist inside.
+# A bounded /dev/shm still holds this many files (lock files, POSIX semaphores) at least.
+SHM_MIN_INODES = 1024
+
 DEV_NODES = ("null", "zero", "full", "random", "urandom", "tty")
 DEV_LINKS = (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),
              ("stderr", "/proc/self/fd/2"), ("ptmx", "pts/ptmx"))
@@ -352,6 +356,18 @@ def _private_dev() -> None:
     m("tmpfs", "/dev/shm", "tmpfs", _libc.MS_NOSUID | _libc.MS_NODEV, "mode=1777")
     for name, target in DEV_LINKS:
         os.symlink(target, f"/dev/{name}")
+
+
+def bound_shm(size: int) -> None:
+    """Per command, before exec: the sandbox's /dev/shm holds at most ``size`` bytes (the
+    command's memory limit) in at most one file per page of it. A tmpfs is memory that no
+    rlimit counts and that outlives the process that wrote it (until the sandbox is gone),
+    and each of its inodes is kernel memory that cannot be reclaimed. (With a memory cgroup
+    the pages count against the command's limit anyway; the inodes do not.)"""
+    page = os.sysconf("SC_PAGE_SIZE")
+    pages = max(size // page, 1)
+    _libc.mount(None, "/dev/shm", None, _libc.MS_REMOUNT | _libc.MS_NOSUID | _libc.MS_NODEV,
+                f"size={pages * page},nr_inodes={max(pages, SHM_MIN_INODES)}")
 
 
 def _hide(path: str) -> bool:

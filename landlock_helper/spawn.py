@@ -182,11 +182,12 @@ def _stdin_mode(stdin: int | None, tty: bool) -> int:
 
 
 def _encode_spec(argv, cwd, env, policy: SandboxPolicy, plan: mounts.Plan | None, stdin_mode: int = STDIN_NULL,
-                 rlimits=()) -> bytes:
+                 limited: _Limited | None = None) -> bytes:
     env = dict(env)
     env["PWD"] = cwd
+    rlimits, shm_size = (tuple(limited.rlimits), limited.limits.memory) if limited else ((), 0)
     spec = marshal.dumps(([str(a) for a in argv], cwd, env, policy.to_json(),
-                          None if plan is None else plan.to_spec(), stdin_mode, tuple(rlimits)))
+                          None if plan is None else plan.to_spec(), stdin_mode, rlimits, shm_size))
     if len(spec) > MAX_SPEC:
         raise SandboxError(f"command and environment too large ({len(spec)} bytes, at most {MAX_SPEC})")
     return spec
@@ -612,7 +613,7 @@ def spawn(argv, *, cwd, env, policy: SandboxPolicy, stdout: int, stderr: int, st
     template = _Template.make(hidden_paths, restricted=plan is not None, network=policy.network,
                               cgroups=limits is not None)
     limited = _limited(limits, template)
-    spec = _encode_spec(argv, cwd, env, policy, plan, mode, limited.rlimits if limited else ())
+    spec = _encode_spec(argv, cwd, env, policy, plan, mode, limited)
     if one_shot and limited is None:
         return _supervise_here(template).start(spec, stdin, stdout, stderr, plan)
     return _make_warm(template, reap=True).start(spec, stdin, stdout, stderr, plan, limited)
@@ -782,7 +783,7 @@ class Spawner:
         mode = _stdin_mode(stdin, tty)
         plan = _check(argv, cwd, policy, sandbox_cwd, env)
         limited = _limited(limits, self.template)
-        spec = _encode_spec(argv, cwd, env, policy, plan, mode, limited.rlimits if limited else ())
+        spec = _encode_spec(argv, cwd, env, policy, plan, mode, limited)
         if plan is None or policy.network:
             template = dataclasses.replace(self.template, netns=False, scratch=self.template.scratch if plan else None)
             return _make_warm(template, reap=True).start(spec, stdin, stdout, stderr, plan, limited)
@@ -1167,7 +1168,7 @@ def _command(template: _Template, ctl: int, view: mounts.View | None, guard_end:
     for level, kind, data in ancdata:
         if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
             fds += memoryview(data).cast("i")
-    argv, cwd, env, policy_json, plan_spec, stdin_mode, rlimits = marshal.loads(memoryview(buf)[:size])
+    argv, cwd, env, policy_json, plan_spec, stdin_mode, rlimits, shm_size = marshal.loads(memoryview(buf)[:size])
     try:
         policy = SandboxPolicy.from_json(policy_json)
         signal.pthread_sigmask(signal.SIG_SETMASK, ())
@@ -1187,6 +1188,8 @@ def _command(template: _Template, ctl: int, view: mounts.View | None, guard_end:
             if view is None or plan_spec is None:
                 raise SandboxError("a restricted command reached a sandbox with the host's view")
             cwd_fd, root_fds = mounts.apply(view, mounts.Plan.from_spec(plan_spec))
+            if shm_size:
+                mounts.bound_shm(shm_size)
             ruleset = landlock.finish_ruleset(prepared, policy, root_fds)
             stage = "chdir"
             os.fchdir(cwd_fd)
