@@ -525,7 +525,8 @@ def _read_only_onto(pinned: Pin) -> None:
 # A writable root without a .git (or with a .git symlink, which can be removed) cannot be
 # kept from getting a new one by a mount: there is nothing to mount over. So the trusted
 # side notes what stands there before the command, and once the command's whole tree is
-# dead, moves aside anything new, before the user's next git command could run it.
+# dead, moves aside anything new, before the user's next git command could run it, and
+# puts back a .git or .sluice symlink the command removed or replaced.
 
 
 def _protected_entries(root: Pin):
@@ -596,29 +597,58 @@ def quarantine_planted(plan: Plan | None) -> list[str]:
 
 def _quarantine(root: Pin, before: dict) -> list[str]:
     notes = []
-    for rel, now, _ in list(_protected_entries(root)):
-        was = before.get((root, rel))
-        if now == was:
+    now = {rel: identity for rel, identity, _ in _protected_entries(root)}
+    # A .git symlink has nothing to mount over, so the command could remove or replace
+    # it: it is put back as it was, pointing where it pointed.
+    links = {rel: was[3] for (r, rel), was in before.items() if r == root and was[2] == stat.S_IFLNK}
+    for rel in sorted(set(now) | set(links)):
+        was, found = before.get((root, rel)), now.get(rel)
+        if found == was:
             continue
-        what = "created" if was is None else "replaced"
         fd = _open_root(root)
         if fd is None:
             continue
         parent, _, name = rel.rpartition("/")
-        aside = f"{name}.sluice-blocked-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
         where = f"{root.path}/{parent}" if parent else root.path
         try:
             pfd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd) \
                 if parent else os.dup(fd)
-            try:
-                os.rename(name, aside, src_dir_fd=pfd, dst_dir_fd=pfd)
-            finally:
-                os.close(pfd)
-            notes.append(f"sluice: the command {what} {where}/{name}, which a sandboxed command may not "
-                         f"(git would run what it holds); moved it to {where}/{aside}")
         except OSError as e:
-            notes.append(f"sluice: the command {what} {where}/{name}, which a sandboxed command may not, "
-                         f"and it could not be moved aside ({e.strerror}): check it before running git there")
+            notes.append(f"sluice: the command changed {where}/{name}, and sluice could not check it ({e.strerror}): "
+                         "check it before running git there")
+            continue
         finally:
             os.close(fd)
+        try:
+            cleared = True
+            if found is not None:
+                cleared, note = _move_aside(pfd, where, name, "created" if was is None else "replaced")
+                notes.append(note)
+            if rel in links and cleared:
+                notes.append(_restore_link(pfd, where, name, links[rel]))
+        finally:
+            os.close(pfd)
     return notes
+
+
+_CHECK = "check it before running git there"
+
+
+def _move_aside(pfd: int, where: str, name: str, what: str) -> tuple[bool, str]:
+    """Rename ``name`` (in the directory ``pfd``) out of git's way: (done, a line for a person)."""
+    aside = f"{name}.sluice-blocked-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+    try:
+        os.rename(name, aside, src_dir_fd=pfd, dst_dir_fd=pfd)
+    except OSError as e:
+        return False, (f"sluice: the command {what} {where}/{name}, which a sandboxed command may not, "
+                       f"and it could not be moved aside ({e.strerror}): {_CHECK}")
+    return True, (f"sluice: the command {what} {where}/{name}, which a sandboxed command may not "
+                  f"(git would run what it holds); moved it to {where}/{aside}")
+
+
+def _restore_link(pfd: int, where: str, name: str, target: str) -> str:
+    try:
+        os.symlink(target, name, dir_fd=pfd)
+    except OSError as e:
+        return f"sluice: {where}/{name}, a link to {target}, could not be put back ({e.strerror}): {_CHECK}"
+    return f"sluice: the command removed {where}/{name}, a link to {target}; put it back"

@@ -334,20 +334,31 @@ def test_new_git_in_the_workspace_is_moved_aside_before_git_runs(as_user, nobody
     assert not marker.exists()
 
 
-@pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
-def test_git_symlink_target_is_read_only_and_a_swap_is_moved_aside(as_user, nobody_env, workdir):
+SWAP_GIT_LINK = {"replace": "rm .git && mkdir .git && echo '[core]' > .git/config && echo done",
+                 "remove": "rm .git && echo done",
+                 "relink": "ln -sfn /tmp .git && echo done"}
+
+
+@pytest.mark.parametrize("how", sorted(SWAP_GIT_LINK))
+def test_git_symlink_target_is_read_only_and_the_link_is_put_back(how, as_user, nobody_env, workdir):
     real = workdir / "store.git"
     shutil.move(workdir / ".git", real)
     (workdir / ".git").symlink_to("store.git")
+    # Where it should, it works: the same shell, unsandboxed, on a copy.
+    copy = workdir.parent / "copy"
+    shutil.copytree(workdir, copy, symlinks=True)
+    subprocess.run(["sh", "-c", SWAP_GIT_LINK[how]], cwd=copy, check=True, capture_output=True)
+    assert not (copy / ".git").is_symlink() or os.readlink(copy / ".git") != "store.git"
     r = sandbox("(echo hook > .git/hooks-post) 2>/dev/null; echo a=$?; (echo hook > store.git/hooks-post) 2>/dev/null; "
-                "echo b=$?; "
-                "rm .git && mkdir .git && echo '[core]' > .git/config && echo swapped",
-                cwd=workdir, user=as_user, nobody=nobody_env)
+                f"echo b=$?; {SWAP_GIT_LINK[how]}", cwd=workdir, user=as_user, nobody=nobody_env)
     assert "a=0" not in r.stdout.split() and "b=0" not in r.stdout.split(), r.stderr
     assert sorted(os.listdir(real)) == ["config"]
-    assert "swapped" in r.stdout
-    assert not (workdir / ".git").exists() or (workdir / ".git").is_symlink()
-    assert any(n.startswith(".git.sluice-blocked-") for n in os.listdir(workdir)), r.stderr
+    assert "done" in r.stdout, r.stderr
+    # The user's link is back as it was, and what stood in its place is moved aside.
+    assert os.readlink(workdir / ".git") == "store.git"
+    assert f"the command removed {workdir}/.git, a link to store.git; put it back" in r.stderr
+    aside = [n for n in os.listdir(workdir) if n.startswith(".git.sluice-blocked-")]
+    assert len(aside) == (0 if how == "remove" else 1), (os.listdir(workdir), r.stderr)
 
 
 def test_nested_repository_and_gitdir_target_stay_read_only(as_user, nobody_env, workdir):
