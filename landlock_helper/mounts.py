@@ -299,11 +299,12 @@ def scratch_dir(uid: int | None = None) -> str:
 class View:
     """What the warm step leaves for the per-command step."""
 
-    __slots__ = ("host_tmp", "tmp", "late_hidden")
+    __slots__ = ("host_tmp", "tmp", "hidden", "late_hidden")
 
-    def __init__(self, host_tmp: int, tmp: int, late_hidden: tuple[str, ...]) -> None:
+    def __init__(self, host_tmp: int, tmp: int, hidden: tuple[str, ...], late_hidden: tuple[str, ...]) -> None:
         self.host_tmp = host_tmp  # O_PATH fd of the host's /tmp, under sluice's
         self.tmp = tmp  # O_PATH fd of sluice's /tmp mount
+        self.hidden = hidden  # every hidden path
         self.late_hidden = late_hidden  # hidden paths that did not exist when warm
 
 
@@ -323,14 +324,15 @@ def prepare(hidden_paths, scratch: str | None) -> View | None:
             _hide(path)
         return None
     _private_dev()
-    late = tuple(path for path in (*hidden_paths, *user_runtime_dirs()) if not _hide(path))
+    hidden = (*hidden_paths, *user_runtime_dirs())
+    late = tuple(path for path in hidden if not _hide(path))
     host_tmp = os.open(TMP, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     m(scratch, TMP, None, _libc.MS_BIND)
     tmp = os.open(TMP, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     mount_setattr(AT_FDCWD, "/", AT_RECURSIVE, set_=MOUNT_ATTR_RDONLY)
     for path in ("/dev/shm", "/dev/pts", TMP):
         mount_setattr(AT_FDCWD, path, 0, clear=MOUNT_ATTR_RDONLY)
-    return View(host_tmp, tmp, late)
+    return View(host_tmp, tmp, hidden, late)
 
 
 def _private_dev() -> None:
@@ -416,12 +418,15 @@ def _mount_point(view: View, pinned: Pin, source: int) -> int:
     return fd
 
 
-def _clone_onto(source: int, target: int, *, writable: bool) -> int:
-    """Mount a clone of ``source`` (and the mounts beneath it) on ``target``; returns an
-    O_PATH fd of the new mount's root."""
+def _clone_onto(source: int, target: int, *, writable: bool | None) -> int:
+    """Mount a clone of ``source`` (and the mounts beneath it) on ``target``, read-write,
+    read-only, or (``writable=None``) as ``source`` is; returns an O_PATH fd of the new
+    mount's root."""
     tree = open_tree(source, "", OPEN_TREE_CLONE | os.O_CLOEXEC | AT_EMPTY_PATH | AT_RECURSIVE)
     try:
-        if writable:
+        if writable is None:
+            pass
+        elif writable:
             try:
                 mount_setattr(tree, "", AT_EMPTY_PATH, clear=MOUNT_ATTR_RDONLY)
             except PermissionError:
@@ -453,6 +458,8 @@ def apply(view: View, plan: Plan) -> tuple[int, list[int]]:
             _read_only_onto(pinned)
         for path in view.late_hidden:
             _hide(path)  # made since the sandbox was warmed: hidden now, wherever it is visible
+        for path in view.hidden:
+            _pin_way_to(path, plan.roots)
         if not plan.tmp_writable:
             mount_setattr(view.tmp, "", AT_EMPTY_PATH, set_=MOUNT_ATTR_RDONLY)
         # Only now, with every mount in place: a directory opened earlier would lie
@@ -509,6 +516,34 @@ def _bind(view: View, pinned: Pin, *, writable: bool) -> int:
             os.close(target)
     finally:
         os.close(source)
+
+
+def _pin_way_to(hidden: str, roots) -> None:
+    """Every directory on the way from a writable root down to a hidden path in it becomes
+    a mount point (a clone of itself, rights unchanged), so the command can rename none of
+    them: hiding is by path, and renaming a parent of a hidden directory (a daemon's allow
+    list inside a workspace) would move the real one out from under the hiding mount, and
+    to where a later command sees and writes it. Nothing is resolved through a symlink: a
+    directory on the way that is now a link was swapped by someone, and the command does
+    not start (PinError)."""
+    for root in roots:
+        if hidden == root.path or not is_beneath(hidden, root.path) or not os.path.lexists(hidden):
+            continue
+        fd = open_pinned(AT_FDCWD, root.path)
+        try:
+            for part in hidden[len(root.path) + 1:].split("/")[:-1]:
+                try:
+                    nxt = open_pinned(fd, part, beneath=True)
+                except OSError as e:
+                    raise PinError(f"{hidden} is hidden from commands, but the way to it changed "
+                                   f"({os.fsdecode(part)}: {e.strerror})") from None
+                os.close(fd)
+                try:
+                    fd = _clone_onto(nxt, nxt, writable=None)  # go on from the clone, on top
+                finally:
+                    os.close(nxt)
+        finally:
+            os.close(fd)
 
 
 def _read_only_onto(pinned: Pin) -> None:

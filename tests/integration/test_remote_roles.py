@@ -361,6 +361,36 @@ def test_sandboxed_commands_see_no_key_material_of_the_daemon(factory, keys, bas
     assert not os.path.exists(os.path.join(home, "keys2"))
 
 
+@pytest.mark.timeout(90)
+def test_an_allow_dir_deep_in_a_workspace_can_be_neither_written_nor_moved(factory, base):
+    """The allow dir lies two levels down in the command's directory. Hidden by path, its
+    parent could be renamed (the daemon keeps reading the directory it opened, now
+    elsewhere and no longer hidden) for a second command to plant a key there; every
+    directory on the way to it is a mount point in the sandbox, so none can be renamed."""
+    keys = make_keys(os.path.join(base, "cfg"))
+    attacker, _ = keys.pair("attacker", allowed=False)
+    shutil.copy(attacker, base)
+    plant = (f"mv {base}/cfg {base}/moved; echo moved=$?; cp {base}/attacker.key {base}/moved/allow/ 2>/dev/null "
+             f"|| cp {base}/attacker.key {base}/cfg/allow/ 2>/dev/null; echo planted=$?; touch {base}/cfg/ok; "
+             "echo wrote=$?")
+    # Where it should, it works: the same script, unsandboxed, on a copy of the layout.
+    copy = os.path.join(base, "copy")
+    shutil.copytree(os.path.join(base, "cfg"), os.path.join(copy, "cfg"))
+    shutil.copy(attacker, copy)
+    r = subprocess.run(["sh", "-c", plant.replace(base, copy)], capture_output=True, text=True, timeout=30)
+    assert "moved=0" in r.stdout and "planted=0" in r.stdout, r.stdout + r.stderr
+    assert "attacker.key" in os.listdir(os.path.join(copy, "moved", "allow"))
+    daemon, endpoint = _listening(factory, keys, base, executors=1)
+    client = daemon.client()
+    for _ in range(2):  # the second command would find the first one's rename
+        r = client.run(["sh", "-c", plant], cwd=base)
+        out = r.stdout.decode()
+        assert "moved=0" not in out and "planted=0" not in out and "wrote=0" in out, out + r.stderr.decode()
+    assert os.listdir(keys.allow) == ["client.key"] and not os.path.exists(os.path.join(base, "moved"))
+    r = run_sluice(["run", *connect_args(keys, endpoint, "attacker"), "--", "true"], env=subprocess_env())
+    assert r.returncode != 0 and "refused our key" in one_line(r.stderr), r.stderr
+
+
 @pytest.mark.timeout(60)
 def test_sluice_sandbox_hides_sluice_home_and_makes_it_first(base):
     home = os.path.join(base, "home")
