@@ -159,22 +159,24 @@ class Pin(namedtuple("Pin", "path dev ino")):
         return (self.path, self.dev, self.ino)
 
 
-class Plan(namedtuple("Plan", "cwd roots tmp_writable read_only before", defaults=((), None))):
+class Plan(namedtuple("Plan", "cwd roots tmp_writable read_only hidden before", defaults=((), (), None))):
     """The mounts one command needs: its directory (``cwd``), its writable ``roots``, and
-    the repositories in them to keep ``read_only``, all pinned; plus (for the trusted
-    side only, never sent) what stood where git looks before the command: ``before``,
-    None on the sandbox's side."""
+    the repositories in them to keep ``read_only``, all pinned; the paths to hide for
+    this command besides those its sandbox hid when made (``hidden``); plus (for the
+    trusted side only, never sent) what stood where git looks before the command:
+    ``before``, None on the sandbox's side."""
 
     __slots__ = ()
 
     def to_spec(self) -> tuple:
         return (self.cwd.to_spec(), [r.to_spec() for r in self.roots], self.tmp_writable,
-                [r.to_spec() for r in self.read_only])
+                [r.to_spec() for r in self.read_only], list(self.hidden))
 
     @classmethod
     def from_spec(cls, spec) -> Plan:
-        cwd, roots, tmp_writable, read_only = spec
-        return cls(Pin(*cwd), tuple(Pin(*r) for r in roots), tmp_writable, tuple(Pin(*r) for r in read_only))
+        cwd, roots, tmp_writable, read_only, hidden = spec
+        return cls(Pin(*cwd), tuple(Pin(*r) for r in roots), tmp_writable, tuple(Pin(*r) for r in read_only),
+                   tuple(hidden))
 
 
 def refused_roots(env=None) -> frozenset[str]:
@@ -206,8 +208,9 @@ def in_tmp(path: str) -> bool:
     return path == TMP or path.startswith(TMP + "/")
 
 
-def pin(policy: SandboxPolicy, cwd: str, sandbox_cwd: str, env) -> Plan:
-    """Resolve the command's directory and writable roots once (raises PinError).
+def pin(policy: SandboxPolicy, cwd: str, sandbox_cwd: str, env, hidden=()) -> Plan:
+    """Resolve the command's directory and writable roots once (raises PinError);
+    ``hidden``: what to hide for this command besides what its sandbox hides.
 
     ``/tmp`` itself (the global temp folder, or $TMPDIR when it is /tmp) is sluice's /tmp,
     not a host directory. Roots that do not exist are left out, as Landlock would.
@@ -251,7 +254,8 @@ def pin(policy: SandboxPolicy, cwd: str, sandbox_cwd: str, env) -> Plan:
                 except OSError:
                     pass
     cwd_pin = next((r for r in roots if r.path == cwd), None) or Pin.of(cwd)
-    return Plan(cwd_pin, tuple(roots), tmp_writable, tuple(dict.fromkeys(read_only)), before)
+    return Plan(cwd_pin, tuple(roots), tmp_writable, tuple(dict.fromkeys(read_only)),
+                tuple(os.path.abspath(p) for p in hidden), before)
 
 
 def user_runtime_dirs(env=None) -> list[str]:
@@ -456,9 +460,10 @@ def apply(view: View, plan: Plan) -> tuple[int, list[int]]:
             cwd = _bind(view, plan.cwd, writable=False)  # a read-only place to run, in sluice's /tmp
         for pinned in plan.read_only:
             _read_only_onto(pinned)
-        for path in view.late_hidden:
-            _hide(path)  # made since the sandbox was warmed: hidden now, wherever it is visible
-        for path in view.hidden:
+        extra = tuple(path for path in plan.hidden if path not in view.hidden)
+        for path in (*view.late_hidden, *extra):
+            _hide(path)  # made since the sandbox was warmed, or this command's: hidden now
+        for path in (*view.hidden, *extra):
             _pin_way_to(path, plan.roots)
         if not plan.tmp_writable:
             mount_setattr(view.tmp, "", AT_EMPTY_PATH, set_=MOUNT_ATTR_RDONLY)

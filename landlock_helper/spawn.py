@@ -144,7 +144,7 @@ def _limits():
     return limits
 
 
-def _check(argv, cwd, policy: SandboxPolicy, sandbox_cwd: str | None, env) -> mounts.Plan | None:
+def _check(argv, cwd, policy: SandboxPolicy, sandbox_cwd: str | None, env, hidden=()) -> mounts.Plan | None:
     """What the caller can know is wrong before a sandbox is used (cheap, no fork), and
     the directories the sandbox is built from, resolved once, here (None: unrestricted)."""
     if not sys.platform.startswith("linux"):
@@ -163,7 +163,7 @@ def _check(argv, cwd, policy: SandboxPolicy, sandbox_cwd: str | None, env) -> mo
         if _libc.ARCH is None:
             raise SandboxError(f"no seccomp filter for architecture {_libc.MACHINE!r}; refusing to run")
         try:
-            return mounts.pin(policy, cwd, sandbox_cwd or cwd, env)
+            return mounts.pin(policy, cwd, sandbox_cwd or cwd, env, hidden)
         except (OSError, mounts.PinError) as e:
             raise SandboxError(_describe(e)) from None
     return None
@@ -773,15 +773,16 @@ class Spawner:
 
     def spawn(self, argv, *, cwd, env, policy: SandboxPolicy, stdout: int, stderr: int,
               stdin: int | None = None, sandbox_cwd: str | None = None,
-              limits: limits.Limits | None = None, tty: bool = False) -> SandboxedProcess:
-        """Like :func:`spawn`, in a warm sandbox (waiting for one only if none is ready).
+              limits: limits.Limits | None = None, tty: bool = False, hidden_paths=()) -> SandboxedProcess:
+        """Like :func:`spawn`, in a warm sandbox (waiting for one only if none is ready);
+        ``hidden_paths`` are hidden for this command besides the pool's.
 
         Warm sandboxes are read-only views without network (a network namespace of their
         own); a command with network gets one in the host's network namespace, and a
         danger-full-access command one of the host's view, made on the spot.
         """
         mode = _stdin_mode(stdin, tty)
-        plan = _check(argv, cwd, policy, sandbox_cwd, env)
+        plan = _check(argv, cwd, policy, sandbox_cwd, env, hidden_paths)
         limited = _limited(limits, self.template)
         spec = _encode_spec(argv, cwd, env, policy, plan, mode, limited)
         if plan is None or policy.network:
@@ -1128,7 +1129,7 @@ def _rehearse() -> None:
     waits, those copies are off the command's path (about 0.4 ms of it)."""
     policy = SandboxPolicy.from_mode("workspace-write", writable_roots=["/"])
     SandboxPolicy.from_json(marshal.loads(marshal.dumps(policy.to_json())))
-    mounts.Plan.from_spec((("/", 0, 0), [("/", 0, 0)], True, [("/", 0, 0)]))
+    mounts.Plan.from_spec((("/", 0, 0), [("/", 0, 0)], True, [("/", 0, 0)], []))
     namespaces.capability_structs()
     a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     with a, b:

@@ -22,7 +22,7 @@ import time
 import pytest
 
 from broker.net.keys import new_key_pair
-from tests.support.harness import ROOT, daemons, short_tempdir, subprocess_env, wait_for
+from tests.support.harness import ROOT, daemons, short_tempdir, sluice_argv, subprocess_env, wait_for
 from tests.support.remote_helpers import (
     connect_args,
     free_port,
@@ -389,6 +389,33 @@ def test_an_allow_dir_deep_in_a_workspace_can_be_neither_written_nor_moved(facto
     assert os.listdir(keys.allow) == ["client.key"] and not os.path.exists(os.path.join(base, "moved"))
     r = run_sluice(["run", *connect_args(keys, endpoint, "attacker"), "--", "true"], env=subprocess_env())
     assert r.returncode != 0 and "refused our key" in one_line(r.stderr), r.stderr
+
+
+@pytest.mark.timeout(90)
+def test_a_daemon_started_later_has_its_allow_dir_hidden_by_sandboxes_already_there(factory, base):
+    """Daemon A runs (its executor and warm sandboxes made) before daemon B starts with an
+    allow dir in A's commands' workspace. B publishes it in sluice's home: A's next
+    command, and ``sluice sandbox``, hide it too; once B stops, it is visible again."""
+    keys = make_keys(os.path.join(base, "cfg"))
+    attack = (f"ls -A {keys.allow} 2>/dev/null; cp {keys.dir}/stranger.key {keys.allow}/ 2>/dev/null; "
+              f"echo planted=$?; mv {base}/cfg {base}/moved 2>/dev/null; echo moved=$?")
+    first = factory.start(executors=1, env=_home_env(base))
+    client = first.client()
+    # Where it should, it works: before B, the dir is a directory of the workspace like any.
+    r = client.run(["sh", "-c", f"ls -A {keys.allow}; touch {keys.allow}/probe && rm {keys.allow}/probe; "
+                    "echo wrote=$?"], cwd=base)
+    assert r.stdout.decode().split() == ["client.key", "wrote=0"], r.stderr
+    second, _ = _listening(factory, keys, base)
+    for r in (client.run(["sh", "-c", attack], cwd=base),
+              subprocess.run([*sluice_argv(), "sandbox", "--", "sh", "-c", attack], cwd=base, capture_output=True,
+                             env=subprocess_env(**_home_env(base)), timeout=30)):
+        out = r.stdout.decode()
+        assert out.split() == ["planted=1", "moved=1"], out + r.stderr.decode()
+    assert os.listdir(keys.allow) == ["client.key"]
+    second.stop()
+    wait_for(lambda: not os.listdir(os.path.join(base, "home", "hidden")), 10, "B to withdraw what it published")
+    r = client.run(["ls", "-A", keys.allow], cwd=base)
+    assert r.stdout == b"client.key\n", r.stderr
 
 
 @pytest.mark.timeout(60)
