@@ -63,11 +63,11 @@ RESOLVE_NO_MAGICLINKS = 0x02
 RESOLVE_NO_SYMLINKS = 0x04
 RESOLVE_BENEATH = 0x08
 
-# Device nodes bound into the private /dev; everything else of the host's /dev
-# (disks, other terminals, consoles, /dev/vcs*) does not exist inside.
 # A bounded /dev/shm still holds this many files (lock files, POSIX semaphores) at least.
 SHM_MIN_INODES = 1024
 
+# Device nodes bound into the private /dev; everything else of the host's /dev
+# (disks, other terminals, consoles, /dev/vcs*) does not exist inside.
 DEV_NODES = ("null", "zero", "full", "random", "urandom", "tty")
 DEV_LINKS = (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),
              ("stderr", "/proc/self/fd/2"), ("ptmx", "pts/ptmx"))
@@ -366,7 +366,7 @@ def _private_dev() -> None:
 
 def bound_shm(size: int) -> None:
     """Per command, before exec: the sandbox's /dev/shm holds at most ``size`` bytes (the
-    command's memory limit) in at most one file per page of it. A tmpfs is memory that no
+    command's memory limit) in at most one file per page of it (or SHM_MIN_INODES). A tmpfs is memory that no
     rlimit counts and that outlives the process that wrote it (until the sandbox is gone),
     and each of its inodes is kernel memory that cannot be reclaimed. (With a memory cgroup
     the pages count against the command's limit anyway; the inodes do not.)"""
@@ -428,14 +428,12 @@ def _clone_onto(source: int, target: int, *, writable: bool | None) -> int:
     mount's root."""
     tree = open_tree(source, "", OPEN_TREE_CLONE | os.O_CLOEXEC | AT_EMPTY_PATH | AT_RECURSIVE)
     try:
-        if writable is None:
-            pass
-        elif writable:
+        if writable:
             try:
                 mount_setattr(tree, "", AT_EMPTY_PATH, clear=MOUNT_ATTR_RDONLY)
             except PermissionError:
                 pass  # read-only on the host already (a locked mount): it stays so
-        else:
+        elif writable is not None:
             mount_setattr(tree, "", AT_EMPTY_PATH | AT_RECURSIVE, set_=MOUNT_ATTR_RDONLY)
         move_mount(tree, target)
     except BaseException:

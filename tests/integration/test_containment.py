@@ -309,6 +309,31 @@ def test_workspace_cannot_be_renamed_removed_or_replaced(as_user, nobody_env, wo
     assert r.stdout.strip() == str(workdir) and not os.path.exists("/etc/sl-pwned2")
 
 
+def test_no_directory_on_the_way_to_a_hidden_one_can_be_renamed(as_user, nobody_env, workdir):
+    """A hidden directory two levels down in the workspace (a daemon's allow list, say):
+    renaming a parent would move the real one out from under its cover."""
+    secret = workdir / "cfg" / "allow"
+    secret.mkdir(parents=True)
+    (secret / "client.key").write_text("key\n")
+    for d in (workdir / "cfg", secret):
+        os.chmod(d, 0o777)
+    swap = "mv cfg moved; echo moved=$?; ls moved/allow 2>/dev/null; touch cfg/ok; echo wrote=$?"
+    # Where it should, it works: the same shell, unsandboxed, on a copy.
+    copy = workdir.parent / "copy"
+    shutil.copytree(workdir, copy)
+    r = subprocess.run(["sh", "-c", swap], cwd=copy, capture_output=True, text=True)
+    assert r.stdout.split()[:2] == ["moved=0", "client.key"], r.stdout + r.stderr
+    r = sandbox(swap, cwd=workdir, user=as_user, nobody=nobody_env, flags=("--hide", str(secret)))
+    assert r.stdout.split() == ["moved=1", "wrote=0"], r.stdout + r.stderr
+    assert os.listdir(secret) == ["client.key"] and (workdir / "cfg" / "ok").exists()
+    # Swapped for a link since (by a command of a sandbox that did not hide it): the way to
+    # it is not followed, and the command does not start.
+    shutil.move(workdir / "cfg", workdir / "real")
+    (workdir / "cfg").symlink_to("real")
+    r = sandbox("echo ran", cwd=workdir, user=as_user, nobody=nobody_env, flags=("--hide", str(secret)))
+    assert "ran" not in r.stdout and "the way to it changed" in r.stderr, r.stdout + r.stderr
+
+
 def _fsmonitor_config(marker: str) -> str:
     return f"[core]\\n\\trepositoryformatversion = 0\\n\\tfsmonitor = touch {marker}\\n"
 
