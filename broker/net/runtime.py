@@ -119,9 +119,13 @@ PUBLISHED_DIR = "hidden"
 
 def publish_hidden(paths) -> str:
     """Publish ``paths`` (absolute, resolved) for every sandbox of this sluice home to hide,
-    until :func:`unpublish_hidden`; returns the file written (raises OSError)."""
+    until :func:`unpublish_hidden`; returns the file written (raises OSError). What
+    daemons that are gone left behind is removed first."""
     directory = os.path.join(sluice_home(), PUBLISHED_DIR)
     os.makedirs(directory, mode=0o700, exist_ok=True)
+    for name, pid in _publishers(directory):
+        if not _running(pid):
+            unpublish_hidden(os.path.join(directory, name))
     path = os.path.join(directory, f"daemon-{os.getpid()}")
     tmp = f"{path}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
@@ -141,14 +145,9 @@ def published_hidden() -> tuple[str, ...]:
     daemon killed without its clean-up leaves its file; its pid then names no process, or,
     reused, another one: hiding a little too long is the safe side)."""
     directory = os.path.join(sluice_home(), PUBLISHED_DIR)
-    try:
-        names = os.listdir(directory)
-    except OSError:
-        return ()
     paths: list[str] = []
-    for name in names:
-        pid = name.removeprefix("daemon-")
-        if not name.startswith("daemon-") or not pid.isdigit() or not _running(int(pid)):
+    for name, pid in _publishers(directory):
+        if not _running(pid):
             continue
         try:
             with open(os.path.join(directory, name), encoding="utf-8") as f:
@@ -156,6 +155,15 @@ def published_hidden() -> tuple[str, ...]:
         except (OSError, UnicodeDecodeError):
             continue
     return tuple(dict.fromkeys(paths))
+
+
+def _publishers(directory: str) -> list[tuple[str, int]]:
+    """(file name, daemon pid) of each file published in ``directory``."""
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return []
+    return [(name, int(name[7:])) for name in names if name.startswith("daemon-") and name[7:].isdigit()]
 
 
 def _running(pid: int) -> bool:
