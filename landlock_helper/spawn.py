@@ -426,8 +426,9 @@ class _Warm:
     """A sandbox whose command process is waiting for its spec."""
 
     def __init__(self, sup_pid: int, ctl: socket.socket, *, reap: bool, cgroups: bool = False,
-                 reported: int | None = None) -> None:
+                 reported: int | None = None, network: bool = False) -> None:
         self.sup_pid = sup_pid
+        self.network = network  # in the host's network namespace, for a command with network
         self.ctl = ctl
         self.reap = reap
         self.cgroups = cgroups  # its supervisor makes cgroups (and ends on SIGTERM)
@@ -654,9 +655,14 @@ class Spawner:
         if not sys.platform.startswith("linux"):
             raise SandboxError("the warm-sandbox pool needs Linux")
         self.pool = pool
+        # Warm sandboxes in the host's network namespace, for commands with network: none
+        # until the first such command comes, then this many.
+        self.network_pool = 0
         self.template = _Template.make(hidden_paths, cgroups=cgroups)
         self._ready: list[_Warm] = []
-        self._asked = 0
+        # What the zygote was asked for and has not answered yet (it answers in order):
+        # for each, whether with network.
+        self._asked: list[bool] = []
         self._sock: socket.socket | None = None
         self.zygote_pid = 0
         # The last fork the system refused ("cannot fork: ..."), until one succeeds, and when
@@ -685,8 +691,8 @@ class Spawner:
         self.zygote_pid = pid
         self._sock = mine
         self._sock.setblocking(False)
-        self._asked = 0
-        self._ask(self.pool)
+        self._asked = []
+        self._top_up()
 
     @property
     def fileno(self) -> int | None:
@@ -694,14 +700,22 @@ class Spawner:
         (it could not be forked again: the next :meth:`spawn` tries)."""
         return None if self._sock is None else self._sock.fileno()
 
-    def _ask(self, n: int) -> None:
+    def _ask(self, n: int, network: bool = False) -> None:
         for _ in range(n):
             try:
-                self._sock.send(b"W")
+                self._sock.send(b"N" if network else b"W")
             except OSError:  # EPIPE: the zygote is gone
                 self._restart_zygote()
                 return
-            self._asked += 1
+            self._asked.append(network)
+
+    def _top_up(self) -> None:
+        """Ask the zygote for what the pools lack, counting what it has not answered yet."""
+        for network, wanted in ((False, self.pool), (True, self.network_pool)):
+            ready = sum(warm.network == network for warm in self._ready)
+            missing = wanted - ready - self._asked.count(network)
+            if missing > 0 and self._sock is not None:
+                self._ask(missing, network)
 
     def _restart_zygote(self) -> None:
         """The zygote died (killed by someone?), and its sandboxes with it (they die
@@ -714,7 +728,7 @@ class Spawner:
             self._sock.close()
             self._sock = None
             self._reap_zygote()
-        self._asked = 0
+        self._asked = []
         try:
             self._start_zygote()
         except SandboxError as e:
@@ -732,12 +746,13 @@ class Spawner:
             if now:
                 raise
 
-    def refill(self, *, block: bool = False) -> None:
-        """Take the sandboxes the zygote has made; ask for more to keep the pool full.
+    def refill(self, *, block: bool = False, network: bool = False) -> None:
+        """Take the sandboxes the zygote has made; ask for more to keep the pools full.
 
         A sandbox the zygote could not fork (``F`` instead of one) is a failure: the pool
         is not topped up again before the back-off has passed, and a blocking call
-        raises :class:`SandboxError` with the reason if nothing else is coming."""
+        raises :class:`SandboxError` with the reason if no sandbox of the kind it waits
+        for (``network``) is coming."""
         self._ensure_zygote(now=block)
         if self._sock is None:
             return
@@ -751,25 +766,26 @@ class Spawner:
             if not msg:
                 self._restart_zygote()
                 return
-            self._asked -= 1
+            kind = self._asked.pop(0)
             if msg.startswith(b"F "):
                 for fd in fds:
                     os.close(fd)
                 self._failed(msg[2:].decode(errors="replace"))
-                if block and not self._asked and not self._ready:
+                if block and network not in self._asked and not self._ready_of(network):
                     raise SandboxError(self.failure)
                 continue
             ctl = socket.socket(fileno=fds[0])
             ctl.setblocking(True)
             self._ready.append(_Warm(int(msg[2:]), ctl, reap=False, cgroups=bool(self.template.cgroups),
-                                     reported=fds[1] if len(fds) > 1 else None))
+                                     reported=fds[1] if len(fds) > 1 else None, network=kind))
             self._recovered()
             block = False
         if self.failure is not None and time.monotonic() < self._retry_at:
             return  # backing off: a command that needs a sandbox asks for one itself
-        missing = self.pool - len(self._ready) - self._asked
-        if missing > 0:
-            self._ask(missing)
+        self._top_up()
+
+    def _ready_of(self, network: bool) -> list[_Warm]:
+        return [warm for warm in self._ready if warm.network == network]
 
     def spawn(self, argv, *, cwd, env, policy: SandboxPolicy, stdout: int, stderr: int,
               stdin: int | None = None, sandbox_cwd: str | None = None,
@@ -777,25 +793,29 @@ class Spawner:
         """Like :func:`spawn`, in a warm sandbox (waiting for one only if none is ready);
         ``hidden_paths`` are hidden for this command besides the pool's.
 
-        Warm sandboxes are read-only views without network (a network namespace of their
-        own); a command with network gets one in the host's network namespace, and a
-        danger-full-access command one of the host's view, made on the spot.
+        Warm sandboxes are read-only views, most without network (a network namespace of
+        their own), and from the first command with network on also a few in the host's
+        network namespace; a danger-full-access command gets one of the host's view, made
+        on the spot.
         """
         mode = _stdin_mode(stdin, tty)
         plan = _check(argv, cwd, policy, sandbox_cwd, env, hidden_paths)
         limited = _limited(limits, self.template)
         spec = _encode_spec(argv, cwd, env, policy, plan, mode, limited)
-        if plan is None or policy.network:
-            template = dataclasses.replace(self.template, netns=False, scratch=self.template.scratch if plan else None)
-            return _make_warm(template, reap=True).start(spec, stdin, stdout, stderr, plan, limited)
+        if plan is None:
+            template = dataclasses.replace(self.template, scratch=None, netns=False)
+            return _make_warm(template, reap=True).start(spec, stdin, stdout, stderr, None, limited)
+        network = policy.network
+        if network and not self.network_pool:
+            self.network_pool = max(1, self.pool // 2)
         self.refill()
         while True:
-            while not self._ready:
+            while not self._ready_of(network):
                 self._ensure_zygote(now=True)
-                if not self._asked:
-                    self._ask(1)
-                self.refill(block=True)
-            warm = self._pick()
+                if network not in self._asked:
+                    self._ask(1, network)
+                self.refill(block=True, network=network)
+            warm = self._pick(network)
             if warm.usable():
                 break
             warm.discard()
@@ -803,16 +823,20 @@ class Spawner:
         self.refill()
         return proc
 
-    def _pick(self) -> _Warm:
-        """The oldest ready sandbox whose supervisor has reported its init (starting it
-        does not wait), else the oldest: under a fork storm in another sandbox, making one
-        can take seconds, and the caller must not wait on it when another is ready."""
-        for i, warm in enumerate(self._ready):
+    def _pick(self, network: bool) -> _Warm:
+        """The oldest ready sandbox of the kind (``network``) whose supervisor has reported
+        its init (starting it does not wait), else the oldest: under a fork storm in another
+        sandbox, making one can take seconds, and the caller must not wait on it when
+        another is ready."""
+        kind = self._ready_of(network)
+        for warm in kind:
             if warm.init_pid is None:
                 warm.usable()  # reads what it has said so far, without waiting
             if warm.init_pid is not None:
-                return self._ready.pop(i)
-        return self._ready.pop(0)
+                self._ready.remove(warm)
+                return warm
+        self._ready.remove(kind[0])
+        return kind[0]
 
     def close(self) -> None:
         for warm in self._ready:
@@ -898,7 +922,8 @@ def _close_fds_except(keep: set[int]) -> None:
 
 
 def _zygote(template: _Template, parent: int, sock: socket.socket) -> None:
-    """Make a warm sandbox for every ``W`` received; exit when the caller goes away."""
+    """Make a warm sandbox for every ``W`` (``N``: with the host's network) received;
+    exit when the caller goes away."""
     _die_with_parent(parent)
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)  # a caller gone is an EOF or EPIPE here
     wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
@@ -935,7 +960,9 @@ def _zygote(template: _Template, parent: int, sock: socket.socket) -> None:
                 msg = b""
             if msg:
                 try:
-                    warm = _make_warm(template, reap=False)
+                    # "N": one in the host's network namespace, for a command with network.
+                    warm = _make_warm(template if msg != b"N" else dataclasses.replace(template, netns=False),
+                                      reap=False)
                 except SandboxError as e:
                     warm = None
                     try:
