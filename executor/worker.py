@@ -30,6 +30,7 @@ from zmq.utils.monitor import parse_monitor_message
 
 from broker.net import peer
 from broker.net.logging import Throttle
+from broker.net.runtime import published_hidden
 from broker.net.zloop import ZSocket
 from broker.wire import direct
 from broker.wire import frames as wire
@@ -216,16 +217,20 @@ class Worker:
         self._connect()
 
     def spawn(self, argv, **kw):
-        """Start a sandboxed command (see landlock_helper.spawn.spawn); raises SandboxError."""
+        """Start a sandboxed command (see landlock_helper.spawn.spawn); raises SandboxError.
+
+        Besides what this executor hides, the command's sandbox hides what listening daemons
+        started since have published (their key files and allow dirs)."""
+        published = published_hidden()
         if self.spawner is not None:
             try:
-                return self.spawner.spawn(argv, **kw)
+                return self.spawner.spawn(argv, hidden_paths=published, **kw)
             finally:
                 self._watch_spawner()
         # Only without a warm pool (no spawner was made, or it was given up): a cold sandbox.
         from landlock_helper.spawn import spawn
 
-        return spawn(argv, hidden_paths=self.hidden_paths, **kw)
+        return spawn(argv, hidden_paths=(*self.hidden_paths, *published), **kw)
 
     def _refill_spawner(self) -> None:
         try:

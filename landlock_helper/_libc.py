@@ -50,6 +50,7 @@ _ARCH_TABLES = {
         "request_key": 249,
         "capset": 126,
         "connect": 42,
+        "listen": 50,
         "seccomp": 317,
         # Calls that take a file mode (the setuid/setgid rule).
         "chmod": 90,
@@ -85,6 +86,7 @@ _ARCH_TABLES = {
         "request_key": 218,
         "capset": 91,
         "connect": 203,
+        "listen": 201,
         "seccomp": 277,
         # aarch64 has only the *at forms.
         "fchmod": 52,
@@ -206,12 +208,14 @@ CLONE_NEWNS = 0x00020000
 CLONE_NEWIPC = 0x08000000
 CLONE_NEWUSER = 0x10000000
 CLONE_NEWPID = 0x20000000
+CLONE_NEWNET = 0x40000000
 
 # mount flags
 MS_RDONLY = 1
 MS_NOSUID = 2
 MS_NODEV = 4
 MS_NOEXEC = 8
+MS_REMOUNT = 32
 MS_BIND = 4096
 MS_REC = 16384
 MS_PRIVATE = 1 << 18

@@ -24,7 +24,8 @@ per command, in the command's process before exec (:func:`apply`)
     also makes it a mount point: it cannot be renamed or removed, so the workspace keeps
     its shape; ``.git`` and ``.sluice`` in each root and in its direct subdirectories
     (and the targets of a ``.git`` symlink or ``gitdir:`` file inside a root) get a
-    read-only clone on top; /tmp goes read-only unless the policy writes temp folders.
+    read-only clone on top; /tmp goes read-only unless the policy writes temp folders;
+    /dev/shm is bounded by the command's memory limit (:func:`bound_shm`).
 
 Host /tmp is never visible: it holds other programs' sockets (tmux, X11, ssh-agent),
 credentials (Kerberos ticket caches), other repositories and other sluice daemons'
@@ -61,6 +62,9 @@ MOVE_MOUNT_T_EMPTY_PATH = 0x40
 RESOLVE_NO_MAGICLINKS = 0x02
 RESOLVE_NO_SYMLINKS = 0x04
 RESOLVE_BENEATH = 0x08
+
+# A bounded /dev/shm still holds this many files (lock files, POSIX semaphores) at least.
+SHM_MIN_INODES = 1024
 
 # Device nodes bound into the private /dev; everything else of the host's /dev
 # (disks, other terminals, consoles, /dev/vcs*) does not exist inside.
@@ -155,22 +159,24 @@ class Pin(namedtuple("Pin", "path dev ino")):
         return (self.path, self.dev, self.ino)
 
 
-class Plan(namedtuple("Plan", "cwd roots tmp_writable read_only before", defaults=((), None))):
+class Plan(namedtuple("Plan", "cwd roots tmp_writable read_only hidden before", defaults=((), (), None))):
     """The mounts one command needs: its directory (``cwd``), its writable ``roots``, and
-    the repositories in them to keep ``read_only``, all pinned; plus (for the trusted
-    side only, never sent) what stood where git looks before the command: ``before``,
-    None on the sandbox's side."""
+    the repositories in them to keep ``read_only``, all pinned; the paths to hide for
+    this command besides those its sandbox hid when made (``hidden``); plus (for the
+    trusted side only, never sent) what stood where git looks before the command:
+    ``before``, None on the sandbox's side."""
 
     __slots__ = ()
 
     def to_spec(self) -> tuple:
         return (self.cwd.to_spec(), [r.to_spec() for r in self.roots], self.tmp_writable,
-                [r.to_spec() for r in self.read_only])
+                [r.to_spec() for r in self.read_only], list(self.hidden))
 
     @classmethod
     def from_spec(cls, spec) -> Plan:
-        cwd, roots, tmp_writable, read_only = spec
-        return cls(Pin(*cwd), tuple(Pin(*r) for r in roots), tmp_writable, tuple(Pin(*r) for r in read_only))
+        cwd, roots, tmp_writable, read_only, hidden = spec
+        return cls(Pin(*cwd), tuple(Pin(*r) for r in roots), tmp_writable, tuple(Pin(*r) for r in read_only),
+                   tuple(hidden))
 
 
 def refused_roots(env=None) -> frozenset[str]:
@@ -202,8 +208,9 @@ def in_tmp(path: str) -> bool:
     return path == TMP or path.startswith(TMP + "/")
 
 
-def pin(policy: SandboxPolicy, cwd: str, sandbox_cwd: str, env) -> Plan:
-    """Resolve the command's directory and writable roots once (raises PinError).
+def pin(policy: SandboxPolicy, cwd: str, sandbox_cwd: str, env, hidden=()) -> Plan:
+    """Resolve the command's directory and writable roots once (raises PinError);
+    ``hidden``: what to hide for this command besides what its sandbox hides.
 
     ``/tmp`` itself (the global temp folder, or $TMPDIR when it is /tmp) is sluice's /tmp,
     not a host directory. Roots that do not exist are left out, as Landlock would.
@@ -247,7 +254,8 @@ def pin(policy: SandboxPolicy, cwd: str, sandbox_cwd: str, env) -> Plan:
                 except OSError:
                     pass
     cwd_pin = next((r for r in roots if r.path == cwd), None) or Pin.of(cwd)
-    return Plan(cwd_pin, tuple(roots), tmp_writable, tuple(dict.fromkeys(read_only)), before)
+    return Plan(cwd_pin, tuple(roots), tmp_writable, tuple(dict.fromkeys(read_only)),
+                tuple(os.path.abspath(p) for p in hidden), before)
 
 
 def user_runtime_dirs(env=None) -> list[str]:
@@ -295,11 +303,12 @@ def scratch_dir(uid: int | None = None) -> str:
 class View:
     """What the warm step leaves for the per-command step."""
 
-    __slots__ = ("host_tmp", "tmp", "late_hidden")
+    __slots__ = ("host_tmp", "tmp", "hidden", "late_hidden")
 
-    def __init__(self, host_tmp: int, tmp: int, late_hidden: tuple[str, ...]) -> None:
+    def __init__(self, host_tmp: int, tmp: int, hidden: tuple[str, ...], late_hidden: tuple[str, ...]) -> None:
         self.host_tmp = host_tmp  # O_PATH fd of the host's /tmp, under sluice's
         self.tmp = tmp  # O_PATH fd of sluice's /tmp mount
+        self.hidden = hidden  # every hidden path
         self.late_hidden = late_hidden  # hidden paths that did not exist when warm
 
 
@@ -319,14 +328,15 @@ def prepare(hidden_paths, scratch: str | None) -> View | None:
             _hide(path)
         return None
     _private_dev()
-    late = tuple(path for path in (*hidden_paths, *user_runtime_dirs()) if not _hide(path))
+    hidden = (*hidden_paths, *user_runtime_dirs())
+    late = tuple(path for path in hidden if not _hide(path))
     host_tmp = os.open(TMP, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     m(scratch, TMP, None, _libc.MS_BIND)
     tmp = os.open(TMP, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     mount_setattr(AT_FDCWD, "/", AT_RECURSIVE, set_=MOUNT_ATTR_RDONLY)
     for path in ("/dev/shm", "/dev/pts", TMP):
         mount_setattr(AT_FDCWD, path, 0, clear=MOUNT_ATTR_RDONLY)
-    return View(host_tmp, tmp, late)
+    return View(host_tmp, tmp, hidden, late)
 
 
 def _private_dev() -> None:
@@ -352,6 +362,18 @@ def _private_dev() -> None:
     m("tmpfs", "/dev/shm", "tmpfs", _libc.MS_NOSUID | _libc.MS_NODEV, "mode=1777")
     for name, target in DEV_LINKS:
         os.symlink(target, f"/dev/{name}")
+
+
+def bound_shm(size: int) -> None:
+    """Per command, before exec: the sandbox's /dev/shm holds at most ``size`` bytes (the
+    command's memory limit) in at most one file per page of it (or SHM_MIN_INODES). A tmpfs is memory that no
+    rlimit counts and that outlives the process that wrote it (until the sandbox is gone),
+    and each of its inodes is kernel memory that cannot be reclaimed. (With a memory cgroup
+    the pages count against the command's limit anyway; the inodes do not.)"""
+    page = os.sysconf("SC_PAGE_SIZE")
+    pages = max(size // page, 1)
+    _libc.mount(None, "/dev/shm", None, _libc.MS_REMOUNT | _libc.MS_NOSUID | _libc.MS_NODEV,
+                f"size={pages * page},nr_inodes={max(pages, SHM_MIN_INODES)}")
 
 
 def _hide(path: str) -> bool:
@@ -400,9 +422,10 @@ def _mount_point(view: View, pinned: Pin, source: int) -> int:
     return fd
 
 
-def _clone_onto(source: int, target: int, *, writable: bool) -> int:
-    """Mount a clone of ``source`` (and the mounts beneath it) on ``target``; returns an
-    O_PATH fd of the new mount's root."""
+def _clone_onto(source: int, target: int, *, writable: bool | None) -> int:
+    """Mount a clone of ``source`` (and the mounts beneath it) on ``target``, read-write,
+    read-only, or (``writable=None``) as ``source`` is; returns an O_PATH fd of the new
+    mount's root."""
     tree = open_tree(source, "", OPEN_TREE_CLONE | os.O_CLOEXEC | AT_EMPTY_PATH | AT_RECURSIVE)
     try:
         if writable:
@@ -410,7 +433,7 @@ def _clone_onto(source: int, target: int, *, writable: bool) -> int:
                 mount_setattr(tree, "", AT_EMPTY_PATH, clear=MOUNT_ATTR_RDONLY)
             except PermissionError:
                 pass  # read-only on the host already (a locked mount): it stays so
-        else:
+        elif writable is not None:
             mount_setattr(tree, "", AT_EMPTY_PATH | AT_RECURSIVE, set_=MOUNT_ATTR_RDONLY)
         move_mount(tree, target)
     except BaseException:
@@ -435,8 +458,11 @@ def apply(view: View, plan: Plan) -> tuple[int, list[int]]:
             cwd = _bind(view, plan.cwd, writable=False)  # a read-only place to run, in sluice's /tmp
         for pinned in plan.read_only:
             _read_only_onto(pinned)
-        for path in view.late_hidden:
-            _hide(path)  # made since the sandbox was warmed: hidden now, wherever it is visible
+        extra = tuple(path for path in plan.hidden if path not in view.hidden)
+        for path in (*view.late_hidden, *extra):
+            _hide(path)  # made since the sandbox was warmed, or this command's: hidden now
+        for path in (*view.hidden, *extra):
+            _pin_way_to(path, plan.roots)
         if not plan.tmp_writable:
             mount_setattr(view.tmp, "", AT_EMPTY_PATH, set_=MOUNT_ATTR_RDONLY)
         # Only now, with every mount in place: a directory opened earlier would lie
@@ -495,6 +521,34 @@ def _bind(view: View, pinned: Pin, *, writable: bool) -> int:
         os.close(source)
 
 
+def _pin_way_to(hidden: str, roots) -> None:
+    """Every directory on the way from a writable root down to a hidden path in it becomes
+    a mount point (a clone of itself, rights unchanged), so the command can rename none of
+    them: hiding is by path, and renaming a parent of a hidden directory (a daemon's allow
+    list inside a workspace) would move the real one out from under the hiding mount, and
+    to where a later command sees and writes it. Nothing is resolved through a symlink: a
+    directory on the way that is now a link was swapped by someone, and the command does
+    not start (PinError)."""
+    for root in roots:
+        if hidden == root.path or not is_beneath(hidden, root.path) or not os.path.lexists(hidden):
+            continue
+        fd = open_pinned(AT_FDCWD, root.path)
+        try:
+            for part in hidden[len(root.path) + 1:].split("/")[:-1]:
+                try:
+                    nxt = open_pinned(fd, part, beneath=True)
+                except OSError as e:
+                    raise PinError(f"{hidden} is hidden from commands, but the way to it changed "
+                                   f"({os.fsdecode(part)}: {e.strerror})") from None
+                os.close(fd)
+                try:
+                    fd = _clone_onto(nxt, nxt, writable=None)  # go on from the clone, on top
+                finally:
+                    os.close(nxt)
+        finally:
+            os.close(fd)
+
+
 def _read_only_onto(pinned: Pin) -> None:
     """A read-only clone of a repository's directory (or ``.git`` file) over itself."""
     fd = _open_checked(AT_FDCWD, pinned.path, pinned, directory=False)
@@ -509,7 +563,8 @@ def _read_only_onto(pinned: Pin) -> None:
 # A writable root without a .git (or with a .git symlink, which can be removed) cannot be
 # kept from getting a new one by a mount: there is nothing to mount over. So the trusted
 # side notes what stands there before the command, and once the command's whole tree is
-# dead, moves aside anything new, before the user's next git command could run it.
+# dead, moves aside anything new, before the user's next git command could run it, and
+# puts back a .git or .sluice symlink the command removed or replaced.
 
 
 def _protected_entries(root: Pin):
@@ -580,29 +635,58 @@ def quarantine_planted(plan: Plan | None) -> list[str]:
 
 def _quarantine(root: Pin, before: dict) -> list[str]:
     notes = []
-    for rel, now, _ in list(_protected_entries(root)):
-        was = before.get((root, rel))
-        if now == was:
+    now = {rel: identity for rel, identity, _ in _protected_entries(root)}
+    # A .git symlink has nothing to mount over, so the command could remove or replace
+    # it: it is put back as it was, pointing where it pointed.
+    links = {rel: was[3] for (r, rel), was in before.items() if r == root and was[2] == stat.S_IFLNK}
+    for rel in sorted(set(now) | set(links)):
+        was, found = before.get((root, rel)), now.get(rel)
+        if found == was:
             continue
-        what = "created" if was is None else "replaced"
         fd = _open_root(root)
         if fd is None:
             continue
         parent, _, name = rel.rpartition("/")
-        aside = f"{name}.sluice-blocked-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
         where = f"{root.path}/{parent}" if parent else root.path
         try:
             pfd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd) \
                 if parent else os.dup(fd)
-            try:
-                os.rename(name, aside, src_dir_fd=pfd, dst_dir_fd=pfd)
-            finally:
-                os.close(pfd)
-            notes.append(f"sluice: the command {what} {where}/{name}, which a sandboxed command may not "
-                         f"(git would run what it holds); moved it to {where}/{aside}")
         except OSError as e:
-            notes.append(f"sluice: the command {what} {where}/{name}, which a sandboxed command may not, "
-                         f"and it could not be moved aside ({e.strerror}): check it before running git there")
+            notes.append(f"sluice: the command changed {where}/{name}, and sluice could not check it ({e.strerror}): "
+                         "check it before running git there")
+            continue
         finally:
             os.close(fd)
+        try:
+            cleared = True
+            if found is not None:
+                cleared, note = _move_aside(pfd, where, name, "created" if was is None else "replaced")
+                notes.append(note)
+            if rel in links and cleared:
+                notes.append(_restore_link(pfd, where, name, links[rel]))
+        finally:
+            os.close(pfd)
     return notes
+
+
+_CHECK = "check it before running git there"
+
+
+def _move_aside(pfd: int, where: str, name: str, what: str) -> tuple[bool, str]:
+    """Rename ``name`` (in the directory ``pfd``) out of git's way: (done, a line for a person)."""
+    aside = f"{name}.sluice-blocked-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+    try:
+        os.rename(name, aside, src_dir_fd=pfd, dst_dir_fd=pfd)
+    except OSError as e:
+        return False, (f"sluice: the command {what} {where}/{name}, which a sandboxed command may not, "
+                       f"and it could not be moved aside ({e.strerror}): {_CHECK}")
+    return True, (f"sluice: the command {what} {where}/{name}, which a sandboxed command may not "
+                  f"(git would run what it holds); moved it to {where}/{aside}")
+
+
+def _restore_link(pfd: int, where: str, name: str, target: str) -> str:
+    try:
+        os.symlink(target, name, dir_fd=pfd)
+    except OSError as e:
+        return f"sluice: {where}/{name}, a link to {target}, could not be put back ({e.strerror}): {_CHECK}"
+    return f"sluice: the command removed {where}/{name}, a link to {target}; put it back"

@@ -3,9 +3,12 @@
 Each command gets a fresh PID namespace (so it sees, signals and ptraces only its own
 tree, and the kernel kills the whole tree when the namespace's init exits), a mount
 namespace (its view of the filesystem: see :mod:`landlock_helper.mounts`), a private
-SysV IPC namespace, and, when not root, a user namespace that maps the caller's uid and
-gid to themselves (needed to create the others without privilege; the command still
-runs as the caller).
+SysV IPC namespace, without network a network namespace (with only a loopback that is
+down: the sandbox's abstract unix socket names are its own, so nothing outside can
+connect to a name a command listens on, nor a command take a name first that a host
+service uses), and, when not root, a user namespace that maps the caller's uid and gid
+to themselves (needed to create the others without privilege; the command still runs as
+the caller, and the user namespace owns the others).
 
 As root, the command keeps uid 0 but loses every capability: the bounding set is
 emptied before exec, so exec cannot grant any back.
@@ -26,18 +29,21 @@ class _CapData(ctypes.Structure):
     _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
 
 
-def unshare_flags(as_root: bool, mount: bool = True) -> int:
+def unshare_flags(as_root: bool, mount: bool = True, net: bool = False) -> int:
     flags = _libc.CLONE_NEWPID | _libc.CLONE_NEWIPC | (_libc.CLONE_NEWNS if mount else 0)
+    if net:
+        flags |= _libc.CLONE_NEWNET
     if not as_root:
         flags |= _libc.CLONE_NEWUSER
     return flags
 
 
-def enter(uid: int, gid: int, as_root: bool, *, mount: bool = True) -> None:
+def enter(uid: int, gid: int, as_root: bool, *, mount: bool = True, net: bool = False) -> None:
     """Unshare the namespaces; the caller's *next child* is the new PID namespace's init.
     ``mount=False``: all but the mount namespace, which that child then unshares itself
-    (the caller keeps the host's view)."""
-    _libc.unshare(unshare_flags(as_root, mount))
+    (the caller keeps the host's view). ``net``: a network namespace of the sandbox's own
+    (for a command without network)."""
+    _libc.unshare(unshare_flags(as_root, mount, net))
     if not as_root:
         _libc.write_file("/proc/self/setgroups", "deny")
         _libc.write_file("/proc/self/uid_map", f"{uid} {uid} 1\n")

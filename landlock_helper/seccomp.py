@@ -20,7 +20,9 @@ The program, in order:
    argument, because the kernel reads them as ints: a value like ``0x1_0000_0002`` must
    not pass as "not AF_INET".
 4. ``connect`` returns SECCOMP_RET_USER_NOTIF: the sandbox's init performs it on the
-   command's behalf and refuses peers outside the sandbox (:mod:`.unix_guard`).
+   command's behalf and refuses peers outside the sandbox (:mod:`.unix_guard`). With
+   network, so does ``listen``: the command then shares the host's network namespace,
+   where abstract unix names are shared too, and the init refuses to listen on one.
 5. No setuid or setgid bit: chmod, fchmod, fchmodat, fchmodat2, open, openat, creat,
    mkdir, mkdirat, mknod and mknodat fail with EPERM when their mode argument has
    ``06000`` set (low 32 bits, ``mode_t`` is 32-bit). ``openat2`` carries its mode in a
@@ -147,7 +149,8 @@ def build(network: bool) -> list[Insn]:
     if arch["x32_bit"] is not None:
         prog += [(BPF_JGE_K, 0, 1, arch["x32_bit"]), (BPF_RET_K, 0, 0, RET_KILL_PROCESS)]
     prog += _on([_libc.nr(name) for name in DENIED], [(BPF_RET_K, 0, 0, deny)])
-    prog += _on([_libc.nr("connect")], [(BPF_RET_K, 0, 0, RET_USER_NOTIF)])
+    guarded = ["connect", "listen"] if network else ["connect"]
+    prog += _on([_libc.nr(name) for name in guarded], [(BPF_RET_K, 0, 0, RET_USER_NOTIF)])
     prog += _on([_libc.nr("openat2")], [(BPF_RET_K, 0, 0, RET_ERRNO | errno.ENOSYS)])
     for index in sorted(set(MODE_ARG.values())):
         names = [n for n, i in MODE_ARG.items() if i == index and _libc.has(n)]

@@ -4,8 +4,9 @@ A sandbox is three processes, each forked (never exec'd) so nothing is re-import
 
 ``supervisor``
     Makes the sandbox's cgroups when the caller wants resource limits
-    (:mod:`landlock_helper.limits`), unshares the PID, mount and IPC namespaces (and a
-    user namespace when not root), forks the init, reports the init's pid, and waits for
+    (:mod:`landlock_helper.limits`), unshares the PID, mount and IPC namespaces (a
+    network namespace too for a command without network, and a user namespace when not
+    root), forks the init, reports the init's pid, and waits for
     it; then reports the cgroups' counters and removes them. It dies with its parent
     (``PR_SET_PDEATHSIG``; with cgroups, that signal is SIGTERM: it kills the init and
     removes them first), and the init dies with the supervisor the same way, so a
@@ -30,9 +31,9 @@ A sandbox is three processes, each forked (never exec'd) so nothing is re-import
 
 A process that makes one sandbox and then exits (``sluice sandbox``) can be the
 supervisor itself (:func:`spawn` with ``one_shot=True``): one Python process fewer to
-fork and end. It unshares the PID and IPC namespaces (and enters the user namespace)
-for good, and its init unshares the mount namespace as it starts, so the caller keeps
-the host's view; the init dies with the caller as it would with a supervisor.
+fork and end. It unshares the PID and IPC (and network) namespaces (and enters the user
+namespace) for good, and its init unshares the mount namespace as it starts, so the
+caller keeps the host's view; the init dies with the caller as it would with a supervisor.
 
 All of that up to "waits for the spec" happens before anyone asks for a command, so a
 sandbox can be *warm*: :class:`Spawner` keeps a few warm sandboxes per executor, made
@@ -104,6 +105,10 @@ class _Template:
 
     hidden_paths: tuple[str, ...]
     scratch: str | None  # the host dir that is /tmp inside; None: the host's view (danger-full-access)
+    # A network namespace of the sandbox's own: for commands without network (the usual
+    # shape, and every warm sandbox's). Abstract unix socket names live per network
+    # namespace: with it, the command's are its own in both directions.
+    netns: bool
     as_root: bool
     uid: int
     gid: int
@@ -114,7 +119,7 @@ class _Template:
     cgroups: tuple = ()
 
     @classmethod
-    def make(cls, hidden_paths, *, restricted: bool = True, cgroups: bool = False) -> _Template:
+    def make(cls, hidden_paths, *, restricted: bool = True, network: bool = False, cgroups: bool = False) -> _Template:
         progs = {}
         if _libc.ARCH is not None:
             progs = {net: seccomp.compile_program(seccomp.build(net)) for net in (False, True)}
@@ -125,7 +130,7 @@ class _Template:
             raise SandboxError(f"cannot make the sandbox's /tmp: {_describe(e)}") from None
         return cls(
             hidden_paths=tuple(os.path.abspath(p) for p in hidden_paths), scratch=scratch,
-            as_root=os.geteuid() == 0, uid=os.geteuid(), gid=os.getegid(),
+            netns=restricted and not network, as_root=os.geteuid() == 0, uid=os.geteuid(), gid=os.getegid(),
             cap_last=namespaces.last_cap(), seccomp_progs=progs,
             cgroups=_limits().mechanism().hierarchies if cgroups else (),
         )
@@ -140,7 +145,7 @@ def _limits():
     return limits
 
 
-def _check(argv, cwd, policy: SandboxPolicy, sandbox_cwd: str | None, env) -> mounts.Plan | None:
+def _check(argv, cwd, policy: SandboxPolicy, sandbox_cwd: str | None, env, hidden=()) -> mounts.Plan | None:
     """What the caller can know is wrong before a sandbox is used (cheap, no fork), and
     the directories the sandbox is built from, resolved once, here (None: unrestricted)."""
     if not sys.platform.startswith("linux"):
@@ -159,7 +164,7 @@ def _check(argv, cwd, policy: SandboxPolicy, sandbox_cwd: str | None, env) -> mo
         if _libc.ARCH is None:
             raise SandboxError(f"no seccomp filter for architecture {_libc.MACHINE!r}; refusing to run")
         try:
-            return mounts.pin(policy, cwd, sandbox_cwd or cwd, env)
+            return mounts.pin(policy, cwd, sandbox_cwd or cwd, env, hidden)
         except (OSError, mounts.PinError) as e:
             raise SandboxError(_describe(e)) from None
     return None
@@ -195,11 +200,12 @@ def _load_builtin(name: str | None) -> None:
 
 
 def _encode_spec(argv, cwd, env, policy: SandboxPolicy, plan: mounts.Plan | None, stdin_mode: int = STDIN_NULL,
-                 rlimits=(), builtin: str | None = None) -> bytes:
+                 limited: _Limited | None = None, builtin: str | None = None) -> bytes:
     env = dict(env)
     env["PWD"] = cwd
+    rlimits, shm_size = (tuple(limited.rlimits), limited.limits.memory) if limited else ((), 0)
     spec = marshal.dumps(([str(a) for a in argv], cwd, env, policy.to_json(),
-                          None if plan is None else plan.to_spec(), stdin_mode, tuple(rlimits), builtin))
+                          None if plan is None else plan.to_spec(), stdin_mode, rlimits, shm_size, builtin))
     if len(spec) > MAX_SPEC:
         raise SandboxError(f"command and environment too large ({len(spec)} bytes, at most {MAX_SPEC})")
     return spec
@@ -438,8 +444,9 @@ class _Warm:
     """A sandbox whose command process is waiting for its spec."""
 
     def __init__(self, sup_pid: int, ctl: socket.socket, *, reap: bool, cgroups: bool = False,
-                 reported: int | None = None) -> None:
+                 reported: int | None = None, network: bool = False) -> None:
         self.sup_pid = sup_pid
+        self.network = network  # in the host's network namespace, for a command with network
         self.ctl = ctl
         self.reap = reap
         self.cgroups = cgroups  # its supervisor makes cgroups (and ends on SIGTERM)
@@ -630,9 +637,10 @@ def spawn(argv, *, cwd, env, policy: SandboxPolicy, stdout: int, stderr: int, st
     mode = _stdin_mode(stdin, tty)
     plan = _check(argv, cwd, policy, sandbox_cwd, env)
     _load_builtin(builtin)
-    template = _Template.make(hidden_paths, restricted=plan is not None, cgroups=limits is not None)
+    template = _Template.make(hidden_paths, restricted=plan is not None, network=policy.network,
+                              cgroups=limits is not None)
     limited = _limited(limits, template)
-    spec = _encode_spec(argv, cwd, env, policy, plan, mode, limited.rlimits if limited else (), builtin)
+    spec = _encode_spec(argv, cwd, env, policy, plan, mode, limited, builtin)
     if one_shot and limited is None:
         return _supervise_here(template).start(spec, stdin, stdout, stderr, plan)
     return _make_warm(template, reap=True).start(spec, stdin, stdout, stderr, plan, limited)
@@ -644,7 +652,7 @@ def _supervise_here(template: _Template) -> _Warm:
     mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     mine.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, MAX_SPEC + 65536)
     try:
-        namespaces.enter(template.uid, template.gid, template.as_root, mount=False)
+        namespaces.enter(template.uid, template.gid, template.as_root, mount=False, net=template.netns)
         init = os.fork()
     except OSError as e:
         mine.close()
@@ -675,9 +683,14 @@ class Spawner:
         self.pool = pool
         for name in BUILTINS:  # before the zygote: every sandbox is a fork of it
             _load_builtin(name)
+        # Warm sandboxes in the host's network namespace, for commands with network: none
+        # until the first such command comes, then this many.
+        self.network_pool = 0
         self.template = _Template.make(hidden_paths, cgroups=cgroups)
         self._ready: list[_Warm] = []
-        self._asked = 0
+        # What the zygote was asked for and has not answered yet (it answers in order):
+        # for each, whether with network.
+        self._asked: list[bool] = []
         self._sock: socket.socket | None = None
         self.zygote_pid = 0
         # The last fork the system refused ("cannot fork: ..."), until one succeeds, and when
@@ -706,8 +719,8 @@ class Spawner:
         self.zygote_pid = pid
         self._sock = mine
         self._sock.setblocking(False)
-        self._asked = 0
-        self._ask(self.pool)
+        self._asked = []
+        self._top_up()
 
     @property
     def fileno(self) -> int | None:
@@ -715,14 +728,22 @@ class Spawner:
         (it could not be forked again: the next :meth:`spawn` tries)."""
         return None if self._sock is None else self._sock.fileno()
 
-    def _ask(self, n: int) -> None:
+    def _ask(self, n: int, network: bool = False) -> None:
         for _ in range(n):
             try:
-                self._sock.send(b"W")
+                self._sock.send(b"N" if network else b"W")
             except OSError:  # EPIPE: the zygote is gone
                 self._restart_zygote()
                 return
-            self._asked += 1
+            self._asked.append(network)
+
+    def _top_up(self) -> None:
+        """Ask the zygote for what the pools lack, counting what it has not answered yet."""
+        for network, wanted in ((False, self.pool), (True, self.network_pool)):
+            ready = sum(warm.network == network for warm in self._ready)
+            missing = wanted - ready - self._asked.count(network)
+            if missing > 0 and self._sock is not None:
+                self._ask(missing, network)
 
     def _restart_zygote(self) -> None:
         """The zygote died (killed by someone?), and its sandboxes with it (they die
@@ -735,7 +756,7 @@ class Spawner:
             self._sock.close()
             self._sock = None
             self._reap_zygote()
-        self._asked = 0
+        self._asked = []
         try:
             self._start_zygote()
         except SandboxError as e:
@@ -753,12 +774,13 @@ class Spawner:
             if now:
                 raise
 
-    def refill(self, *, block: bool = False) -> None:
-        """Take the sandboxes the zygote has made; ask for more to keep the pool full.
+    def refill(self, *, block: bool = False, network: bool = False) -> None:
+        """Take the sandboxes the zygote has made; ask for more to keep the pools full.
 
         A sandbox the zygote could not fork (``F`` instead of one) is a failure: the pool
         is not topped up again before the back-off has passed, and a blocking call
-        raises :class:`SandboxError` with the reason if nothing else is coming."""
+        raises :class:`SandboxError` with the reason if no sandbox of the kind it waits
+        for (``network``) is coming."""
         self._ensure_zygote(now=block)
         if self._sock is None:
             return
@@ -772,52 +794,59 @@ class Spawner:
             if not msg:
                 self._restart_zygote()
                 return
-            self._asked -= 1
+            kind = self._asked.pop(0)
             if msg.startswith(b"F "):
                 for fd in fds:
                     os.close(fd)
                 self._failed(msg[2:].decode(errors="replace"))
-                if block and not self._asked and not self._ready:
+                if block and network not in self._asked and not self._ready_of(network):
                     raise SandboxError(self.failure)
                 continue
             ctl = socket.socket(fileno=fds[0])
             ctl.setblocking(True)
             self._ready.append(_Warm(int(msg[2:]), ctl, reap=False, cgroups=bool(self.template.cgroups),
-                                     reported=fds[1] if len(fds) > 1 else None))
+                                     reported=fds[1] if len(fds) > 1 else None, network=kind))
             self._recovered()
             block = False
         if self.failure is not None and time.monotonic() < self._retry_at:
             return  # backing off: a command that needs a sandbox asks for one itself
-        missing = self.pool - len(self._ready) - self._asked
-        if missing > 0:
-            self._ask(missing)
+        self._top_up()
+
+    def _ready_of(self, network: bool) -> list[_Warm]:
+        return [warm for warm in self._ready if warm.network == network]
 
     def spawn(self, argv, *, cwd, env, policy: SandboxPolicy, stdout: int, stderr: int,
               stdin: int | None = None, sandbox_cwd: str | None = None,
-              limits: limits.Limits | None = None, tty: bool = False,
+              limits: limits.Limits | None = None, tty: bool = False, hidden_paths=(),
               builtin: str | None = None) -> SandboxedProcess:
-        """Like :func:`spawn`, in a warm sandbox (waiting for one only if none is ready).
+        """Like :func:`spawn`, in a warm sandbox (waiting for one only if none is ready);
+        ``hidden_paths`` are hidden for this command besides the pool's.
 
-        Warm sandboxes are read-only views; a danger-full-access command gets one of the
-        host's view, made on the spot.
+        Warm sandboxes are read-only views, most without network (a network namespace of
+        their own), and from the first command with network on also a few in the host's
+        network namespace; a danger-full-access command gets one of the host's view, made
+        on the spot.
         """
         mode = _stdin_mode(stdin, tty)
-        plan = _check(argv, cwd, policy, sandbox_cwd, env)
+        plan = _check(argv, cwd, policy, sandbox_cwd, env, hidden_paths)
         if builtin is not None and builtin not in BUILTINS:
             raise SandboxError(f"no builtin {builtin!r} (known: {', '.join(sorted(BUILTINS))})")
         limited = _limited(limits, self.template)
-        spec = _encode_spec(argv, cwd, env, policy, plan, mode, limited.rlimits if limited else (), builtin)
+        spec = _encode_spec(argv, cwd, env, policy, plan, mode, limited, builtin)
         if plan is None:
-            template = dataclasses.replace(self.template, scratch=None)
+            template = dataclasses.replace(self.template, scratch=None, netns=False)
             return _make_warm(template, reap=True).start(spec, stdin, stdout, stderr, None, limited)
+        network = policy.network
+        if network and not self.network_pool:
+            self.network_pool = max(1, self.pool // 2)
         self.refill()
         while True:
-            while not self._ready:
+            while not self._ready_of(network):
                 self._ensure_zygote(now=True)
-                if not self._asked:
-                    self._ask(1)
-                self.refill(block=True)
-            warm = self._pick()
+                if network not in self._asked:
+                    self._ask(1, network)
+                self.refill(block=True, network=network)
+            warm = self._pick(network)
             if warm.usable():
                 break
             warm.discard()
@@ -825,16 +854,20 @@ class Spawner:
         self.refill()
         return proc
 
-    def _pick(self) -> _Warm:
-        """The oldest ready sandbox whose supervisor has reported its init (starting it
-        does not wait), else the oldest: under a fork storm in another sandbox, making one
-        can take seconds, and the caller must not wait on it when another is ready."""
-        for i, warm in enumerate(self._ready):
+    def _pick(self, network: bool) -> _Warm:
+        """The oldest ready sandbox of the kind (``network``) whose supervisor has reported
+        its init (starting it does not wait), else the oldest: under a fork storm in another
+        sandbox, making one can take seconds, and the caller must not wait on it when
+        another is ready."""
+        kind = self._ready_of(network)
+        for warm in kind:
             if warm.init_pid is None:
                 warm.usable()  # reads what it has said so far, without waiting
             if warm.init_pid is not None:
-                return self._ready.pop(i)
-        return self._ready.pop(0)
+                self._ready.remove(warm)
+                return warm
+        self._ready.remove(kind[0])
+        return kind[0]
 
     def close(self) -> None:
         for warm in self._ready:
@@ -920,7 +953,8 @@ def _close_fds_except(keep: set[int]) -> None:
 
 
 def _zygote(template: _Template, parent: int, sock: socket.socket) -> None:
-    """Make a warm sandbox for every ``W`` received; exit when the caller goes away."""
+    """Make a warm sandbox for every ``W`` (``N``: with the host's network) received;
+    exit when the caller goes away."""
     _die_with_parent(parent)
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)  # a caller gone is an EOF or EPIPE here
     wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
@@ -957,7 +991,9 @@ def _zygote(template: _Template, parent: int, sock: socket.socket) -> None:
                 msg = b""
             if msg:
                 try:
-                    warm = _make_warm(template, reap=False)
+                    # "N": one in the host's network namespace, for a command with network.
+                    warm = _make_warm(template if msg != b"N" else dataclasses.replace(template, netns=False),
+                                      reap=False)
                 except SandboxError as e:
                     warm = None
                     try:
@@ -1034,7 +1070,7 @@ def _supervisor(template: _Template, parent: int, ctl: int, reported: int | None
             os.write(ctl, f"C {cgroup.name}".encode())
         if told:
             raise SandboxError("the sandbox was ended while being made")
-        namespaces.enter(template.uid, template.gid, template.as_root)
+        namespaces.enter(template.uid, template.gid, template.as_root, net=template.netns)
         init = os.fork()
         if init == 0:
             if reported is not None:
@@ -1151,7 +1187,7 @@ def _rehearse() -> None:
     waits, those copies are off the command's path (about 0.4 ms of it)."""
     policy = SandboxPolicy.from_mode("workspace-write", writable_roots=["/"])
     SandboxPolicy.from_json(marshal.loads(marshal.dumps(policy.to_json())))
-    mounts.Plan.from_spec((("/", 0, 0), [("/", 0, 0)], True, [("/", 0, 0)]))
+    mounts.Plan.from_spec((("/", 0, 0), [("/", 0, 0)], True, [("/", 0, 0)], []))
     namespaces.capability_structs()
     a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     with a, b:
@@ -1191,7 +1227,8 @@ def _command(template: _Template, ctl: int, view: mounts.View | None, guard_end:
     for level, kind, data in ancdata:
         if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
             fds += memoryview(data).cast("i")
-    argv, cwd, env, policy_json, plan_spec, stdin_mode, rlimits, builtin = marshal.loads(memoryview(buf)[:size])
+    argv, cwd, env, policy_json, plan_spec, stdin_mode, rlimits, shm_size, builtin = marshal.loads(
+        memoryview(buf)[:size])
     try:
         policy = SandboxPolicy.from_json(policy_json)
         signal.pthread_sigmask(signal.SIG_SETMASK, ())
@@ -1211,6 +1248,8 @@ def _command(template: _Template, ctl: int, view: mounts.View | None, guard_end:
             if view is None or plan_spec is None:
                 raise SandboxError("a restricted command reached a sandbox with the host's view")
             cwd_fd, root_fds = mounts.apply(view, mounts.Plan.from_spec(plan_spec))
+            if shm_size:
+                mounts.bound_shm(shm_size)
             ruleset = landlock.finish_ruleset(prepared, policy, root_fds)
             stage = "chdir"
             os.fchdir(cwd_fd)

@@ -30,6 +30,14 @@ itself:
     included. A blocking connect runs in a thread, so the init keeps reaping and
     forwarding signals meanwhile.
 
+With network the command shares the host's network namespace (without, the sandbox has
+one of its own, where abstract names are its own: see :mod:`.namespaces`), so an abstract
+name it listens on could be reached from outside. Its ``listen`` calls come here too: the
+init takes the socket (``pidfd_getfd``), refuses (EACCES) to listen on a unix socket
+bound to an abstract name (its own or one the kernel chose), and otherwise listens on it
+itself. No race: a socket's name, once bound, never changes; an unbound unix socket gets
+EINVAL without a call, as the kernel would answer.
+
 Limits, by design: a socket already bound to an address (``bind`` before ``connect``)
 cannot be connected (EOPNOTSUPP): its address cannot move to the fresh socket. Of the
 options set before connect only SO_PASSCRED, SO_PASSSEC and the send/receive timeouts
@@ -99,6 +107,9 @@ _vm_readv.argtypes = [ctypes.c_int, ctypes.POINTER(_IoVec), ctypes.c_ulong, ctyp
 _connect = _c.connect  # ctypes releases the GIL around it
 _connect.restype = ctypes.c_int
 _connect.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_uint32]
+_listen = _c.listen  # the backlog as given (Python's listen() clamps it)
+_listen.restype = ctypes.c_int
+_listen.argtypes = [ctypes.c_int, ctypes.c_int]
 
 MAX_SOCKADDR = 128  # sizeof(struct sockaddr_storage): the kernel refuses longer (EINVAL)
 _SUN_PATH = 2  # offsetof(struct sockaddr_un, sun_path)
@@ -160,6 +171,7 @@ class Guard:
         self._network = False
         self._done = False
         self._connect_nr = _libc.nr("connect")
+        self._listen_nr = _libc.nr("listen")
 
     def fds(self) -> list[int]:
         return [fd for fd in (self._channel, None if self._done else self._listener) if fd is not None]
@@ -200,10 +212,12 @@ class Guard:
         if _ioctl(self._listener, NOTIF_RECV, ctypes.byref(n)) < 0:
             return  # ENOENT: the caller died or was interrupted before we got it
         try:
-            if n.data.nr != self._connect_nr:
-                self._answer(n.id, errno.ENOSYS)
-            else:
+            if n.data.nr == self._connect_nr:
                 self._connect(n)
+            elif n.data.nr == self._listen_nr:
+                self._listen(n)
+            else:
+                self._answer(n.id, errno.ENOSYS)
         except OSError as e:
             self._answer(n.id, e.errno or errno.EACCES)
         except Exception:  # noqa: BLE001
@@ -216,6 +230,38 @@ class Guard:
     def _valid(self, notif_id: int) -> bool:
         return _ioctl(self._listener, NOTIF_ID_VALID, ctypes.byref(ctypes.c_uint64(notif_id))) == 0
 
+    def _take(self, n: _Notif) -> socket.socket | None:
+        """The caller's socket (its first argument), taken with ``pidfd_getfd``: the very
+        socket, whatever the fd number means by the time we act. None: the caller is gone."""
+        fd = ctypes.c_int32(n.data.args[0] & 0xFFFFFFFF).value
+        pidfd = _pidfd_open(n.pid)
+        try:
+            if not self._valid(n.id):
+                return None  # the caller is gone (its tid may already be someone else's)
+            copy = _libc.syscall(_libc.nr("pidfd_getfd"), pidfd, fd, 0)
+        finally:
+            os.close(pidfd)
+        try:
+            return socket.socket(fileno=copy)  # ENOTSOCK for anything else
+        except OSError:
+            os.close(copy)
+            raise
+
+    def _listen(self, n: _Notif) -> None:
+        sock = self._take(n)
+        if sock is None:
+            return
+        with sock:
+            if sock.family == socket.AF_UNIX:
+                name = sock.getsockname()
+                if name in ("", b""):
+                    return self._answer(n.id, errno.EINVAL)  # unbound: the kernel's answer
+                if isinstance(name, bytes) and name.startswith(b"\0"):
+                    return self._answer(n.id, errno.EACCES)  # abstract: reachable from outside
+            backlog = ctypes.c_int32(n.data.args[1] & 0xFFFFFFFF).value
+            err = 0 if _listen(sock.fileno(), backlog) == 0 else ctypes.get_errno()
+            self._answer(n.id, err)
+
     def _connect(self, n: _Notif) -> None:
         tid = n.pid
         fd = ctypes.c_int32(n.data.args[0] & 0xFFFFFFFF).value
@@ -225,18 +271,10 @@ class Guard:
             return self._answer(n.id, errno.EINVAL)
         # One read of the address: what we act on can no longer change under us.
         addr = _read_memory(tid, addr_ptr, addrlen)
-        pidfd = _pidfd_open(tid)
-        try:
-            if not self._valid(n.id):
-                return  # the caller is gone (its tid may already be someone else's)
-            copy = _libc.syscall(_libc.nr("pidfd_getfd"), pidfd, fd, 0)
-        finally:
-            os.close(pidfd)
-        try:
-            sock = socket.socket(fileno=copy)  # ENOTSOCK for anything else
-        except OSError:
-            os.close(copy)
-            raise
+        sock = self._take(n)
+        if sock is None:
+            return
+        copy = sock.fileno()
         try:
             if sock.family == socket.AF_UNIX:
                 self._connect_unix(n, tid, fd, sock, addr)

@@ -53,8 +53,10 @@ from broker.net.runtime import (
     ensure_sluice_home,
     hidden_paths,
     open_reused,
+    publish_hidden,
     read_file,
     remove,
+    unpublish_hidden,
     write_new,
 )
 from broker.net.zloop import ZSocket
@@ -223,6 +225,9 @@ class _Daemon:
         self.tcp: zmq.Socket | None = None
         self.tcp_endpoint = ""
         self.zap = None
+        # With ``listen``: the file that asks every sandbox of our sluice home to hide our
+        # key file and allow dirs (broker.net.runtime.publish_hidden).
+        self._published: str | None = None
         self.token = ""
         self.log_path = "stderr"
         self.executor_wait_s = EXECUTOR_WAIT_S
@@ -245,6 +250,11 @@ class _Daemon:
             raise RuntimeDirError(f"cannot listen on {rt.endpoint}: {e}") from None
         if self.listen is not None:
             self._listen()
+            try:
+                self._published = publish_hidden(self._listen_secrets())
+            except OSError as e:
+                log.warning("cannot ask other sluice processes' sandboxes to hide the key file and allow dirs; "
+                            "only this daemon's executors hide them", why=e.strerror)
         try:
             self._remove_stale_socket(SOCKET_NAME)
             self.direct_listener, self._direct_ident = self._unix_listener(SOCKET_NAME, socket.SOCK_SEQPACKET)
@@ -375,10 +385,13 @@ class _Daemon:
         """What commands must not see: the runtime dir, sluice's home (config, sessions,
         keys), and with ``listen`` the daemon's secret key and its allow-list dirs,
         wherever they are."""
-        paths = [self.runtime.path, default_keys_dir()]
-        if self.listen is not None:
-            paths += [self.listen.key_file, *self.listen.allow_dirs.values()]
-        return hidden_paths(*paths)
+        return hidden_paths(self.runtime.path, default_keys_dir(), *self._listen_secrets())
+
+    def _listen_secrets(self) -> list[str]:
+        """With ``listen``: the daemon's secret key file and its allow-list dirs, resolved."""
+        if self.listen is None:
+            return []
+        return [os.path.realpath(p) for p in (self.listen.key_file, *self.listen.allow_dirs.values())]
 
     async def _heartbeat(self, router: Router, gate: ConnectionGate, stop: asyncio.Event) -> None:
         while True:
@@ -438,6 +451,9 @@ class _Daemon:
         if self._pid_ident is not None:
             remove(self.dir_fd, "daemon.pid", self._pid_ident)
             self._pid_ident = None
+        if self._published is not None:
+            unpublish_hidden(self._published)
+            self._published = None
         if self._journal_fd is not None:
             os.close(self._journal_fd)
             self._journal_fd = None

@@ -26,6 +26,9 @@ is chmodded, chowned or deleted in a dir sluice did not make or does not own.
 Sandboxed commands never see this directory: the sandbox mounts an empty, read-only
 tmpfs over it. Nor do they see sluice's home (:func:`sluice_home`: config, sessions,
 keys) or the daemon's key file and allow-lists: :func:`hidden_paths` is the one list.
+A listening daemon also publishes its key file and allow-lists in sluice's home
+(:func:`publish_hidden`), so that every sandbox of that home hides them, made by
+whichever sluice, started before or after it: executors read them for each command.
 """
 
 from __future__ import annotations
@@ -97,15 +100,80 @@ def ensure_sluice_home() -> str | None:
 
 def hidden_paths(*paths: str) -> tuple[str, ...]:
     """What sandboxed commands must not see: ``paths`` (the runtime dir, the daemon's key
-    file and allow-list dirs, ...) plus sluice's home, each resolved once here (a symlink
-    swapped in later changes nothing), in order, without a path that lies inside another
-    one of the list (hiding the outer one hides it)."""
+    file and allow-list dirs, ...) plus sluice's home and what listening daemons of this
+    home published, each resolved once here (a symlink swapped in later changes nothing),
+    in order, without a path that lies inside another one of the list (hiding the outer
+    one hides it)."""
     resolved: list[str] = []
-    for path in (*paths, sluice_home()):
+    for path in (*paths, sluice_home(), *published_hidden()):
         real = os.path.realpath(path)
         if real not in resolved:
             resolved.append(real)
     return tuple(p for p in resolved if not any(p != q and p.startswith(q.rstrip("/") + "/") for q in resolved))
+
+
+# In sluice's home (hidden from every sandbox of it): one file per listening daemon, named
+# for its pid, listing the paths it asks every sandbox to hide, one a line.
+PUBLISHED_DIR = "hidden"
+
+
+def publish_hidden(paths) -> str:
+    """Publish ``paths`` (absolute, resolved) for every sandbox of this sluice home to hide,
+    until :func:`unpublish_hidden`; returns the file written (raises OSError). What
+    daemons that are gone left behind is removed first."""
+    directory = os.path.join(sluice_home(), PUBLISHED_DIR)
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    for name, pid in _publishers(directory):
+        if not _running(pid):
+            unpublish_hidden(os.path.join(directory, name))
+    path = os.path.join(directory, f"daemon-{os.getpid()}")
+    tmp = f"{path}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write("".join(f"{p}\n" for p in paths))
+    os.replace(tmp, path)
+    return path
+
+
+def unpublish_hidden(path: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+
+
+def published_hidden() -> tuple[str, ...]:
+    """What the listening daemons of this sluice home that still run asked to hide (a
+    daemon killed without its clean-up leaves its file; its pid then names no process, or,
+    reused, another one: hiding a little too long is the safe side)."""
+    directory = os.path.join(sluice_home(), PUBLISHED_DIR)
+    paths: list[str] = []
+    for name, pid in _publishers(directory):
+        if not _running(pid):
+            continue
+        try:
+            with open(os.path.join(directory, name), encoding="utf-8") as f:
+                paths += [line for line in f.read().splitlines() if os.path.isabs(line)]
+        except (OSError, UnicodeDecodeError):
+            continue
+    return tuple(dict.fromkeys(paths))
+
+
+def _publishers(directory: str) -> list[tuple[str, int]]:
+    """(file name, daemon pid) of each file published in ``directory``."""
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return []
+    return [(name, int(name[7:])) for name in names if name.startswith("daemon-") and name[7:].isdigit()]
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def default_runtime_dir() -> str:

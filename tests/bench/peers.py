@@ -190,8 +190,8 @@ def bwrap_argv(path: str, cwd: str) -> list[str]:
     The same: the host's files read-only (``--ro-bind / /``) but the working directory
     (bound read-write), a private ``/tmp`` (a tmpfs: sluice binds a per-user directory),
     a fresh ``/proc`` and a private ``/dev``, new user, PID, IPC, network and UTS
-    namespaces (sluice makes no network namespace: seccomp and Landlock deny sockets
-    instead; no UTS one either), sluice's home and the user's runtime dir covered by
+    namespaces (sluice makes a network namespace too when the network is off, as here,
+    and no UTS one), sluice's home and the user's runtime dir covered by
     empty tmpfs, no capabilities left (``--cap-drop ALL``, as sluice empties the
     bounding set), a session of its own (``--new-session``: no ``TIOCSTI`` into our
     terminal) and the tree killed with us (``--die-with-parent``).

@@ -309,6 +309,31 @@ def test_workspace_cannot_be_renamed_removed_or_replaced(as_user, nobody_env, wo
     assert r.stdout.strip() == str(workdir) and not os.path.exists("/etc/sl-pwned2")
 
 
+def test_no_directory_on_the_way_to_a_hidden_one_can_be_renamed(as_user, nobody_env, workdir):
+    """A hidden directory two levels down in the workspace (a daemon's allow list, say):
+    renaming a parent would move the real one out from under its cover."""
+    secret = workdir / "cfg" / "allow"
+    secret.mkdir(parents=True)
+    (secret / "client.key").write_text("key\n")
+    for d in (workdir / "cfg", secret):
+        os.chmod(d, 0o777)
+    swap = "mv cfg moved; echo moved=$?; ls moved/allow 2>/dev/null; touch cfg/ok; echo wrote=$?"
+    # Where it should, it works: the same shell, unsandboxed, on a copy.
+    copy = workdir.parent / "copy"
+    shutil.copytree(workdir, copy)
+    r = subprocess.run(["sh", "-c", swap], cwd=copy, capture_output=True, text=True)
+    assert r.stdout.split()[:2] == ["moved=0", "client.key"], r.stdout + r.stderr
+    r = sandbox(swap, cwd=workdir, user=as_user, nobody=nobody_env, flags=("--hide", str(secret)))
+    assert r.stdout.split() == ["moved=1", "wrote=0"], r.stdout + r.stderr
+    assert os.listdir(secret) == ["client.key"] and (workdir / "cfg" / "ok").exists()
+    # Swapped for a link since (by a command of a sandbox that did not hide it): the way to
+    # it is not followed, and the command does not start.
+    shutil.move(workdir / "cfg", workdir / "real")
+    (workdir / "cfg").symlink_to("real")
+    r = sandbox("echo ran", cwd=workdir, user=as_user, nobody=nobody_env, flags=("--hide", str(secret)))
+    assert "ran" not in r.stdout and "the way to it changed" in r.stderr, r.stdout + r.stderr
+
+
 def _fsmonitor_config(marker: str) -> str:
     return f"[core]\\n\\trepositoryformatversion = 0\\n\\tfsmonitor = touch {marker}\\n"
 
@@ -334,20 +359,31 @@ def test_new_git_in_the_workspace_is_moved_aside_before_git_runs(as_user, nobody
     assert not marker.exists()
 
 
-@pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
-def test_git_symlink_target_is_read_only_and_a_swap_is_moved_aside(as_user, nobody_env, workdir):
+SWAP_GIT_LINK = {"replace": "rm .git && mkdir .git && echo '[core]' > .git/config && echo done",
+                 "remove": "rm .git && echo done",
+                 "relink": "ln -sfn /tmp .git && echo done"}
+
+
+@pytest.mark.parametrize("how", sorted(SWAP_GIT_LINK))
+def test_git_symlink_target_is_read_only_and_the_link_is_put_back(how, as_user, nobody_env, workdir):
     real = workdir / "store.git"
     shutil.move(workdir / ".git", real)
     (workdir / ".git").symlink_to("store.git")
+    # Where it should, it works: the same shell, unsandboxed, on a copy.
+    copy = workdir.parent / "copy"
+    shutil.copytree(workdir, copy, symlinks=True)
+    subprocess.run(["sh", "-c", SWAP_GIT_LINK[how]], cwd=copy, check=True, capture_output=True)
+    assert not (copy / ".git").is_symlink() or os.readlink(copy / ".git") != "store.git"
     r = sandbox("(echo hook > .git/hooks-post) 2>/dev/null; echo a=$?; (echo hook > store.git/hooks-post) 2>/dev/null; "
-                "echo b=$?; "
-                "rm .git && mkdir .git && echo '[core]' > .git/config && echo swapped",
-                cwd=workdir, user=as_user, nobody=nobody_env)
+                f"echo b=$?; {SWAP_GIT_LINK[how]}", cwd=workdir, user=as_user, nobody=nobody_env)
     assert "a=0" not in r.stdout.split() and "b=0" not in r.stdout.split(), r.stderr
     assert sorted(os.listdir(real)) == ["config"]
-    assert "swapped" in r.stdout
-    assert not (workdir / ".git").exists() or (workdir / ".git").is_symlink()
-    assert any(n.startswith(".git.sluice-blocked-") for n in os.listdir(workdir)), r.stderr
+    assert "done" in r.stdout, r.stderr
+    # The user's link is back as it was, and what stood in its place is moved aside.
+    assert os.readlink(workdir / ".git") == "store.git"
+    assert f"the command removed {workdir}/.git, a link to store.git; put it back" in r.stderr
+    aside = [n for n in os.listdir(workdir) if n.startswith(".git.sluice-blocked-")]
+    assert len(aside) == (0 if how == "remove" else 1), (os.listdir(workdir), r.stderr)
 
 
 def test_nested_repository_and_gitdir_target_stay_read_only(as_user, nobody_env, workdir):

@@ -21,6 +21,7 @@ as root and (where marked) as ``nobody``, and checks what reached the other side
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import shutil
 import signal
@@ -31,12 +32,13 @@ import sys
 import tempfile
 import textwrap
 import threading
+import uuid
 
 import pytest
 
 from landlock_helper import _libc
-from tests.support.harness import wait_for
-from tests.support.sandbox_harness import INNER_PYTHON, NOBODY, sandbox
+from tests.support.harness import reap, wait_for
+from tests.support.sandbox_harness import INNER_PYTHON, NOBODY, sandbox, start_sandbox
 
 pytestmark = [pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux sandbox"),
               pytest.mark.timeout(90)]
@@ -178,12 +180,153 @@ attempt("relative", {os.path.relpath(path, workdir)!r})
     assert server.received == b""
 
 
+# --- abstract unix socket names ----------------------------------------------------------
+#
+# Abstract names (``@name``) are not files: no mount or Landlock path rule reaches them, and
+# they live per network namespace. Without network the sandbox has a network namespace of
+# its own, so its names are its own both ways; with network it shares the host's, and the
+# init refuses a command's listen on an abstract name and every connect that leads out.
+
+NETWORK = pytest.mark.parametrize("network", [False, True], ids=["no-network", "network"])
+
+
+def _abstract_name() -> bytes:
+    return b"\0sluice-test-%d-%s" % (os.getpid(), uuid.uuid4().hex[:8].encode())
+
+
+def _flags(network: bool) -> tuple[str, ...]:
+    return ("--network",) if network else ()
+
+
 def test_abstract_socket_outside_is_unreachable(as_user, nobody_env, workdir, servers):
-    name = b"\0sluice-test-abstract-%d" % os.getpid()
-    server = servers(name)
-    r = run_python(CLIENT + f"attempt('abstract', {name!r})\n", cwd=workdir, user=as_user, nobody=nobody_env)
-    assert results(r).get("abstract") in ("EACCES", "EPERM"), r.stdout + r.stderr
-    assert server.received == b""
+    # Where it should, the connect works: the same probe, unsandboxed.
+    reachable = servers(_abstract_name())
+    r = subprocess.run([sys.executable, "-c", CLIENT + f"attempt('abstract', {reachable.address!r})\n"],
+                       capture_output=True, text=True, timeout=30)
+    assert results(r).get("abstract") == "connected", r.stdout + r.stderr
+    wait_for(lambda: reachable.received, what="the unsandboxed client's bytes")
+    for network in (False, True):
+        server = servers(_abstract_name())
+        r = run_python(CLIENT + f"attempt('abstract', {server.address!r})\n", cwd=workdir, user=as_user,
+                       nobody=nobody_env, flags=_flags(network))
+        # Without network the name does not exist in the sandbox's namespace; with it, the
+        # init finds the listener outside and refuses it.
+        assert results(r).get("abstract") == ("EACCES" if network else "ECONNREFUSED"), (network, r.stdout,
+                                                                                          r.stderr)
+        assert server.received == b""
+
+
+LISTENER = """
+import errno, socket, sys
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+try:
+    s.bind(NAME)
+    s.listen(8)
+except OSError as e:
+    print("listen", errno.errorcode[e.errno], flush=True)
+    sys.exit(0)
+print("listen ok", flush=True)
+sys.stdin.readline()  # the other side has tried
+s.setblocking(False)
+got = b""
+while True:
+    try:
+        c, _ = s.accept()
+    except BlockingIOError:
+        break
+    c.settimeout(10)
+    while chunk := c.recv(4096):
+        got += chunk
+print("got", len(got), flush=True)
+"""
+
+
+def _host_connect(name: bytes) -> str:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as c:
+        try:
+            c.connect(name)
+        except OSError as e:
+            return errno.errorcode[e.errno]
+        c.sendall(b"x")
+        return "connected"
+
+
+def _host_bind(name: bytes) -> str:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(name)
+        except OSError as e:
+            return errno.errorcode[e.errno]
+        return "bound"
+
+
+def _start_listener(name: bytes, *, cwd, sandboxed: bool, network: bool = False, user="root", nobody=None):
+    """LISTENER on ``name``, sandboxed or not; returns (process, its first line)."""
+    code = f"NAME = {name!r}\n" + LISTENER
+    if not sandboxed:
+        proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                text=True, bufsize=1)
+    else:
+        path = os.path.join(str(cwd), "listener.py")
+        with open(path, "w") as f:
+            f.write(code)
+        os.chmod(path, 0o644)
+        proc = start_sandbox(f"{_python(user, nobody)} listener.py", cwd=cwd, flags=_flags(network), user=user,
+                             nobody=nobody)
+    return proc, proc.stdout.readline().strip()
+
+
+def _finish_listener(proc) -> str:
+    """Tell the listener the other side has tried; what reached it ("got N", bytes)."""
+    try:
+        out, _ = proc.communicate("done\n", timeout=30)
+        return out.strip()
+    finally:
+        reap(proc)
+
+
+@NETWORK
+def test_a_host_process_cannot_reach_a_name_the_command_listens_on(network, as_user, nobody_env, workdir):
+    # Where it should, it works: the same listener, unsandboxed, is reached from here, and
+    # holds its name (nobody else may bind it).
+    name = _abstract_name()
+    proc, first = _start_listener(name, cwd=workdir, sandboxed=False)
+    try:
+        assert first == "listen ok"
+        assert _host_bind(name) == "EADDRINUSE"
+        assert _host_connect(name) == "connected"
+        assert _finish_listener(proc) == "got 1"
+    finally:
+        reap(proc)
+    name = _abstract_name()
+    proc, first = _start_listener(name, cwd=workdir, sandboxed=True, network=network, user=as_user,
+                                  nobody=nobody_env)
+    try:
+        # Without network the command listens in a namespace of its own; with network the
+        # init refuses to listen on an abstract name at all.
+        assert first == ("listen EACCES" if network else "listen ok"), first
+        assert _host_connect(name) == "ECONNREFUSED"
+        if not network:
+            assert _host_bind(name) == "bound"  # the host's name is still free: nothing squatted
+            assert _finish_listener(proc) == "got 0"
+    finally:
+        reap(proc)
+
+
+@NETWORK
+def test_two_sandboxes_cannot_reach_each_other_by_abstract_name(network, as_user, nobody_env, workdir):
+    # (That an abstract listener is reachable where nothing stands between is shown above.)
+    name = _abstract_name()
+    proc, first = _start_listener(name, cwd=workdir, sandboxed=True, network=network, user=as_user,
+                                  nobody=nobody_env)
+    try:
+        assert first == ("listen EACCES" if network else "listen ok"), first
+        r = run_python(CLIENT + f"attempt('abstract', {name!r})\n", cwd=workdir, user=as_user, nobody=nobody_env,
+                       flags=_flags(network))
+        assert results(r).get("abstract") == "ECONNREFUSED", r.stdout + r.stderr
+        assert _finish_listener(proc) == ("" if network else "got 0")
+    finally:
+        reap(proc)
 
 
 def _tmux(sock: str, *args: str, user: str = "root", nobody=None, check: bool = True):

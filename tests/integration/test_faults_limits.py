@@ -11,13 +11,15 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 import threading
 import time
 
 import pytest
 
 from landlock_helper import limits as L
-from tests.support.harness import SANDBOX_PYTHON, short_tempdir, wait_for
+from tests.support.harness import ROOT, SANDBOX_PYTHON, short_tempdir, wait_for
+from tests.support.sandbox_harness import NOBODY
 
 MECH = L.mechanism()
 needs_cgroups = pytest.mark.skipif(
@@ -274,3 +276,53 @@ def test_bad_limit_flags_are_usage_errors(module_daemon, sluice):
         p = subprocess.run([*sluice, "run", flag, value, "--", "true"], env=module_daemon.env, capture_output=True,
                            timeout=30)
         assert p.returncode == 2 and p.stderr.startswith(b"sluice: error: "), p
+
+
+# -- what no rlimit counts: the sandbox's /dev/shm ----------------------------------------
+
+# Runs one command through landlock_helper.spawn with a memory limit (or none), on
+# rlimits only (as on a host without cgroups for us, and for any unprivileged user).
+SPAWN_DRIVER = """
+import os, sys
+from landlock_helper.limits import Limits
+from landlock_helper.policy import SandboxPolicy
+from landlock_helper.spawn import spawn
+memory = int(sys.argv[1])
+p = spawn(["sh", "-c", sys.argv[2]], cwd=os.getcwd(), env={"PATH": "/usr/bin:/bin"},
+          policy=SandboxPolicy.from_mode("workspace-write"), stdout=1, stderr=2,
+          limits=Limits(memory=memory) if memory else None)
+o = p.wait(60)
+p.close()
+sys.exit(o.exit_code if o.exit_code is not None else 128)
+"""
+FILL = "head -c {size} /dev/zero > /dev/shm/fill; stat -c %s /dev/shm/fill; rm /dev/shm/fill"
+SHM_SIZE = 'stat -f -c "%b %S %c" /dev/shm'
+
+
+def _spawn_rlimits_only(cmd: str, memory: int, *, cwd, user: str, nobody) -> str:
+    argv = [sys.executable, "-c", SPAWN_DRIVER, str(memory), cmd]
+    env = dict(os.environ, SLUICE_NO_CGROUPS="1", PYTHONPATH=ROOT)
+    if user == "nobody":
+        python, lib = nobody
+        argv = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", python, *argv[1:]]
+        env.update(PYTHONPATH=lib, HOME="/nonexistent")
+    r = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+
+
+@pytest.mark.timeout(90)
+def test_dev_shm_holds_no_more_than_the_memory_limit(as_user, nobody_env, workdir):
+    # The host's /dev/shm (and a sandbox's without a memory limit: the tmpfs default)
+    # would take far more than a 64 MiB command may use: memory no rlimit counts.
+    host = os.statvfs("/dev/shm")
+    assert host.f_blocks * host.f_frsize >= 384 << 20
+    out = _spawn_rlimits_only(f"{SHM_SIZE}; {FILL.format(size='128M')}", 0, cwd=workdir, user=as_user,
+                              nobody=nobody_env)
+    blocks, block_size, _, wrote = (int(x) for x in out.split())
+    assert blocks * block_size >= 384 << 20 and wrote == 128 << 20, out
+    # With --memory 64M: a tmpfs of 64 MiB, one inode per page of it; filling stops there.
+    out = _spawn_rlimits_only(f"{SHM_SIZE}; {FILL.format(size='128M')}", 64 << 20, cwd=workdir, user=as_user,
+                              nobody=nobody_env)
+    blocks, block_size, files, wrote = (int(x) for x in out.split())
+    assert (blocks * block_size, files, wrote) == (64 << 20, (64 << 20) // block_size, 64 << 20), out

@@ -22,7 +22,7 @@ import time
 import pytest
 
 from broker.net.keys import new_key_pair
-from tests.support.harness import ROOT, daemons, short_tempdir, subprocess_env, wait_for
+from tests.support.harness import ROOT, daemons, short_tempdir, sluice_argv, subprocess_env, wait_for
 from tests.support.remote_helpers import (
     connect_args,
     free_port,
@@ -359,6 +359,63 @@ def test_sandboxed_commands_see_no_key_material_of_the_daemon(factory, keys, bas
         assert "touched=0" not in out and "mkdir=0" not in out, (sandbox, out)
     assert sorted(os.listdir(keys.allow)) == ["client.key"]
     assert not os.path.exists(os.path.join(home, "keys2"))
+
+
+@pytest.mark.timeout(90)
+def test_an_allow_dir_deep_in_a_workspace_can_be_neither_written_nor_moved(factory, base):
+    """The allow dir lies two levels down in the command's directory. Hidden by path, its
+    parent could be renamed (the daemon keeps reading the directory it opened, now
+    elsewhere and no longer hidden) for a second command to plant a key there; every
+    directory on the way to it is a mount point in the sandbox, so none can be renamed."""
+    keys = make_keys(os.path.join(base, "cfg"))
+    attacker, _ = keys.pair("attacker", allowed=False)
+    shutil.copy(attacker, base)
+    plant = (f"mv {base}/cfg {base}/moved; echo moved=$?; cp {base}/attacker.key {base}/moved/allow/ 2>/dev/null "
+             f"|| cp {base}/attacker.key {base}/cfg/allow/ 2>/dev/null; echo planted=$?; touch {base}/cfg/ok; "
+             "echo wrote=$?")
+    # Where it should, it works: the same script, unsandboxed, on a copy of the layout.
+    copy = os.path.join(base, "copy")
+    shutil.copytree(os.path.join(base, "cfg"), os.path.join(copy, "cfg"))
+    shutil.copy(attacker, copy)
+    r = subprocess.run(["sh", "-c", plant.replace(base, copy)], capture_output=True, text=True, timeout=30)
+    assert "moved=0" in r.stdout and "planted=0" in r.stdout, r.stdout + r.stderr
+    assert "attacker.key" in os.listdir(os.path.join(copy, "moved", "allow"))
+    daemon, endpoint = _listening(factory, keys, base, executors=1)
+    client = daemon.client()
+    for _ in range(2):  # the second command would find the first one's rename
+        r = client.run(["sh", "-c", plant], cwd=base)
+        out = r.stdout.decode()
+        assert "moved=0" not in out and "planted=0" not in out and "wrote=0" in out, out + r.stderr.decode()
+    assert os.listdir(keys.allow) == ["client.key"] and not os.path.exists(os.path.join(base, "moved"))
+    r = run_sluice(["run", *connect_args(keys, endpoint, "attacker"), "--", "true"], env=subprocess_env())
+    assert r.returncode != 0 and "refused our key" in one_line(r.stderr), r.stderr
+
+
+@pytest.mark.timeout(90)
+def test_a_daemon_started_later_has_its_allow_dir_hidden_by_sandboxes_already_there(factory, base):
+    """Daemon A runs (its executor and warm sandboxes made) before daemon B starts with an
+    allow dir in A's commands' workspace. B publishes it in sluice's home: A's next
+    command, and ``sluice sandbox``, hide it too; once B stops, it is visible again."""
+    keys = make_keys(os.path.join(base, "cfg"))
+    attack = (f"ls -A {keys.allow} 2>/dev/null; cp {keys.dir}/stranger.key {keys.allow}/ 2>/dev/null; "
+              f"echo planted=$?; mv {base}/cfg {base}/moved 2>/dev/null; echo moved=$?")
+    first = factory.start(executors=1, env=_home_env(base))
+    client = first.client()
+    # Where it should, it works: before B, the dir is a directory of the workspace like any.
+    r = client.run(["sh", "-c", f"ls -A {keys.allow}; touch {keys.allow}/probe && rm {keys.allow}/probe; "
+                    "echo wrote=$?"], cwd=base)
+    assert r.stdout.decode().split() == ["client.key", "wrote=0"], r.stderr
+    second, _ = _listening(factory, keys, base)
+    for r in (client.run(["sh", "-c", attack], cwd=base),
+              subprocess.run([*sluice_argv(), "sandbox", "--", "sh", "-c", attack], cwd=base, capture_output=True,
+                             env=subprocess_env(**_home_env(base)), timeout=30)):
+        out = r.stdout.decode()
+        assert out.split() == ["planted=1", "moved=1"], out + r.stderr.decode()
+    assert os.listdir(keys.allow) == ["client.key"]
+    second.stop()
+    wait_for(lambda: not os.listdir(os.path.join(base, "home", "hidden")), 10, "B to withdraw what it published")
+    r = client.run(["ls", "-A", keys.allow], cwd=base)
+    assert r.stdout == b"client.key\n", r.stderr
 
 
 @pytest.mark.timeout(60)

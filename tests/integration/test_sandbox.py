@@ -454,6 +454,36 @@ def test_pool_runs_commands_and_survives_its_zygote_dying(workdir):
     assert alive == []
 
 
+def test_pool_gives_each_command_without_network_a_network_namespace_of_its_own(workdir):
+    """Warm sandboxes have one; a command with network gets the host's, in a sandbox made
+    for it (where its listen on an abstract name is refused)."""
+    from landlock_helper.spawn import Spawner
+
+    listen = (INNER_PYTHON + " -c \"import socket; s = socket.socket(socket.AF_UNIX); s.bind(b'\\0sl-pool-%d'); "
+              "s.listen(1); print('listening')\"" % os.getpid())
+    sp = Spawner(pool=2)
+    try:
+        seen = {}
+        for network in (False, False, True):
+            r, w = os.pipe()
+            p = sp.spawn(["sh", "-c", f"readlink /proc/self/ns/net; {listen} 2>&1 | tail -1"], cwd=str(workdir),
+                         env={"PATH": os.environ["PATH"]}, policy=SandboxPolicy.from_mode("workspace-write",
+                                                                                         network=network),
+                         stdout=w, stderr=w)
+            os.close(w)
+            assert p.wait(30).exit_code == 0
+            p.close()
+            with os.fdopen(r) as f:
+                seen.setdefault(network, []).append(f.read().split("\n", 1))
+    finally:
+        sp.close()
+    host = os.readlink("/proc/self/ns/net")
+    (ns1, out1), (ns2, out2) = seen[False]
+    assert host not in (ns1, ns2) and ns1 != ns2 and out1.strip() == out2.strip() == "listening"
+    [(ns, out)] = seen[True]
+    assert ns == host and "Permission denied" in out, out
+
+
 def test_pool_sandboxes_are_separate(workdir, outside):
     """Two commands from one pool share neither a PID namespace nor writable roots."""
     from landlock_helper.spawn import Spawner

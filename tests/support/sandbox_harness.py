@@ -106,8 +106,7 @@ def outside(tmp_path):
     shutil.rmtree(path, ignore_errors=True)
 
 
-def sandbox(cmd: str, *, cwd, flags=(), user="root", nobody=None, env=None, timeout=30):
-    """Run ``sh -c cmd`` under the sandbox CLI; returns CompletedProcess (text)."""
+def _sandbox_argv(cmd: str, *, cwd, flags=(), user="root", nobody=None, env=None):
     argv = [sys.executable, "-m", "landlock_helper", *flags, "--cwd", str(cwd), "--", "sh", "-c", cmd]
     run_env = dict(os.environ if env is None else env)
     if user == "nobody":
@@ -115,4 +114,18 @@ def sandbox(cmd: str, *, cwd, flags=(), user="root", nobody=None, env=None, time
         argv = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", python, *argv[1:]]
         run_env["PYTHONPATH"] = lib
         run_env["HOME"] = "/nonexistent"
+    return argv, run_env
+
+
+def sandbox(cmd: str, *, cwd, flags=(), user="root", nobody=None, env=None, timeout=30):
+    """Run ``sh -c cmd`` under the sandbox CLI; returns CompletedProcess (text)."""
+    argv, run_env = _sandbox_argv(cmd, cwd=cwd, flags=flags, user=user, nobody=nobody, env=env)
     return subprocess.run(argv, capture_output=True, text=True, env=run_env, timeout=timeout)
+
+
+def start_sandbox(cmd: str, *, cwd, flags=(), user="root", nobody=None, env=None) -> subprocess.Popen:
+    """``sandbox`` started, not waited for: stdin and stdout are pipes (text, line-buffered),
+    stderr goes to the test's. The caller reaps it (``tests.support.harness.reap``)."""
+    argv, run_env = _sandbox_argv(cmd, cwd=cwd, flags=flags, user=user, nobody=nobody, env=env)
+    return subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1,
+                            env=run_env)
