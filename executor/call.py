@@ -103,8 +103,8 @@ class Call:
 
     def __init__(self, worker: Worker, corr: str, req: wire.RunRequest, stdio: list[int] | None = None) -> None:
         self.worker = worker
-        # A direct run's stdio (stdout, stderr, stdin?): the caller's own fds, the
-        # command's as they are; then nothing is read here, and person-facing notes go to
+        # A direct run's stdio (stdout, stderr, stdin?): the ends of the caller's pipes
+        # (checked by the worker), the command's as they are; then nothing is read here, and person-facing notes go to
         # ``_notes_fd`` (its stderr) instead of an ``out`` message.
         self._stdio = stdio
         self._notes_fd = -1

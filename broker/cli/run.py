@@ -94,7 +94,8 @@ def _direct(run: DirectRun, command: list[str], args) -> int | None:
         announce_version(run.daemon_version, None)
     if isinstance(result, str):
         return fail(result, EXIT_SLUICE)
-    return _ending(result, command, args, run.signum, run.stdout_closed)
+    # A closed stdout reached the command itself (SIGPIPE on its next write, as in a shell).
+    return _ending(result, command, args, run.signum, False)
 
 
 def _through_broker(fields: dict, command: list[str], args) -> int:

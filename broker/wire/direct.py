@@ -24,15 +24,20 @@ the executor's fd channel, daemon -> executor
     fds here; a send on a unix socket is queued in the kernel before it returns, so they
     are there when the run arrives.
 
-Only anonymous pipes go to the sandbox as they are (:func:`passable`): a file, a device
-or a terminal would let the command change what the file descriptor refers to
-(``fchmod`` on a file outside its writable roots, ioctls on a terminal), so the caller
-relays those through a pipe of its own.
+The fds are the ends of pipes the caller made for this run (it relays them to its own
+stdio, :mod:`landlock_helper.relay`), and the daemon and the executor each take nothing
+else (:func:`refused`): an anonymous pipe, stdout and stderr write-only ends, stdin a
+read-only end. A file, a device or a terminal would let the command change what the
+descriptor refers to (``fchmod`` on a file outside its writable roots, ioctls on a
+terminal), a named FIFO is a file on some disk, and a pipe's other end would let it
+read what it should write. The caller's own check is no boundary: any client of the
+same user may speak this protocol.
 """
 
 from __future__ import annotations
 
 import array
+import fcntl
 import json
 import os
 import socket
@@ -96,15 +101,20 @@ def receive(sock: socket.socket) -> tuple[dict | None, list[int]]:
     return message, fds
 
 
-def passable(fd: int) -> bool:
-    """Whether ``fd`` may go to a sandbox as it is: an anonymous pipe (not a named FIFO,
-    whose inode is a file on some disk)."""
-    try:
-        if not stat.S_ISFIFO(os.fstat(fd).st_mode):
-            return False
-        return os.readlink(f"/proc/self/fd/{fd}").startswith("pipe:")
-    except OSError:
-        return False
+def refused(fds: list[int]) -> str | None:
+    """Why ``fds`` (in :data:`FD_ORDER`) may not be a command's stdio, or None: each
+    must be an anonymous pipe's end (not a named FIFO, whose inode is a file on some
+    disk), write-only for stdout and stderr, read-only for stdin."""
+    for name, fd in zip(FD_ORDER, fds):
+        want, end = (os.O_RDONLY, "read") if name == "stdin" else (os.O_WRONLY, "write")
+        try:
+            if not stat.S_ISFIFO(os.fstat(fd).st_mode) or not os.readlink(f"/proc/self/fd/{fd}").startswith("pipe:"):
+                return f"the {name} sent is not a pipe (a direct run takes the ends of anonymous pipes only)"
+            if fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE != want:
+                return f"the {name} sent is not a pipe's {end} end (a direct run takes it open for {end}ing only)"
+        except OSError as e:
+            return f"the {name} sent cannot be checked: {e.strerror}"
+    return None
 
 
 def close_all(fds: list[int]) -> None:
