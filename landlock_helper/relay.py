@@ -114,6 +114,7 @@ class Relay:
             self.mine.append(fd)
             kind = NULL
         r, w = self._pipe()
+        os.set_blocking(r, False)  # ours: read until it is empty, in either mode
         screen = self._filter() if self._filter is not None and kind == COPY and os.isatty(fd) else None
         self.outputs.append(_Stream(r, fd, SPLICE if kind == NULL else kind, screen))
         self.theirs.append(w)
