@@ -46,8 +46,9 @@ PIPE_SIZE = 1 << 20
 # One step moves at most this much per stream, so that a stream that never runs dry (a
 # file as destination never blocks) leaves the caller's loop its turn.
 STEP_MAX = 64 << 20
-_F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
-_FLAGS = os.SPLICE_F_NONBLOCK | os.SPLICE_F_MOVE
+# splice(2) is Linux's; elsewhere (macOS) every stream is copied.
+_CAN_SPLICE = hasattr(os, "splice")
+_FLAGS = os.SPLICE_F_NONBLOCK | os.SPLICE_F_MOVE if _CAN_SPLICE else 0
 _DEV_NULL = os.makedev(1, 3)
 # What a caller's descriptor is, for the relay.
 NULL, SPLICE, COPY = "null", "splice", "copy"
@@ -62,7 +63,7 @@ def kind_of(fd: int) -> str | None:
         return None
     if stat.S_ISCHR(st.st_mode) and st.st_rdev == _DEV_NULL:
         return NULL
-    if stat.S_ISFIFO(st.st_mode) or stat.S_ISREG(st.st_mode):
+    if _CAN_SPLICE and (stat.S_ISFIFO(st.st_mode) or stat.S_ISREG(st.st_mode)):
         return SPLICE
     return COPY
 
@@ -80,6 +81,9 @@ class _Stream:
         self.pending = b""  # copy mode: read, not yet written
         self.screen = screen
         self.keep = keep  # a pty's master: closed with the relay, not at one stream's end
+
+    def waits_on(self) -> int:
+        return self.dst if self.to_dst else self.src
 
 
 class Relay:
@@ -113,10 +117,12 @@ class Relay:
             fd = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
             self.mine.append(fd)
             kind = NULL
+        if kind == NULL:
+            kind = SPLICE if _CAN_SPLICE else COPY
         r, w = self._pipe()
         os.set_blocking(r, False)  # ours: read until it is empty, in either mode
         screen = self._filter() if self._filter is not None and kind == COPY and os.isatty(fd) else None
-        self.outputs.append(_Stream(r, fd, SPLICE if kind == NULL else kind, screen))
+        self.outputs.append(_Stream(r, fd, kind, screen))
         self.theirs.append(w)
         return w
 
@@ -155,8 +161,8 @@ class Relay:
         r, w = os.pipe2(os.O_CLOEXEC)
         self.mine += [r, w]
         try:
-            fcntl.fcntl(w, _F_SETPIPE_SZ, PIPE_SIZE)
-        except OSError:
+            fcntl.fcntl(w, fcntl.F_SETPIPE_SZ, PIPE_SIZE)
+        except (OSError, AttributeError):  # AttributeError: not Linux
             pass  # over the user's pipe quota: the default size works too, in more steps
         return r, w
 
@@ -174,23 +180,19 @@ class Relay:
     def step(self, extra=(), timeout: float | None = None, *, feed: bool = True) -> list[int]:
         """Wait up to ``timeout`` for any of ``extra`` or for bytes to move; move them;
         return which of ``extra`` are readable. ``feed=False``: stdin waits."""
+        streams = [s for s in self.outputs if s.src >= 0]
+        if feed and self.stdin is not None and self.stdin.dst >= 0:
+            streams.append(self.stdin)
         rlist, wlist = list(extra), []
-        for s in self.outputs:
-            if s.src >= 0:
-                (wlist if s.to_dst else rlist).append(s.dst if s.to_dst else s.src)
-        stdin = self.stdin if feed else None
-        if stdin is not None and stdin.dst >= 0:
-            (wlist if stdin.to_dst else rlist).append(stdin.dst if stdin.to_dst else stdin.src)
+        for s in streams:
+            (wlist if s.to_dst else rlist).append(s.waits_on())
         try:
             readable, writable, _ = select.select(rlist, wlist, [], timeout)
         except InterruptedError:
             return []
-        for s in self.outputs:
-            if s.src >= 0 and (s.dst if s.to_dst else s.src) in (writable if s.to_dst else readable):
-                self._out(s)
-        if stdin is not None and stdin.dst >= 0 and (stdin.dst if stdin.to_dst else stdin.src) in (
-                writable if stdin.to_dst else readable):
-            self._in(stdin)
+        for s in streams:
+            if s.waits_on() in (writable if s.to_dst else readable):
+                self._in(s) if s is self.stdin else self._out(s)
         return [fd for fd in extra if fd in readable]
 
     def drain(self, timeout: float | None = None) -> None:

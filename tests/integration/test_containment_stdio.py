@@ -189,7 +189,8 @@ def test_files_and_dev_null_get_exactly_the_bytes(through, way, tmp_path):
         assert target.read_bytes() == before + data
     # Into /dev/null, with stderr beside it exact; the sandbox's own /dev/null where the
     # command can be handed it (sluice run's daemon takes pipes only: spliced there).
-    script = "import os, sys\nsys.stderr.write(os.readlink('/proc/self/fd/1'))\nsys.stdout.buffer.write(sys.stdin.buffer.read())\n"
+    script = ("import os, sys\nsys.stderr.write(os.readlink('/proc/self/fd/1'))\n"
+              "sys.stdout.buffer.write(sys.stdin.buffer.read())\n")
     with open(src, "rb") as stdin, open(os.devnull, "wb") as null, open(err, "wb") as stderr:
         p = through(way, [SANDBOX_PYTHON, "-c", script], stdin=stdin, stdout=null, stderr=stderr)
     seen = err.read_text()
