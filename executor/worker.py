@@ -474,7 +474,7 @@ class Worker:
         if req.stdio_fds and stdio is None:
             self._refuse(corr, "the command's stdio did not come with it (a direct run is for the daemon's own executors)")
             return
-        refused = direct.refused(stdio) if stdio is not None else None
+        refused = direct.refused(stdio, direct.stdio_names(req.stdin, req.stdio_null)) if stdio is not None else None
         if refused is not None:  # the daemon checks too; what reaches the sandbox is checked here
             direct.close_all(stdio)
             self._refuse(corr, refused)

@@ -105,20 +105,13 @@ class Relay:
 
     # -- the command's side -------------------------------------------------------------
 
-    def output(self, fd: int, *, null: bool = True) -> int | None:
+    def output(self, fd: int) -> int | None:
         """What the command writes to in place of our output ``fd``: a pipe's write end
         relayed to ``fd``, or None (``fd`` is /dev/null or closed: the sandbox's own
-        /dev/null). ``null=False``: the caller cannot hand over a /dev/null of the
-        sandbox's, so the pipe is spliced into /dev/null (no copy) instead."""
+        /dev/null, and nothing to relay)."""
         kind = kind_of(fd)
-        if kind in (None, NULL) and null:
+        if kind in (None, NULL):
             return None
-        if kind is None:  # closed: what the command writes goes nowhere, as with sluice sandbox
-            fd = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
-            self.mine.append(fd)
-            kind = NULL
-        if kind == NULL:
-            kind = SPLICE if _CAN_SPLICE else COPY
         r, w = self._pipe()
         os.set_blocking(r, False)  # ours: read until it is empty, in either mode
         screen = self._filter() if self._filter is not None and kind == COPY and os.isatty(fd) else None

@@ -69,12 +69,14 @@ class DirectRun:
             return False
         relay = self.relay
         try:
-            # The daemon takes pipes only: /dev/null too is spliced into (never handed over).
-            theirs = [relay.output(1, null=False), relay.output(2, null=False)]
+            outputs = {"stdout": relay.output(1), "stderr": relay.output(2)}
+            theirs = [fd for fd in outputs.values() if fd is not None]
             if self.fields["stdin"]:
                 theirs.append(relay.input(0))
-            direct.send(sock, {"run": json_fields(self.fields), "call": new_call_id(), "name": self.name,
-                               "token": token}, theirs)
+            run = json_fields(self.fields)
+            # Ours is /dev/null (or closed): the command gets the sandbox's own, nothing to relay.
+            run["stdio_null"] = [name for name, fd in outputs.items() if fd is None]
+            direct.send(sock, {"run": run, "call": new_call_id(), "name": self.name, "token": token}, theirs)
         except OSError:
             sock.close()
             relay.close()

@@ -181,12 +181,13 @@ class DirectRuns:
         except wire.WireError as e:
             direct.close_all(fds)
             return self._refuse(conn, str(e))
-        wanted = 3 if request.stdin else 2
-        if len(fds) != wanted:
+        names = direct.stdio_names(request.stdin, request.stdio_null)
+        if len(fds) != len(names):
+            got = len(fds)
             direct.close_all(fds)
-            return self._refuse(conn, f"a direct run sends {wanted} file descriptors "
-                                      f"({', '.join(direct.FD_ORDER[:wanted])}), got {len(fds)}")
-        why = direct.refused(fds)
+            return self._refuse(conn, f"a direct run sends {len(names)} file descriptors "
+                                      f"({', '.join(names) or 'none'}), got {got}")
+        why = direct.refused(fds, names)
         if why is not None:
             direct.close_all(fds)
             _throttle("warning", "direct run: refused its stdio", pid=conn.pid, why=why)

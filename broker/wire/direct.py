@@ -9,7 +9,8 @@ with the first), both JSON:
     The caller connects (the runtime dir is the owner's alone, and the daemon checks the
     peer's uid too) and sends ``{"run": <RunRequest fields>, "call": ID, "name": NAME,
     "token": <the runtime dir's token>}`` with its stdout and stderr, and its stdin when the command reads it, as fds
-    (:data:`FD_ORDER`). ``{"cancel": true}`` cancels; closing the connection does too.
+    (:func:`stdio_names`: the run's ``stdio_null`` lists an output sent as no fd, which
+    the command gets as the sandbox's own /dev/null). ``{"cancel": true}`` cancels; closing the connection does too.
     The daemon answers ``{"started": PID}``, ``{"notice": LINE}`` (a note that does not
     end the call), and last ``{"exit": <ExitStatus fields, no captured output>}`` or
     ``{"error": LINE}`` (the run was refused before it ran; with ``"fallback": true``
@@ -101,11 +102,17 @@ def receive(sock: socket.socket) -> tuple[dict | None, list[int]]:
     return message, fds
 
 
-def refused(fds: list[int]) -> str | None:
-    """Why ``fds`` (in :data:`FD_ORDER`) may not be a command's stdio, or None: each
+def stdio_names(stdin: bool, null=()) -> list[str]:
+    """What the fds sent with a run are, in order: stdout and stderr less those in
+    ``null`` (the sandbox's /dev/null), then stdin if the command reads it."""
+    return [name for name in FD_ORDER[:3 if stdin else 2] if name not in null]
+
+
+def refused(fds: list[int], names=FD_ORDER) -> str | None:
+    """Why ``fds`` (named by ``names``) may not be a command's stdio, or None: each
     must be an anonymous pipe's end (not a named FIFO, whose inode is a file on some
     disk), write-only for stdout and stderr, read-only for stdin."""
-    for name, fd in zip(FD_ORDER, fds):
+    for name, fd in zip(names, fds):
         want, end = (os.O_RDONLY, "read") if name == "stdin" else (os.O_WRONLY, "write")
         try:
             if not stat.S_ISFIFO(os.fstat(fd).st_mode) or not os.readlink(f"/proc/self/fd/{fd}").startswith("pipe:"):

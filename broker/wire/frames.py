@@ -156,6 +156,7 @@ naming who answered first. An answer matching no request is forwarded as it is.
 from __future__ import annotations
 
 import struct
+from typing import Literal
 
 import msgspec
 
@@ -313,6 +314,9 @@ class RunRequest(msgspec.Struct, frozen=True):
     # then says whether a third fd is its stdin. Only a local caller of the daemon's
     # run.sock can ask for it.
     stdio_fds: bool = False
+    # Of a direct run's stdout and stderr, those the caller sends no fd for: the command
+    # gets the sandbox's own /dev/null there (the caller's is /dev/null: nothing to relay).
+    stdio_null: list[Literal["stdout", "stderr"]] = []
 
 
 class Started(msgspec.Struct, frozen=True):

@@ -187,15 +187,12 @@ def test_files_and_dev_null_get_exactly_the_bytes(through, way, tmp_path):
             p = through(way, ["cat"], stdin=stdin, stdout=stdout, stderr=subprocess.PIPE)
         assert p.returncode == 0, p.stderr
         assert target.read_bytes() == before + data
-    # Into /dev/null, with stderr beside it exact; the sandbox's own /dev/null where the
-    # command can be handed it (sluice run's daemon takes pipes only: spliced there).
+    # Into /dev/null, with stderr beside it exact: the command gets the sandbox's own.
     script = ("import os, sys\nsys.stderr.write(os.readlink('/proc/self/fd/1'))\n"
               "sys.stdout.buffer.write(sys.stdin.buffer.read())\n")
     with open(src, "rb") as stdin, open(os.devnull, "wb") as null, open(err, "wb") as stderr:
         p = through(way, [SANDBOX_PYTHON, "-c", script], stdin=stdin, stdout=null, stderr=stderr)
-    seen = err.read_text()
-    assert p.returncode == 0, seen
-    assert seen.startswith("pipe:") if way == "run" else seen == "/dev/null", seen
+    assert (p.returncode, err.read_text()) == (0, "/dev/null")
 
 
 # -- run.sock checks what it is handed --------------------------------------------------------
@@ -211,9 +208,10 @@ def test_run_sock_takes_only_pipe_ends_of_the_right_direction(module_daemon, tmp
     marker = tmp_path / "ran"
     script = f"import os\nopen({str(marker)!r}, 'w').close()\nos.fchmod(1, 0o6777)\n"
 
-    def ask(fds: list[int], stdin: bool = False) -> dict:
+    def ask(fds: list[int], stdin: bool = False, null: tuple[str, ...] = ()) -> dict:
         run = {"argv": [SANDBOX_PYTHON, "-c", script], "cwd": str(tmp_path),
-               "sandbox": {"permissions": ["disk-full-read-access", "disk-write-cwd"]}, "stdin": stdin}
+               "sandbox": {"permissions": ["disk-full-read-access", "disk-write-cwd"]}, "stdin": stdin,
+               "stdio_null": list(null)}
         with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as s:
             s.connect(path)
             s.sendmsg([json.dumps({"run": run, "call": "c1", "token": token}).encode()],
@@ -236,15 +234,20 @@ def test_run_sock_takes_only_pipe_ends_of_the_right_direction(module_daemon, tmp
         # What a file's descriptor allows to whoever holds it: read-only, it still changes mode.
         os.fchmod(f_read, 0o640)
         os.fchmod(f_read, 0o644)
-        for fds, stdin, what in (([f_read, w], False, "stdout sent is not a pipe"),
-                                 ([w, fifo_rw], False, "stderr sent is not a pipe"),
-                                 ([r, w], False, "stdout sent is not a pipe's write end"),
-                                 ([w, w, w], True, "stdin sent is not a pipe's read end")):
-            answer = ask(fds, stdin)
+        for fds, stdin, null, what in (([f_read, w], False, (), "stdout sent is not a pipe"),
+                                       ([w, fifo_rw], False, (), "stderr sent is not a pipe"),
+                                       ([r, w], False, (), "stdout sent is not a pipe's write end"),
+                                       ([w, w, w], True, (), "stdin sent is not a pipe's read end"),
+                                       ([f_read], False, ("stdout",), "stderr sent is not a pipe"),
+                                       ([w, w], False, ("stdout",), "sends 1 file descriptors (stderr), got 2")):
+            answer = ask(fds, stdin, null)
             assert what in answer.get("error", ""), (what, answer)
             assert not marker.exists()
             assert stat.S_IMODE(os.stat(victim).st_mode) == 0o644
         assert "exit" in ask([w, w])  # the right ends: it runs
+        assert marker.exists()
+        marker.unlink()
+        assert "exit" in ask([w], null=("stdout",))  # stdout the sandbox's /dev/null: fchmod fails there
         assert marker.exists()
     finally:
         for fd in (r, w, f_read, fifo_rw):
