@@ -48,8 +48,15 @@ def _fd_count(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/fd"))
 
 
+def _executors_connected(daemon, sluice) -> bool:
+    p = subprocess.run([*sluice, "daemon", "status", "--json"], env=daemon.env, capture_output=True, timeout=30)
+    return p.returncode == 0 and bool(json.loads(p.stdout)["executors"])
+
+
 @pytest.mark.timeout(60)
-def test_the_command_writes_to_pipes_of_sluice_runs_never_ours(sluice_run):
+def test_the_command_writes_to_pipes_of_sluice_runs_never_ours(module_daemon, sluice, sluice_run):
+    # Its stderr is compared whole: not with a note that the run waits for an executor.
+    wait_for(lambda: _executors_connected(module_daemon, sluice), timeout=30, what="an executor to connect")
     r_out, w_out = os.pipe()
     r_err, w_err = os.pipe()
     try:
