@@ -225,6 +225,8 @@ class Relay:
             if n == 0:
                 self._end_output(s)
                 return
+            if n < CHUNK:
+                return  # our pipe is empty, or the caller's full: the next select says which
             moved += n
 
     def _lost(self, s: _Stream, e: OSError) -> None:
