@@ -11,10 +11,11 @@ counter allows). Target: no slower than Codex (ratio <= 1.0x).
 
 The redirected rows time the same command with its stdout /dev/null (``> /dev/null``)
 and a file under the checkout (``> file``, which must hold exactly 1 GiB after each
-run), bare, through ``sluice run`` and through Codex. sluice hands the command pipes of
-its own and splices them into the caller's descriptor (see landlock_helper/relay.py), so
-the target is the pipe's: no slower than bulk-1g's sluice run through ``wc -c`` (ratio
-<= 1.0x that figure); the note gives bare and Codex.
+run), bare, through ``sluice run`` and through Codex. ``sluice run`` gives the command
+the sandbox's own /dev/null for ours, and splices its pipe into the file (see
+landlock_helper/relay.py). Target: no slower than Codex, as bulk-1g; the note gives bare
+and bulk-1g's sluice figure (the same output into a pipe: a file on a slow disk is
+slower than a pipe for everyone, bare included).
 
 Alternating blocks, median of 10 (6 for the file: each writes 1 GiB to disk; with
 --quick: 256 MiB, 4 runs).
@@ -108,11 +109,12 @@ def run(quick: bool) -> list[Row]:
     for row_id, (r_samples, r_failures) in redirects.items():
         r_stats = {name: Stats.of(s, 1e6) for name, s in r_samples.items() if s}
         where = "/dev/null" if row_id.endswith("null") else "a file"
-        r_note = (f"{size // MiB} MiB > {where}; bare {fmt(r_stats['bare'].median) if 'bare' in r_stats else '-'} ms, "
-                  f"codex {fmt(r_stats['codex'].median) if 'codex' in r_stats else '-'} ms; baseline: sluice run "
-                  f"through a pipe (bulk-1g)")
-        rows.append(peer_row(row_id, "ms", r_stats.get("sluice"), stats.get("sluice"), peer="pipe",
-                             max_ratio=TARGET_RATIO, failures=r_failures["sluice"], note=r_note))
+        pipe = stats.get("sluice")
+        r_note = (f"{size // MiB} MiB > {where}; bare {fmt(r_stats['bare'].median) if 'bare' in r_stats else '-'} ms; "
+                  f"sluice run into a pipe (bulk-1g) {fmt(pipe.median) if pipe else '-'} ms")
+        rows.append(peer_row(row_id, "ms", r_stats.get("sluice"), r_stats.get("codex"), peer="codex",
+                             max_ratio=TARGET_RATIO, failures=r_failures["sluice"] + r_failures.get("codex", []),
+                             skipped=peer.unavailable, note=r_note))
     return rows
 
 
