@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 
 import structlog
 
+from broker.wire import direct
 from broker.wire import frames as wire
 from broker.wire.results import EXIT_TIMED_OUT
 from executor.capture import Capture
@@ -110,8 +111,8 @@ class Call:
 
     def __init__(self, worker: Worker, corr: str, req: wire.RunRequest, stdio: list[int] | None = None) -> None:
         self.worker = worker
-        # A direct run's stdio (stdout, stderr, stdin?): the caller's own fds, the
-        # command's as they are; then nothing is read here, and person-facing notes go to
+        # A direct run's stdio (stdout, stderr, stdin?): the ends of the caller's pipes
+        # (checked by the worker), the command's as they are; then nothing is read here, and person-facing notes go to
         # ``_notes_fd`` (its stderr) instead of an ``out`` message.
         self._stdio = stdio
         self._notes_fd = -1
@@ -230,11 +231,13 @@ class Call:
 
     def _start_direct(self, req: wire.RunRequest, env: dict, sandbox_cwd: str) -> bool:
         stdio, self._stdio = self._stdio, []
-        stdout, stderr = stdio[0], stdio[1]
-        stdin = stdio[2] if req.stdin and len(stdio) > 2 else None
+        # An output without an fd is the sandbox's own /dev/null (None).
+        given = dict(zip(direct.stdio_names(req.stdin, req.stdio_null), stdio))
+        stdout, stderr, stdin = given.get("stdout"), given.get("stderr"), given.get("stdin")
         self.started_at = time.monotonic()
         try:
-            self._notes_fd = os.dup(stderr)
+            if stderr is not None:
+                self._notes_fd = os.dup(stderr)
             self.proc = self.worker.spawn(req.argv, cwd=req.cwd, env=env, policy=req.sandbox, stdout=stdout,
                                           stderr=stderr, stdin=stdin, sandbox_cwd=os.path.normpath(sandbox_cwd),
                                           limits=req.limits or Limits())

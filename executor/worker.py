@@ -479,6 +479,11 @@ class Worker:
         if req.stdio_fds and stdio is None:
             self._refuse(corr, "the command's stdio did not come with it (a direct run is for the daemon's own executors)")
             return
+        refused = direct.refused(stdio, direct.stdio_names(req.stdin, req.stdio_null)) if stdio is not None else None
+        if refused is not None:  # the daemon checks too; what reaches the sandbox is checked here
+            direct.close_all(stdio)
+            self._refuse(corr, refused)
+            return
         why = self._why_not(req)
         if why is not None:
             direct.close_all(stdio or [])  # the caller's pipes must not wait on us for their end

@@ -4,8 +4,8 @@ Also reachable as ``sluice sandbox``. No daemon is involved: the policy is appli
 and the command runs in its own sandbox, which this process supervises itself
 (``spawn(one_shot=True)``, when run as a program); we wait for it, pass SIGINT,
 SIGTERM and SIGHUP on to its whole tree, and exit with its status (128+N when a signal
-killed it, 127 when it could not be found). The command keeps our stdin, stdout and
-stderr.
+killed it, 127 when it could not be found). The command gets pipes of ours in place of
+our stdin, stdout and stderr (:mod:`landlock_helper.relay`), never our descriptors.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from landlock_helper.env import filter_env
 from landlock_helper.policy import MODES, PolicyError, SandboxPolicy
+from landlock_helper.relay import Relay
 from landlock_helper.spawn import SandboxError, spawn
 
 if TYPE_CHECKING:  # argparse is loaded only to parse: `sluice sandbox` reads its flags without it
@@ -69,21 +70,32 @@ def main(argv: list[str] | None = None, prog: str = "python -m landlock_helper")
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         parser.error("no command given; usage: ... -- CMD ARGS...")
+    relay = Relay()
     try:
         policy, cwd = policy_from_args(args)
         proc = spawn(command, cwd=cwd, env=filter_env(os.environ, args.env), policy=policy,
-                     stdin=0, stdout=1, stderr=2, hidden_paths=args.hide, one_shot=one_shot)
-    except (PolicyError, SandboxError) as e:
+                     stdin=relay.input(0), stdout=relay.output(1), stderr=relay.output(2),
+                     hidden_paths=args.hide, one_shot=one_shot)
+    except (PolicyError, SandboxError, OSError) as e:
+        relay.close()
         print(f"{prog}: error: {e}", file=sys.stderr)
         return 2
+    relay.handed_over()
 
     def forward(signum, _frame):
         proc.terminate()
 
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, forward)
+    done = proc.done_fds
+    while proc.poll() is None:
+        relay.step(done, None if done else 0.1)
+    relay.drain()
     outcome = proc.wait()
     proc.close()
+    relay.close()
+    if relay.error:
+        print(f"{prog}: {relay.error}", file=sys.stderr)
     for note in outcome.notes:
         print(note, file=sys.stderr)
     if outcome.error:

@@ -90,6 +90,10 @@ def spawn_seatbelt(argv, *, cwd, env, policy, stdout, stderr, stdin=None, hidden
             os.set_inheritable(tree_w, True)  # every process of the tree holds it
             if stdin is None:
                 stdin = os.open("/dev/null", os.O_RDONLY)
+            if stdout is None:
+                stdout = os.open("/dev/null", os.O_WRONLY)
+            if stderr is None:
+                stderr = os.open("/dev/null", os.O_WRONLY)
             for target, fd in ((0, stdin), (1, stdout), (2, stderr)):
                 if fd != target:
                     os.dup2(fd, target)

@@ -176,10 +176,12 @@ def _check(argv, cwd, policy: SandboxPolicy, sandbox_cwd: str | None, env, hidde
 STDIN_NULL, STDIN_FD, STDIN_TTY = 0, 1, 2
 
 
-def _stdin_mode(stdin: int | None, tty: bool) -> int:
-    if tty and stdin is None:
-        raise SandboxError("a terminal needs its fd as stdin")
-    return STDIN_TTY if tty else STDIN_NULL if stdin is None else STDIN_FD
+def _stdio_mode(stdin: int | None, stdout: int | None, stderr: int | None, tty: bool) -> tuple[int, bool, bool]:
+    """The spec's stdio: how stdin is given, and whether stdout and stderr are the
+    sandbox's own /dev/null (None) rather than fds sent with it."""
+    if tty and None in (stdin, stdout, stderr):
+        raise SandboxError("a terminal needs its fd as stdin, stdout and stderr")
+    return STDIN_TTY if tty else STDIN_NULL if stdin is None else STDIN_FD, stdout is None, stderr is None
 
 
 # sluice's own programs a sandbox can run in place of exec'ing a command: the command
@@ -199,13 +201,14 @@ def _load_builtin(name: str | None) -> None:
     module.rehearse()
 
 
-def _encode_spec(argv, cwd, env, policy: SandboxPolicy, plan: mounts.Plan | None, stdin_mode: int = STDIN_NULL,
+def _encode_spec(argv, cwd, env, policy: SandboxPolicy, plan: mounts.Plan | None,
+                 stdio: tuple[int, bool, bool] = (STDIN_NULL, False, False),
                  limited: _Limited | None = None, builtin: str | None = None) -> bytes:
     env = dict(env)
     env["PWD"] = cwd
     rlimits, shm_size = (tuple(limited.rlimits), limited.limits.memory) if limited else ((), 0)
     spec = marshal.dumps(([str(a) for a in argv], cwd, env, policy.to_json(),
-                          None if plan is None else plan.to_spec(), stdin_mode, rlimits, shm_size, builtin))
+                          None if plan is None else plan.to_spec(), stdio, rlimits, shm_size, builtin))
     if len(spec) > MAX_SPEC:
         raise SandboxError(f"command and environment too large ({len(spec)} bytes, at most {MAX_SPEC})")
     return spec
@@ -500,7 +503,7 @@ class _Warm:
             except SandboxError:
                 self.discard()
                 raise
-        fds = [stdout, stderr] if stdin is None else [stdout, stderr, stdin]
+        fds = [fd for fd in (stdout, stderr, stdin) if fd is not None]
         try:
             socket.send_fds(self.ctl, [spec], fds)
         except OSError as e:
@@ -602,13 +605,14 @@ def _make_warm(template: _Template, *, reap: bool) -> _Warm:
     return _Warm(pid, mine, reap=reap, cgroups=bool(template.cgroups), reported=reported_r)
 
 
-def spawn(argv, *, cwd, env, policy: SandboxPolicy, stdout: int, stderr: int, stdin: int | None = None,
+def spawn(argv, *, cwd, env, policy: SandboxPolicy, stdout: int | None, stderr: int | None, stdin: int | None = None,
           hidden_paths=(), sandbox_cwd: str | None = None, limits: limits.Limits | None = None,
           tty: bool = False, one_shot: bool = False, builtin: str | None = None) -> SandboxedProcess:
     """Start ``argv`` under ``policy`` in a sandbox made now; raises SandboxError.
 
-    ``stdout``/``stderr`` (and ``stdin``; None means /dev/null) are fds the command gets
-    as its own; the caller may close its copies once this returns. ``tty=True``: they
+    ``stdout``/``stderr``/``stdin`` are fds the command gets as its own (the caller may
+    close its copies once this returns); None is the sandbox's own /dev/null, opened
+    inside it (mounted read-only there, so the command cannot change it). ``tty=True``: they
     are a terminal (a pty's slave, made by the caller outside the sandbox), which becomes
     the controlling terminal of the command's session, so that its line discipline
     signals the command's foreground job (Ctrl-C, Ctrl-Z, window changes). ``cwd`` is where the
@@ -634,7 +638,7 @@ def spawn(argv, *, cwd, env, policy: SandboxPolicy, stdout: int, stderr: int, st
                     f"import {BUILTINS[builtin]} as m; sys.exit(m.serve())"]
         return spawn_seatbelt(argv, cwd=cwd, env=env, policy=policy, stdout=stdout, stderr=stderr,
                               stdin=stdin, hidden_paths=hidden_paths, sandbox_cwd=sandbox_cwd, tty=tty)
-    mode = _stdin_mode(stdin, tty)
+    mode = _stdio_mode(stdin, stdout, stderr, tty)
     plan = _check(argv, cwd, policy, sandbox_cwd, env)
     _load_builtin(builtin)
     template = _Template.make(hidden_paths, restricted=plan is not None, network=policy.network,
@@ -815,7 +819,7 @@ class Spawner:
     def _ready_of(self, network: bool) -> list[_Warm]:
         return [warm for warm in self._ready if warm.network == network]
 
-    def spawn(self, argv, *, cwd, env, policy: SandboxPolicy, stdout: int, stderr: int,
+    def spawn(self, argv, *, cwd, env, policy: SandboxPolicy, stdout: int | None, stderr: int | None,
               stdin: int | None = None, sandbox_cwd: str | None = None,
               limits: limits.Limits | None = None, tty: bool = False, hidden_paths=(),
               builtin: str | None = None) -> SandboxedProcess:
@@ -827,7 +831,7 @@ class Spawner:
         network namespace; a danger-full-access command gets one of the host's view, made
         on the spot.
         """
-        mode = _stdin_mode(stdin, tty)
+        mode = _stdio_mode(stdin, stdout, stderr, tty)
         plan = _check(argv, cwd, policy, sandbox_cwd, env, hidden_paths)
         if builtin is not None and builtin not in BUILTINS:
             raise SandboxError(f"no builtin {builtin!r} (known: {', '.join(sorted(BUILTINS))})")
@@ -1227,13 +1231,15 @@ def _command(template: _Template, ctl: int, view: mounts.View | None, guard_end:
     for level, kind, data in ancdata:
         if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
             fds += memoryview(data).cast("i")
-    argv, cwd, env, policy_json, plan_spec, stdin_mode, rlimits, shm_size, builtin = marshal.loads(
-        memoryview(buf)[:size])
+    (argv, cwd, env, policy_json, plan_spec, (stdin_mode, null_out, null_err), rlimits, shm_size,
+     builtin) = marshal.loads(memoryview(buf)[:size])
     try:
         policy = SandboxPolicy.from_json(policy_json)
         signal.pthread_sigmask(signal.SIG_SETMASK, ())
-        stdout, stderr = fds[0], fds[1]
-        stdin = fds[2] if stdin_mode != STDIN_NULL else os.open("/dev/null", os.O_RDONLY)
+        sent = iter(fds)
+        stdout = os.open("/dev/null", os.O_WRONLY) if null_out else next(sent)
+        stderr = os.open("/dev/null", os.O_WRONLY) if null_err else next(sent)
+        stdin = next(sent) if stdin_mode != STDIN_NULL else os.open("/dev/null", os.O_RDONLY)
         for target, fd in ((0, stdin), (1, stdout), (2, stderr)):
             if fd != target:
                 os.dup2(fd, target)

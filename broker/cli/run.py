@@ -27,12 +27,11 @@ from broker.cli.base import (
     read_stdin,
     remote_from_args,
     widen_pipe,
-    write_all,
 )
 from broker.cli.outlet import Outlet
 from broker.cli.run_direct import FALLBACK, DirectRun
 from broker.cli.terminal import NOT_A_TERMINAL, RawTerminal, is_terminal, window_size
-from broker.cli.terminal_guard import ConfigValueError, output_guards
+from broker.cli.terminal_guard import ConfigValueError, output_guards, relay_filter
 from broker.net.runtime import sluice_home
 from broker.wire.results import EXIT_NOT_FOUND, EXIT_SIGNAL_BASE, EXIT_SLUICE, EXIT_USAGE, new_call_id
 from broker.wire.run_args import RunArgsError, check_run
@@ -81,11 +80,10 @@ def run_main(args) -> int:
         return fail(str(e), EXIT_USAGE)
 
     if not (args.tty or args.interactive or args.json or args.via_broker or args.connect or args.server_key or args.key):
-        run = DirectRun(fields, guards=guards)
+        run = DirectRun(fields, screen=relay_filter(guards))
         if run.start():
             code = _direct(run, command, args)
             if code is not None:
-                _flush(guards)
                 return code
     return _through_broker(fields, command, args, guards)
 
@@ -104,14 +102,8 @@ def _direct(run: DirectRun, command: list[str], args) -> int | None:
         announce_version(run.daemon_version, None)
     if isinstance(result, str):
         return fail(result, EXIT_SLUICE)
-    return _ending(result, command, args, run.signum, run.stdout_closed)
-
-
-def _flush(guards: dict) -> None:
-    """The end of the command's output on our terminals (an unfinished sequence is dropped)."""
-    for fd, guard in guards.items():
-        with contextlib.suppress(OSError):
-            write_all(fd, guard.flush())
+    # A closed stdout reached the command itself (SIGPIPE on its next write, as in a shell).
+    return _ending(result, command, args, run.signum, False)
 
 
 def _through_broker(fields: dict, command: list[str], args, guards: dict) -> int:

@@ -6,10 +6,11 @@ tells what it will do through the daemon:
 - ``-t``: a pty made here (outside the sandbox) is the command's terminal, of our
   window's size; our terminal is in raw mode meanwhile (restored on every way out), keys
   typed go to the pty, its output to our stdout, and SIGWINCH resizes it.
-- Otherwise the command never gets a terminal of ours: a stdin that is a terminal is
-  /dev/null (with ``-i``: relayed through a pipe, lines as the terminal hands them
-  over, end of file at Ctrl-D), and a stdout or stderr that is a terminal is relayed
-  through a pipe. A pipe, a file or /dev/null is handed to the command as it is.
+- Otherwise the command never gets a descriptor of ours (:mod:`landlock_helper.relay`):
+  its stdin, stdout and stderr are pipes of ours, relayed to and from ours (spliced
+  when ours is a pipe or a file), or the sandbox's own /dev/null where ours is
+  /dev/null. A stdin that is a terminal is /dev/null (with ``-i``: relayed, lines as
+  the terminal hands them over, end of file at Ctrl-D).
 - On a terminal (``-t`` or not) the command's output goes through
   :mod:`broker.cli.terminal_guard` unless ``--raw-escapes``.
 
@@ -22,7 +23,6 @@ command's status (128+N when signal N killed it, 127 when it was not found).
 from __future__ import annotations
 
 import contextlib
-import errno
 import fcntl
 import os
 import select
@@ -31,19 +31,18 @@ import sys
 import termios
 import time
 
-from broker.cli.base import USAGE_SANDBOX, caught_signals, command_of, env_report, fail, print_error, write_all
+from broker.cli.base import USAGE_SANDBOX, caught_signals, command_of, env_report, fail, print_error
 from broker.cli.terminal import NOT_A_TERMINAL, RawTerminal, is_terminal, window_size
-from broker.cli.terminal_guard import ConfigValueError, output_guards
+from broker.cli.terminal_guard import ConfigValueError, output_guards, relay_filter
 from broker.net.keys import default_keys_dir
 from broker.net.runtime import RuntimeDir, ensure_sluice_home, hidden_paths
 from broker.wire.results import EXIT_SIGNAL_BASE, EXIT_USAGE
 from landlock_helper.__main__ import policy_from_args
 from landlock_helper.env import filter_env
 from landlock_helper.policy import MODES, PolicyError
+from landlock_helper.relay import Relay
 from landlock_helper.spawn import SandboxError, spawn
 
-# How much one read of a relayed stream takes.
-RELAY_READ = 64 * 1024
 # Exit status when the sandbox could not be set up (as ``python -m landlock_helper``).
 EXIT_SETUP = 2
 # After SIGTERM to the command's tree, how long until SIGKILL (as the executor's cancel):
@@ -144,105 +143,61 @@ def sandbox_main(args, *, one_shot: bool = False) -> int:
         return fail(str(e), EXIT_SETUP)
     env = filter_env(os.environ, args.env)
     try:
-        guards = output_guards(args.raw_escapes)
+        screen = relay_filter(output_guards(args.raw_escapes))
     except ConfigValueError as e:
         return fail(str(e), EXIT_USAGE)
-    return _Relay(args.tty, args.interactive, one_shot, guards).run(command, cwd=cwd, env=env, policy=policy,
-                                                                   hide=hide)
+    return _Sandboxed(args.tty, args.interactive, one_shot, screen).run(command, cwd=cwd, env=env, policy=policy,
+                                                                       hide=hide)
 
 
-class _Relay:
-    """Starts the command with the right ends of its stdio and moves bytes between ours
-    and theirs until its whole tree is dead."""
+class _Sandboxed:
+    """Starts the command with its stdio (:class:`~landlock_helper.relay.Relay`: pipes of
+    ours, or a pty) and moves bytes between ours and theirs until its whole tree is dead."""
 
-    def __init__(self, tty: bool, interactive: bool, one_shot: bool = False, guards: dict | None = None) -> None:
+    def __init__(self, tty: bool, interactive: bool, one_shot: bool = False, screen=None) -> None:
         self.tty = tty
-        self.guards = guards or {}  # our fd -> its TerminalGuard (broker.cli.terminal_guard), for a terminal
         self.interactive = interactive
         self.one_shot = one_shot
-        # (from, to) pairs moved while the command runs; ``to`` for stdin is theirs.
-        self.outputs: list[tuple[int, int]] = []
-        self.stdin_to: int | None = None
-        self.pending = b""
-        self.mine: list[int] = []  # fds of ours to close at the end
+        self.relay = Relay(terminal_filter=screen)  # screen: broker.cli.terminal_guard.relay_filter
         self.signum: int | None = None
         self.proc = None
         self.kill_at: float | None = None
         self.killed = False
 
-    def _pipe(self) -> tuple[int, int]:
-        r, w = os.pipe2(os.O_CLOEXEC)
-        self.mine += [r, w]
-        return r, w
-
-    def _close(self, fd: int) -> None:
-        if fd in self.mine:
-            self.mine.remove(fd)
-            os.close(fd)
-
-    def _stdio(self) -> tuple[int | None, int, int, list[int]]:
-        """The command's stdin (None: /dev/null), stdout and stderr, and which of those
-        are ours to close once it has them."""
+    def _stdio(self) -> tuple[int | None, int | None, int | None]:
+        """The command's stdin, stdout and stderr (None: the sandbox's /dev/null)."""
         if self.tty:
-            master, slave = os.openpty()
-            self.mine += [master, slave]
-            rows, cols = window_size(0, 1, 2)
-            fcntl.ioctl(master, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
-            self.master = master
-            self.stdin_to = master
-            self.outputs.append((master, 1))
-            return slave, slave, slave, [slave]
-        theirs = []
-        stdin: int | None
-        if is_terminal(0):
-            if self.interactive:
-                r, w = self._pipe()
-                self.stdin_to = w
-                stdin = r
-                theirs.append(r)
-            else:
-                stdin = None
-        else:
-            stdin = 0 if _open(0) else None
-        out = []
-        for fd in (1, 2):
-            if is_terminal(fd):
-                r, w = self._pipe()
-                self.outputs.append((r, fd))
-                out.append(w)
-                theirs.append(w)
-            else:
-                out.append(fd if _open(fd) else os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC))
-                if out[-1] != fd:
-                    self.mine.append(out[-1])
-                    theirs.append(out[-1])
-        return stdin, out[0], out[1], theirs
+            slave = self.relay.terminal()
+            self._resize(*window_size(0, 1, 2))
+            return slave, slave, slave
+        # A terminal is never the command's: read through a pipe with -i, else /dev/null.
+        stdin = self.relay.input(0) if self.interactive or not is_terminal(0) else None
+        return stdin, self.relay.output(1), self.relay.output(2)
 
     def run(self, command, *, cwd, env, policy, hide) -> int:
         with self._signals():
             try:
-                stdin, stdout, stderr, theirs = self._stdio()
                 try:
+                    stdin, stdout, stderr = self._stdio()
                     proc = self.proc = spawn(command, cwd=cwd, env=env, policy=policy, stdin=stdin, stdout=stdout,
                                              stderr=stderr, hidden_paths=hide, tty=self.tty,
                                              one_shot=self.one_shot)
                 finally:
-                    for fd in theirs:
-                        self._close(fd)
+                    self.relay.handed_over()
             except (SandboxError, OSError) as e:
-                self._close_all()
+                self.relay.close()
                 return fail(str(e), EXIT_SETUP)
             try:
                 if self.signum is not None:  # told to stop while it was starting
                     self._stop()
                 with RawTerminal(0) if self.tty else contextlib.nullcontext() as term:
                     self._pump(proc, term)
-                for fd, guard in self.guards.items():
-                    _write_out(fd, guard.flush())
                 outcome = proc.wait()
             finally:
                 proc.close()
-                self._close_all()
+                self.relay.close()
+        if self.relay.error:
+            print_error(self.relay.error)
         for note in outcome.notes:
             _say(note)  # already "sluice: ..."
         if outcome.limit:
@@ -256,9 +211,8 @@ class _Relay:
             return EXIT_SIGNAL_BASE + outcome.signal
         return outcome.exit_code if outcome.exit_code is not None else 1
 
-    def _close_all(self) -> None:
-        for fd in list(self.mine):
-            self._close(fd)
+    def _resize(self, rows: int, cols: int) -> None:
+        fcntl.ioctl(self.relay.master, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
 
     def _stop(self) -> None:
         """SIGTERM to the command's tree now, SIGKILL after :data:`KILL_GRACE_S`."""
@@ -279,25 +233,14 @@ class _Relay:
 
     def _pump(self, proc, term: RawTerminal | None) -> None:
         done_fds = tuple(proc.done_fds)
-        outputs = dict(self.outputs)
-        reading_stdin = self.stdin_to is not None
         while True:
             if term is not None and term.resized():
-                rows, cols = term.size()
                 with contextlib.suppress(OSError):
-                    fcntl.ioctl(self.master, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
-            dead = bool(done_fds) and all(_readable(fd) for fd in done_fds)
-            if dead:
+                    self._resize(*term.size())
+            if done_fds and all(_readable(fd) for fd in done_fds) or not done_fds and proc.poll() is not None:
                 # The whole tree is gone: what is left in the pipes (or the pty) is all there is.
-                for src, dst in outputs.items():
-                    _drain(src, dst, self.guards.get(dst))
+                self.relay.drain()
                 return
-            rlist = [self.wake, *done_fds, *outputs]
-            wlist = []
-            if self.pending:
-                wlist.append(self.stdin_to)
-            elif reading_stdin:
-                rlist.append(0)
             timeout = None if done_fds else 0.1
             if self.kill_at is not None and not self.killed:
                 left = self.kill_at - time.monotonic()
@@ -306,62 +249,10 @@ class _Relay:
                     self.killed = True
                 else:
                     timeout = left if timeout is None else min(timeout, left)
-            try:
-                readable, writable, _ = select.select(rlist, wlist, [], timeout)
-            except InterruptedError:
-                continue
-            if self.wake in readable:
+            if self.wake in self.relay.step([self.wake, *done_fds], timeout):
                 with contextlib.suppress(BlockingIOError):
                     while os.read(self.wake, 512):
                         pass
-            for src in [fd for fd in readable if fd in outputs]:
-                data = _read(src)
-                if data:
-                    _write_out(outputs[src], data, self.guards.get(outputs[src]))
-                elif data is not None:
-                    del outputs[src]  # the command closed that stream (or every end of its pty)
-            if 0 in readable:
-                data = _read(0)
-                if data is None:
-                    pass
-                elif data:
-                    self.pending = data
-                else:
-                    reading_stdin = False
-                    if not self.tty and self.stdin_to is not None:
-                        self._close(self.stdin_to)  # end of file for the command
-                        self.stdin_to = None
-            if self.pending and self.stdin_to in writable:
-                self._feed()
-            if not done_fds and proc.poll() is not None:
-                done_fds = ()
-                for src, dst in outputs.items():
-                    _drain(src, dst, self.guards.get(dst))
-                return
-
-    def _feed(self) -> None:
-        """Part of what was typed (or piped) to the command, as much as it takes now."""
-        fd = self.stdin_to
-        flags = fcntl.fcntl(fd, fcntl.F_GETFL)
-        fcntl.fcntl(fd, fcntl.F_SETFL, flags | os.O_NONBLOCK)
-        try:
-            n = os.write(fd, self.pending)
-        except BlockingIOError:
-            n = 0
-        except OSError:
-            # The command closed its stdin (EPIPE) or its terminal: nothing more goes in.
-            n = len(self.pending)
-        finally:
-            fcntl.fcntl(fd, fcntl.F_SETFL, flags)
-        self.pending = self.pending[n:]
-
-
-def _open(fd: int) -> bool:
-    try:
-        os.fstat(fd)
-        return True
-    except OSError:
-        return False
 
 
 def _readable(fd: int) -> bool:
@@ -374,30 +265,3 @@ def _say(line: str) -> None:
         sys.stderr.flush()
     except (OSError, ValueError):
         pass
-
-
-def _read(fd: int) -> bytes | None:
-    """What ``fd`` has (b"" at its end; None if nothing after all)."""
-    try:
-        return os.read(fd, RELAY_READ)
-    except BlockingIOError:
-        return None
-    except OSError as e:
-        if e.errno == errno.EIO:  # a pty's master once every end of its terminal is closed
-            return b""
-        raise
-
-
-def _drain(src: int, dst: int, guard=None) -> None:
-    while _readable(src):
-        data = _read(src)
-        if not data:
-            return
-        _write_out(dst, data, guard)
-
-
-def _write_out(fd: int, data: bytes, guard=None) -> None:
-    try:
-        write_all(fd, guard.feed(data) if guard else data)
-    except OSError:
-        pass  # our stdout or stderr is gone: the command's output has nowhere to go

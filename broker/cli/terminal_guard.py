@@ -471,6 +471,17 @@ def output_guards(raw: bool = False) -> dict[int, TerminalGuard]:
     return {fd: TerminalGuard(utf8=utf8) for fd in fds}
 
 
+def relay_filter(guards: dict[int, TerminalGuard]):
+    """What :class:`landlock_helper.relay.Relay` takes as ``terminal_filter``, given
+    :func:`output_guards`'s answer: a fresh guard's ``feed`` for each output the relay
+    finds to be a terminal; None when no guard would be made (``--raw-escapes``, the
+    config key, or no terminal)."""
+    if not guards:
+        return None
+    utf8 = next(iter(guards.values())).utf8
+    return lambda: TerminalGuard(utf8=utf8).feed
+
+
 def _raw_escapes_configured() -> bool:
     import os
 

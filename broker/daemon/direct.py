@@ -12,8 +12,10 @@ checked again (``SO_PEERCRED``: our uid, or root), and its run carries the runti
 token, as a hello on the broker socket does. Each connection is one
 frontend peer of the router (identity :data:`~broker.daemon.router.DIRECT` + a number)
 with at most one call; the connection's end is the peer's (its call is cancelled), and
-the peer's end (after the exit) closes the connection. The fds belong to the call until
-the router hands them to an executor, and are closed with the connection otherwise.
+the peer's end (after the exit) closes the connection. The fds must be the ends of
+anonymous pipes, each in its direction (:func:`broker.wire.direct.refused`), or the run is
+refused with nothing kept; they belong to the call until the router hands them to an
+executor, and are closed with the connection otherwise.
 """
 
 from __future__ import annotations
@@ -179,11 +181,17 @@ class DirectRuns:
         except wire.WireError as e:
             direct.close_all(fds)
             return self._refuse(conn, str(e))
-        wanted = 3 if request.stdin else 2
-        if len(fds) != wanted:
+        names = direct.stdio_names(request.stdin, request.stdio_null)
+        if len(fds) != len(names):
+            got = len(fds)
             direct.close_all(fds)
-            return self._refuse(conn, f"a direct run sends {wanted} file descriptors "
-                                      f"({', '.join(direct.FD_ORDER[:wanted])}), got {len(fds)}")
+            return self._refuse(conn, f"a direct run sends {len(names)} file descriptors "
+                                      f"({', '.join(names) or 'none'}), got {got}")
+        why = direct.refused(fds, names)
+        if why is not None:
+            direct.close_all(fds)
+            _throttle("warning", "direct run: refused its stdio", pid=conn.pid, why=why)
+            return self._refuse(conn, why)
         if not self.router.supervisor.passes_fds():
             direct.close_all(fds)
             return self._refuse(conn, NO_LOCAL_EXECUTOR, fallback=True)

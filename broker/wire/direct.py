@@ -9,7 +9,8 @@ with the first), both JSON:
     The caller connects (the runtime dir is the owner's alone, and the daemon checks the
     peer's uid too) and sends ``{"run": <RunRequest fields>, "call": ID, "name": NAME,
     "token": <the runtime dir's token>}`` with its stdout and stderr, and its stdin when the command reads it, as fds
-    (:data:`FD_ORDER`). ``{"cancel": true}`` cancels; closing the connection does too.
+    (:func:`stdio_names`: the run's ``stdio_null`` lists an output sent as no fd, which
+    the command gets as the sandbox's own /dev/null). ``{"cancel": true}`` cancels; closing the connection does too.
     The daemon answers ``{"started": PID}``, ``{"notice": LINE}`` (a note that does not
     end the call), and last ``{"exit": <ExitStatus fields, no captured output>}`` or
     ``{"error": LINE}`` (the run was refused before it ran; with ``"fallback": true``
@@ -24,15 +25,20 @@ the executor's fd channel, daemon -> executor
     fds here; a send on a unix socket is queued in the kernel before it returns, so they
     are there when the run arrives.
 
-Only anonymous pipes go to the sandbox as they are (:func:`passable`): a file, a device
-or a terminal would let the command change what the file descriptor refers to
-(``fchmod`` on a file outside its writable roots, ioctls on a terminal), so the caller
-relays those through a pipe of its own.
+The fds are the ends of pipes the caller made for this run (it relays them to its own
+stdio, :mod:`landlock_helper.relay`), and the daemon and the executor each take nothing
+else (:func:`refused`): an anonymous pipe, stdout and stderr write-only ends, stdin a
+read-only end. A file, a device or a terminal would let the command change what the
+descriptor refers to (``fchmod`` on a file outside its writable roots, ioctls on a
+terminal), a named FIFO is a file on some disk, and a pipe's other end would let it
+read what it should write. The caller's own check is no boundary: any client of the
+same user may speak this protocol.
 """
 
 from __future__ import annotations
 
 import array
+import fcntl
 import json
 import os
 import socket
@@ -96,15 +102,26 @@ def receive(sock: socket.socket) -> tuple[dict | None, list[int]]:
     return message, fds
 
 
-def passable(fd: int) -> bool:
-    """Whether ``fd`` may go to a sandbox as it is: an anonymous pipe (not a named FIFO,
-    whose inode is a file on some disk)."""
-    try:
-        if not stat.S_ISFIFO(os.fstat(fd).st_mode):
-            return False
-        return os.readlink(f"/proc/self/fd/{fd}").startswith("pipe:")
-    except OSError:
-        return False
+def stdio_names(stdin: bool, null=()) -> list[str]:
+    """What the fds sent with a run are, in order: stdout and stderr less those in
+    ``null`` (the sandbox's /dev/null), then stdin if the command reads it."""
+    return [name for name in FD_ORDER[:3 if stdin else 2] if name not in null]
+
+
+def refused(fds: list[int], names=FD_ORDER) -> str | None:
+    """Why ``fds`` (named by ``names``) may not be a command's stdio, or None: each
+    must be an anonymous pipe's end (not a named FIFO, whose inode is a file on some
+    disk), write-only for stdout and stderr, read-only for stdin."""
+    for name, fd in zip(names, fds):
+        want, end = (os.O_RDONLY, "read") if name == "stdin" else (os.O_WRONLY, "write")
+        try:
+            if not stat.S_ISFIFO(os.fstat(fd).st_mode) or not os.readlink(f"/proc/self/fd/{fd}").startswith("pipe:"):
+                return f"the {name} sent is not a pipe (a direct run takes the ends of anonymous pipes only)"
+            if fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE != want:
+                return f"the {name} sent is not a pipe's {end} end (a direct run takes it open for {end}ing only)"
+        except OSError as e:
+            return f"the {name} sent cannot be checked: {e.strerror}"
+    return None
 
 
 def close_all(fds: list[int]) -> None:

@@ -156,6 +156,7 @@ naming who answered first. An answer matching no request is forwarded as it is.
 from __future__ import annotations
 
 import struct
+from typing import Literal
 
 import msgspec
 
@@ -318,6 +319,9 @@ class RunRequest(msgspec.Struct, frozen=True):
     # names it); the executor writes the batch to its stdin, its answer is its stdout.
     # How the agent reads and writes files for the model: never with its own rights.
     fileops: bytes | None = None
+    # Of a direct run's stdout and stderr, those the caller sends no fd for: the command
+    # gets the sandbox's own /dev/null there (the caller's is /dev/null: nothing to relay).
+    stdio_null: list[Literal["stdout", "stderr"]] = []
 
 
 class Started(msgspec.Struct, frozen=True):

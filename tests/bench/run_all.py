@@ -45,7 +45,7 @@ BENCHMARKS = {
     "bench_memory": "memory",
     "bench_cli": "cli-true",
     "bench_sandbox_true": "sandbox-true",
-    "bench_bulk": "bulk-1g",
+    "bench_bulk": "bulk-1g",  # and bulk-1g-null, bulk-1g-file
     "bench_chatty": "chatty",
     "bench_fanout": "fanout-50",
     "bench_mcp": "mcp-true",

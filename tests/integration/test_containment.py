@@ -26,6 +26,7 @@ Each attack runs as root and, where the outcome could differ, as the unprivilege
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import pathlib
 import shutil
@@ -583,11 +584,11 @@ _TIOCSTI = ("import fcntl, termios\n"
 
 @pytest.mark.timeout(60)
 def test_a_command_on_the_persons_terminal_cannot_type_into_it(tmp_path):
-    """``python -m landlock_helper`` hands the command the terminal it runs on (``sluice
-    sandbox`` no longer does: it relays a terminal through pipes, or gives ``-t`` a pty of
-    its own, as ``sluice run`` does); the command runs in a session of its own, so that
-    terminal is not its controlling one and TIOCSTI (type into it) is refused, whatever
-    ``dev.tty.legacy_tiocsti`` says."""
+    """``python -m landlock_helper`` on a terminal hands the command no terminal of the
+    person's (it relays it through pipes, landlock_helper/relay.py, as ``sluice sandbox``
+    and ``sluice run`` do): TIOCSTI (type into it) has no terminal to type into, whatever
+    ``dev.tty.legacy_tiocsti`` says. (Handed the terminal, the command's session of its
+    own refused it with EPERM.)"""
     import pty
     import select
 
@@ -609,4 +610,4 @@ def test_a_command_on_the_persons_terminal_cannot_type_into_it(tmp_path):
         _, status = os.waitpid(pid, 0)
         os.close(leader)
     assert os.waitstatus_to_exitcode(status) == 0, out
-    assert b"refused 1" in out and b"pushed" not in out, out
+    assert f"refused {errno.ENOTTY}".encode() in out and b"pushed" not in out, out

@@ -66,20 +66,27 @@ def test_too_many_fds_are_refused_and_none_kept():
         os.close(r)
 
 
-def test_only_anonymous_pipes_are_passable(tmp_path):
+def test_only_anonymous_pipe_ends_in_their_direction_are_taken(tmp_path):
     r, w = os.pipe()
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
     f_r = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+    f_w = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
     f = os.open(tmp_path / "file", os.O_WRONLY | os.O_CREAT)
     null = os.open(os.devnull, os.O_WRONLY)
+    both = os.open(f"/proc/self/fd/{w}", os.O_RDWR)  # the same pipe, reopened both ways
     a, b = socket.socketpair()
     try:
-        assert direct.passable(w) and direct.passable(r)
-        assert not any(direct.passable(fd) for fd in (f_r, f, null, a.fileno()))
-        assert not direct.passable(9999)
+        assert direct.refused([w, w]) is None and direct.refused([w, w, r]) is None
+        for bad in (f_w, f, null, a.fileno()):
+            assert "not a pipe" in direct.refused([w, bad]), bad
+        assert "not a pipe" in direct.refused([w, w, f_r])
+        assert "stdout sent is not a pipe's write end" in direct.refused([r, w])
+        assert "stdout sent is not a pipe's write end" in direct.refused([both, w])
+        assert "stdin sent is not a pipe's read end" in direct.refused([w, w, w])
+        assert "cannot be checked" in direct.refused([w, 9999])
     finally:
-        for fd in (r, w, f_r, f, null):
+        for fd in (r, w, f_r, f_w, f, null, both):
             os.close(fd)
         a.close()
         b.close()
