@@ -4,9 +4,11 @@ Everything happens on one thread: the zmq socket (via :class:`broker.net.zloop.Z
 every call's pipes and done_fds (``loop.add_reader``), timers and signals. Nothing here
 blocks, so a cancel is acted on as soon as it arrives, whatever else is streaming.
 
-A local executor (spawned by the daemon, ipc and a token) exits when its broker goes
-silent. A remote one (``remote``: tcp and CurveZMQ) outlives it: after as many missed
-heartbeats as the broker allows an executor, or at once when the broker answers "send
+A local executor (spawned by the daemon, ipc and a token) exits when its broker has been
+silent for :data:`broker.net.peer.PATIENCE_HEARTBEATS` heartbeats (saying, before, that it
+waits), far longer than the broker waits for it: a stalled daemon finds its commands
+running when it resumes. A remote one (``remote``: tcp and CurveZMQ) outlives it: after as many missed
+heartbeats as every peer allows its broker, or at once when the broker answers "send
 hello first" (it dropped us, or restarted), it kills every command it runs (the broker
 has failed or will fail those calls: nothing is re-run) and joins again, on a fresh
 socket, until it is welcomed. While joined it pings a broker that has been quiet for a
@@ -40,8 +42,6 @@ from landlock_helper import limits
 log = structlog.get_logger("executor")
 
 WELCOME_TIMEOUT_S = 10.0
-# The broker is presumed gone after this many heartbeat intervals without a word.
-MISSED_HEARTBEATS = 10
 # Bounded queues on the socket; past SNDHWM output waits in our backlog and the
 # pipes stop being read, so memory stays bounded and nothing is dropped.
 SNDHWM = 10_000
@@ -331,9 +331,12 @@ class Worker:
     def _check_heartbeat(self) -> None:
         if self._stopping is not None:
             return
+        waiting = self._liveness.waiting(self.heartbeat_s) if self.joined else None
+        if waiting:
+            log.warning(waiting, calls=len(self.calls))
         if self.remote is None:
             # The daemon that spawned us pings us; its silence alone means it is gone.
-            if self._liveness.silence() > MISSED_HEARTBEATS * self.heartbeat_s:
+            if self._liveness.silence() > peer.PATIENCE_HEARTBEATS * self.heartbeat_s:
                 self._broker_lost()
                 return
         elif self.joined:
@@ -551,7 +554,12 @@ class Worker:
             call.cancel()
 
     def _on_ping(self, h: wire.Header, frames) -> None:
-        self.send([wire.header(wire.PONG, h.corr, seq=h.seq)])
+        # Ahead of output waiting in the backlog: a busy executor is not a hung one.
+        pong = [wire.header(wire.PONG, h.corr, seq=h.seq)]
+        if self._backlog:
+            self._backlog.appendleft(pong)  # a refused send took no part of its message
+        else:
+            self.send(pong)
 
 
 def _ignore(h, frames) -> None:

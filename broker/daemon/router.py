@@ -55,13 +55,12 @@ from broker.daemon.listener import ALLOW_FLAGS, ROLES_PROPERTY
 from broker.daemon.receipts import Receipts
 from broker.daemon.sessions import Sessions
 from broker.net.logging import Throttle
-from broker.net.peer import DEAD_AFTER_HEARTBEATS, HELLO_FIRST
+from broker.net.peer import DEAD_AFTER_HEARTBEATS, HEARTBEAT_S, HELLO_FIRST
 from broker.wire import frames as wire
 from broker.wire import version
 
 log = structlog.get_logger(component="router")
 
-HEARTBEAT_S = 1.0
 # Idle frontends are pinged this rarely, only to notice ones that vanished.
 IDLE_PING_EVERY = 30
 QUEUE_LIMIT = 100_000
@@ -73,6 +72,12 @@ SUSPEND_LIMIT_S = 3600.0
 DROPPED_KEPT = 256
 # Headers are a few dozen bytes; anything bigger is garbage we need not decode.
 MAX_HEADER_SIZE = 4096
+# What the daemon's sockets receive of one message at most (its routing identity
+# included), before it is held (broker.net.zloop): a few parts more than any kind has,
+# so a small mistake still gets the precise answer about frame counts, and a body of
+# the largest size with its header.
+MAX_PARTS = 8
+MAX_MESSAGE_BYTES = wire.MAX_MESSAGE_SIZE + MAX_HEADER_SIZE + 256
 
 # Frames after the routing identity, by kind, for what peers may send the broker.
 FRAME_COUNT = {
@@ -427,6 +432,18 @@ class Router:
             return self._malformed(identity, f"{peer.role} may not send {kind}", peer=peer, corr=head.corr)
         handler(peer, head, frames)
 
+    def refused(self, identity: bytes, why: str) -> None:
+        """The socket refused a message of ``identity``'s unread (:data:`MAX_PARTS`,
+        :data:`MAX_MESSAGE_BYTES`): its sender is told, a peer stays a peer."""
+        peer = self.peers.get(identity)
+        self._throttle("warning", "oversized message refused unread", reason=why, peer=peer.name if peer else None)
+        message = (f"message refused unread: {why} (the daemon takes at most {MAX_PARTS} parts "
+                   f"and {MAX_MESSAGE_BYTES} bytes in one message)")
+        if peer is not None:
+            self._reply_error(peer, "", message)
+        else:
+            self._send_stranger(identity, "", message)
+
     def _malformed(self, identity: bytes, why: str, *, peer: Peer | None = None, corr: str = "") -> None:
         self._throttle("warning", "malformed message dropped", reason=why, peer=peer.name if peer else None)
         if peer is not None:
@@ -769,10 +786,18 @@ class Router:
         else:
             self.drop_caller(peer, "said bye")
 
-    def heartbeat(self) -> None:
-        """Called every heartbeat: ping, and give up on peers that stopped answering."""
+    def heartbeat(self, caught_up: bool = True) -> None:
+        """Called every heartbeat: ping, and give up on peers that stopped answering.
+
+        ``caught_up``: the daemon has read all its input. While it has not, no peer is
+        judged silent: its answer may be waiting in our own queue (a flood, a stall of
+        ours), and a heartbeat that was not a fair chance does not count against it."""
         self.tick += 1
         tick = self.tick
+        if not caught_up:
+            self._throttle("info", "the daemon is behind on its input: no peer is judged silent this heartbeat")
+            for peer in self.peers.values():
+                peer.seen += 1
         for executor in list(self.executors.values()):
             if tick - executor.seen > DEAD_AFTER_HEARTBEATS:
                 log.warning("executor hung: no reply to pings", name=executor.name, pid=executor.pid)

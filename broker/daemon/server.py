@@ -40,7 +40,16 @@ from broker.daemon.direct import DirectRuns
 from broker.daemon.gate import ConnectionGate
 from broker.daemon.journal import reset_directory
 from broker.daemon.listener import AllowList, HandshakeLog, ZapHandler, bind_listener, listener_socket
-from broker.daemon.router import DIRECT, EXECUTOR_WAIT_S, HEARTBEAT_S, REMOTE, SUSPEND_LIMIT_S, Router
+from broker.daemon.router import (
+    DIRECT,
+    EXECUTOR_WAIT_S,
+    HEARTBEAT_S,
+    MAX_MESSAGE_BYTES,
+    MAX_PARTS,
+    REMOTE,
+    SUSPEND_LIMIT_S,
+    Router,
+)
 from broker.daemon.sessions import max_sessions
 from broker.daemon.supervisor import AgentSupervisor, ExecutorPool
 from broker.net.fdlimit import raise_fd_limit
@@ -326,18 +335,20 @@ class _Daemon:
         router.sessions.starter = agents
         router.sessions.max_sessions = max_sessions(self.fd_limit)
         self._journal_fd = router.sessions.journal_dir = _journal_dir(self.runtime, self.dir_fd)
-        zsock = ZSocket(self.sock, _local_only(router.on_message), loop)
+        zsock = ZSocket(self.sock, _local_only(router.on_message), loop, max_parts=MAX_PARTS,
+                        max_bytes=MAX_MESSAGE_BYTES, on_refused=_local_refusal(router.refused))
         gate.watch(self.sock, self.ctx, loop)
         tsock = None
         if self.tcp is not None:
             self.zap.start(loop)
             gate.watch(self.tcp, self.ctx, loop, events=HandshakeLog.EVENTS, also=HandshakeLog().on_event)
-            tsock = ZSocket(self.tcp, _from_network(router.on_message), loop)
+            tsock = ZSocket(self.tcp, _from_network(router.on_message), loop, max_parts=MAX_PARTS,
+                            max_bytes=MAX_MESSAGE_BYTES, on_refused=lambda first, why: router.refused(REMOTE + first.bytes, why))
         direct = None
         if self.direct_listener is not None:
             direct = DirectRuns(router, self.direct_listener, loop, self.token)
         router.transport = _transport(zsock.send, tsock.send if tsock else None, direct.deliver if direct else None)
-        heartbeat = loop.create_task(self._heartbeat(router, gate, stop))
+        heartbeat = loop.create_task(self._heartbeat(router, gate, stop, [s for s in (zsock, tsock) if s is not None]))
         pool.start()
         log.info("daemon ready", endpoint=self.runtime.endpoint, listen=self.tcp_endpoint or None, pid=os.getpid(),
                  executors=self.executors, fd_limit=self.fd_limit, max_connections=gate.max_connections,
@@ -374,10 +385,15 @@ class _Daemon:
             paths += [self.listen.key_file, *self.listen.allow_dirs.values()]
         return hidden_paths(*paths)
 
-    async def _heartbeat(self, router: Router, gate: ConnectionGate, stop: asyncio.Event) -> None:
+    async def _heartbeat(self, router: Router, gate: ConnectionGate, stop: asyncio.Event,
+                         inputs: list[ZSocket]) -> None:
+        dry = [s.ran_dry for s in inputs]
         while True:
             await asyncio.sleep(HEARTBEAT_S)
-            router.heartbeat()
+            # Caught up: every socket was read dry since the last heartbeat, or is not behind.
+            now = [s.ran_dry for s in inputs]
+            router.heartbeat(all(n != d or not s.behind for s, n, d in zip(inputs, now, dry, strict=True)))
+            dry = now
             gate.sweep()
             lost = self._runtime_dir_lost()
             if lost:
@@ -466,6 +482,17 @@ def _local_only(on_message):
             _throttle("warning", "local peer with a reserved routing id ignored")
 
     return on_local
+
+
+def _local_refusal(refused):
+    """``refused`` for a message from the ipc socket, unless its identity is a reserved one."""
+
+    def on_refused(first, why: str) -> None:
+        identity = first.bytes
+        if identity[:1] not in (REMOTE, DIRECT):
+            refused(identity, why)
+
+    return on_refused
 
 
 def _from_network(on_message):
