@@ -113,6 +113,7 @@ class Worker:
             wire.IN: self._on_stdin,
             wire.RESIZE: self._on_resize,
             wire.CANCEL: self._on_cancel,
+            wire.HOLD: self._on_hold,
             wire.PING: self._on_ping,
             wire.PONG: _ignore,
             wire.WELCOME: self._on_welcome,
@@ -536,6 +537,11 @@ class Worker:
         call = self.calls.get(h.corr)
         if call is not None:
             call.ack(h.n, h.seq)
+
+    def _on_hold(self, h: wire.Header, frames) -> None:
+        call = self.calls.get(h.corr)
+        if call is not None:
+            call.hold_output(bool(h.n))
 
     def _on_stdin(self, h: wire.Header, frames) -> None:
         call = self.calls.get(h.corr)

@@ -123,10 +123,13 @@ class Liveness:
         self._said = 0
 
     def waiting(self, heartbeat_s: float) -> str | None:
-        """One line to say (log, show) that the peer waits for a quiet daemon: after
-        :data:`WAITING_SAID_AFTER` heartbeats of silence, then at every doubling of it;
-        None when there is nothing new to say."""
-        beats = int(self.silence() / heartbeat_s)
+        """One line to say (log, show) that the peer waits for a quiet daemon: once its pings
+        have gone unanswered for :data:`WAITING_SAID_AFTER` heartbeats, then at every
+        doubling of that; None when there is nothing new to say. Counted from the first
+        unanswered ping, like the patience: a peer's own pause is not the daemon's."""
+        if not self._first_ping:
+            return None
+        beats = int((time.monotonic() - self._first_ping) / heartbeat_s) + 1  # + the silence before it
         if beats < WAITING_SAID_AFTER or beats < 2 * self._said:
             return None
         self._said = beats

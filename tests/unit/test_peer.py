@@ -38,17 +38,26 @@ def test_peers_wait_for_the_daemon_longer_than_it_waits_for_them():
     assert peer.PATIENCE_HEARTBEATS * peer.HEARTBEAT_S > 30
 
 
-def test_liveness_says_it_waits_for_a_quiet_daemon_at_every_doubling_of_the_silence(clock):
+def test_liveness_says_it_waits_for_a_quiet_daemon_at_every_doubling_of_the_wait(clock):
     live = peer.Liveness()
     said = []
     for _ in range(20):
         clock[0] += 1.0
+        live.check(1.0)
         if live.waiting(1.0):
             said.append(live.silence())
     assert said == [3.0, 6.0, 12.0]
     clock[0] += 4.0
     assert "has not answered for 24 s; waiting" in live.waiting(1.0)
     live.heard()
+    assert live.waiting(1.0) is None
+
+
+def test_liveness_does_not_take_its_own_pause_for_a_wait(clock):
+    live = peer.Liveness()
+    clock[0] += 30.0  # we were stopped: no ping went out, nothing was waited for
+    assert live.waiting(1.0) is None
+    assert live.check(1.0) == peer.PING
     assert live.waiting(1.0) is None
 
 

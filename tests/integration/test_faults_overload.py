@@ -1,0 +1,111 @@
+"""The daemon overloaded or stalled: a stopped client with many chatty calls, a message of
+millions of parts, a daemon paused for half a minute, more callers than executor slots.
+
+Each test first shows the fault reached (the client's queue full, the parts sent, the
+daemon really stopped, callers really beyond the slots), then that nothing is lost and
+nobody is wrongly given up. Counts are modest and every wait has a deadline: the machine
+these run on is small and shared.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import psutil
+import pytest
+import zmq
+
+from broker.daemon.receipts import UNPROVEN_BYTES
+from broker.daemon.router import CALLER_HOLD_BYTES, MAX_PARTS
+from broker.net import peer
+from broker.wire import frames as wire
+from tests.support.harness import live_processes, reap, wait_for
+
+pytestmark = pytest.mark.timeout(300)
+
+# What a stopped client may cost the daemon, at most (the README says so).
+CLIENT_BOUND = 64 * 1024 * 1024
+
+
+def _rss(pid: int) -> int:
+    return psutil.Process(pid).memory_info().rss
+
+
+# A client of its own process: ``CALLS`` calls of a command that prints ``LINES`` short
+# lines, one write each; it says "started" once all run, then prints one JSON line per call.
+_CHATTY_CLIENT = textwrap.dedent("""
+    import json, sys
+    from broker.client import Client
+    calls_n, lines, cwd, marker = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
+    script = 'i=0; while [ $i -lt "$1" ]; do echo "line-$i"; i=$((i+1)); done'
+    c = Client.connect(autostart=False)
+    calls = [c.submit(["sh", "-c", script, marker, str(lines)], cwd=cwd, capture_limit=16 << 20) for _ in range(calls_n)]
+    while not all(call.started for call in calls):
+        c.poll(0.05)
+    print("started", flush=True)
+    notices = []
+    for call in calls:
+        call.on_notice = lambda call, note: notices.append(note)
+    for r in c.wait_all(calls, 240):
+        print(json.dumps({"code": r.returncode, "error": r.error, "stdout": r.stdout.decode()}), flush=True)
+    print(json.dumps({"notices": notices}), flush=True)
+""")
+
+
+def test_a_stopped_client_with_many_chatty_calls_loses_nothing_and_costs_the_daemon_a_bound(daemon_factory, tmp_path):
+    calls, lines = 32, 20_000
+    d = daemon_factory.start(executors=1)
+    marker = f"chatty-{os.getpid()}"
+    client = subprocess.Popen([sys.executable, "-c", _CHATTY_CLIENT, str(calls), str(lines), str(tmp_path), marker],
+                              env=d.env_for_children(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert client.stdout.readline() == "started\n", client.stderr.read()
+        before = _rss(d.pid)
+        client.send_signal(signal.SIGSTOP)
+        peak = before
+
+        def held() -> bool:
+            nonlocal peak
+            peak = max(peak, _rss(d.pid))
+            return "frontend behind: its commands are held" in d.log()
+
+        # The fault: the stopped client's queue fills (more than the daemon lets a client
+        # have unproven), and only the hold stops the flow.
+        wait_for(held, 120, "the stopped client's queue to fill", interval=0.1)
+        queued = max(int(q) for q in re.findall(r'"queued_bytes": (\d+)', d.log()))
+        assert queued > UNPROVEN_BYTES
+        # Held, the commands block on their pipes instead of running on into a queue: a
+        # while later they all still run and the daemon has stopped growing.
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline:
+            peak = max(peak, _rss(d.pid))
+            time.sleep(0.1)
+        running = [p for p in psutil.process_iter(["cmdline"]) if marker in (p.info["cmdline"] or [])]
+        assert running, "every command ended while its client was stopped: nothing was held"
+        print(f"daemon RSS with a stopped client of {calls} chatty calls: {before >> 20} MiB before, "
+              f"{peak >> 20} MiB at the peak; {queued >> 20} MiB queued when held")
+        assert peak - before < CLIENT_BOUND, f"the daemon grew by {(peak - before) >> 20} MiB"
+    finally:
+        client.send_signal(signal.SIGCONT)
+    try:
+        out, err = client.communicate(timeout=240)
+    finally:
+        reap(client)
+    results = [json.loads(line) for line in out.splitlines()]
+    notices = results.pop()["notices"]
+    expected = "".join(f"line-{i}\n" for i in range(lines))
+    assert len(results) == calls, err
+    for r in results:
+        assert (r["code"], r["error"]) == (0, None)
+        assert r["stdout"] == expected, f"{len(r['stdout'])} of {len(expected)} bytes"
+    assert notices == []
+    assert "message not sent" not in d.log()
+    assert "frontend caught up: its commands go on" in d.log()
