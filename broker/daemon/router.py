@@ -84,6 +84,8 @@ SUSPEND_LIMIT_S = 3600.0
 # and its overflow, each message counted as broker.daemon.receipts.MESSAGE_COST more):
 # past it, output for that caller is counted as lost, not kept. README: "under faults".
 CALLER_HOLD_BYTES = 48 * 1024 * 1024
+# Frames smaller than this are copied before they are held (see _kept).
+_COPY_BELOW = 4096
 # Dropped callers whose reason is remembered, at most.
 DROPPED_KEPT = 256
 # Headers are a few dozen bytes; anything bigger is garbage we need not decode.
@@ -334,6 +336,14 @@ class RunQueue:
     def clear(self) -> None:
         self._calls.clear()
         self.bytes = 0
+
+
+def _kept(frames: list) -> list:
+    """``frames`` fit to be held (queued for a peer that does not read, or in the run
+    queue): small ones copied out. libzmq receives small messages into a shared buffer
+    (8 KiB) that each of them keeps alive while it lives, so ten thousand queued
+    40-byte headers would hold 80 MiB; copies hold what they are."""
+    return [f.bytes if len(f) < _COPY_BELOW and not isinstance(f, bytes) else f for f in frames]
 
 
 def _size(frames: list | None) -> int:
@@ -629,7 +639,7 @@ class Router:
             return self._reply_error(peer, call_id, f"bad run request: {e}")
         if request.stdio_fds:
             return self._reply_error(peer, call_id, "stdio_fds is for a direct run (the daemon's run.sock), not a message")
-        self._accept_run(peer, call_id, request, frames[1:])
+        self._accept_run(peer, call_id, request, _kept(frames[1:]))
 
     def run_direct(self, peer: Peer, call_id: str, request: wire.RunRequest, fds: list[int]) -> None:
         """A direct run (:mod:`broker.daemon.direct`): ``fds`` are the command's stdio."""
@@ -775,14 +785,14 @@ class Router:
         if caller is None:
             return
         if head.kind != wire.OUT:
-            self._to_caller(caller, [caller.identity, *frames[1:]])
+            self._to_caller(caller, [caller.identity, *_kept(frames[1:])])
         elif self._unheld(caller) > CALLER_HOLD_BYTES:
             # Not kept: counted, and its window given back once the caller catches up.
             call.lost += len(frames[2])
             call.lost_chunks += 1
             call.unsent += len(frames[2])
             call.unsent_chunks += 1
-        elif self._to_caller(caller, [caller.identity, *frames[1:]]) is not None:
+        elif self._to_caller(caller, [caller.identity, *_kept(frames[1:])]) is not None:
             call.sent += len(frames[2])
             call.sent_chunks += 1
 
@@ -793,7 +803,7 @@ class Router:
         caller = call.caller
         if caller is not None:
             self._tell_lost(call)
-            self._to_caller(caller, [caller.identity, *frames[1:]])
+            self._to_caller(caller, [caller.identity, *_kept(frames[1:])])
             caller.calls.pop(call.id, None)
         del self.calls[call.id]
         del peer.calls[call.id]

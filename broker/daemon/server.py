@@ -75,7 +75,14 @@ __all__ = ["DaemonAlreadyRunning", "RuntimeDirError", "serve"]
 log = structlog.get_logger(component="daemon")
 _throttle = Throttle(log)
 
+# Messages queued for one peer, at most (what it is sent is bounded before that: windows,
+# holds, session windows; this is the backstop) ...
 HWM = 100_000
+# ... and received from one peer and not yet read. Small: a message waiting there keeps
+# alive the whole buffer libzmq read it into (8 KiB, however small the message), and a
+# peer that sends faster than the daemon reads is better stopped at its own socket (an
+# executor then stops reading its commands' output) than queued here.
+RCVHWM = 1000
 SHUTDOWN_GRACE_S = 3.0
 FINAL_LINGER_MS = 250
 # sun_path is 108 bytes including the terminating NUL.
@@ -466,7 +473,7 @@ def _router_options(sock: zmq.Socket) -> None:
     """Bounded queues and messages, and non-blocking sends that fail for a vanished peer."""
     sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
     sock.setsockopt(zmq.SNDHWM, HWM)
-    sock.setsockopt(zmq.RCVHWM, HWM)
+    sock.setsockopt(zmq.RCVHWM, RCVHWM)
     sock.setsockopt(zmq.MAXMSGSIZE, wire.MAX_MESSAGE_SIZE)
     sock.setsockopt(zmq.LINGER, 0)
 

@@ -27,7 +27,7 @@ from broker.daemon.receipts import UNPROVEN_BYTES
 from broker.daemon.router import CALLER_HOLD_BYTES, MAX_PARTS
 from broker.net import peer
 from broker.wire import frames as wire
-from tests.support.harness import live_processes, reap, wait_for
+from tests.support.harness import SANDBOX_PYTHON, reap, wait_for
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -39,15 +39,20 @@ def _rss(pid: int) -> int:
     return psutil.Process(pid).memory_info().rss
 
 
-# A client of its own process: ``CALLS`` calls of a command that prints ``LINES`` short
-# lines, one write each; it says "started" once all run, then prints one JSON line per call.
+# A client of its own process: ``calls`` calls of a command that prints ``lines`` lines
+# a little apart, so that most are a message of their own (a progress log, a test
+# runner); it says "started" once all run, then prints one JSON line per call.
 _CHATTY_CLIENT = textwrap.dedent("""
     import json, sys
     from broker.client import Client
-    calls_n, lines, cwd, marker = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
-    script = 'i=0; while [ $i -lt "$1" ]; do echo "line-$i"; i=$((i+1)); done'
+    calls_n, lines, cwd, python, marker = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
+    script = ("import sys, time\\n"
+              "for i in range(int(sys.argv[1])):\\n"
+              "    print(f'line-{i:05} ' + 'x' * 290, flush=True)\\n"
+              "    time.sleep(0.002)\\n")
     c = Client.connect(autostart=False)
-    calls = [c.submit(["sh", "-c", script, marker, str(lines)], cwd=cwd, capture_limit=16 << 20) for _ in range(calls_n)]
+    calls = [c.submit([python, "-c", script, str(lines), marker], cwd=cwd, capture_limit=16 << 20)
+             for _ in range(calls_n)]
     while not all(call.started for call in calls):
         c.poll(0.05)
     print("started", flush=True)
@@ -61,10 +66,10 @@ _CHATTY_CLIENT = textwrap.dedent("""
 
 
 def test_a_stopped_client_with_many_chatty_calls_loses_nothing_and_costs_the_daemon_a_bound(daemon_factory, tmp_path):
-    calls, lines = 32, 20_000
+    calls, lines = 32, 8_000
     d = daemon_factory.start(executors=1)
     marker = f"chatty-{os.getpid()}"
-    client = subprocess.Popen([sys.executable, "-c", _CHATTY_CLIENT, str(calls), str(lines), str(tmp_path), marker],
+    client = subprocess.Popen([sys.executable, "-c", _CHATTY_CLIENT, str(calls), str(lines), str(tmp_path), SANDBOX_PYTHON, marker],
                               env=d.env_for_children(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert client.stdout.readline() == "started\n", client.stderr.read()
@@ -101,7 +106,7 @@ def test_a_stopped_client_with_many_chatty_calls_loses_nothing_and_costs_the_dae
         reap(client)
     results = [json.loads(line) for line in out.splitlines()]
     notices = results.pop()["notices"]
-    expected = "".join(f"line-{i}\n" for i in range(lines))
+    expected = "".join(f"line-{i:05} {'x' * 290}\n" for i in range(lines))
     assert len(results) == calls, err
     for r in results:
         assert (r["code"], r["error"]) == (0, None)
