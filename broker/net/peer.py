@@ -110,8 +110,8 @@ class Liveness:
 
     __slots__ = ("dead_after", "last_heard", "_ping_sent", "_first_ping", "_said")
 
-    def __init__(self, dead_after: int = PATIENCE_HEARTBEATS) -> None:
-        self.dead_after = dead_after
+    def __init__(self, dead_after: int | None = None) -> None:
+        self.dead_after = dead_after or PATIENCE_HEARTBEATS
         self.last_heard = time.monotonic()
         self._ping_sent = 0.0
         self._first_ping = 0.0  # the first ping since the daemon's last message (0: none)
