@@ -21,26 +21,14 @@ import time
 import zmq
 
 from broker.wire import frames as wire
+from broker.wire import liveness
 from broker.wire import version
 
-# The liveness timeouts of sluice, all of them, shortest first. The order is the point:
-#
-# - The daemon pings every peer each heartbeat (it says the heartbeat in its welcome).
-# - It gives up on a peer (an executor, the agent, a frontend with calls in flight) that
-#   has been silent for DEAD_AFTER_HEARTBEATS heartbeats, counting only heartbeats at which
-#   it had read all its input: a pong waiting in the daemon's own queue behind a flood is
-#   not a silent peer. A peer's process that exits is seen at once (pidfd, disconnection).
-# - A peer says it is waiting for a daemon quiet for WAITING_SAID_AFTER heartbeats, and gives
-#   it up after PATIENCE_HEARTBEATS, far longer than the daemon's own check: a daemon that
-#   stalls (SIGSTOP, a swap storm, a VM migration) for up to that long finds every peer,
-#   session and command as it left them, and it is always the daemon, never the peer, that
-#   decides a link is dead while both are running. A daemon that exits is noticed at once
-#   (its socket disconnects, its socket file goes, spawned peers die with it), so the long
-#   patience costs only when the daemon is alive and stuck.
-HEARTBEAT_S = 1.0
-DEAD_AFTER_HEARTBEATS = 10
-WAITING_SAID_AFTER = 3
-PATIENCE_HEARTBEATS = 60
+# The liveness timeouts, one ordered set (see broker.wire.liveness).
+HEARTBEAT_S = liveness.HEARTBEAT_S
+DEAD_AFTER_HEARTBEATS = liveness.DEAD_AFTER_HEARTBEATS
+WAITING_SAID_AFTER = liveness.WAITING_SAID_AFTER
+PATIENCE_HEARTBEATS = liveness.PATIENCE_HEARTBEATS
 # What the daemon answers a peer it does not know (it restarted, or dropped the peer).
 HELLO_FIRST = "send hello first"
 # The CurveZMQ handshake outcomes a tcp peer watches for: a refusal is one line at once,
@@ -111,7 +99,7 @@ class Liveness:
     __slots__ = ("dead_after", "last_heard", "_ping_sent", "_first_ping", "_said")
 
     def __init__(self, dead_after: int | None = None) -> None:
-        self.dead_after = dead_after or PATIENCE_HEARTBEATS
+        self.dead_after = dead_after or PATIENCE_HEARTBEATS  # read now: a test may shorten it
         self.last_heard = time.monotonic()
         self._ping_sent = 0.0
         self._first_ping = 0.0  # the first ping since the daemon's last message (0: none)
