@@ -83,6 +83,7 @@ HWM = 100_000
 # peer that sends faster than the daemon reads is better stopped at its own socket (an
 # executor then stops reading its commands' output) than queued here.
 RCVHWM = 1000
+IO_THREADS = 2
 SHUTDOWN_GRACE_S = 3.0
 FINAL_LINGER_MS = 250
 # sun_path is 108 bytes including the terminating NUL.
@@ -245,7 +246,10 @@ class _Daemon:
         self._remove_stale_socket("broker.sock")
         self.token = rt.new_token(self.dir_fd)
         listening, self._socket_ident = self._unix_listener("broker.sock", socket.SOCK_STREAM)
-        self.ctx = zmq.Context()
+        # Two I/O threads: connections are spread over them, so one peer that floods (a
+        # message of millions of parts takes libzmq seconds to decode) does not hold up
+        # every other connection's handshake and traffic.
+        self.ctx = zmq.Context(io_threads=IO_THREADS)
         sock = self.ctx.socket(zmq.ROUTER)
         _router_options(sock)
         self.sock = sock
@@ -395,12 +399,20 @@ class _Daemon:
     async def _heartbeat(self, router: Router, gate: ConnectionGate, stop: asyncio.Event,
                          inputs: list[ZSocket]) -> None:
         dry = [s.ran_dry for s in inputs]
+        refused = trimmed = 0
         while True:
             await asyncio.sleep(HEARTBEAT_S)
             # Caught up: every socket was read dry since the last heartbeat, or is not behind.
             now = [s.ran_dry for s in inputs]
-            router.heartbeat(all(n != d or not s.behind for s, n, d in zip(inputs, now, dry, strict=True)))
+            caught_up = all(n != d or not s.behind for s, n, d in zip(inputs, now, dry, strict=True))
+            router.heartbeat(caught_up)
             dry = now
+            refused = sum(s.refused for s in inputs)
+            if refused != trimmed and not any(s.behind for s in inputs):
+                # libzmq took a refused message in whole (64 bytes a part) before we saw it;
+                # once it is read through, that memory goes back to the system.
+                trimmed = refused
+                _trim()
             gate.sweep()
             lost = self._runtime_dir_lost()
             if lost:
@@ -467,6 +479,14 @@ def _give_back_big_buffers() -> None:
     except (OSError, AttributeError):
         return
     mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD)
+
+
+def _trim() -> None:
+    """Give the heap's free memory back to the system (glibc's malloc_trim; elsewhere nothing)."""
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
 
 
 def _router_options(sock: zmq.Socket) -> None:

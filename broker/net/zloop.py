@@ -66,6 +66,8 @@ class ZSocket:
         # how many turns have read it dry (all there was), since it was made.
         self.behind = False
         self.ran_dry = 0
+        # Messages refused so far (``max_parts`` / ``max_bytes``).
+        self.refused = 0
         self.loop.add_reader(sock.getsockopt(zmq.FD), self._drain)
         # Messages may already be queued; the edge for them has passed.
         self._schedule_drain()
@@ -118,6 +120,7 @@ class ZSocket:
     def _refuse(self, frames: list[zmq.Frame], size: int) -> None:
         """A message past ``max_parts`` / ``max_bytes``: its sender is told, its parts go."""
         self._discarding = frames[-1].more
+        self.refused += 1
         if self._discarding:
             why = f"more than {self.max_parts - 1} parts" if len(frames) >= self.max_parts else \
                   f"more than {self.max_bytes} bytes"

@@ -114,3 +114,59 @@ def test_a_stopped_client_with_many_chatty_calls_loses_nothing_and_costs_the_dae
     assert notices == []
     assert "message not sent" not in d.log()
     assert "frontend caught up: its commands go on" in d.log()
+
+
+def _joined(ctx: zmq.Context, d, name: str) -> zmq.Socket:
+    """A raw frontend that said hello and was welcomed."""
+    sock = peer.dealer(ctx, sndhwm=0, rcvhwm=1000)
+    sock.connect(d.runtime.endpoint)
+    sock.send_multipart(peer.hello(wire.ROLE_FRONTEND, d.runtime.read_token(), name))
+    assert sock.poll(10_000), "no welcome"
+    assert wire.decode_header(sock.recv_multipart()[0]).kind == wire.WELCOME
+    return sock
+
+
+def test_a_message_of_a_million_parts_is_refused_unread_and_stalls_nobody(daemon_factory, tmp_path):
+    parts = 1_000_000
+    d = daemon_factory.start(executors=1)
+    client = d.client()
+    assert client.run(["echo", "warm"], cwd=str(tmp_path)).stdout == b"warm\n"
+    executors = d.executor_pids()
+    ctx = zmq.Context()
+    sock = _joined(ctx, d, "parts")
+    try:
+        before = _rss(d.pid)
+        for _ in range(parts - 1):
+            sock.send(b"", zmq.SNDMORE)
+        sock.send(b"")
+        t0 = time.monotonic()
+        assert sock.poll(60_000), "the sender was not told"
+        refused_s = time.monotonic() - t0
+        head, body = sock.recv_multipart()
+        assert wire.decode_header(head).kind == wire.ERROR
+        message = wire.decode(wire.ERROR, body).message
+        assert message.startswith(f"message refused unread: more than {MAX_PARTS - 1} parts"), message
+        # Told as soon as it was judged, the rest is read through (libzmq hands a message over
+        # whole, in order: until then, nothing else on that socket can be read). Others wait
+        # for that, and no longer: a run started now ends.
+        t0 = time.monotonic()
+        assert client.run(["echo", "served"], cwd=str(tmp_path), wait_timeout=60).stdout == b"served\n"
+        served_s = time.monotonic() - t0
+        grew = _rss(d.pid) - before
+        print(f"a message of {parts} parts: refused after {refused_s:.1f} s, another client served in "
+              f"{served_s:.1f} s; the daemon grew by "
+              f"{grew >> 20} MiB ({grew / parts:.0f} bytes a part)")
+        # libzmq takes a message in whole before the daemon sees its first part (64 bytes a
+        # part in its queue); the daemon itself holds none of it.
+        assert grew < parts * 128
+        # ... and once it is read through, that memory goes back to the system.
+        wait_for(lambda: _rss(d.pid) - before < parts * 16, 60, "the parts' memory to be given back", interval=0.2)
+        # The refusal cost the sender nothing more: it is still a peer, and nobody was given up.
+        sock.send_multipart([wire.header(wire.PING, "still")])
+        assert sock.poll(10_000)
+        assert wire.decode_header(sock.recv_multipart()[0]).kind == wire.PONG
+    finally:
+        sock.close(linger=0)
+        ctx.term()
+    assert d.executor_pids() == executors
+    assert "hung" not in d.log()
