@@ -27,7 +27,10 @@ from broker.daemon.receipts import UNPROVEN_BYTES
 from broker.daemon.router import CALLER_HOLD_BYTES, MAX_PARTS
 from broker.net import peer
 from broker.wire import frames as wire
+from broker.wire.protocol import TextInput, UserInput
+from tests.support.fake_model import assistant, response
 from tests.support.harness import SANDBOX_PYTHON, reap, wait_for
+from tests.support.sessions import collect, configure_op
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -170,3 +173,42 @@ def test_a_message_of_a_million_parts_is_refused_unread_and_stalls_nobody(daemon
         ctx.term()
     assert d.executor_pids() == executors
     assert "hung" not in d.log()
+
+
+def test_a_daemon_paused_for_half_a_minute_loses_no_session_and_no_command(daemon_factory, server, sluice, tmp_path):
+    pause_s = 30
+    # Longer than the daemon's own check, and than the peers gave it before (6.5 s, 10 s).
+    assert peer.DEAD_AFTER_HEARTBEATS * peer.HEARTBEAT_S < pause_s < peer.PATIENCE_HEARTBEATS * peer.HEARTBEAT_S
+    d = daemon_factory.start(executors=1, env={"SLUICE_HOME": str(tmp_path / "home")})
+    client = d.client()
+    server.script(response(assistant("before the pause")), response(assistant("after the pause")))
+    session = client.open_session(configure_op(server, str(tmp_path)))
+    collect(session, "session_configured")
+    session.submit(UserInput([TextInput("one")]))
+    collect(session, "task_complete")
+    children = sorted(p.pid for p in psutil.Process(d.pid).children())
+    script = "echo before; while [ ! -e go ]; do sleep 0.1; done; echo after"
+    proc = subprocess.Popen([*sluice, "run", "--via-broker", "--cwd", str(tmp_path), "--", "sh", "-c", script],
+                            env=d.env_for_children(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert proc.stdout.readline() == b"before\n"
+        os.kill(d.pid, signal.SIGSTOP)
+        try:
+            wait_for(lambda: psutil.Process(d.pid).status() == psutil.STATUS_STOPPED, what="the daemon to stop")
+            time.sleep(pause_s)  # the fault itself: the daemon stays stopped this long
+            (tmp_path / "go").touch()
+            # Every peer noticed, and waits: the agent and the executor say so in the log.
+            log = d.log()
+            assert log.count("has not answered for") >= 2, log[-3000:]
+        finally:
+            os.kill(d.pid, signal.SIGCONT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        reap(proc)
+    assert (proc.returncode, out) == (0, b"after\n"), err.decode()
+    assert "waiting for it" in err.decode()  # the caller was told why nothing came
+    session.submit(UserInput([TextInput("two")]))
+    events = collect(session, "task_complete", timeout=60)
+    assert any(getattr(e.msg, "message", None) == "after the pause" for e in events), events[-3:]
+    assert sorted(p.pid for p in psutil.Process(d.pid).children()) == children  # nobody was killed or replaced
+    assert "sessions lost" not in d.log() and "hung" not in d.log()
