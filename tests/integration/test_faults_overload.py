@@ -212,3 +212,36 @@ def test_a_daemon_paused_for_half_a_minute_loses_no_session_and_no_command(daemo
     assert any(getattr(e.msg, "message", None) == "after the pause" for e in events), events[-3:]
     assert sorted(p.pid for p in psutil.Process(d.pid).children()) == children  # nobody was killed or replaced
     assert "sessions lost" not in d.log() and "hung" not in d.log()
+
+
+def test_more_callers_than_executor_slots_wait_their_turn_and_none_fails(daemon_factory, sluice, tmp_path):
+    slots, callers = 4, 40
+    d = daemon_factory.start(executors=0)
+    executor = subprocess.Popen([sys.executable, "-m", "executor", "--connect", d.runtime.endpoint, "--token-file",
+                                 d.runtime.token_path, "--name", "small", "--slots", str(slots), "--hide", d.runtime.path],
+                                env=d.env_for_children(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    procs = []
+    try:
+        client = d.client()
+        wait_for(lambda: client.daemon_info().executors, 30, "the executor to join")
+        for i in range(callers):
+            procs.append(subprocess.Popen(
+                [*sluice, "run", "--via-broker", "--cwd", str(tmp_path), "--", "sh", "-c", "sleep 0.3; echo $0", str(i)],
+                env=d.env_for_children(), stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+        # The fault: more commands than slots at once; the daemon queues the rest.
+        queued = 0
+        while any(p.poll() is None for p in procs):
+            queued = max(queued, client.daemon_info().queued)
+            time.sleep(0.05)
+        assert queued > 0, "the callers never exceeded the executor's slots"
+        for i, p in enumerate(procs):
+            out, err = p.communicate()
+            assert (p.returncode, out) == (0, f"{i}\n".encode()), err.decode()
+        print(f"{callers} callers on {slots} slots: at most {queued} waited at once, none failed")
+        assert executor.poll() is None and "stopped responding" not in d.log()
+    finally:
+        for p in procs:
+            reap(p)
+        executor.terminate()
+        executor.wait(30)
+        executor.stderr.close()
