@@ -90,12 +90,12 @@ _COPY_BELOW = 4096
 DROPPED_KEPT = 256
 # Headers are a few dozen bytes; anything bigger is garbage we need not decode.
 MAX_HEADER_SIZE = 4096
-# What the daemon's sockets receive of one message at most (its routing identity
-# included), before it is held (broker.net.zloop): a few parts more than any kind has,
-# so a small mistake still gets the precise answer about frame counts, and a body of
-# the largest size with its header.
-MAX_PARTS = 8
-MAX_MESSAGE_BYTES = wire.MAX_MESSAGE_SIZE + MAX_HEADER_SIZE + 256
+# What a peer may send in one message at most, judged as it is received, before it is
+# held (broker.net.zloop): a few parts more than any kind has, so a small mistake still
+# gets the precise answer about frame counts, and a body of the largest size with its
+# header. (The daemon's sockets add the routing identity: one part, 256 bytes at most.)
+MAX_PARTS = 7
+MAX_MESSAGE_BYTES = wire.MAX_MESSAGE_SIZE + MAX_HEADER_SIZE
 
 # Frames after the routing identity, by kind, for what peers may send the broker.
 FRAME_COUNT = {
@@ -468,10 +468,11 @@ class Router:
             return self._malformed(identity, f"{peer.role} may not send {kind}", peer=peer, corr=head.corr)
         handler(peer, head, frames)
 
-    def refused(self, identity: bytes, why: str) -> None:
+    def refused(self, identity: bytes, too_many_parts: bool) -> None:
         """The socket refused a message of ``identity``'s unread (:data:`MAX_PARTS`,
         :data:`MAX_MESSAGE_BYTES`): its sender is told, a peer stays a peer."""
         peer = self.peers.get(identity)
+        why = f"more than {MAX_PARTS} parts" if too_many_parts else f"more than {MAX_MESSAGE_BYTES} bytes"
         self._throttle("warning", "oversized message refused unread", reason=why, peer=peer.name if peer else None)
         message = (f"message refused unread: {why} (the daemon takes at most {MAX_PARTS} parts "
                    f"and {MAX_MESSAGE_BYTES} bytes in one message)")

@@ -346,15 +346,17 @@ class _Daemon:
         router.sessions.starter = agents
         router.sessions.max_sessions = max_sessions(self.fd_limit)
         self._journal_fd = router.sessions.journal_dir = _journal_dir(self.runtime, self.dir_fd)
-        zsock = ZSocket(self.sock, _local_only(router.on_message), loop, max_parts=MAX_PARTS,
-                        max_bytes=MAX_MESSAGE_BYTES, on_refused=_local_refusal(router.refused))
+        # With the routing identity libzmq puts in front: one part more, of 256 bytes at most.
+        bounds = dict(max_parts=MAX_PARTS + 1, max_bytes=MAX_MESSAGE_BYTES + 256)
+        zsock = ZSocket(self.sock, _local_only(router.on_message), loop, on_refused=_local_refusal(router.refused),
+                        **bounds)
         gate.watch(self.sock, self.ctx, loop)
         tsock = None
         if self.tcp is not None:
             self.zap.start(loop)
             gate.watch(self.tcp, self.ctx, loop, events=HandshakeLog.EVENTS, also=HandshakeLog().on_event)
-            tsock = ZSocket(self.tcp, _from_network(router.on_message), loop, max_parts=MAX_PARTS,
-                            max_bytes=MAX_MESSAGE_BYTES, on_refused=lambda first, why: router.refused(REMOTE + first.bytes, why))
+            tsock = ZSocket(self.tcp, _from_network(router.on_message), loop,
+                            on_refused=lambda first, parts: router.refused(REMOTE + first.bytes, parts), **bounds)
         direct = None
         if self.direct_listener is not None:
             direct = DirectRuns(router, self.direct_listener, loop, self.token)
@@ -514,10 +516,10 @@ def _local_only(on_message):
 def _local_refusal(refused):
     """``refused`` for a message from the ipc socket, unless its identity is a reserved one."""
 
-    def on_refused(first, why: str) -> None:
+    def on_refused(first, too_many_parts: bool) -> None:
         identity = first.bytes
         if identity[:1] not in (REMOTE, DIRECT):
-            refused(identity, why)
+            refused(identity, too_many_parts)
 
     return on_refused
 

@@ -48,13 +48,14 @@ class ZSocket:
         *,
         max_parts: int | None = None,
         max_bytes: int | None = None,
-        on_refused: Callable[[zmq.Frame, str], None] | None = None,
+        on_refused: Callable[[zmq.Frame, bool], None] | None = None,
     ) -> None:
         self.sock = sock
         self.on_message = on_message
         self.loop = loop or asyncio.get_running_loop()
         # A message of more parts or bytes than these is refused: ``on_refused(first part,
-        # why)`` (the sender's routing identity on a ROUTER) and the rest of it discarded.
+        # too_many_parts)`` (the first part is the sender's routing identity on a ROUTER;
+        # False: too many bytes) and the rest of it discarded.
         self.max_parts = max_parts or 1 << 62
         self.max_bytes = max_bytes or 1 << 62
         self.on_refused = on_refused
@@ -109,7 +110,7 @@ class ZSocket:
                     return
                 raise
             if frame.more or size > self.max_bytes:
-                self._refuse(frames, size)
+                self._refuse(frames)
             else:
                 self.on_message(frames)
             if parts <= 0:
@@ -117,19 +118,15 @@ class ZSocket:
         self.behind = True
         self._schedule_drain()
 
-    def _refuse(self, frames: list[zmq.Frame], size: int) -> None:
+    def _refuse(self, frames: list[zmq.Frame]) -> None:
         """A message past ``max_parts`` / ``max_bytes``: its sender is told, its parts go."""
         self._discarding = frames[-1].more
         self.refused += 1
-        if self._discarding:
-            why = f"more than {self.max_parts - 1} parts" if len(frames) >= self.max_parts else \
-                  f"more than {self.max_bytes} bytes"
-        else:
-            why = f"{size} bytes, more than {self.max_bytes}"
+        too_many_parts = len(frames) >= self.max_parts and self._discarding
         first = frames[0]
         del frames[:]  # let the parts received go before the sender is answered
         if self.on_refused is not None:
-            self.on_refused(first, why)
+            self.on_refused(first, too_many_parts)
 
     def _discard(self, budget: int) -> int:
         """Receive and drop up to ``budget`` parts of a refused message; returns how many."""
