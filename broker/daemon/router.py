@@ -379,7 +379,9 @@ class Router:
         self._unnoticed: list[Call] = []
         # Routing identities of callers dropped for a reason they should hear if they speak
         # again (a stopped frontend resumed too late), instead of "send hello first".
-        self._dropped: OrderedDict[bytes, str] = OrderedDict()
+        # Their connection stays a peer's to the gate meanwhile (not cut as a stranger's
+        # before the resumed client could read why).
+        self._dropped: OrderedDict[bytes, tuple[str, int | None]] = OrderedDict()
         # Set by the daemon once the socket exists: a non-blocking multipart send.
         self.transport: Callable[[list], None] | None = None
         self.peers: dict[bytes, Peer] = {}
@@ -491,7 +493,7 @@ class Router:
     def _from_stranger(self, identity: bytes, head: wire.Header, frames: list) -> None:
         if head.kind != wire.HELLO:
             self._throttle("info", "message before hello dropped", kind=wire.one_line(head.kind, 80))
-            return self._send_stranger(identity, head.corr, self._dropped.get(identity, HELLO_FIRST))
+            return self._send_stranger(identity, head.corr, self._dropped.get(identity, (HELLO_FIRST,))[0])
         if len(frames) != 3:
             self._malformed(identity, "hello without exactly one body frame")
             return self._send_stranger(identity, head.corr, "malformed message: hello takes exactly one body frame")
@@ -906,21 +908,22 @@ class Router:
             return True
         why = (f"this client was stopped (suspended) for more than {self.suspend_limit_s:g} s, the daemon's limit "
                "(sluice daemon --suspend-limit); its commands were cancelled")
-        self._dropped[caller.identity] = why
+        self._dropped[caller.identity] = (why, caller.connection)
         if len(self._dropped) > DROPPED_KEPT:
-            self._dropped.popitem(last=False)
-        self.drop_caller(caller, f"stopped for more than {self.suspend_limit_s:g} s")
+            self.gate.peer_left(self._dropped.popitem(last=False)[1][1])
+        self.drop_caller(caller, f"stopped for more than {self.suspend_limit_s:g} s", keep_connection=True)
         return True
 
     # ------------------------------------------------------------ peer loss
 
-    def drop_caller(self, peer: Peer, why: str) -> None:
+    def drop_caller(self, peer: Peer, why: str, *, keep_connection: bool = False) -> None:
         """Forget a frontend: queued calls vanish, running ones are cancelled at their executors."""
         if self.peers.get(peer.identity) is not peer:
             return
         del self.peers[peer.identity]
         del self.callers[peer.identity]
-        self.gate.peer_left(peer.connection)
+        if not keep_connection:
+            self.gate.peer_left(peer.connection)
         peer.gone = True
         peer.overflow.clear()
         peer.overflow_bytes = 0
