@@ -1130,8 +1130,9 @@ class Router:
         """Put ``caller``'s running calls on hold at their executors (they stop reading the
         commands' output), or let them go on."""
         caller.holding = hold
-        log.info("frontend behind: its commands are held" if hold else "frontend caught up: its commands go on",
-                 name=caller.name, pid=caller.pid, calls=len(caller.calls), queued_bytes=self._unheld(caller))
+        # Rate-limited: a client that reads, slowly, may be held and let go many times a second.
+        self._throttle("info", "frontend behind: its commands are held" if hold else "frontend caught up: its commands go on",
+                       name=caller.name, pid=caller.pid, calls=len(caller.calls), queued_bytes=self._unheld(caller))
         for call in caller.calls.values():
             executor = call.executor
             if executor is not None:
