@@ -1131,8 +1131,8 @@ class Router:
         commands' output), or let them go on."""
         caller.holding = hold
         # Rate-limited: a client that reads, slowly, may be held and let go many times a second.
-        self._throttle("info", "frontend behind: its commands are held" if hold else "frontend caught up: its commands go on",
-                       name=caller.name, pid=caller.pid, calls=len(caller.calls), queued_bytes=self._unheld(caller))
+        event = "frontend behind: its commands are held" if hold else "frontend caught up: its commands go on"
+        self._throttle("info", event, name=caller.name, pid=caller.pid, calls=len(caller.calls), queued_bytes=self._unheld(caller))
         for call in caller.calls.values():
             executor = call.executor
             if executor is not None:

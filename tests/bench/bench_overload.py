@@ -69,8 +69,9 @@ def overload(callers: int, sleep_s: float) -> dict:
         slots = sum(e.slots for e in client.daemon_info().executors)
         sluice = [sys.executable, "-m", "broker"]
         t0 = time.monotonic()
-        procs = [subprocess.Popen([*sluice, "run", "--via-broker", "--", "sh", "-c", f"sleep {sleep_s}; echo $0", str(i)],
-                                  env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd="/tmp")
+        command = ["sh", "-c", f"sleep {sleep_s}; echo $0"]
+        procs = [subprocess.Popen([*sluice, "run", "--via-broker", "--", *command, str(i)], env=env,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd="/tmp")
                  for i in range(callers)]
         started_s = time.monotonic() - t0
         queued = 0

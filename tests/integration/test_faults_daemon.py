@@ -291,7 +291,8 @@ def _suspend_run(d, sluice, tmp_path, stop_s: float) -> subprocess.CompletedProc
 
 def test_a_suspended_frontend_keeps_its_command(daemon_factory, sluice, tmp_path):
     d = daemon_factory.start(executors=1)
-    r = _suspend_run(d, sluice, tmp_path, stop_s=peer.DEAD_AFTER_HEARTBEATS + 3)  # more than the daemon waits for a peer
+    # Stopped longer than the daemon waits for a silent peer.
+    r = _suspend_run(d, sluice, tmp_path, stop_s=peer.DEAD_AFTER_HEARTBEATS + 3)
     assert r.returncode == 0, r.stderr.decode()
     assert r.stdout == "".join(f"{i}\n" for i in range(1, 31)).encode()
     assert "frontend stopped: its commands wait for it" in d.log()

@@ -16,7 +16,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import threading
 import time
 
 import psutil
@@ -24,7 +23,7 @@ import pytest
 import zmq
 
 from broker.daemon.receipts import UNPROVEN_BYTES
-from broker.daemon.router import CALLER_HOLD_BYTES, MAX_PARTS
+from broker.daemon.router import MAX_PARTS
 from broker.net import peer
 from broker.wire import frames as wire
 from broker.wire.protocol import TextInput, UserInput
@@ -72,8 +71,8 @@ def test_a_stopped_client_with_many_chatty_calls_loses_nothing_and_costs_the_dae
     calls, lines = 32, 8_000
     d = daemon_factory.start(executors=1)
     marker = f"chatty-{os.getpid()}"
-    client = subprocess.Popen([sys.executable, "-c", _CHATTY_CLIENT, str(calls), str(lines), str(tmp_path), SANDBOX_PYTHON, marker],
-                              env=d.env_for_children(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    argv = [sys.executable, "-c", _CHATTY_CLIENT, str(calls), str(lines), str(tmp_path), SANDBOX_PYTHON, marker]
+    client = subprocess.Popen(argv, env=d.env_for_children(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert client.stdout.readline() == "started\n", client.stderr.read()
         before = _rss(d.pid)
@@ -217,17 +216,17 @@ def test_a_daemon_paused_for_half_a_minute_loses_no_session_and_no_command(daemo
 def test_more_callers_than_executor_slots_wait_their_turn_and_none_fails(daemon_factory, sluice, tmp_path):
     slots, callers = 4, 40
     d = daemon_factory.start(executors=0)
-    executor = subprocess.Popen([sys.executable, "-m", "executor", "--connect", d.runtime.endpoint, "--token-file",
-                                 d.runtime.token_path, "--name", "small", "--slots", str(slots), "--hide", d.runtime.path],
-                                env=d.env_for_children(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    argv = [sys.executable, "-m", "executor", "--connect", d.runtime.endpoint, "--token-file", d.runtime.token_path,
+            "--name", "small", "--slots", str(slots), "--hide", d.runtime.path]
+    executor = subprocess.Popen(argv, env=d.env_for_children(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     procs = []
     try:
         client = d.client()
         wait_for(lambda: client.daemon_info().executors, 30, "the executor to join")
         for i in range(callers):
-            procs.append(subprocess.Popen(
-                [*sluice, "run", "--via-broker", "--cwd", str(tmp_path), "--", "sh", "-c", "sleep 0.3; echo $0", str(i)],
-                env=d.env_for_children(), stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+            command = ["sh", "-c", "sleep 0.3; echo $0", str(i)]
+            procs.append(subprocess.Popen([*sluice, "run", "--via-broker", "--cwd", str(tmp_path), "--", *command],
+                                          env=d.env_for_children(), stdout=subprocess.PIPE, stderr=subprocess.PIPE))
         # The fault: more commands than slots at once; the daemon queues the rest.
         queued = 0
         while any(p.poll() is None for p in procs):
