@@ -217,6 +217,9 @@ class BrokerLink:
     async def _watch(self) -> None:
         while not self._closed and self.broken is None:
             await asyncio.sleep(self.heartbeat_s)
+            waiting = self._liveness.waiting(self.heartbeat_s)
+            if waiting:
+                log.warning(waiting)
             due = self._liveness.check(self.heartbeat_s, self.runtime.socket_path)
             if due == peer.PING:
                 self.send([wire.header(wire.PING)])

@@ -92,6 +92,7 @@ class Call:
         "streams",
         "unacked_bytes",
         "unacked_chunks",
+        "on_hold",
         "timed_out",
         "aborted",
         "error",
@@ -122,6 +123,8 @@ class Call:
         self.streams: tuple[_Stream, ...] = ()
         self.unacked_bytes = 0
         self.unacked_chunks = 0
+        # The broker holds the output (its frontend is behind): the window is shut.
+        self.on_hold = False
         self.timed_out = False
         self.aborted = False
         self.error: str | None = None
@@ -347,6 +350,7 @@ class Call:
             self.unacked_bytes < wire.WINDOW_BYTES
             and self.unacked_chunks < wire.WINDOW_CHUNKS
             and not self.worker.congested
+            and not self.on_hold
         )
 
     def _on_eof(self, s: _Stream) -> None:
@@ -374,6 +378,11 @@ class Call:
                 else:
                     loop.remove_reader(s.fd)
                 s.watching = w
+
+    def hold_output(self, on: bool) -> None:
+        """The broker's ``hold``: its frontend is behind, no more output until it is not."""
+        self.on_hold = on
+        self.update_readers()
 
     def ack(self, nbytes: int, nchunks: int) -> None:
         self.unacked_bytes = max(0, self.unacked_bytes - max(0, nbytes))

@@ -4,15 +4,17 @@ Everything happens on one thread: the zmq socket (via :class:`broker.net.zloop.Z
 every call's pipes and done_fds (``loop.add_reader``), timers and signals. Nothing here
 blocks, so a cancel is acted on as soon as it arrives, whatever else is streaming.
 
-A local executor (spawned by the daemon, ipc and a token) exits when its broker goes
-silent. A remote one (``remote``: tcp and CurveZMQ) outlives it: after as many missed
-heartbeats as the broker allows an executor, or at once when the broker answers "send
-hello first" (it dropped us, or restarted), it kills every command it runs (the broker
-has failed or will fail those calls: nothing is re-run) and joins again, on a fresh
-socket, until it is welcomed. While joined it pings a broker that has been quiet for a
-heartbeat, so a broker that forgot it says so within a heartbeat or two. A CurveZMQ
-handshake the daemon refuses is a one-line error at start-up, and a logged error (and
-retries) later.
+Like every peer, an executor pings a broker that has been quiet for a heartbeat, says
+that it waits, and gives the broker up only after :data:`broker.net.peer.PATIENCE_HEARTBEATS`
+heartbeats of unanswered pings, far longer than the broker waits for it: a stalled daemon
+finds its commands running when it resumes. A local executor (spawned by the daemon, ipc
+and a token) then exits. A remote one (``remote``: tcp and CurveZMQ) outlives its broker:
+after that patience, or at once when the broker answers "send hello first" (it dropped
+us, or restarted), it kills every command it runs (the broker has failed or will fail
+those calls: nothing is re-run) and joins again, on a fresh socket, until it is
+welcomed; its pings make a broker that forgot it say so within a heartbeat or two. A
+CurveZMQ handshake the daemon refuses is a one-line error at start-up, and a logged
+error (and retries) later.
 """
 
 from __future__ import annotations
@@ -41,8 +43,6 @@ from landlock_helper import limits
 log = structlog.get_logger("executor")
 
 WELCOME_TIMEOUT_S = 10.0
-# The broker is presumed gone after this many heartbeat intervals without a word.
-MISSED_HEARTBEATS = 10
 # Bounded queues on the socket; past SNDHWM output waits in our backlog and the
 # pipes stop being read, so memory stays bounded and nothing is dropped.
 SNDHWM = 10_000
@@ -114,6 +114,7 @@ class Worker:
             wire.IN: self._on_stdin,
             wire.RESIZE: self._on_resize,
             wire.CANCEL: self._on_cancel,
+            wire.HOLD: self._on_hold,
             wire.PING: self._on_ping,
             wire.PONG: _ignore,
             wire.WELCOME: self._on_welcome,
@@ -336,18 +337,21 @@ class Worker:
     def _check_heartbeat(self) -> None:
         if self._stopping is not None:
             return
-        if self.remote is None:
-            # The daemon that spawned us pings us; its silence alone means it is gone.
-            if self._liveness.silence() > MISSED_HEARTBEATS * self.heartbeat_s:
+        if self.joined:
+            # The rule every peer follows: ping a quiet broker, say that we wait, give it up
+            # after the patience (broker.wire.liveness). A broker that dropped us (or
+            # restarted) answers the ping with "send hello first".
+            due = self._liveness.check(self.heartbeat_s)
+            waiting = self._liveness.waiting(self.heartbeat_s)
+            if waiting:
+                log.warning(waiting, calls=len(self.calls))
+            if due == peer.PING:
+                self.send([wire.header(wire.PING)])
+            elif due is not None and self.remote is None:
                 self._broker_lost()
                 return
-        elif self.joined:
-            due = self._liveness.check(self.heartbeat_s)
-            if due is not None and due != peer.PING:
+            elif due is not None:
                 self._rejoin(f"no word from the broker for {self._liveness.silence():.1f} s")
-            elif due == peer.PING:
-                # A broker that dropped us (or restarted) answers this with "send hello first".
-                self.send([wire.header(wire.PING)])
         self.loop.call_later(self.heartbeat_s, self._check_heartbeat)
 
     # -- sending ------------------------------------------------------------------------
@@ -544,6 +548,11 @@ class Worker:
         if call is not None:
             call.ack(h.n, h.seq)
 
+    def _on_hold(self, h: wire.Header, frames) -> None:
+        call = self.calls.get(h.corr)
+        if call is not None:
+            call.hold_output(bool(h.n))
+
     def _on_stdin(self, h: wire.Header, frames) -> None:
         call = self.calls.get(h.corr)
         if call is not None and len(frames) >= 2:  # unknown: it may have just finished
@@ -561,7 +570,12 @@ class Worker:
             call.cancel()
 
     def _on_ping(self, h: wire.Header, frames) -> None:
-        self.send([wire.header(wire.PONG, h.corr, seq=h.seq)])
+        # Ahead of output waiting in the backlog: a busy executor is not a hung one.
+        pong = [wire.header(wire.PONG, h.corr, seq=h.seq)]
+        if self._backlog:
+            self._backlog.appendleft(pong)  # a refused send took no part of its message
+        else:
+            self.send(pong)
 
 
 def _ignore(h, frames) -> None:

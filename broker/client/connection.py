@@ -844,6 +844,13 @@ class Client:
                 self._break(DaemonError("lost the connection to the daemon (it exited or was stopped)"))
 
     def _check_alive(self) -> None:
+        waiting = self._liveness.waiting(self.heartbeat_s)
+        if waiting:
+            # Its calls' callers hear it (``sluice run`` prints notices): a stall of the
+            # daemon is waited out, and said, not taken for its death.
+            for call in list(self._calls.values()):
+                if call.on_notice is not None:
+                    call.on_notice(call, waiting)
         due = self._liveness.check(self.heartbeat_s, self.runtime.socket_path if self.runtime else None)
         if due == peer.PING:
             self.send_frames([wire.header(wire.PING)], block=False)

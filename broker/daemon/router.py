@@ -32,6 +32,18 @@ command's flow instead of filling the daemon's queue for it. Session acks get th
 treatment in :mod:`broker.daemon.sessions`. A caller whose process is stopped (Ctrl-Z) is not dropped
 for missing pings until ``suspend_limit_s``; its commands wait on their windows.
 
+Nothing the daemon accepted for a caller is dropped: what concerns its calls (``started``,
+``out``, ``exit``, notices) goes out in order or waits, in order, in the caller's
+``overflow`` while its queue is full. Held credit alone would not bound that: each of a
+caller's calls has a window of its own, and many chatty calls fill any queue before
+their windows do. So the moment a caller is behind (or has an overflow), every one of its
+calls is put on ``hold`` at its executor, which stops reading the command's pipes (the
+commands block on them) until the caller has caught up. What the daemon holds for one
+caller is thus :data:`~broker.daemon.receipts.UNPROVEN_BYTES` plus what its executors sent
+before the hold reached them; past :data:`CALLER_HOLD_BYTES` (a hold that came late, a
+flood of exits) ``out`` for it is no longer kept: each call counts what it lost, its
+window is given back, and the caller is told before the call's ``exit``, in one line.
+
 Session traffic (``submit``, ``event``, ``closed``, ``attach``, ``detach``, ``sessions`` and
 acks that name a session) is routed by :class:`broker.daemon.sessions.Sessions`, which the
 heartbeat also drives (to retry frontends whose queue was full). The agent peer that
@@ -44,7 +56,7 @@ from __future__ import annotations
 import hmac
 import os
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from typing import Protocol
 
@@ -53,17 +65,16 @@ import structlog
 import zmq
 
 from broker.daemon.listener import ALLOW_FLAGS, ROLES_PROPERTY
-from broker.daemon.receipts import Receipts
+from broker.daemon.receipts import MESSAGE_COST, Receipts
 from broker.daemon.sessions import Sessions
 from broker.net.logging import Throttle
-from broker.net.peer import DEAD_AFTER_HEARTBEATS, HELLO_FIRST
+from broker.net.peer import DEAD_AFTER_HEARTBEATS, HEARTBEAT_S, HELLO_FIRST
 from broker.wire import frames as wire
 from broker.wire import version
 from broker.wire.results import DAEMON_SHUTTING_DOWN, DAEMON_STOPPED
 
 log = structlog.get_logger(component="router")
 
-HEARTBEAT_S = 1.0
 # Idle frontends are pinged this rarely, only to notice ones that vanished.
 IDLE_PING_EVERY = 30
 QUEUE_LIMIT = 100_000
@@ -71,10 +82,22 @@ QUEUE_LIMIT = 100_000
 QUEUE_BYTES = 256 * 1024 * 1024
 # A stopped (suspended) frontend keeps its commands this long by default.
 SUSPEND_LIMIT_S = 3600.0
+# What the daemon keeps for one caller that does not read, at most (its unproven bytes
+# and its overflow, each message counted as broker.daemon.receipts.MESSAGE_COST more):
+# past it, output for that caller is counted as lost, not kept. README: "under faults".
+CALLER_HOLD_BYTES = 48 * 1024 * 1024
+# Frames smaller than this are copied before they are held (see _kept).
+_COPY_BELOW = 4096
 # Dropped callers whose reason is remembered, at most.
 DROPPED_KEPT = 256
 # Headers are a few dozen bytes; anything bigger is garbage we need not decode.
 MAX_HEADER_SIZE = 4096
+# What a peer may send in one message at most, judged as it is received, before it is
+# held (broker.net.zloop): a few parts more than any kind has, so a small mistake still
+# gets the precise answer about frame counts, and a body of the largest size with its
+# header. (The daemon's sockets add the routing identity: one part, 256 bytes at most.)
+MAX_PARTS = 7
+MAX_MESSAGE_BYTES = wire.MAX_MESSAGE_SIZE + MAX_HEADER_SIZE
 
 # Frames after the routing identity, by kind, for what peers may send the broker.
 FRAME_COUNT = {
@@ -190,7 +213,7 @@ class Peer:
     """A DEALER that said a good hello. ``calls`` holds the calls it is party to."""
 
     __slots__ = ("identity", "role", "name", "pid", "peer_id", "slots", "calls", "seen", "gone", "handlers", "sessions",
-                 "key", "connection", "stopped_since", "receipts")
+                 "key", "connection", "stopped_since", "receipts", "overflow", "overflow_bytes", "holding")
 
     def __init__(self, identity: bytes, hello: wire.Hello, peer_id: str, tick: int, handlers: dict) -> None:
         self.identity = identity
@@ -214,6 +237,11 @@ class Peer:
         self.stopped_since: int | None = None
         # What it provably received of what we sent it (callers only: they ack output).
         self.receipts = Receipts() if hello.role != wire.ROLE_EXECUTOR else None
+        # Call traffic for it that its full queue refused, in order, and what that costs;
+        # whether its calls are on hold at their executors (it is behind, or has overflow).
+        self.overflow: deque[list] = deque()
+        self.overflow_bytes = 0
+        self.holding = False
 
     @property
     def free(self) -> int:
@@ -231,7 +259,8 @@ class Call:
     """
 
     __slots__ = ("id", "caller", "executor", "frames", "sent", "sent_chunks", "acked", "acked_chunks", "held",
-                 "held_chunks", "interactive", "queued_at", "noticed", "fds", "cancelled")
+                 "held_chunks", "interactive", "queued_at", "noticed", "fds", "cancelled", "lost", "lost_chunks",
+                 "unsent", "unsent_chunks")
 
     def __init__(self, call_id: str, caller: Peer, frames: list, *, interactive: bool = False, tick: int = 0,
                  fds: list[int] | None = None) -> None:
@@ -255,6 +284,10 @@ class Call:
         self.held = self.held_chunks = 0
         # Its caller asked to cancel it (its end is then theirs, not the daemon's shutdown's).
         self.cancelled = False
+        # Output not kept for a caller past CALLER_HOLD_BYTES (it is told at the exit), and
+        # of it what is still to be credited back to the executor (nobody will ack it).
+        self.lost = self.lost_chunks = 0
+        self.unsent = self.unsent_chunks = 0
 
     def close_fds(self) -> None:
         """Close a direct run's stdio here; the list empties (its connection shares it)."""
@@ -321,6 +354,14 @@ def _stopped_by_shutdown(frames: list) -> list:
     return [*frames[:2], wire.encode(msgspec.structs.replace(status, aborted=False, error=DAEMON_STOPPED))]
 
 
+def _kept(frames: list) -> list:
+    """``frames`` fit to be held (queued for a peer that does not read, or in the run
+    queue): small ones copied out. libzmq receives small messages into a shared buffer
+    (8 KiB) that each of them keeps alive while it lives, so ten thousand queued
+    40-byte headers would hold 80 MiB; copies hold what they are."""
+    return [f.bytes if len(f) < _COPY_BELOW and not isinstance(f, bytes) else f for f in frames]
+
+
 def _size(frames: list | None) -> int:
     return sum(len(f) for f in frames) if frames else 0
 
@@ -354,7 +395,9 @@ class Router:
         self._unnoticed: list[Call] = []
         # Routing identities of callers dropped for a reason they should hear if they speak
         # again (a stopped frontend resumed too late), instead of "send hello first".
-        self._dropped: OrderedDict[bytes, str] = OrderedDict()
+        # Their connection stays a peer's to the gate meanwhile (not cut as a stranger's
+        # before the resumed client could read why).
+        self._dropped: OrderedDict[bytes, tuple[str, int | None]] = OrderedDict()
         # Set by the daemon once the socket exists: a non-blocking multipart send.
         self.transport: Callable[[list], None] | None = None
         self.peers: dict[bytes, Peer] = {}
@@ -443,6 +486,19 @@ class Router:
             return self._malformed(identity, f"{peer.role} may not send {kind}", peer=peer, corr=head.corr)
         handler(peer, head, frames)
 
+    def refused(self, identity: bytes, too_many_parts: bool) -> None:
+        """The socket refused a message of ``identity``'s unread (:data:`MAX_PARTS`,
+        :data:`MAX_MESSAGE_BYTES`): its sender is told, a peer stays a peer."""
+        peer = self.peers.get(identity)
+        why = f"more than {MAX_PARTS} parts" if too_many_parts else f"more than {MAX_MESSAGE_BYTES} bytes"
+        self._throttle("warning", "oversized message refused unread", reason=why, peer=peer.name if peer else None)
+        message = (f"message refused unread: {why} (the daemon takes at most {MAX_PARTS} parts "
+                   f"and {MAX_MESSAGE_BYTES} bytes in one message)")
+        if peer is not None:
+            self._reply_error(peer, "", message)
+        else:
+            self._send_stranger(identity, "", message)
+
     def _malformed(self, identity: bytes, why: str, *, peer: Peer | None = None, corr: str = "") -> None:
         self._throttle("warning", "malformed message dropped", reason=why, peer=peer.name if peer else None)
         if peer is not None:
@@ -453,7 +509,7 @@ class Router:
     def _from_stranger(self, identity: bytes, head: wire.Header, frames: list) -> None:
         if head.kind != wire.HELLO:
             self._throttle("info", "message before hello dropped", kind=wire.one_line(head.kind, 80))
-            return self._send_stranger(identity, head.corr, self._dropped.get(identity, HELLO_FIRST))
+            return self._send_stranger(identity, head.corr, self._dropped.get(identity, (HELLO_FIRST,))[0])
         if len(frames) != 3:
             self._malformed(identity, "hello without exactly one body frame")
             return self._send_stranger(identity, head.corr, "malformed message: hello takes exactly one body frame")
@@ -602,7 +658,7 @@ class Router:
             return self._reply_error(peer, call_id, f"bad run request: {e}")
         if request.stdio_fds:
             return self._reply_error(peer, call_id, "stdio_fds is for a direct run (the daemon's run.sock), not a message")
-        self._accept_run(peer, call_id, request, frames[1:])
+        self._accept_run(peer, call_id, request, _kept(frames[1:]))
 
     def run_direct(self, peer: Peer, call_id: str, request: wire.RunRequest, fds: list[int]) -> None:
         """A direct run (:mod:`broker.daemon.direct`): ``fds`` are the command's stdio."""
@@ -648,7 +704,7 @@ class Router:
         call.noticed = True
         caller = call.caller
         if caller is not None:
-            self._send(caller, [caller.identity, *wire.message(wire.NOTICE, call.id, wire.ErrorMsg(note))])
+            self._to_caller(caller, [caller.identity, *wire.message(wire.NOTICE, call.id, wire.ErrorMsg(note))])
 
     def _wait_for_executors(self) -> None:
         """Each heartbeat: a queued call waiting a second or more while no executor is
@@ -697,12 +753,15 @@ class Router:
 
     def _pass_credit(self, call: Call) -> None:
         caller, executor = call.caller, call.executor
-        if caller is None or executor is None or not (call.held or call.held_chunks) or caller.receipts.behind:
+        if caller is None or executor is None or not (call.held or call.held_chunks or call.unsent_chunks) \
+                or caller.receipts.behind:
             return  # when behind, the pong that catches up passes it on (_on_pong)
         n, chunks = call.held, call.held_chunks
         call.acked += n
         call.acked_chunks += chunks
         call.held = call.held_chunks = 0
+        n, chunks = n + call.unsent, chunks + call.unsent_chunks
+        call.unsent = call.unsent_chunks = 0
         self._send(executor, [executor.identity, wire.header(wire.ACK, call.id, n=n, seq=chunks)])
 
     def _to_executor(self, peer: Peer, head: wire.Header, frames: list) -> None:
@@ -732,7 +791,7 @@ class Router:
         self.queue.remove(call)
         del self.calls[call.id]
         del peer.calls[call.id]
-        self._send(peer, [peer.identity, *wire.message(wire.EXIT, call.id, wire.ExitStatus(aborted=True))])
+        self._to_caller(peer, [peer.identity, *wire.message(wire.EXIT, call.id, wire.ExitStatus(aborted=True))])
 
     # ------------------------------------------------------- executor -> caller
 
@@ -743,7 +802,17 @@ class Router:
         if call is None or call.executor is not peer:
             return self._stray(peer, head)
         caller = call.caller
-        if caller is not None and self._send(caller, [caller.identity, *frames[1:]]) and head.kind == wire.OUT:
+        if caller is None:
+            return
+        if head.kind != wire.OUT:
+            self._to_caller(caller, [caller.identity, *_kept(frames[1:])])
+        elif self._unheld(caller) > CALLER_HOLD_BYTES:
+            # Not kept: counted, and its window given back once the caller catches up.
+            call.lost += len(frames[2])
+            call.lost_chunks += 1
+            call.unsent += len(frames[2])
+            call.unsent_chunks += 1
+        elif self._to_caller(caller, [caller.identity, *_kept(frames[1:])]) is not None:
             call.sent += len(frames[2])
             call.sent_chunks += 1
 
@@ -755,7 +824,8 @@ class Router:
         if caller is not None:
             if self.closing and not call.cancelled:
                 frames = _stopped_by_shutdown(frames)
-            self._send(caller, [caller.identity, *frames[1:]])
+            self._tell_lost(call)
+            self._to_caller(caller, [caller.identity, *_kept(frames[1:])])
             caller.calls.pop(call.id, None)
         del self.calls[call.id]
         del peer.calls[call.id]
@@ -773,6 +843,7 @@ class Router:
     def _on_pong(self, peer: Peer, head: wire.Header, frames: list) -> None:
         # ``seen`` was updated on receipt; a caller's pong may prove receipt of what came before.
         if peer.receipts is not None and peer.receipts.confirm(head.corr):
+            self._flush_overflow(peer)
             for call in list(peer.calls.values()):
                 self._pass_credit(call)
             self.sessions.caught_up(peer)
@@ -788,10 +859,18 @@ class Router:
         else:
             self.drop_caller(peer, "said bye")
 
-    def heartbeat(self) -> None:
-        """Called every heartbeat: ping, and give up on peers that stopped answering."""
+    def heartbeat(self, caught_up: bool = True) -> None:
+        """Called every heartbeat: ping, and give up on peers that stopped answering.
+
+        ``caught_up``: the daemon has read all its input. While it has not, no peer is
+        judged silent: its answer may be waiting in our own queue (a flood, a stall of
+        ours), and a heartbeat that was not a fair chance does not count against it."""
         self.tick += 1
         tick = self.tick
+        if not caught_up:
+            self._throttle("info", "the daemon is behind on its input: no peer is judged silent this heartbeat")
+            for peer in self.peers.values():
+                peer.seen += 1
         for executor in list(self.executors.values()):
             if tick - executor.seen > DEAD_AFTER_HEARTBEATS:
                 log.warning("executor hung: no reply to pings", name=executor.name, pid=executor.pid)
@@ -815,6 +894,8 @@ class Router:
                 self._ping(agent)
         idle_sweep = tick % IDLE_PING_EVERY == 0
         for caller in list(self.callers.values()):
+            if caller.overflow:
+                self._flush_overflow(caller)
             if caller is agent:
                 continue
             if caller.calls:
@@ -846,22 +927,25 @@ class Router:
             return True
         why = (f"this client was stopped (suspended) for more than {self.suspend_limit_s:g} s, the daemon's limit "
                "(sluice daemon --suspend-limit); its commands were cancelled")
-        self._dropped[caller.identity] = why
+        self._dropped[caller.identity] = (why, caller.connection)
         if len(self._dropped) > DROPPED_KEPT:
-            self._dropped.popitem(last=False)
-        self.drop_caller(caller, f"stopped for more than {self.suspend_limit_s:g} s")
+            self.gate.peer_left(self._dropped.popitem(last=False)[1][1])
+        self.drop_caller(caller, f"stopped for more than {self.suspend_limit_s:g} s", keep_connection=True)
         return True
 
     # ------------------------------------------------------------ peer loss
 
-    def drop_caller(self, peer: Peer, why: str) -> None:
+    def drop_caller(self, peer: Peer, why: str, *, keep_connection: bool = False) -> None:
         """Forget a frontend: queued calls vanish, running ones are cancelled at their executors."""
         if self.peers.get(peer.identity) is not peer:
             return
         del self.peers[peer.identity]
         del self.callers[peer.identity]
-        self.gate.peer_left(peer.connection)
+        if not keep_connection:
+            self.gate.peer_left(peer.connection)
         peer.gone = True
+        peer.overflow.clear()
+        peer.overflow_bytes = 0
         cancelled = 0
         for call in peer.calls.values():
             call.caller = None
@@ -914,7 +998,8 @@ class Router:
         if caller is None:
             return
         caller.calls.pop(call.id, None)
-        self._send(caller, [caller.identity, *wire.message(wire.EXIT, call.id, wire.ExitStatus(error=error))])
+        self._tell_lost(call)
+        self._to_caller(caller, [caller.identity, *wire.message(wire.EXIT, call.id, wire.ExitStatus(error=error))])
 
     def _vanished(self, peer: Peer) -> None:
         # Dropping a peer sends to others, whose failure may drop more peers; doing it on a
@@ -986,6 +1071,8 @@ class Router:
         call.executor = executor
         executor.calls[call.id] = call
         if self._send(executor, [executor.identity, *frames]):
+            if call.caller is not None and call.caller.holding:
+                self._send(executor, [executor.identity, wire.header(wire.HOLD, call.id, n=1)])
             return
         del executor.calls[call.id]
         call.executor = None
@@ -1026,16 +1113,69 @@ class Router:
 
     # --------------------------------------------------------------- output
 
-    def _send(self, peer: Peer, parts: list) -> bool:
+    def _to_caller(self, caller: Peer, parts: list) -> bool | None:
+        """Send what concerns a call to its caller, in order, never dropped: True if it went
+        out, False if it waits in the caller's overflow (a full queue), None if the caller
+        is gone. Holds the caller's calls when it falls behind."""
+        if caller.gone:
+            return None
+        if not caller.overflow and self._send(caller, parts, keep=True):
+            went = True
+        elif caller.gone:
+            return None
+        else:
+            caller.overflow.append(parts)
+            caller.overflow_bytes += _size(parts) + MESSAGE_COST
+            went = False
+        if not caller.holding and (caller.overflow or caller.receipts.behind):
+            self._hold(caller, True)
+        return went
+
+    def _unheld(self, caller: Peer) -> int:
+        """What the daemon holds for ``caller`` that it has not proven received (bytes)."""
+        receipts = caller.receipts
+        return receipts.sent - receipts.proven + caller.overflow_bytes
+
+    def _flush_overflow(self, caller: Peer) -> None:
+        """Send what waits in ``caller``'s overflow, as far as its queue takes; once it is
+        empty and the caller not behind, its calls go on."""
+        overflow = caller.overflow
+        while overflow and self._send(caller, overflow[0], keep=True):
+            caller.overflow_bytes -= _size(overflow.popleft()) + MESSAGE_COST
+        if caller.holding and not overflow and not caller.receipts.behind:
+            self._hold(caller, False)
+
+    def _hold(self, caller: Peer, hold: bool) -> None:
+        """Put ``caller``'s running calls on hold at their executors (they stop reading the
+        commands' output), or let them go on."""
+        caller.holding = hold
+        # Rate-limited: a client that reads, slowly, may be held and let go many times a second.
+        event = "frontend behind: its commands are held" if hold else "frontend caught up: its commands go on"
+        self._throttle("info", event, name=caller.name, pid=caller.pid, calls=len(caller.calls), queued_bytes=self._unheld(caller))
+        for call in caller.calls.values():
+            executor = call.executor
+            if executor is not None:
+                self._send(executor, [executor.identity, wire.header(wire.HOLD, call.id, n=int(hold))])
+
+    def _tell_lost(self, call: Call) -> None:
+        """Before a call's exit: one line on the output its caller did not get, if any."""
+        if call.lost:
+            self._to_caller(call.caller, [call.caller.identity, *wire.message(wire.NOTICE, call.id, wire.ErrorMsg(
+                f"{call.lost} bytes of this command's output ({call.lost_chunks} chunks) were lost: this client did "
+                f"not read them in time, and the daemon keeps at most {CALLER_HOLD_BYTES >> 20} MiB for a client"))])
+
+    def _send(self, peer: Peer, parts: list, *, keep: bool = False) -> bool:
         """Non-blocking send to a known peer; False (and handled) when it did not go out."""
         if peer.gone:
             return False
         try:
             self.transport(parts)
         except zmq.Again:
-            # Its queue is full. The caller decides: session events are replayed later,
-            # anything else is lost to that peer.
-            self._throttle("warning", "peer not reading: its queue is full, message not sent", peer=peer.name, role=peer.role)
+            # Its queue is full. The caller decides: call traffic waits in order (``keep``),
+            # session events are replayed later, anything else is lost to that peer.
+            if not keep:
+                self._throttle("warning", "peer not reading: its queue is full, message not sent", peer=peer.name,
+                               role=peer.role)
         except zmq.ZMQError as e:
             if e.errno == zmq.EHOSTUNREACH:
                 self._vanished(peer)
@@ -1044,6 +1184,8 @@ class Router:
         else:
             if peer.receipts is not None and peer.receipts.count(_size(parts) - len(parts[0])):
                 self._ping(peer)
+                if peer.receipts.behind and not peer.holding and peer.calls:
+                    self._hold(peer, True)
             return True
         return False
 

@@ -40,7 +40,16 @@ from broker.daemon.direct import DirectRuns
 from broker.daemon.gate import ConnectionGate
 from broker.daemon.journal import JournalSpace, default_limit, reset_directory
 from broker.daemon.listener import AllowList, HandshakeLog, ZapHandler, bind_listener, listener_socket
-from broker.daemon.router import DIRECT, EXECUTOR_WAIT_S, HEARTBEAT_S, REMOTE, SUSPEND_LIMIT_S, Router
+from broker.daemon.router import (
+    DIRECT,
+    EXECUTOR_WAIT_S,
+    HEARTBEAT_S,
+    MAX_MESSAGE_BYTES,
+    MAX_PARTS,
+    REMOTE,
+    SUSPEND_LIMIT_S,
+    Router,
+)
 from broker.daemon.sessions import max_sessions
 from broker.daemon.supervisor import AgentSupervisor, ExecutorPool
 from broker.net.fdlimit import raise_fd_limit
@@ -68,7 +77,15 @@ __all__ = ["DaemonAlreadyRunning", "RuntimeDirError", "serve"]
 log = structlog.get_logger(component="daemon")
 _throttle = Throttle(log)
 
+# Messages queued for one peer, at most (what it is sent is bounded before that: windows,
+# holds, session windows; this is the backstop) ...
 HWM = 100_000
+# ... and received from one peer and not yet read. Small: a message waiting there keeps
+# alive the whole buffer libzmq read it into (8 KiB, however small the message), and a
+# peer that sends faster than the daemon reads is better stopped at its own socket (an
+# executor then stops reading its commands' output) than queued here.
+RCVHWM = 1000
+IO_THREADS = 2
 SHUTDOWN_GRACE_S = 3.0
 FINAL_LINGER_MS = 250
 # sun_path is 108 bytes including the terminating NUL.
@@ -238,7 +255,10 @@ class _Daemon:
         self._remove_stale_socket("broker.sock")
         self.token = rt.new_token(self.dir_fd)
         listening, self._socket_ident = self._unix_listener("broker.sock", socket.SOCK_STREAM)
-        self.ctx = zmq.Context()
+        # Two I/O threads: connections are spread over them, so one peer that floods (a
+        # message of millions of parts takes libzmq seconds to decode) does not hold up
+        # every other connection's handshake and traffic.
+        self.ctx = zmq.Context(io_threads=IO_THREADS)
         sock = self.ctx.socket(zmq.ROUTER)
         _router_options(sock)
         self.sock = sock
@@ -342,18 +362,22 @@ class _Daemon:
         self._journal_fd = router.sessions.journal_dir = _journal_dir(self.runtime, self.dir_fd)
         if self._journal_fd is not None:
             router.sessions.journal_space = JournalSpace(self.journal_limit or default_limit(self._journal_fd))
-        zsock = ZSocket(self.sock, _local_only(router.on_message), loop)
+        # With the routing identity libzmq puts in front: one part more, of 256 bytes at most.
+        bounds = dict(max_parts=MAX_PARTS + 1, max_bytes=MAX_MESSAGE_BYTES + 256)
+        zsock = ZSocket(self.sock, _local_only(router.on_message), loop, on_refused=_local_refusal(router.refused),
+                        **bounds)
         gate.watch(self.sock, self.ctx, loop)
         tsock = None
         if self.tcp is not None:
             self.zap.start(loop)
             gate.watch(self.tcp, self.ctx, loop, events=HandshakeLog.EVENTS, also=HandshakeLog().on_event)
-            tsock = ZSocket(self.tcp, _from_network(router.on_message), loop)
+            tsock = ZSocket(self.tcp, _from_network(router.on_message), loop,
+                            on_refused=lambda first, parts: router.refused(REMOTE + first.bytes, parts), **bounds)
         direct = None
         if self.direct_listener is not None:
             direct = DirectRuns(router, self.direct_listener, loop, self.token)
         router.transport = _transport(zsock.send, tsock.send if tsock else None, direct.deliver if direct else None)
-        heartbeat = loop.create_task(self._heartbeat(router, gate, stop))
+        heartbeat = loop.create_task(self._heartbeat(router, gate, stop, [s for s in (zsock, tsock) if s is not None]))
         pool.start()
         log.info("daemon ready", endpoint=self.runtime.endpoint, listen=self.tcp_endpoint or None, pid=os.getpid(),
                  executors=self.executors, fd_limit=self.fd_limit, max_connections=gate.max_connections,
@@ -393,10 +417,23 @@ class _Daemon:
             return []
         return [os.path.realpath(p) for p in (self.listen.key_file, *self.listen.allow_dirs.values())]
 
-    async def _heartbeat(self, router: Router, gate: ConnectionGate, stop: asyncio.Event) -> None:
+    async def _heartbeat(self, router: Router, gate: ConnectionGate, stop: asyncio.Event,
+                         inputs: list[ZSocket]) -> None:
+        dry = [s.ran_dry for s in inputs]
+        refused = trimmed = 0
         while True:
             await asyncio.sleep(HEARTBEAT_S)
-            router.heartbeat()
+            # Caught up: every socket was read dry since the last heartbeat, or is not behind.
+            now = [s.ran_dry for s in inputs]
+            caught_up = all(n != d or not s.behind for s, n, d in zip(inputs, now, dry, strict=True))
+            router.heartbeat(caught_up)
+            dry = now
+            refused = sum(s.refused for s in inputs)
+            if refused != trimmed and not any(s.behind for s in inputs):
+                # libzmq took a refused message in whole (64 bytes a part) before we saw it;
+                # once it is read through, that memory goes back to the system.
+                trimmed = refused
+                _trim()
             gate.sweep()
             lost = self._runtime_dir_lost()
             if lost:
@@ -468,11 +505,19 @@ def _give_back_big_buffers() -> None:
     mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD)
 
 
+def _trim() -> None:
+    """Give the heap's free memory back to the system (glibc's malloc_trim; elsewhere nothing)."""
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
 def _router_options(sock: zmq.Socket) -> None:
     """Bounded queues and messages, and non-blocking sends that fail for a vanished peer."""
     sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
     sock.setsockopt(zmq.SNDHWM, HWM)
-    sock.setsockopt(zmq.RCVHWM, HWM)
+    sock.setsockopt(zmq.RCVHWM, RCVHWM)
     sock.setsockopt(zmq.MAXMSGSIZE, wire.MAX_MESSAGE_SIZE)
     sock.setsockopt(zmq.LINGER, 0)
 
@@ -488,6 +533,17 @@ def _local_only(on_message):
             _throttle("warning", "local peer with a reserved routing id ignored")
 
     return on_local
+
+
+def _local_refusal(refused):
+    """``refused`` for a message from the ipc socket, unless its identity is a reserved one."""
+
+    def on_refused(first, too_many_parts: bool) -> None:
+        identity = first.bytes
+        if identity[:1] not in (REMOTE, DIRECT):
+            refused(identity, too_many_parts)
+
+    return on_refused
 
 
 def _from_network(on_message):

@@ -4,9 +4,10 @@ executors.
 A peer is a ZeroMQ DEALER connected to the daemon's ROUTER. It says hello (its role, the
 auth token or, over tcp, its CurveZMQ key, its name) and waits for ``welcome`` or an
 ``error`` saying why not; then it answers ``ping`` with ``pong``, pings a daemon that has
-been quiet for a heartbeat, and gives the daemon up when its pings go unanswered for
-:data:`DEAD_AFTER_HEARTBEATS` heartbeats (:class:`Liveness`). The daemon side of the same
-rules is :mod:`broker.daemon.router`.
+been quiet for a heartbeat, says so when the daemon has been quiet for
+:data:`WAITING_SAID_AFTER` heartbeats, and gives the daemon up only when its pings go
+unanswered for :data:`PATIENCE_HEARTBEATS` heartbeats (:class:`Liveness`). The daemon side
+of the same rules is :mod:`broker.daemon.router`.
 
 Sans-io: the pieces here build and read messages and keep the clock; the client drives
 them from a blocking poller, the agent and the executors from their asyncio loops.
@@ -20,11 +21,14 @@ import time
 import zmq
 
 from broker.wire import frames as wire
+from broker.wire import liveness
 from broker.wire import version
 
-# A peer gives up on a daemon (and the daemon on a peer) after this many heartbeats of
-# silence; the daemon says the heartbeat in its welcome.
-DEAD_AFTER_HEARTBEATS = 5
+# The liveness timeouts, one ordered set (see broker.wire.liveness).
+HEARTBEAT_S = liveness.HEARTBEAT_S
+DEAD_AFTER_HEARTBEATS = liveness.DEAD_AFTER_HEARTBEATS
+WAITING_SAID_AFTER = liveness.WAITING_SAID_AFTER
+PATIENCE_HEARTBEATS = liveness.PATIENCE_HEARTBEATS
 # What the daemon answers a peer it does not know (it restarted, or dropped the peer).
 HELLO_FIRST = "send hello first"
 # The CurveZMQ handshake outcomes a tcp peer watches for: a refusal is one line at once,
@@ -84,7 +88,7 @@ PING = "ping"
 
 
 class Liveness:
-    """When to ping a quiet daemon and when to give it up.
+    """When to ping a quiet daemon, when to say one waits for it, and when to give it up.
 
     Any message from the daemon counts (:meth:`heard`). After a heartbeat of silence the
     peer pings, once per heartbeat; the daemon is dead when a ping has gone unanswered for
@@ -92,17 +96,33 @@ class Liveness:
     last message, so a peer that was itself stopped (SIGSTOP, a suspended machine) does
     not take its own pause for the daemon's."""
 
-    __slots__ = ("dead_after", "last_heard", "_ping_sent", "_first_ping")
+    __slots__ = ("dead_after", "last_heard", "_ping_sent", "_first_ping", "_said")
 
-    def __init__(self, dead_after: int = DEAD_AFTER_HEARTBEATS) -> None:
-        self.dead_after = dead_after
+    def __init__(self, dead_after: int | None = None) -> None:
+        self.dead_after = dead_after or PATIENCE_HEARTBEATS  # read now: a test may shorten it
         self.last_heard = time.monotonic()
         self._ping_sent = 0.0
         self._first_ping = 0.0  # the first ping since the daemon's last message (0: none)
+        self._said = 0  # heartbeats of silence when we last said we wait (0: not said)
 
     def heard(self) -> None:
         self.last_heard = time.monotonic()
         self._ping_sent = self._first_ping = 0.0
+        self._said = 0
+
+    def waiting(self, heartbeat_s: float) -> str | None:
+        """One line to say (log, show) that the peer waits for a quiet daemon: once its pings
+        have gone unanswered for :data:`WAITING_SAID_AFTER` heartbeats, then at every
+        doubling of that; None when there is nothing new to say. Counted from the first
+        unanswered ping, like the patience: a peer's own pause is not the daemon's."""
+        if not self._first_ping:
+            return None
+        beats = int((time.monotonic() - self._first_ping) / heartbeat_s) + 1  # + the silence before it
+        if beats < WAITING_SAID_AFTER or beats < 2 * self._said:
+            return None
+        self._said = beats
+        return (f"the sluice daemon has not answered for {beats * heartbeat_s:.0f} s; waiting for it "
+                f"(giving up after {(self.dead_after + 1) * heartbeat_s:.0f} s)")
 
     def silence(self) -> float:
         return time.monotonic() - self.last_heard

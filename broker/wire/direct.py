@@ -44,12 +44,14 @@ import os
 import socket
 import stat
 
+from broker.wire import liveness
+
 SOCKET_NAME = "run.sock"
 # The order of the fds sent with a run: stdout, stderr, then stdin if the command reads it.
 FD_ORDER = ("stdout", "stderr", "stdin")
-# A caller that hears nothing from the daemon this long (it pings every heartbeat, 1 s by
-# default) takes it for hung, as a peer of the broker socket does after missed heartbeats.
-SILENT_LIMIT_S = 15.0
+# A caller that hears nothing from the daemon this long (it pings every heartbeat) takes it
+# for hung, as a peer of the broker socket does (broker.wire.liveness).
+SILENT_LIMIT_S = liveness.PATIENCE_S
 # Largest message either way (a run request with its environment fits with room to spare).
 MAX_MESSAGE = 1024 * 1024
 _MAX_FDS = len(FD_ORDER)

@@ -23,6 +23,7 @@ in        frontend -> broker -> exec  the next bytes of the command's stdin (a r
                                       after ``started``); an empty frame is the end of file
 resize    frontend -> broker -> exec  :class:`Winsize`: the new window size of a run with ``tty``
 cancel    frontend -> broker -> exec  none (``corr`` = call id)
+hold      broker -> exec              none; ``n`` 1: stop reading the call's output, 0: go on
 exit      exec -> broker -> frontend  :class:`ExitStatus` (``corr`` = call id)
 notice    broker -> frontend          :class:`ErrorMsg`: something the person should know
                                       about the call ``corr`` that does not end it (it
@@ -84,6 +85,12 @@ chunks of one call's output unacknowledged; the frontend acks what it has consum
 executor stops reading that command's pipes while the window is full. So a slow frontend
 slows only its own command (which blocks on a full pipe), nothing is dropped, and the
 broker's memory per call is bounded.
+
+A ``hold`` from the broker (header ``n`` 1) stops a call's output at once, whatever its
+window: the executor stops reading the command's pipes until a ``hold`` with ``n`` 0. The
+broker holds every call of a frontend that has fallen behind (its queue full, or more
+than it may have unproven in flight), so a frontend with many chatty calls, or a stopped
+one, costs the daemon a bounded amount and loses nothing.
 
 The window binds while a command runs. Once a cancelled, timed-out or shut-down
 command's tree is dead, the executor drains what is left in its pipes without waiting
@@ -169,7 +176,9 @@ from landlock_helper.policy import DiskWriteFolder, SandboxPolicy
 # command's own directory (a model's workdir) writable, so versions must match.
 # 3: numbered session events come in ``events`` batches, which a frontend of version 2
 # would drop.
-PROTOCOL_VERSION = 3
+# 4: ``hold``, which an executor of version 3 would ignore, letting a stopped frontend's
+# calls fill the daemon.
+PROTOCOL_VERSION = 4
 
 HELLO = "hello"
 WELCOME = "welcome"
@@ -197,6 +206,7 @@ NOTICE = "notice"
 IN = "in"
 RESIZE = "resize"
 STATUS = "status"
+HOLD = "hold"
 
 # ``attach`` header seq: start at the current (or, when idle, the last) turn's task_started.
 SINCE_TURN = -1

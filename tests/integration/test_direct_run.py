@@ -236,7 +236,7 @@ def test_a_sandboxed_command_cannot_reach_run_sock(module_daemon, sluice_run):
         assert token not in p.stdout
 
 
-@pytest.mark.timeout(90)
+@pytest.mark.timeout(150)
 def test_a_hung_daemon_is_given_up_on_and_its_command_cancelled_once_it_resumes(daemon_factory, sluice, tmp_path):
     d = daemon_factory.start(executors=1)
     marker = f"{random.randint(1000, 9999)}.{random.randint(100, 999)}"

@@ -291,7 +291,8 @@ def _suspend_run(d, sluice, tmp_path, stop_s: float) -> subprocess.CompletedProc
 
 def test_a_suspended_frontend_keeps_its_command(daemon_factory, sluice, tmp_path):
     d = daemon_factory.start(executors=1)
-    r = _suspend_run(d, sluice, tmp_path, stop_s=8)  # more than 5 unanswered heartbeats
+    # Stopped longer than the daemon waits for a silent peer.
+    r = _suspend_run(d, sluice, tmp_path, stop_s=peer.DEAD_AFTER_HEARTBEATS + 3)
     assert r.returncode == 0, r.stderr.decode()
     assert r.stdout == "".join(f"{i}\n" for i in range(1, 31)).encode()
     assert "frontend stopped: its commands wait for it" in d.log()
@@ -299,7 +300,7 @@ def test_a_suspended_frontend_keeps_its_command(daemon_factory, sluice, tmp_path
 
 def test_a_frontend_suspended_past_the_limit_is_told_what_happened(daemon_factory, sluice, tmp_path):
     d = daemon_factory.start(executors=1, args=["--suspend-limit", "2"])
-    r = _suspend_run(d, sluice, tmp_path, stop_s=9)
+    r = _suspend_run(d, sluice, tmp_path, stop_s=peer.DEAD_AFTER_HEARTBEATS + 2 + 5)
     assert r.returncode != 0
     err = r.stderr.decode()
     assert "stopped (suspended) for more than 2 s" in err and "send hello first" not in err, err

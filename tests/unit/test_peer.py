@@ -17,7 +17,7 @@ def clock(monkeypatch):
     return now
 
 
-def test_liveness_pings_a_quiet_daemon_once_per_heartbeat_and_gives_it_up_after_five(clock):
+def test_liveness_pings_a_quiet_daemon_once_per_heartbeat_and_gives_it_up_after_its_patience(clock):
     live = peer.Liveness()
     assert live.check(1.0) is None  # heard just now
     clock[0] += 1.0
@@ -26,10 +26,39 @@ def test_liveness_pings_a_quiet_daemon_once_per_heartbeat_and_gives_it_up_after_
     assert live.check(1.0) is None  # a ping is out; the next one a heartbeat later
     clock[0] += 0.5
     assert live.check(1.0) == peer.PING
-    clock[0] += 4.0  # five heartbeats since the first unanswered ping
+    clock[0] += peer.PATIENCE_HEARTBEATS - 1.0  # the patience, counted from the first unanswered ping
     assert live.check(1.0) == peer.PING
     clock[0] += 0.01
-    assert live.check(1.0) == "the daemon stopped answering (nothing for 6.0 s)"
+    assert live.check(1.0) == f"the daemon stopped answering (nothing for {peer.PATIENCE_HEARTBEATS + 1}.0 s)"
+
+
+def test_peers_wait_for_the_daemon_longer_than_it_waits_for_them():
+    # The ordering the timeouts exist for: a stall of the daemon ends with every peer still there.
+    assert peer.WAITING_SAID_AFTER < peer.DEAD_AFTER_HEARTBEATS < peer.PATIENCE_HEARTBEATS
+    assert peer.PATIENCE_HEARTBEATS * peer.HEARTBEAT_S > 30
+
+
+def test_liveness_says_it_waits_for_a_quiet_daemon_at_every_doubling_of_the_wait(clock):
+    live = peer.Liveness()
+    said = []
+    for _ in range(20):
+        clock[0] += 1.0
+        live.check(1.0)
+        if live.waiting(1.0):
+            said.append(live.silence())
+    assert said == [3.0, 6.0, 12.0]
+    clock[0] += 4.0
+    assert "has not answered for 24 s; waiting" in live.waiting(1.0)
+    live.heard()
+    assert live.waiting(1.0) is None
+
+
+def test_liveness_does_not_take_its_own_pause_for_a_wait(clock):
+    live = peer.Liveness()
+    clock[0] += 30.0  # we were stopped: no ping went out, nothing was waited for
+    assert live.waiting(1.0) is None
+    assert live.check(1.0) == peer.PING
+    assert live.waiting(1.0) is None
 
 
 def test_liveness_gives_up_a_local_daemon_whose_socket_is_gone(clock, tmp_path):
