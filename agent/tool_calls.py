@@ -149,6 +149,7 @@ from broker.wire.protocol import (
     PatchApplyBeginEvent,
     PatchApplyEndEvent,
     ReviewDecision,
+    SandboxPolicy,
 )
 from broker.wire.results import EXIT_INTERRUPTED, new_call_id
 
@@ -162,6 +163,8 @@ REJECTED_BY_USER = "exec command rejected by user"
 PATCH_REJECTED_BY_USER = "patch rejected by user"
 INPUT_REJECTED_BY_USER = "write_stdin rejected by user"
 _APPROVED = (ReviewDecision.APPROVED, ReviewDecision.APPROVED_FOR_SESSION)
+# The policy of the one write batch of a patch approved into a protected .git/.sluice.
+UNRESTRICTED_WRITES = SandboxPolicy.from_mode("danger-full-access")
 
 
 async def handle_response_item(sess: Session, task: AgentTask, item: Item) -> ToolOutput | None:
@@ -612,7 +615,7 @@ async def apply_patch(sess: Session, task: AgentTask, call_id: str, parsed: Pars
     """Verify, approve and write ``parsed``. With nothing to ask (the common case) one
     sandboxed process reads the files, then, once verified here, writes the change; an
     approval between the two means a process of its own for the write, in the policy
-    the approval leaves (a root granted)."""
+    the approval leaves (a root granted, or none of the write restrictions)."""
     config = sess.config
     async with session_files(sess).conversation() as files:
         action = await _verified(parsed, files)
@@ -633,6 +636,9 @@ async def apply_patch(sess: Session, task: AgentTask, call_id: str, parsed: Pars
     if safety.grant_root is not None:
         sess.grant_root(safety.grant_root)
     writer = session_files(sess)  # a root granted above is in its policy now
+    if safety.unrestricted:
+        # Approved into a protected .git/.sluice: this batch alone, not the session.
+        writer = SandboxFiles(sess.runner, UNRESTRICTED_WRITES, config.cwd, limits=sess.command_limits)
     return await _write_patch(sess, task, call_id, action, writer, auto_approved=False)
 
 
