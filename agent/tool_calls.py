@@ -33,7 +33,9 @@ the patch applied in the session's sandbox (verified first against the files as 
 sandbox reads them, then written atomically by a sandboxed process of the session's
 policy, a granted root included: the agent never writes with its own rights; a write
 the sandbox refuses fails the patch), ``patch_apply_end``, and the turn's diff tracker
-updated.
+updated. Unasked, one sandboxed process reads and then writes. A patch approved into a
+protected ``.git``/``.sluice`` (never a root to grant) has that one write run without
+the write restrictions.
 
 Long-lived commands (:mod:`agent.unified_exec`; the seed's ``unified_exec``, Codex's
 ``exec_command`` / ``write_stdin``, answered only when the session's ``unified_exec``
