@@ -36,7 +36,8 @@ if TYPE_CHECKING:
     from broker.wire.protocol import SandboxPolicy
     from landlock_helper.limits import Limits
 
-__all__ = ["DIR", "FILE", "NONE", "OTHER", "Conversation", "FileAccessError", "FileState", "SandboxFiles", "read_ops", "states_from"]
+__all__ = ["DIR", "FILE", "NONE", "OTHER", "Conversation", "FileAccessError", "FileState", "SandboxFiles",
+           "read_ops", "states_from"]
 
 # A batch that takes longer than this is stopped (a file system that hangs): the tool
 # call fails, the session goes on.
