@@ -209,8 +209,11 @@ class CommandRunner(abc.ABC):
         sandbox_cwd: str | None = None,
         env_passthrough: Iterable[str] = (),
         limits: Limits | None = None,
+        fileops: bool = False,
     ) -> InteractiveProcess:
-        """Start a long-lived command whose stdin stays open (see the module docstring)."""
+        """Start a long-lived command whose stdin stays open (see the module docstring);
+        ``fileops``: the sandbox's file-operation builtin instead of ``argv``, which takes
+        one batch after another on its stdin (:mod:`landlock_helper.fileops`)."""
         raise NotImplementedError(f"{type(self).__name__} cannot run interactive commands")
 
     async def aclose(self) -> None:
@@ -468,6 +471,7 @@ class BrokerRunner(CommandRunner):
         sandbox_cwd: str | None = None,
         env_passthrough: Iterable[str] = (),
         limits: Limits | None = None,
+        fileops: bool = False,
     ) -> InteractiveProcess:
         call_id = call_id or new_call_id()
         if call_id in self._running:
@@ -496,6 +500,7 @@ class BrokerRunner(CommandRunner):
             stdin=stdin,
             tty=tty,
             interactive=True,
+            fileops=b"" if fileops else None,
         )
         self._running[call_id] = running
         try:

@@ -33,7 +33,9 @@ Patches (:func:`assess_patch_safety`): an empty patch is rejected; ``untrusted``
 otherwise a patch whose every path is writable (inside a writable root, not in a root's
 ``.git`` or ``.sluice``, symlinks resolved) is auto-approved, and one that writes
 elsewhere asks with ``grant_root`` set to the folder to open up, or under ``never`` is
-rejected. Under danger-full-access every path is writable.
+rejected. A ``.git``/``.sluice`` directory (or anything beneath one) is never proposed
+as a root (the sandbox refuses one): a patch writing there asks ``unrestricted``, for
+that patch alone. Under danger-full-access every path is writable.
 
 After a sandboxed command fails (:func:`should_retry_unsandboxed`): if the failure looks
 like the sandbox's doing (:func:`is_likely_sandbox_denied`), ``untrusted`` and
@@ -66,7 +68,7 @@ from dataclasses import dataclass
 from agent.safe_commands import is_known_safe_command
 from broker.wire.frames import ExitStatus
 from broker.wire.protocol import RETRY_WITHOUT_SANDBOX_REASON, AskForApproval, SandboxPolicy
-from landlock_helper.policy import write_allowed
+from landlock_helper.policy import PROTECTED_SUBDIRS, write_allowed
 
 __all__ = [
     "RETRY_WITHOUT_SANDBOX_REASON",
@@ -97,10 +99,14 @@ class AutoApprove:
 
 @dataclass(frozen=True, slots=True)
 class AskUser:
-    """Ask first; if approved, run unsandboxed (commands) or add ``grant_root`` (patches)."""
+    """Ask first; if approved, run unsandboxed (commands) or add ``grant_root`` (patches).
+    ``unrestricted`` (patches): approved, this one patch is written without the
+    sandbox's write restrictions (it writes into a protected ``.git``/``.sluice``, which
+    no root granted for the session may open)."""
 
     reason: str | None = None
     grant_root: str | None = None
+    unrestricted: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -236,6 +242,29 @@ def is_path_writable(
     return write_allowed(_resolve(path, cwd), [_resolve(root, cwd) for root in writable_roots])
 
 
+def _protected_part(path: str) -> str | None:
+    """The protected directory (``.git``/``.sluice``) ``path`` is or lies beneath, if any."""
+    parts = path.split(os.sep)
+    for i, name in enumerate(parts):
+        if name in PROTECTED_SUBDIRS:
+            return os.sep.join(parts[:i + 1])
+    return None
+
+
+def _ask_for(offending: Sequence[str]) -> AskUser:
+    """The question for a patch that writes ``offending`` paths outside the writable
+    roots: a root to grant for the session, or, where a path lies in a protected
+    ``.git``/``.sluice`` (never a root: the sandbox refuses one), this patch alone."""
+    protected = next((part for p in offending if (part := _protected_part(p)) is not None), None)
+    if protected is not None:
+        name = os.path.basename(protected)
+        return AskUser(reason=f"the patch writes into a repository's protected {name} ({protected}); "
+                              f"approved, this patch alone is written without the sandbox's write restrictions",
+                       unrestricted=True)
+    root = _grant_root(offending)
+    return AskUser(reason=f"grant write access to {root} for this session", grant_root=root)
+
+
 def _grant_root(offending: Sequence[str]) -> str:
     """The folder whose write access would let every offending path through."""
     parents = [os.path.dirname(p) or p for p in offending]
@@ -270,8 +299,7 @@ def assess_patch_safety(
         # since it is written in the session's sandbox.
         if not offending:
             return AskUser()
-        root = _grant_root(offending)
-        return AskUser(reason=f"grant write access to {root} for this session", grant_root=root)
+        return _ask_for(offending)
     if full_write:
         return AutoApprove(run_sandboxed=False)
     if not offending:
@@ -281,8 +309,7 @@ def assess_patch_safety(
         return AskUser()
     if policy == _NEVER:
         return Reject("writing outside of the project; rejected by user approval settings")
-    root = _grant_root(offending)
-    return AskUser(reason=f"grant write access to {root} for this session", grant_root=root)
+    return _ask_for(offending)
 
 
 # -- sandbox denials ------------------------------------------------------------------

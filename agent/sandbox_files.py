@@ -9,7 +9,9 @@ write, rename and unlink, with the sandbox's view (its private /tmp, the hidden
 directories, read-only ``.git``/``.sluice``), and the executor's checks after a command
 hold for patches too.
 
-:class:`SandboxFiles` runs batches over a :class:`~agent.exec_runner.CommandRunner`;
+:class:`SandboxFiles` runs batches over a :class:`~agent.exec_runner.CommandRunner`, a
+sandboxed process each, or several in one (a :class:`Conversation`: the read a patch is
+verified against, then its write, when nothing is asked between them);
 :func:`read_ops` and :func:`states_from` are the pure halves (a batch of reads, and what
 its answer says of each path), also used to read in-process where no sandbox is
 involved (unit tests).
@@ -17,19 +19,25 @@ involved (unit tests).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import msgspec
+
+from broker.wire.protocol import ExecOutputStream
 from landlock_helper import fileops
 from landlock_helper.fileops import DIR, FILE, NONE, OTHER
 
 if TYPE_CHECKING:
-    from agent.exec_runner import CommandRunner
+    from agent.exec_runner import CommandRunner, ExecResult, InteractiveProcess
     from broker.wire.protocol import SandboxPolicy
     from landlock_helper.limits import Limits
 
-__all__ = ["DIR", "FILE", "NONE", "OTHER", "FileAccessError", "FileState", "SandboxFiles", "read_ops", "states_from"]
+__all__ = ["DIR", "FILE", "NONE", "OTHER", "Conversation", "FileAccessError", "FileState", "SandboxFiles",
+           "read_ops", "states_from"]
 
 # A batch that takes longer than this is stopped (a file system that hangs): the tool
 # call fails, the session goes on.
@@ -102,9 +110,46 @@ def states_from(ops: list[dict], answer: Mapping) -> dict[str, FileState]:
     return states
 
 
-class SandboxFiles:
+class _Batches:
+    """Runs batches (:meth:`run`); reads paths with one (:meth:`read`)."""
+
+    async def run(self, ops: list[dict]) -> dict:
+        raise NotImplementedError
+
+    async def read(self, reads: Iterable[str], stats: Iterable[str] = (),
+                   max_bytes: int = fileops.MAX_READ) -> dict[str, FileState]:
+        """Each path of ``reads`` (contents, at most ``max_bytes``) and ``stats``, as the
+        sandbox sees it."""
+        ops = read_ops(reads, stats, max_bytes)
+        if not ops:
+            return {}
+        return states_from(ops, await self.run(ops))
+
+
+def _failure(result: ExecResult, timeout_ms: int) -> FileAccessError | None:
+    """Why a run of the builtin did not give its answers (None: it did)."""
+    if result.error:
+        return FileAccessError(result.error)
+    if result.timed_out:
+        return FileAccessError(f"the file operations took longer than {timeout_ms / 1000:g} s")
+    if result.returncode != 0:
+        said = result.stderr.decode("utf-8", "replace").strip()
+        return FileAccessError(f"the sandbox's file operations failed (exit {result.returncode})"
+                               + (f": {said}" if said else ""))
+    return None
+
+
+def _answer(data: bytes) -> dict:
+    try:
+        return fileops.decode(data)
+    except fileops.BatchError as e:
+        raise FileAccessError(f"unreadable answer from the sandbox: {e}") from None
+
+
+class SandboxFiles(_Batches):
     """Runs batches of file operations in the sandbox of ``policy`` (whose
-    ``disk-write-cwd`` is ``sandbox_cwd``, the session's directory)."""
+    ``disk-write-cwd`` is ``sandbox_cwd``, the session's directory): each in a sandboxed
+    process of its own (:meth:`run`), or several in one (:meth:`conversation`)."""
 
     def __init__(self, runner: CommandRunner, policy: SandboxPolicy, sandbox_cwd: str, *,
                  limits: Limits | None = None, timeout_ms: int = FILEOPS_TIMEOUT_MS) -> None:
@@ -120,24 +165,77 @@ class SandboxFiles:
         result = await self.runner.run_fileops(fileops.encode({"ops": ops}), self.sandbox_cwd, self.policy,
                                                self.timeout_ms,
                                                sandbox_cwd=self.sandbox_cwd, limits=self.limits)
-        if result.error:
-            raise FileAccessError(result.error)
-        if result.timed_out:
-            raise FileAccessError(f"the file operations took longer than {self.timeout_ms / 1000:g} s")
-        if result.returncode != 0:
-            said = result.stderr.decode("utf-8", "replace").strip()
-            raise FileAccessError(f"the sandbox's file operations failed (exit {result.returncode})"
-                                  + (f": {said}" if said else ""))
-        try:
-            return fileops.decode(result.stdout)
-        except fileops.BatchError as e:
-            raise FileAccessError(f"unreadable answer from the sandbox: {e}") from None
+        failure = _failure(result, self.timeout_ms)
+        if failure is not None:
+            raise failure
+        return _answer(result.stdout)
 
-    async def read(self, reads: Iterable[str], stats: Iterable[str] = (),
-                   max_bytes: int = fileops.MAX_READ) -> dict[str, FileState]:
-        """Each path of ``reads`` (contents, at most ``max_bytes``) and ``stats``, as the
-        sandbox sees it."""
-        ops = read_ops(reads, stats, max_bytes)
-        if not ops:
-            return {}
-        return states_from(ops, await self.run(ops))
+    @contextlib.asynccontextmanager
+    async def conversation(self) -> AsyncIterator[Conversation]:
+        """One sandboxed process that carries out batch after batch (each one's answer
+        before the next is sent: a read, then a write computed from it), ended on leaving."""
+        conversation = Conversation(self.timeout_ms)
+        conversation.process = await self.runner.start_interactive(
+            [fileops.PROGRAM], self.sandbox_cwd, self.policy, conversation.on_output, env={},
+            sandbox_cwd=self.sandbox_cwd, limits=self.limits, fileops=True)
+        try:
+            yield conversation
+        finally:
+            await conversation.close()
+
+
+class Conversation(_Batches):
+    """Batches carried out in turn by one sandboxed process (:meth:`SandboxFiles.conversation`)."""
+
+    def __init__(self, timeout_ms: int) -> None:
+        self.timeout_ms = timeout_ms
+        self.process: InteractiveProcess | None = None
+        self._out = bytearray()
+        self._err = bytearray()
+        self._more = asyncio.Event()
+
+    def on_output(self, stream: ExecOutputStream, chunk: bytes) -> None:
+        (self._out if stream == ExecOutputStream.STDOUT else self._err).extend(chunk)
+        self._more.set()
+
+    async def run(self, ops: list[dict]) -> dict:
+        process = self.process
+        assert process is not None
+        try:
+            async with asyncio.timeout(self.timeout_ms / 1000):
+                if not await process.write(fileops.encode({"ops": ops}) + b"\n"):
+                    raise await self._ended()
+                while (end := self._out.find(b"\n")) < 0:
+                    if process.done:
+                        raise await self._ended()
+                    self._more.clear()
+                    ended = asyncio.ensure_future(process.wait())
+                    more = asyncio.ensure_future(self._more.wait())
+                    try:
+                        await asyncio.wait([ended, more], return_when=asyncio.FIRST_COMPLETED)
+                    finally:
+                        ended.cancel()
+                        more.cancel()
+        except TimeoutError:
+            await process.cancel()
+            raise FileAccessError(f"the file operations took longer than {self.timeout_ms / 1000:g} s") from None
+        line = bytes(self._out[:end])
+        del self._out[:end + 1]
+        return _answer(line)
+
+    async def _ended(self) -> FileAccessError:
+        result = await self.process.wait()
+        result = msgspec.structs.replace(result, stderr=bytes(self._err))
+        return _failure(result, self.timeout_ms) or FileAccessError("the sandbox's file operations ended early")
+
+    async def close(self) -> None:
+        """End of file: the builtin exits (stopped if it does not, in time)."""
+        process = self.process
+        if process is None or process.done:
+            return
+        process.close_stdin()
+        try:
+            async with asyncio.timeout(self.timeout_ms / 1000):
+                await process.wait()
+        except TimeoutError:
+            await process.cancel()

@@ -33,7 +33,9 @@ the patch applied in the session's sandbox (verified first against the files as 
 sandbox reads them, then written atomically by a sandboxed process of the session's
 policy, a granted root included: the agent never writes with its own rights; a write
 the sandbox refuses fails the patch), ``patch_apply_end``, and the turn's diff tracker
-updated.
+updated. Unasked, one sandboxed process reads and then writes. A patch approved into a
+protected ``.git``/``.sluice`` (never a root to grant) has that one write run without
+the write restrictions.
 
 Long-lived commands (:mod:`agent.unified_exec`; the seed's ``unified_exec``, Codex's
 ``exec_command`` / ``write_stdin``, answered only when the session's ``unified_exec``
@@ -75,6 +77,7 @@ import structlog
 from agent.apply_patch import (
     ApplyOutcome,
     ApplyPatchAction,
+    ParsedPatch,
     PatchError,
     change_ops,
     maybe_parse_apply_patch,
@@ -82,7 +85,7 @@ from agent.apply_patch import (
     paths_to_read,
     verify_patch,
 )
-from agent.sandbox_files import FileAccessError, SandboxFiles
+from agent.sandbox_files import Conversation, FileAccessError, SandboxFiles
 from agent.exec_runner import ExecResult, StreamedOutput, cap_stream_output
 from agent.items import Item, output_texts
 from agent.safety import (
@@ -148,6 +151,7 @@ from broker.wire.protocol import (
     PatchApplyBeginEvent,
     PatchApplyEndEvent,
     ReviewDecision,
+    SandboxPolicy,
 )
 from broker.wire.results import EXIT_INTERRUPTED, new_call_id
 
@@ -161,6 +165,8 @@ REJECTED_BY_USER = "exec command rejected by user"
 PATCH_REJECTED_BY_USER = "patch rejected by user"
 INPUT_REJECTED_BY_USER = "write_stdin rejected by user"
 _APPROVED = (ReviewDecision.APPROVED, ReviewDecision.APPROVED_FOR_SESSION)
+# The policy of the one write batch of a patch approved into a protected .git/.sluice.
+UNRESTRICTED_WRITES = SandboxPolicy.from_mode("danger-full-access")
 
 
 async def handle_response_item(sess: Session, task: AgentTask, item: Item) -> ToolOutput | None:
@@ -301,7 +307,7 @@ async def handle_exec(sess: Session, task: AgentTask, params: ShellParams, call_
     except WorkdirError as err:
         return ToolOutput(call_id, f"error: {err}", success=False)
 
-    patch = await verified_patch(sess, argv, cwd)
+    patch = maybe_parse_apply_patch(argv, cwd)
     if isinstance(patch, PatchError):
         return ToolOutput(call_id, f"error: {patch}")
     if patch is not None:
@@ -328,15 +334,11 @@ def session_files(sess: Session) -> SandboxFiles:
     return SandboxFiles(sess.runner, sess.sandbox_policy, sess.config.cwd, limits=sess.command_limits)
 
 
-async def verified_patch(sess: Session, argv: list[str], cwd: str) -> ApplyPatchAction | PatchError | None:
-    """``argv`` as a verified patch (None: it is not one), checked against the files as
-    the session's sandbox reads them."""
-    parsed = maybe_parse_apply_patch(argv, cwd)
-    if parsed is None or isinstance(parsed, PatchError):
-        return parsed
+async def _verified(parsed: ParsedPatch, files: Conversation) -> ApplyPatchAction | PatchError:
+    """``parsed`` checked against the files as the session's sandbox reads them."""
     reads, stats = paths_to_read(parsed)
     try:
-        return verify_patch(parsed, await session_files(sess).read(reads, stats))
+        return verify_patch(parsed, await files.read(reads, stats))
     except PatchError as err:
         return err
     except FileAccessError as err:
@@ -438,7 +440,7 @@ async def handle_unified_exec(sess: Session, task: AgentTask, arguments: str, ca
     if session_id is None:
         argv = list(params.input)
         cwd = sess.config.cwd
-        patch = await verified_patch(sess, argv, cwd)
+        patch = maybe_parse_apply_patch(argv, cwd)
         if isinstance(patch, PatchError):
             return ToolOutput(call_id, f"error: {patch}")
         if patch is not None:
@@ -479,7 +481,7 @@ async def handle_exec_command(sess: Session, task: AgentTask, arguments: str, ca
     shell = params.shell or (DEFAULT_SHELL if os.path.exists(DEFAULT_SHELL) else "/bin/sh")
     login = True if params.login is None else params.login
     argv = [shell, "-lc" if login else "-c", params.cmd]
-    patch = await verified_patch(sess, argv, cwd)
+    patch = maybe_parse_apply_patch(argv, cwd)
     if isinstance(patch, PatchError):
         return ToolOutput(call_id, f"error: {patch}")
     if patch is not None:
@@ -611,32 +613,48 @@ async def run_command(
     return result, output
 
 
-async def apply_patch(sess: Session, task: AgentTask, call_id: str, action: ApplyPatchAction) -> ToolOutput:
+async def apply_patch(sess: Session, task: AgentTask, call_id: str, parsed: ParsedPatch) -> ToolOutput:
+    """Verify, approve and write ``parsed``. With nothing to ask (the common case) one
+    sandboxed process reads the files, then, once verified here, writes the change; an
+    approval between the two means a process of its own for the write, in the policy
+    the approval leaves (a root granted, or none of the write restrictions)."""
     config = sess.config
-    policy = sess.sandbox_policy
-    roots = writable_roots_for(policy, config.cwd, sess.command_env)
-    safety = assess_patch_safety(action.written_paths(), config.approval_policy, roots, config.cwd, sandbox_policy=policy)
-    explicitly_approved = False
+    async with session_files(sess).conversation() as files:
+        action = await _verified(parsed, files)
+        if isinstance(action, PatchError):
+            return ToolOutput(call_id, f"error: {action}")
+        policy = sess.sandbox_policy
+        roots = writable_roots_for(policy, config.cwd, sess.command_env)
+        safety = assess_patch_safety(action.written_paths(), config.approval_policy, roots, config.cwd,
+                                     sandbox_policy=policy)
+        if isinstance(safety, AutoApprove):
+            return await _write_patch(sess, task, call_id, action, files, auto_approved=True)
     if isinstance(safety, Reject):
         return ToolOutput(call_id, f"patch rejected: {safety.reason}", success=False)
-    if isinstance(safety, AskUser):
-        request = ApplyPatchApprovalRequestEvent(call_id, action.changes, safety.reason, safety.grant_root)
-        decision = await sess.request_approval(task, call_id, request)
-        if decision not in _APPROVED:
-            return ToolOutput(call_id, PATCH_REJECTED_BY_USER, success=False)
-        if safety.grant_root is not None:
-            sess.grant_root(safety.grant_root)
-        explicitly_approved = True
+    request = ApplyPatchApprovalRequestEvent(call_id, action.changes, safety.reason, safety.grant_root)
+    decision = await sess.request_approval(task, call_id, request)
+    if decision not in _APPROVED:
+        return ToolOutput(call_id, PATCH_REJECTED_BY_USER, success=False)
+    if safety.grant_root is not None:
+        sess.grant_root(safety.grant_root)
+    writer = session_files(sess)  # a root granted above is in its policy now
+    if safety.unrestricted:
+        # Approved into a protected .git/.sluice: this batch alone, not the session.
+        writer = SandboxFiles(sess.runner, UNRESTRICTED_WRITES, config.cwd, limits=sess.command_limits)
+    return await _write_patch(sess, task, call_id, action, writer, auto_approved=False)
 
-    sess.send(task.sub_id, PatchApplyBeginEvent(call_id, not explicitly_approved, action.changes))
+
+async def _write_patch(sess: Session, task: AgentTask, call_id: str, action: ApplyPatchAction,
+                       files: SandboxFiles | Conversation, *, auto_approved: bool) -> ToolOutput:
+    sess.send(task.sub_id, PatchApplyBeginEvent(call_id, auto_approved, action.changes))
     if task.diff is not None:
         task.diff.on_patch_begin(action)
     started = time.monotonic()
-    # Written in the session's sandbox (a root granted above is in its policy now), so
-    # the kernel decides at the moment of each write, as for a command of the session.
+    # Written in the sandbox, so the kernel decides at the moment of each write, as for
+    # a command of the session.
     try:
         # Shielded: an interrupt must not stop the sandbox between two renames.
-        answer = await asyncio.shield(session_files(sess).run(change_ops(action)))
+        answer = await asyncio.shield(files.run(change_ops(action)))
         outcome = outcome_of(action, answer.get("failed"))
     except FileAccessError as err:
         outcome = ApplyOutcome("", f"Failed to apply the patch: {err}\n", False)

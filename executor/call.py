@@ -12,7 +12,9 @@ holding the slave has gone: that is its end of file.
 
 A run with ``fileops`` is the sandbox's file-operation builtin
 (:mod:`landlock_helper.fileops`) instead of a program: the batch from the request is
-its stdin, and its answer comes back as its stdout, like any command's output.
+its stdin, and its answer comes back as its stdout, like any command's output. With
+``stdin`` (and an empty ``fileops``) the caller writes the batches there instead, one
+after another's answer: a conversation in one sandboxed process.
 """
 
 from __future__ import annotations
@@ -156,8 +158,9 @@ class Call:
             return self._fail(f"sandbox_cwd must be an absolute path: {sandbox_cwd}")
         # Again, though the sender filtered it: a sender of another version, or none.
         env = filter_env(os.environ if req.env is None else req.env, req.env_passthrough)
-        if req.fileops is not None and (req.tty is not None or self._stdio is not None or req.stdin):
-            return self._fail("a fileops run has no terminal, stdin or stdio of its own")
+        if req.fileops is not None and (req.tty is not None or self._stdio is not None or (req.stdin and req.fileops)):
+            return self._fail("a fileops run has no terminal or stdio of its own, and its batches come "
+                              "either in the request or on its stdin")
         if req.tty is not None:
             return self._start_tty(req, env, sandbox_cwd)
         if self._stdio is not None:
@@ -200,7 +203,7 @@ class Call:
             _close_all((w_out, w_err, *((r_in,) if r_in is not None else ())))
         if w_in is not None:
             self.stdin = _Stdin(self, w_in)
-            if req.fileops is not None:
+            if req.fileops is not None and not req.stdin:
                 self.stdin.preload(req.fileops)
         return self._started(r_out, r_err)
 

@@ -8,7 +8,8 @@ process, instead of exec'ing a program, calls it over its stdin and stdout and e
 nothing of sluice (nor a Python interpreter) needs to be visible inside the sandbox, and
 the kernel checks every open, rename and unlink at the moment it is made.
 
-A batch is JSON (one object in, one out; file contents base64)::
+A batch is JSON (one object in, one out, each on a line of its own; file contents
+base64); one run serves batches until end of file (see :func:`serve`)::
 
     {"ops": [{"op": "read", "path": P, "max": N},
              {"op": "stat", "path": P},
@@ -131,25 +132,36 @@ def _b64(data: bytes) -> str:
 
 
 def serve(fd_in: int = 0, fd_out: int = 1, fd_err: int = 2) -> int:
-    """Read a batch from ``fd_in`` to its end, carry it out, write the answer to
-    ``fd_out``; 0, or 2 with a line on ``fd_err`` if the batch is not one."""
-    chunks, size = [], 0
+    """Carry out the batches read from ``fd_in``, answering each on ``fd_out``, until end
+    of file; 0, or 2 with a line on ``fd_err`` at the first that is not a batch.
+
+    A batch is one line (:func:`encode` never writes a newline), or all that is left
+    before end of file; each answer is one line. So one run can serve a conversation:
+    a read batch, then, once the caller has read its answer, the write batch."""
+    pending = bytearray()
+    served = eof = False
     while True:
-        chunk = os.read(fd_in, 1 << 20)
-        if not chunk:
-            break
-        size += len(chunk)
-        if size > MAX_REQUEST:
-            return _complain(fd_err, f"batch larger than {MAX_REQUEST} bytes")
-        chunks.append(chunk)
-    try:
-        answer = encode(run(decode(b"".join(chunks))))
-    except BatchError as e:
-        return _complain(fd_err, str(e))
-    view = memoryview(answer)
-    while view:
-        view = view[os.write(fd_out, view):]
-    return 0
+        while b"\n" not in pending and not eof:
+            chunk = os.read(fd_in, 1 << 20)
+            eof = not chunk
+            pending += chunk
+            if len(pending) > MAX_REQUEST:
+                return _complain(fd_err, f"batch larger than {MAX_REQUEST} bytes")
+        end = pending.find(b"\n")
+        if end < 0 and served and not pending.strip():
+            return 0
+        line = bytes(pending[:end] if end >= 0 else pending)
+        del pending[:end + 1 if end >= 0 else len(pending)]
+        try:
+            answer = encode(run(decode(line))) + b"\n"
+        except BatchError as e:
+            return _complain(fd_err, str(e))
+        served = True
+        view = memoryview(answer)
+        while view:
+            view = view[os.write(fd_out, view):]
+        if eof and not pending.strip():
+            return 0
 
 
 def _complain(fd: int, message: str) -> int:

@@ -327,6 +327,7 @@ class RunRequest(msgspec.Struct, frozen=True):
     # A batch for sluice's own file operations (landlock_helper.fileops, JSON): the run
     # is that builtin, in the sandbox of ``sandbox``, instead of ``argv`` (which only
     # names it); the executor writes the batch to its stdin, its answer is its stdout.
+    # Empty, with ``stdin``: the caller writes the batches, one answer at a time.
     # How the agent reads and writes files for the model: never with its own rights.
     fileops: bytes | None = None
     # Of a direct run's stdout and stderr, those the caller sends no fd for: the command

@@ -3,7 +3,8 @@ working where it should (with the user's rights, or past the old path check), th
 contained: a Session over a real daemon (real executors, the real sandbox), driven by a
 scripted model.
 
-1. a patch into a subdirectory's ``.git``; 2. a directory of a patch's path swapped for
+1. a patch into a subdirectory's ``.git`` (and one approved into the root's, written
+for itself alone); 2. a directory of a patch's path swapped for
 a symlink while patches are applied; 3. a patch to ``/tmp``; 4. a patch planting a
 repository; 5. ``AGENTS.md`` as a symlink to what the sandbox hides, or a FIFO.
 """
@@ -26,7 +27,7 @@ from agent.exec_runner import BrokerRunner
 from agent.safety import AutoApprove, assess_patch_safety, writable_roots_for
 from broker.wire.protocol import AskForApproval, PatchApproval, ReviewDecision, UnifiedExecSettings
 from landlock_helper import fileops, mounts
-from landlock_helper.policy import SandboxPolicy
+from landlock_helper.policy import FULL_READ, WRITE_CWD, SandboxPolicy
 from tests.support.fake_model import FakeModelServer, Harness, assistant, call, outputs_of, response, tag
 
 pytestmark = pytest.mark.timeout(120)
@@ -98,6 +99,46 @@ def test_patch_cannot_write_a_subdirectory_git(module_daemon, tmp_path) -> None:
         session(server, module_daemon, tmp_path, body)
     assert config.read_text() == "[core]\n"
     assert "Failed to write file sub/.git/config: Read-only file system" in answers(server)["p1"]
+
+
+@pytest.mark.parametrize("decision", [ReviewDecision.APPROVED, ReviewDecision.DENIED])
+def test_an_approved_patch_into_the_root_git_is_written_for_itself(module_daemon, tmp_path, decision) -> None:
+    # The workspace's own .git is read-only in the sandbox, and never a root to grant
+    # (the sandbox would refuse it, and with it every later command): approved, the one
+    # patch is written without the write restrictions; the session's policy is unchanged.
+    # (Not workspace-write: tmp_path is in /tmp, a root of its own that holds work/.git.)
+    policy = SandboxPolicy.of((FULL_READ, WRITE_CWD))
+    ws = tmp_path / "work"
+    config = ws / ".git" / "config"
+    config.parent.mkdir(parents=True)
+    config.write_text("[core]\n")
+    with FakeModelServer() as server:
+        server.script(
+            patch("p1", "*** Update File: .git/config\n@@\n [core]\n+\tbare = false"),
+            response(call("shell", {"command": ["bash", "-c", "echo next > next.txt; touch .git/probe"]}, "c1")),
+            response(assistant("Done.")),
+        )
+
+        async def body(h: Harness) -> None:
+            await h.configure(sandbox_policy=policy)
+            sub = await h.say("go")
+            request = (await h.until("apply_patch_approval_request", timeout=60)).msg
+            assert request.grant_root is None and "a repository's protected .git" in request.reason, request
+            await h.submit(PatchApproval(sub, decision))
+            assert tag(await h.done(sub, timeout=60)) == "task_complete"
+            assert h.session.granted_roots == []
+            assert len(h.of("exec_approval_request", sub)) == 0
+
+        session(server, module_daemon, tmp_path, body)
+    said = answers(server)
+    if decision == ReviewDecision.APPROVED:
+        assert config.read_text() == "[core]\n\tbare = false\n"
+    else:
+        assert config.read_text() == "[core]\n" and said["p1"] == "patch rejected by user"
+    # The session's next command still starts, in the sandbox as before: .git stays read-only.
+    assert (ws / "next.txt").read_text() == "next\n"
+    assert not (ws / ".git" / "probe").exists()
+    assert "Read-only file system" in said["c1"], said["c1"]
 
 
 # -- 2: a symlink swapped in while patches are applied ---------------------------------
@@ -347,7 +388,7 @@ def test_agents_md_fifo_does_not_hold_up_the_session(module_daemon, tmp_path) ->
 RUN_BUILTIN = r"""
 import os, sys
 from landlock_helper import fileops
-from landlock_helper.policy import SandboxPolicy
+from landlock_helper.policy import FULL_READ, WRITE_CWD, SandboxPolicy
 from landlock_helper.spawn import spawn
 cwd, batch = sys.argv[1], sys.argv[2].encode()
 r_in, w_in = os.pipe()

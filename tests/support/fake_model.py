@@ -26,7 +26,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from agent.exec_runner import CommandRunner, ExecResult, HeadTailBuffer, OutputCallback
+from agent.exec_runner import CommandRunner, ExecResult, HeadTailBuffer, InteractiveProcess, OutputCallback
 from agent.session import Session
 from broker.wire.protocol import (
     AskForApproval,
@@ -265,8 +265,8 @@ class FakeRunner(CommandRunner):
 
     File operations (patches, AGENTS.md) are carried out here, in this process, without
     a sandbox: the session's logic is what these tests are about; the sandbox's part is
-    tested with real daemons (tests/integration/test_containment_agent.py). Each batch's
-    policy is recorded in ``fileops``."""
+    tested with real daemons (tests/integration/test_containment_agent.py). The policy of
+    each batch (or conversation of batches) is recorded in ``fileops``."""
 
     def __init__(self, respond: Callable[[list[str], bool], FakeExec] | None = None) -> None:
         self.respond = respond or (lambda argv, sandboxed: FakeExec(stdout=f"ran {' '.join(argv)}\n"))
@@ -306,9 +306,57 @@ class FakeRunner(CommandRunner):
         self.fileops.append(sandbox_policy)
         return ExecResult(exit_code=0, stdout=fileops.encode(fileops.run(fileops.decode(batch))))
 
+    async def start_interactive(self, argv, cwd, sandbox_policy, on_output: OutputCallback | None = None, *,
+                                tty=None, stdin=True, on_exit=None, call_id=None, env=None, sandbox_cwd=None,
+                                env_passthrough=(), limits=None, fileops=False) -> InteractiveProcess:
+        if not fileops:
+            return await super().start_interactive(argv, cwd, sandbox_policy, on_output)
+        self.fileops.append(sandbox_policy)
+        return _Fileops(on_output)
+
     async def cancel(self, call_id: str) -> None:
         self.cancelled.append(call_id)
         self._cancel.setdefault(call_id, asyncio.Event()).set()
+
+
+class _Fileops(InteractiveProcess):
+    """The fileops builtin's conversation, here in this process: each line written is a
+    batch, answered at once (see :class:`FakeRunner`)."""
+
+    call_id, pid, tty = "fileops", None, False
+
+    def __init__(self, on_output: OutputCallback) -> None:
+        self.on_output = on_output
+        self._result: ExecResult | None = None
+
+    @property
+    def done(self) -> bool:
+        return self._result is not None
+
+    @property
+    def result(self) -> ExecResult | None:
+        return self._result
+
+    async def write(self, data: bytes) -> bool:
+        for line in data.splitlines():
+            self.on_output(ExecOutputStream.STDOUT, fileops.encode(fileops.run(fileops.decode(line))) + b"\n")
+        return not self.done
+
+    def close_stdin(self) -> None:
+        self._result = ExecResult(exit_code=0)
+
+    def resize(self, rows: int, cols: int) -> None:
+        pass
+
+    def hold_output(self, held: bool) -> None:
+        pass
+
+    async def cancel(self) -> None:
+        self._result = ExecResult(aborted=True)
+
+    async def wait(self) -> ExecResult:
+        assert self._result is not None, "the conversation waited on before its end"
+        return self._result
 
 
 # -- a session under test -----------------------------------------------------------

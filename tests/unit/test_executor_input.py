@@ -65,10 +65,12 @@ def test_a_header_that_does_not_decode_is_dropped() -> None:
 
 
 def test_a_fileops_run_has_no_stdio_of_its_own() -> None:
+    # Its batches come in the request or (with an empty one) on its stdin, not both.
     w = worker()
     for corr, extra in (("tty", {"tty": {"rows": 24, "cols": 80}}), ("stdin", {"stdin": True})):
         w._on_message([Frame(wire.header(wire.RUN, corr)), Frame(run_body(fileops=b"{}", **extra))])
     answers = {wire.decode_header(parts[0]).corr: wire.decode(wire.EXIT, parts[1]) for parts in w.zs.sent}
     assert {corr: a.error for corr, a in answers.items()} == dict.fromkeys(
-        ("tty", "stdin"), "a fileops run has no terminal, stdin or stdio of its own")
+        ("tty", "stdin"), "a fileops run has no terminal or stdio of its own, and its batches come "
+                          "either in the request or on its stdin")
     assert not w.calls

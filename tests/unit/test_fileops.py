@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import stat
+import threading
 
 import pytest
 
@@ -135,6 +136,36 @@ def test_serve_over_pipes(tmp_path):
     finally:
         for fd in (in_r, out_r, err_r):
             os.close(fd)
+
+
+def test_serve_answers_batch_after_batch_until_end_of_file(tmp_path):
+    # A conversation: a read, then a write made from its answer, in one run. The write
+    # is sent only after the read's answer came, as the agent does, so a thread writes.
+    target = tmp_path / "f"
+    target.write_text("old")
+    in_r, in_w = os.pipe()
+    out_r, out_w = os.pipe()
+    served = []
+    server = threading.Thread(target=lambda: served.append(fileops.serve(in_r, out_w, out_w)))
+    server.start()
+    try:
+        os.write(in_w, encode({"ops": [read_op(str(target))]}) + b"\n")
+        with os.fdopen(os.dup(out_r), "rb", buffering=0) as answers:
+            first = decode(answers.readline())
+            seen = file_data(first["results"][0])
+            assert seen == b"old"
+            os.write(in_w, encode({"ops": [write_op(str(target), b"new", seen)]}) + b"\n")
+            second = decode(answers.readline())
+            assert second["failed"] is None and target.read_text() == "new"
+            os.close(in_w)
+            in_w = -1
+            server.join(timeout=10)
+            assert served == [0]
+    finally:
+        server.join(timeout=10)
+        for fd in (in_r, out_r, out_w, in_w):
+            if fd >= 0:
+                os.close(fd)
 
 
 def test_digest_of_nothing_differs_from_empty():

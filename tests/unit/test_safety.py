@@ -465,6 +465,18 @@ def test_patch_grant_root_covers_every_offending_path(workspace):
     assert assess_patch_safety(paths, ON_REQUEST, [root, got.grant_root], root) == SANDBOXED
 
 
+@pytest.mark.parametrize("policy", [UNTRUSTED, ON_FAILURE, ON_REQUEST])
+@pytest.mark.parametrize("target", [".git/config", ".sluice/x", "sub/../.git/hooks/post-commit"])
+def test_patch_into_a_protected_dir_asks_for_itself_never_a_root(workspace, policy, target):
+    # The protected directory would be the root to grant, and the sandbox refuses it as a
+    # root: approved, this patch alone is written without the write restrictions.
+    root, _ = workspace
+    got = assess_patch_safety(["src/a.py", target], policy, [root], root)
+    assert isinstance(got, AskUser) and got.grant_root is None and got.unrestricted, got
+    name = os.path.normpath(target).split(os.sep)[0]
+    assert f"a repository's protected {name} ({os.path.realpath(root)}/{name})" in got.reason
+
+
 def test_patch_outside_the_roots_is_rejected_under_never(workspace):
     root, outside = workspace
     got = assess_patch_safety([os.path.join(outside, "x")], NEVER, [root], root)
