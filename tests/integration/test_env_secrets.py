@@ -106,7 +106,10 @@ class Recorder:
         return self.record.read_bytes() if self.record.exists() else b""
 
     def requests(self) -> list[dict]:
-        return [json.loads(line) for line in self.raw().splitlines()]
+        """The commands' run requests (a session's start also reads AGENTS.md through a
+        sandboxed file batch, a run of its own: :meth:`raw` has those too)."""
+        runs = [json.loads(line) for line in self.raw().splitlines()]
+        return [run for run in runs if run.get("fileops") is None]
 
     def stop(self) -> None:
         if self.proc.poll() is None:
