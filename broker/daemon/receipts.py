@@ -16,6 +16,11 @@ bytes, and records how far the pongs reached. A peer whose unproven bytes exceed
 holds for a peer by :data:`UNPROVEN_BYTES` plus the flow-control windows of its calls
 and sessions, whatever the peer says and however late libzmq's thread runs. The nonce
 is random, so a peer cannot answer a ping it did not receive.
+
+Exit statuses are counted apart as well (:attr:`~Receipts.unproven_output` leaves them
+out): each carries its call's captured output, so a burst of them can be many MiB sent
+within one round trip to a peer that reads, and what the router keeps of its calls'
+streamed output is not judged by them (see :mod:`broker.daemon.router`).
 """
 
 from __future__ import annotations
@@ -38,35 +43,46 @@ OUTSTANDING = 64
 class Receipts:
     """Bytes sent to one peer and how many of them its pongs proved received."""
 
-    __slots__ = ("sent", "proven", "_next_check", "_pending")
+    __slots__ = ("sent", "proven", "exits", "exits_proven", "_next_check", "_pending")
 
     def __init__(self) -> None:
         self.sent = 0
         self.proven = 0
+        # Of those, the bytes of exit statuses.
+        self.exits = 0
+        self.exits_proven = 0
         self._next_check = CHECK_EVERY
-        # (nonce, bytes sent before that ping), oldest first.
-        self._pending: deque[tuple[str, int]] = deque(maxlen=OUTSTANDING)
+        # (nonce, bytes sent before that ping, of them exit statuses), oldest first.
+        self._pending: deque[tuple[str, int, int]] = deque(maxlen=OUTSTANDING)
 
     @property
     def behind(self) -> bool:
         """More than :data:`UNPROVEN_BYTES` sent and not yet proven received."""
         return self.sent - self.proven > UNPROVEN_BYTES
 
-    def count(self, size: int) -> bool:
-        """A message of ``size`` bytes went out; True when a checkpoint is due."""
+    @property
+    def unproven_output(self) -> int:
+        """Bytes sent and not yet proven received, but for exit statuses."""
+        return self.sent - self.exits - (self.proven - self.exits_proven)
+
+    def count(self, size: int, *, exit: bool = False) -> bool:
+        """A message of ``size`` bytes went out (``exit``: an exit status); True when a
+        checkpoint is due."""
         self.sent += size + MESSAGE_COST
+        if exit:
+            self.exits += size + MESSAGE_COST
         return self.sent >= self._next_check
 
     def checkpoint(self) -> str:
         """The nonce of a ping about to be sent, as its ``corr``."""
         nonce = os.urandom(8).hex()
-        self._pending.append((nonce, self.sent))
+        self._pending.append((nonce, self.sent, self.exits))
         self._next_check = self.sent + CHECK_EVERY
         return nonce
 
     def confirm(self, nonce: str) -> bool:
         """A pong echoed ``nonce``; True when that made a peer that was behind no longer so."""
-        for i, (pending, sent) in enumerate(self._pending):
+        for i, (pending, sent, exits) in enumerate(self._pending):
             if pending == nonce:
                 break
         else:
@@ -75,4 +91,5 @@ class Receipts:
         for _ in range(i + 1):
             self._pending.popleft()
         self.proven = max(self.proven, sent)
+        self.exits_proven = max(self.exits_proven, exits)
         return was_behind and not self.behind

@@ -40,9 +40,13 @@ their windows do. So the moment a caller is behind (or has an overflow), every o
 calls is put on ``hold`` at its executor, which stops reading the command's pipes (the
 commands block on them) until the caller has caught up. What the daemon holds for one
 caller is thus :data:`~broker.daemon.receipts.UNPROVEN_BYTES` plus what its executors sent
-before the hold reached them; past :data:`CALLER_HOLD_BYTES` (a hold that came late, a
-flood of exits) ``out`` for it is no longer kept: each call counts what it lost, its
-window is given back, and the caller is told before the call's ``exit``, in one line.
+before the hold reached them; past :data:`CALLER_HOLD_BYTES` (a hold that came late)
+``out`` for it is no longer kept: each call counts what it lost, its window is given
+back, and the caller is told before the call's ``exit``, in one line. Exit statuses do not
+count against that bound (:meth:`Router._held_output`): each carries its call's captured
+output (at most its capture limit), so calls that end together send many MiB within one
+round trip to a caller that reads, and its other calls' output would be lost to them.
+They are never dropped, bound or not.
 
 Session traffic (``submit``, ``event``, ``closed``, ``attach``, ``detach``, ``sessions`` and
 acks that name a session) is routed by :class:`broker.daemon.sessions.Sessions`, which the
@@ -83,8 +87,9 @@ QUEUE_BYTES = 256 * 1024 * 1024
 # A stopped (suspended) frontend keeps its commands this long by default.
 SUSPEND_LIMIT_S = 3600.0
 # What the daemon keeps for one caller that does not read, at most (its unproven bytes
-# and its overflow, each message counted as broker.daemon.receipts.MESSAGE_COST more):
-# past it, output for that caller is counted as lost, not kept. README: "under faults".
+# and its overflow but exit statuses, each message counted as
+# broker.daemon.receipts.MESSAGE_COST more): past it, output for that caller is counted
+# as lost, not kept. README: "under faults".
 CALLER_HOLD_BYTES = 48 * 1024 * 1024
 # Frames smaller than this are copied before they are held (see _kept).
 _COPY_BELOW = 4096
@@ -213,7 +218,8 @@ class Peer:
     """A DEALER that said a good hello. ``calls`` holds the calls it is party to."""
 
     __slots__ = ("identity", "role", "name", "pid", "peer_id", "slots", "calls", "seen", "gone", "handlers", "sessions",
-                 "key", "connection", "stopped_since", "receipts", "overflow", "overflow_bytes", "holding")
+                 "key", "connection", "stopped_since", "receipts", "overflow", "overflow_bytes", "overflow_exits",
+                 "holding")
 
     def __init__(self, identity: bytes, hello: wire.Hello, peer_id: str, tick: int, handlers: dict) -> None:
         self.identity = identity
@@ -237,10 +243,11 @@ class Peer:
         self.stopped_since: int | None = None
         # What it provably received of what we sent it (callers only: they ack output).
         self.receipts = Receipts() if hello.role != wire.ROLE_EXECUTOR else None
-        # Call traffic for it that its full queue refused, in order, and what that costs;
+        # Call traffic for it that its full queue refused, in order (each message with
+        # whether it is an exit status), what that costs and of it the exit statuses;
         # whether its calls are on hold at their executors (it is behind, or has overflow).
-        self.overflow: deque[list] = deque()
-        self.overflow_bytes = 0
+        self.overflow: deque[tuple[list, bool]] = deque()
+        self.overflow_bytes = self.overflow_exits = 0
         self.holding = False
 
     @property
@@ -791,7 +798,8 @@ class Router:
         self.queue.remove(call)
         del self.calls[call.id]
         del peer.calls[call.id]
-        self._to_caller(peer, [peer.identity, *wire.message(wire.EXIT, call.id, wire.ExitStatus(aborted=True))])
+        self._to_caller(peer, [peer.identity, *wire.message(wire.EXIT, call.id, wire.ExitStatus(aborted=True))],
+                        exit=True)
 
     # ------------------------------------------------------- executor -> caller
 
@@ -806,7 +814,7 @@ class Router:
             return
         if head.kind != wire.OUT:
             self._to_caller(caller, [caller.identity, *_kept(frames[1:])])
-        elif self._unheld(caller) > CALLER_HOLD_BYTES:
+        elif self._held_output(caller) > CALLER_HOLD_BYTES:
             # Not kept: counted, and its window given back once the caller catches up.
             call.lost += len(frames[2])
             call.lost_chunks += 1
@@ -825,7 +833,7 @@ class Router:
             if self.closing and not call.cancelled:
                 frames = _stopped_by_shutdown(frames)
             self._tell_lost(call)
-            self._to_caller(caller, [caller.identity, *_kept(frames[1:])])
+            self._to_caller(caller, [caller.identity, *_kept(frames[1:])], exit=True)
             caller.calls.pop(call.id, None)
         del self.calls[call.id]
         del peer.calls[call.id]
@@ -945,7 +953,7 @@ class Router:
             self.gate.peer_left(peer.connection)
         peer.gone = True
         peer.overflow.clear()
-        peer.overflow_bytes = 0
+        peer.overflow_bytes = peer.overflow_exits = 0
         cancelled = 0
         for call in peer.calls.values():
             call.caller = None
@@ -999,7 +1007,8 @@ class Router:
             return
         caller.calls.pop(call.id, None)
         self._tell_lost(call)
-        self._to_caller(caller, [caller.identity, *wire.message(wire.EXIT, call.id, wire.ExitStatus(error=error))])
+        self._to_caller(caller, [caller.identity, *wire.message(wire.EXIT, call.id, wire.ExitStatus(error=error))],
+                        exit=True)
 
     def _vanished(self, peer: Peer) -> None:
         # Dropping a peer sends to others, whose failure may drop more peers; doing it on a
@@ -1113,19 +1122,23 @@ class Router:
 
     # --------------------------------------------------------------- output
 
-    def _to_caller(self, caller: Peer, parts: list) -> bool | None:
+    def _to_caller(self, caller: Peer, parts: list, *, exit: bool = False) -> bool | None:
         """Send what concerns a call to its caller, in order, never dropped: True if it went
         out, False if it waits in the caller's overflow (a full queue), None if the caller
-        is gone. Holds the caller's calls when it falls behind."""
+        is gone. Holds the caller's calls when it falls behind. ``exit``: it is an exit
+        status (it does not count against what is kept of output, see :meth:`_held_output`)."""
         if caller.gone:
             return None
-        if not caller.overflow and self._send(caller, parts, keep=True):
+        if not caller.overflow and self._send(caller, parts, keep=True, exit=exit):
             went = True
         elif caller.gone:
             return None
         else:
-            caller.overflow.append(parts)
-            caller.overflow_bytes += _size(parts) + MESSAGE_COST
+            caller.overflow.append((parts, exit))
+            cost = _size(parts) + MESSAGE_COST
+            caller.overflow_bytes += cost
+            if exit:
+                caller.overflow_exits += cost
             went = False
         if not caller.holding and (caller.overflow or caller.receipts.behind):
             self._hold(caller, True)
@@ -1136,12 +1149,21 @@ class Router:
         receipts = caller.receipts
         return receipts.sent - receipts.proven + caller.overflow_bytes
 
+    def _held_output(self, caller: Peer) -> int:
+        """What :meth:`_unheld` counts but exit statuses: what :data:`CALLER_HOLD_BYTES`
+        bounds (see the module's docstring)."""
+        return caller.receipts.unproven_output + caller.overflow_bytes - caller.overflow_exits
+
     def _flush_overflow(self, caller: Peer) -> None:
         """Send what waits in ``caller``'s overflow, as far as its queue takes; once it is
         empty and the caller not behind, its calls go on."""
         overflow = caller.overflow
-        while overflow and self._send(caller, overflow[0], keep=True):
-            caller.overflow_bytes -= _size(overflow.popleft()) + MESSAGE_COST
+        while overflow and self._send(caller, overflow[0][0], keep=True, exit=overflow[0][1]):
+            parts, exit = overflow.popleft()
+            cost = _size(parts) + MESSAGE_COST
+            caller.overflow_bytes -= cost
+            if exit:
+                caller.overflow_exits -= cost
         if caller.holding and not overflow and not caller.receipts.behind:
             self._hold(caller, False)
 
@@ -1164,8 +1186,9 @@ class Router:
                 f"{call.lost} bytes of this command's output ({call.lost_chunks} chunks) were lost: this client did "
                 f"not read them in time, and the daemon keeps at most {CALLER_HOLD_BYTES >> 20} MiB for a client"))])
 
-    def _send(self, peer: Peer, parts: list, *, keep: bool = False) -> bool:
-        """Non-blocking send to a known peer; False (and handled) when it did not go out."""
+    def _send(self, peer: Peer, parts: list, *, keep: bool = False, exit: bool = False) -> bool:
+        """Non-blocking send to a known peer; False (and handled) when it did not go out.
+        ``exit``: it is an exit status (see :class:`~broker.daemon.receipts.Receipts`)."""
         if peer.gone:
             return False
         try:
@@ -1182,7 +1205,7 @@ class Router:
             else:
                 self._throttle("warning", "send failed", peer=peer.name, error=str(e))
         else:
-            if peer.receipts is not None and peer.receipts.count(_size(parts) - len(parts[0])):
+            if peer.receipts is not None and peer.receipts.count(_size(parts) - len(parts[0]), exit=exit):
                 self._ping(peer)
                 if peer.receipts.behind and not peer.holding and peer.calls:
                     self._hold(peer, True)

@@ -39,3 +39,14 @@ def test_a_later_pong_proves_all_before_it_and_old_checkpoints_are_forgotten() -
     assert not r.confirm(nonces[-1]) and r.proven == r.sent
     assert not r.confirm(nonces[-2])  # superseded
     assert r.proven == r.sent
+
+
+def test_exit_statuses_are_counted_apart_and_proven_with_the_rest() -> None:
+    r = Receipts()
+    r.count(1000)
+    r.count(UNPROVEN_BYTES, exit=True)
+    assert r.behind and r.unproven_output == 1000 + MESSAGE_COST
+    nonce = r.checkpoint()
+    r.count(500)
+    assert r.confirm(nonce)
+    assert r.unproven_output == r.sent - r.proven == 500 + MESSAGE_COST

@@ -19,6 +19,7 @@ import pytest
 import zmq
 
 from broker.daemon import receipts as receipts_module
+from broker.daemon import router as router_module
 from broker.daemon import sessions as sessions_module
 from broker.daemon.journal import Journal
 from broker.daemon.router import IDLE_PING_EVERY, Router
@@ -754,6 +755,44 @@ def test_call_acks_beyond_what_was_sent_are_refused_and_credit_waits_for_proof_o
     assert acks_at_executor() == [(200, 2), (1000, 10)]
     d.send(frontend, wire.header(wire.ACK, "c1", n=101, seq=1))  # only 100 bytes are unacknowledged
     assert "refused" in _last_error(d, frontend)
+
+
+def test_output_past_the_hold_bound_is_counted_lost_but_exit_statuses_never_fill_it(small_receipts, monkeypatch):
+    monkeypatch.setattr(router_module, "CALLER_HOLD_BYTES", 5000)
+    d = Daemon()
+    frontend = d.connect("fe")
+    executor = b"\x00ex"
+    d.send(executor, *wire.message(wire.HELLO, body=wire.Hello(role=wire.ROLE_EXECUTOR, token=TOKEN, pid=2, slots=3)))
+    for call in ("c1", "c2", "c3"):
+        d.send(frontend, *wire.message(wire.RUN, call, wire.RunRequest(argv=["yes"], cwd="/",
+                                                                         sandbox=SandboxPolicy.from_mode("read-only"))))
+
+    def out(call: str) -> None:
+        d.send(executor, wire.header(wire.OUT, call, stream=wire.STDOUT), b"y" * 100)
+
+    def outs(call: str) -> int:
+        return sum(h.kind == wire.OUT and h.corr == call for h, _ in d.messages(frontend))
+
+    def notices() -> list[tuple[str, str]]:
+        return [(h.corr, wire.decode(wire.NOTICE, b).message) for h, b in d.messages(frontend) if h.kind == wire.NOTICE]
+
+    # Calls that end together: each exit carries the call's captured output, together
+    # more than the bound, sent within one round trip to a caller that reads. Another
+    # call's output is still kept.
+    for call in ("c1", "c2"):
+        d.send(executor, *wire.message(wire.EXIT, call, wire.ExitStatus(exit_code=0, stdout=b"y" * 3000)))
+    out("c3")
+    assert outs("c3") == 1 and notices() == []
+    d.send(frontend, wire.header(wire.PONG, _pings(d, frontend)[-1]))  # it read all that
+    # Its output itself past the bound, to a caller that proves no receipt: counted, not kept.
+    for _ in range(60):
+        out("c3")
+    forwarded = outs("c3") - 1
+    assert 0 < forwarded < 50
+    d.send(executor, *wire.message(wire.EXIT, "c3", wire.ExitStatus(exit_code=0)))
+    lost = 60 - forwarded
+    assert notices() == [("c3", f"{lost * 100} bytes of this command's output ({lost} chunks) were lost: this client "
+                                "did not read them in time, and the daemon keeps at most 0 MiB for a client")]
 
 
 def test_session_acks_wait_for_proof_of_receipt_too(small_receipts) -> None:
