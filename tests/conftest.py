@@ -51,15 +51,22 @@ def _nothing_left_behind():
     made by short_tempdir, and says so in its command line or environment), and those dirs
     are removed. A leftover is killed and fails the session."""
     yield
-    leftovers = processes_using(TEMPDIRS)
-    for p in leftovers:
-        with contextlib.suppress(psutil.Error):
+    leftovers = []
+    for p in processes_using(TEMPDIRS):
+        # Described before it is killed; one that exited by itself between the listing and
+        # the kill (the last test's processes on their way out) was not left behind.
+        described = f"{p.pid} {describe_process(p)}"
+        try:
             p.kill()
+        except psutil.NoSuchProcess:
+            continue
+        except psutil.Error:
+            pass
+        leftovers.append(described)
     for path in TEMPDIRS:
         shutil.rmtree(path, ignore_errors=True)
     if leftovers:
-        pytest.fail("processes left behind by the tests: "
-                    + "; ".join(f"{p.pid} {describe_process(p)}" for p in leftovers), pytrace=False)
+        pytest.fail("processes left behind by the tests: " + "; ".join(leftovers), pytrace=False)
 
 
 @pytest.fixture(scope="session", autouse=True)
