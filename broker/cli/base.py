@@ -187,6 +187,33 @@ def write_all(fd: int, data) -> None:
         data = memoryview(data)[n:]
 
 
+class ConfigError(ValueError):
+    """A key of config.toml that a command reads holds what it may not (one line)."""
+
+
+def read_config(word: bytes) -> tuple[str, dict]:
+    """``$SLUICE_HOME/config.toml``, parsed, and its path: for the few keys ``sluice run``
+    and ``sluice sandbox`` read. An empty table when the file cannot be read or never
+    mentions ``word`` (then it is not parsed: these commands' start-up is timed). Raises
+    :class:`ConfigError` when it is not TOML."""
+    from broker.net.runtime import sluice_home
+
+    path = os.path.join(sluice_home(), "config.toml")
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError:
+        return path, {}
+    if word not in data:
+        return path, {}
+    import tomllib
+
+    try:
+        return path, tomllib.loads(data.decode("utf-8", "replace"))
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path}: invalid TOML: {e}") from None
+
+
 # A pipe of ours is widened to this (the most an unprivileged process may, by default).
 PIPE_SIZE = 1024 * 1024
 

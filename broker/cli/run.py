@@ -18,12 +18,14 @@ import sys
 
 from broker.cli.base import (
     USAGE_RUN,
+    ConfigError,
     announce,
     announce_version,
     command_of,
     env_report,
     fail,
     print_error,
+    read_config,
     read_stdin,
     remote_from_args,
     widen_pipe,
@@ -31,8 +33,7 @@ from broker.cli.base import (
 from broker.cli.outlet import Outlet
 from broker.cli.run_direct import FALLBACK, DirectRun
 from broker.cli.terminal import NOT_A_TERMINAL, RawTerminal, is_terminal, window_size
-from broker.cli.terminal_guard import ConfigValueError, output_guards, relay_filter
-from broker.net.runtime import sluice_home
+from broker.cli.terminal_guard import output_guards, relay_filter
 from broker.wire.results import EXIT_NOT_FOUND, EXIT_SIGNAL_BASE, EXIT_SLUICE, EXIT_USAGE, new_call_id
 from broker.wire.run_args import RunArgsError, check_run
 
@@ -76,7 +77,7 @@ def run_main(args) -> int:
         env_report(args.env)
     try:
         guards = output_guards(args.raw_escapes)
-    except ConfigValueError as e:
+    except ConfigError as e:
         return fail(str(e), EXIT_USAGE)
 
     if not (args.tty or args.interactive or args.json or args.via_broker or args.connect or args.server_key or args.key):
@@ -279,24 +280,14 @@ def _feed_terminal(client, call, term: RawTerminal, out: _Output) -> None:
 def config_limits():
     """The ``[limits]`` table of ``$SLUICE_HOME/config.toml`` (None without one); the
     flags override it. Raises :class:`~broker.wire.run_args.RunArgsError` when it is wrong."""
-    path = os.path.join(sluice_home(), "config.toml")
     try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except OSError:
-        return None
-    if b"limits" not in data:
-        return None  # no [limits] here: not worth parsing the file
-    import tomllib
-
-    from landlock_helper.limits import LimitError, from_table
-
-    try:
-        table = tomllib.loads(data.decode("utf-8", "replace"))
-    except tomllib.TOMLDecodeError as e:
-        raise RunArgsError(f"{path}: invalid TOML: {e}") from None
+        path, table = read_config(b"limits")
+    except ConfigError as e:
+        raise RunArgsError(str(e)) from None
     if "limits" not in table:
         return None
+    from landlock_helper.limits import LimitError, from_table
+
     try:
         return from_table(table["limits"], f"{path}: [limits]")
     except LimitError as e:

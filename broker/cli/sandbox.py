@@ -31,9 +31,9 @@ import sys
 import termios
 import time
 
-from broker.cli.base import USAGE_SANDBOX, caught_signals, command_of, env_report, fail, print_error
+from broker.cli.base import USAGE_SANDBOX, ConfigError, caught_signals, command_of, env_report, fail, print_error
 from broker.cli.terminal import NOT_A_TERMINAL, RawTerminal, is_terminal, window_size
-from broker.cli.terminal_guard import ConfigValueError, output_guards, relay_filter
+from broker.cli.terminal_guard import output_guards, relay_filter
 from broker.net.keys import default_keys_dir
 from broker.net.runtime import RuntimeDir, ensure_sluice_home, hidden_paths
 from broker.wire.results import EXIT_SIGNAL_BASE, EXIT_USAGE
@@ -144,7 +144,7 @@ def sandbox_main(args, *, one_shot: bool = False) -> int:
     env = filter_env(os.environ, args.env)
     try:
         screen = relay_filter(output_guards(args.raw_escapes))
-    except ConfigValueError as e:
+    except ConfigError as e:
         return fail(str(e), EXIT_USAGE)
     return _Sandboxed(args.tty, args.interactive, one_shot, screen).run(command, cwd=cwd, env=env, policy=policy,
                                                                        hide=hide)

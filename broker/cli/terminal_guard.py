@@ -453,15 +453,11 @@ class _Scan:
 # -- where sluice uses it ---------------------------------------------------------------
 
 
-class ConfigValueError(ValueError):
-    """``[terminal]`` in config.toml holds something other than what it may."""
-
-
 def output_guards(raw: bool = False) -> dict[int, TerminalGuard]:
     """A guard for each of our stdout and stderr that is a terminal, by file descriptor:
     what a command's output written there goes through. None with ``raw`` (``--raw-escapes``)
     or ``[terminal] raw_escapes = true`` in config.toml (read only when a guard would be
-    made); pipes and files never get one. Raises :class:`ConfigValueError`."""
+    made); pipes and files never get one. Raises :class:`broker.cli.base.ConfigError`."""
     from broker.cli.terminal import is_terminal
 
     fds = [fd for fd in (1, 2) if is_terminal(fd)]
@@ -483,28 +479,13 @@ def relay_filter(guards: dict[int, TerminalGuard]):
 
 
 def _raw_escapes_configured() -> bool:
-    import os
+    from broker.cli.base import ConfigError, read_config
 
-    from broker.net.runtime import sluice_home
-
-    path = os.path.join(sluice_home(), "config.toml")
-    try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except OSError:
-        return False
-    if b"raw_escapes" not in data:
-        return False  # not worth parsing the file
-    import tomllib
-
-    try:
-        table = tomllib.loads(data.decode("utf-8", "replace"))
-    except tomllib.TOMLDecodeError as e:
-        raise ConfigValueError(f"{path}: invalid TOML: {e}") from None
+    path, table = read_config(b"raw_escapes")
     terminal = table.get("terminal", {})
     value = terminal.get("raw_escapes", False) if isinstance(terminal, dict) else False
     if not isinstance(value, bool):
-        raise ConfigValueError(f"{path}: [terminal] raw_escapes must be true or false, not {value!r}")
+        raise ConfigError(f"{path}: [terminal] raw_escapes must be true or false, not {value!r}")
     return value
 
 
