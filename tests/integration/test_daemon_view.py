@@ -192,7 +192,7 @@ def test_the_background_log_holds_only_json_lines_and_rotates(sluice, runtime_di
     assert p.returncode == 0, p.stderr
     assert len(_all_json(p.stdout)) == 3
     follow = subprocess.Popen([*sluice, "daemon", "logs", "-f", "-n", "0"], env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE)
+                              stderr=subprocess.PIPE, preexec_fn=_default_sigint)
     try:
         seen = bytearray()
         deadline = time.monotonic() + 30
@@ -206,6 +206,14 @@ def test_the_background_log_holds_only_json_lines_and_rotates(sluice, runtime_di
         follow.send_signal(signal.SIGINT)
         assert follow.wait(10) == 0
         assert b"Traceback" not in follow.stderr.read()
+
+
+def _default_sigint() -> None:
+    """In the child, before exec: SIGINT as a terminal's Ctrl-C would find it, whatever this
+    test process inherited (an ignored or blocked SIGINT survives exec, and Python then
+    never raises KeyboardInterrupt)."""
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def test_logs_without_a_daemon_log_is_one_line(sluice, runtime_dir) -> None:
