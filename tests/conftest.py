@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import signal
 
 import psutil
 import pytest
@@ -67,6 +68,16 @@ def _nothing_left_behind():
         shutil.rmtree(path, ignore_errors=True)
     if leftovers:
         pytest.fail("processes left behind by the tests: " + "; ".join(leftovers), pytrace=False)
+
+
+@pytest.fixture(autouse=True)
+def _signal_mask_kept():
+    """Each test finds the signal mask as the session began: one that leaves a signal
+    blocked in this process (it survives fork and exec) would hand it, blocked, to every
+    process a later test starts."""
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, ())
+    yield
+    signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
 
 @pytest.fixture(scope="session", autouse=True)
