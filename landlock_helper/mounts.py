@@ -40,15 +40,13 @@ Stdlib and ctypes only, like the rest of the sandbox layer.
 from __future__ import annotations
 
 import ctypes
-import functools
 import os
-import pwd
 import stat
 import time
 from collections import namedtuple
 
 from landlock_helper import _libc
-from landlock_helper.policy import PROTECTED_SUBDIRS, SandboxPolicy, is_beneath
+from landlock_helper.policy import PROTECTED_SUBDIRS, SandboxPolicy, is_beneath, root_refusal
 
 TMP = "/tmp"
 
@@ -179,31 +177,6 @@ class Plan(namedtuple("Plan", "cwd roots tmp_writable read_only hidden before", 
                    tuple(hidden))
 
 
-def refused_roots(env=None) -> frozenset[str]:
-    """Directories never accepted as writable roots outside danger-full-access: / and the
-    user's home directory (and every directory above it, which would contain it)."""
-    env = os.environ if env is None else env
-    return _refused_roots(os.geteuid(), env.get("HOME") or "")
-
-
-@functools.lru_cache(maxsize=8)
-def _refused_roots(euid: int, home_env: str) -> frozenset[str]:
-    refused = {"/"}
-    homes = {home_env}
-    try:
-        homes.add(pwd.getpwuid(euid).pw_dir)
-    except KeyError:
-        pass
-    for home in homes:
-        if not os.path.isabs(home):
-            continue
-        path = os.path.realpath(home)
-        while path != "/":
-            refused.add(path)
-            path = os.path.dirname(path)
-    return frozenset(refused)
-
-
 def in_tmp(path: str) -> bool:
     return path == TMP or path.startswith(TMP + "/")
 
@@ -215,7 +188,6 @@ def pin(policy: SandboxPolicy, cwd: str, sandbox_cwd: str, env, hidden=()) -> Pl
     ``/tmp`` itself (the global temp folder, or $TMPDIR when it is /tmp) is sluice's /tmp,
     not a host directory. Roots that do not exist are left out, as Landlock would.
     """
-    refused = refused_roots()
     roots: list[Pin] = []
     tmp_writable = False
     # The global temp folder, and $TMPDIR when it is /tmp, come out of writable_roots as /tmp.
@@ -230,13 +202,9 @@ def pin(policy: SandboxPolicy, cwd: str, sandbox_cwd: str, env, hidden=()) -> Pl
         if pinned.path == TMP:
             tmp_writable = True
             continue
-        if pinned.path in refused:
-            what = "the root directory" if pinned.path == "/" else "your home directory or a directory above it"
-            raise PinError(f"refusing to make {pinned.path} writable ({what}); run from a project directory, "
-                           "or use --sandbox read-only or danger-full-access")
-        if any(part in PROTECTED_SUBDIRS for part in pinned.path.split("/")):
-            raise PinError(f"refusing to make {pinned.path} writable (it is inside a repository's .git or .sluice); "
-                           "use --sandbox read-only or danger-full-access")
+        refusal = root_refusal(pinned.path)
+        if refusal:
+            raise PinError(refusal)
         if pinned not in roots:
             roots.append(pinned)
     # Outer roots first: an inner root is then bound on top of the outer one's clone.

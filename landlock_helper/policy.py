@@ -26,7 +26,9 @@ Stdlib only: this module is imported between fork and exec and by ``sluice sandb
 from __future__ import annotations
 
 import enum
+import functools
 import os
+import pwd
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -74,6 +76,45 @@ def write_allowed(path: str, roots) -> bool:
     that root's protected subdirectories (all paths absolute, symlinks already resolved)."""
     return any(is_beneath(path, root) and not any(is_beneath(path, os.path.join(root, name)) for name in PROTECTED_SUBDIRS)
                for root in roots)
+
+
+def refused_roots(env=None) -> frozenset[str]:
+    """Directories never accepted as writable roots outside danger-full-access: / and the
+    user's home directory (and every directory above it, which would contain it)."""
+    env = os.environ if env is None else env
+    return _refused_roots(os.geteuid(), env.get("HOME") or "")
+
+
+@functools.lru_cache(maxsize=8)
+def _refused_roots(euid: int, home_env: str) -> frozenset[str]:
+    refused = {"/"}
+    homes = {home_env}
+    try:
+        homes.add(pwd.getpwuid(euid).pw_dir)
+    except KeyError:
+        pass
+    for home in homes:
+        if not os.path.isabs(home):
+            continue
+        path = os.path.realpath(home)
+        while path != "/":
+            refused.add(path)
+            path = os.path.dirname(path)
+    return frozenset(refused)
+
+
+def root_refusal(path: str) -> str | None:
+    """Why the resolved ``path`` can never be a writable root outside danger-full-access,
+    as the one line a person reads; None when it may be one. Said by the executor, which
+    decides, and ahead of it by a caller on the same machine (:func:`broker.wire.run_args.check_run`)."""
+    if path in refused_roots():
+        what = "the root directory" if path == "/" else "your home directory or a directory above it"
+        return (f"refusing to make {path} writable ({what}); run from a project directory, "
+                "or use --sandbox read-only or danger-full-access")
+    if any(part in PROTECTED_SUBDIRS for part in path.split("/")):
+        return (f"refusing to make {path} writable (it is inside a repository's .git or .sluice); "
+                "use --sandbox read-only or danger-full-access")
+    return None
 
 
 class PolicyError(ValueError):

@@ -35,8 +35,9 @@ def make_request(
 ) -> wire.RunRequest:
     """Validate the arguments of :meth:`Client.submit`; raises :class:`UsageError`.
 
-    ``check_paths=False`` skips checking that ``cwd`` and the writable paths exist here,
-    for a command bound for another host's executor (which checks them there).
+    ``check_paths=False`` skips checking that ``cwd`` and the writable paths exist here
+    and that none is a root every executor refuses (``/``, the home directory or above it,
+    a ``.git``), for a command bound for another host's executor (which checks them there).
 
     ``env`` (default: ours) loses its secrets here, before it is sent
     (:mod:`landlock_helper.env`), except the names in ``env_passthrough``;

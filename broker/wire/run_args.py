@@ -11,7 +11,7 @@ from collections.abc import Iterable, Mapping
 
 from landlock_helper.env import split_env
 from landlock_helper.limits import LimitError, Limits, parse_count, parse_duration, parse_size
-from landlock_helper.policy import PolicyError, SandboxPolicy
+from landlock_helper.policy import PolicyError, SandboxPolicy, root_refusal
 
 # What a run captures of each stream by default, for its result (the output itself streams).
 DEFAULT_CAPTURE_LIMIT = 1024 * 1024
@@ -95,6 +95,8 @@ def check_run(
     # Filtered here, before it leaves this process: the daemon and the executor (maybe on
     # another host) never see the caller's secrets, only what the command may have.
     env, _ = split_env(os.environ if env is None else env, passthrough)
+    if check_paths:
+        _check_roots(policy, cwd, env)
 
     try:
         asked = Limits(
@@ -123,6 +125,17 @@ def check_run(
         "stdin": bool(stdin),
         "interactive": interactive,
     }
+
+
+def _check_roots(policy: SandboxPolicy, cwd: str, env: Mapping[str, str]) -> None:
+    """Say now, as a usage error, what the executor would refuse every time: a writable
+    root that is / or the home directory (or above it), or inside a ``.git``. (On this
+    machine only: a remote executor judges by its own user's home.)"""
+    for root in policy.writable_roots(cwd, dict(env)):
+        real = os.path.realpath(root)
+        refusal = None if real == "/tmp" else root_refusal(real)  # /tmp inside is sluice's own
+        if refusal:
+            raise RunArgsError(refusal)
 
 
 def json_fields(fields: dict) -> dict:

@@ -557,15 +557,17 @@ def test_running_inside_git_does_not_make_it_writable(as_user, nobody_env, workd
 
 
 def test_sluice_run_in_the_home_directory_says_why_in_one_line(daemon_factory, tmp_path):
-    """The executor refuses the home directory of the user it runs as."""
+    """The home directory of the user it runs as (and /) is refused before anything is
+    sent, as a usage error; the executor refuses it too (test_bad_directories_...)."""
     home = tmp_path / "home"
     home.mkdir()
     daemon = daemon_factory.start(executors=1, env={"HOME": str(home)})
     env = dict(daemon.env, HOME=str(home))
-    r = subprocess.run([*sluice_argv(), "run", "--", "true"], cwd=home, env=env, capture_output=True, text=True,
-                       timeout=60)
-    assert r.returncode != 0 and r.stdout == ""
-    assert r.stderr.count("\n") == 1 and f"refusing to make {home} writable" in r.stderr, r.stderr
+    for where, flags in ((home, []), ("/", []), (home, ["--via-broker"])):
+        r = subprocess.run([*sluice_argv(), "run", *flags, "--", "true"], cwd=where, env=env, capture_output=True,
+                           text=True, timeout=60)
+        assert r.returncode == 2 and r.stdout == ""  # a usage error, as `sluice sandbox` says it
+        assert r.stderr.count("\n") == 1 and f"refusing to make {where} writable" in r.stderr, r.stderr
     r = subprocess.run([*sluice_argv(), "run", "--sandbox", "read-only", "--", "pwd"], cwd=home, env=env,
                        capture_output=True, text=True, timeout=60)
     assert (r.returncode, r.stdout) == (0, f"{home}\n"), r.stderr

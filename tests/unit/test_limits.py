@@ -213,7 +213,7 @@ def test_no_cgroups_when_told_so(monkeypatch):
 
 
 def test_limits_cross_the_wire():
-    req = wire.RunRequest(argv=["true"], cwd="/", sandbox=make_request(["true"], cwd="/").sandbox,
+    req = wire.RunRequest(argv=["true"], cwd="/", sandbox=make_request(["true"], cwd="/tmp").sandbox,
                           limits=L.Limits(memory=64 * MiB, pids=64))
     back = wire.decode(wire.RUN, wire.encode(req))
     assert back.limits == L.Limits(memory=64 * MiB, pids=64) and isinstance(back.limits, L.Limits)
@@ -226,17 +226,17 @@ def test_limits_cross_the_wire():
 
 
 def test_make_request_reads_limits_as_docker_spells_them():
-    req = make_request(["true"], cwd="/", memory="512M", pids_limit=256, file_size="1G", cpu_time=60)
+    req = make_request(["true"], cwd="/tmp", memory="512M", pids_limit=256, file_size="1G", cpu_time=60)
     assert req.limits == L.Limits(memory=512 * MiB, pids=256, file_size=GiB, cpu_time=60)
-    assert make_request(["true"], cwd="/").limits is None
+    assert make_request(["true"], cwd="/tmp").limits is None
     # Arguments beat a configuration's limits; what they leave unset, it keeps.
-    req = make_request(["true"], cwd="/", memory="1G", limits=L.Limits(memory=2 * GiB, pids=10))
+    req = make_request(["true"], cwd="/tmp", memory="1G", limits=L.Limits(memory=2 * GiB, pids=10))
     assert req.limits == L.Limits(memory=GiB, pids=10)
-    assert make_request(["true"], cwd="/", pids_limit=-1).limits == L.Limits(pids=0)
+    assert make_request(["true"], cwd="/tmp", pids_limit=-1).limits == L.Limits(pids=0)
     with pytest.raises(UsageError, match="memory: not a size"):
-        make_request(["true"], cwd="/", memory="lots")
+        make_request(["true"], cwd="/tmp", memory="lots")
     with pytest.raises(UsageError, match="limits must be"):
-        make_request(["true"], cwd="/", limits={"memory": 1})  # type: ignore[arg-type]
+        make_request(["true"], cwd="/tmp", limits={"memory": 1})  # type: ignore[arg-type]
 
 
 def test_agent_config_limits_table(tmp_path):
@@ -253,7 +253,7 @@ def test_agent_config_limits_table(tmp_path):
 
 def test_configure_session_carries_limits_and_stays_codex_shaped_without():
     op = ConfigureSession(provider=ModelProviderInfo(name="x", base_url="http://h"), model="m",
-                          approval_policy=AskForApproval.NEVER, sandbox_policy=make_request(["t"], cwd="/").sandbox,
+                          approval_policy=AskForApproval.NEVER, sandbox_policy=make_request(["t"], cwd="/tmp").sandbox,
                           cwd="/", limits=L.Limits(memory=GiB))
     text = encode_json(op)
     assert b'"limits":{"memory":1073741824' in text

@@ -17,10 +17,10 @@ from broker.wire import frames as wire
 
 
 def test_tty_is_a_window_size():
-    r = make_request(["vi"], cwd="/", tty=(30, 100), interactive=True, stdin=True)
+    r = make_request(["vi"], cwd="/tmp", tty=(30, 100), interactive=True, stdin=True)
     assert (r.tty, r.interactive, r.stdin) == (wire.Winsize(30, 100), True, True)
-    assert make_request(["vi"], cwd="/", tty=wire.Winsize(24, 80)).tty == wire.Winsize(24, 80)
-    plain = make_request(["ls"], cwd="/")
+    assert make_request(["vi"], cwd="/tmp", tty=wire.Winsize(24, 80)).tty == wire.Winsize(24, 80)
+    plain = make_request(["ls"], cwd="/tmp")
     assert (plain.tty, plain.interactive) == (None, False)
 
 
@@ -35,13 +35,13 @@ def test_tty_is_a_window_size():
 ])
 def test_a_bad_tty_is_one_clear_line(tty, words):
     with pytest.raises(UsageError) as e:
-        make_request(["vi"], cwd="/", tty=tty)
+        make_request(["vi"], cwd="/tmp", tty=tty)
     assert words in str(e.value) and "\n" not in str(e.value)
 
 
 def test_interactive_is_a_bool():
     with pytest.raises(UsageError, match="interactive must be True or False"):
-        make_request(["sh"], cwd="/", interactive="yes")
+        make_request(["sh"], cwd="/tmp", interactive="yes")
 
 
 @pytest.fixture

@@ -67,16 +67,7 @@ class Policy:
             what = "is not a directory" if os.path.exists(root) else "does not exist"
             raise C.UsageError(f"--cwd {root} {what}")
         self.workspace = root
-        if self.mode == "workspace-write":
-            from landlock_helper.mounts import refused_roots
-
-            # The executor would refuse every command; better to say so once, now.
-            for path in [root, *self.writable]:
-                if os.path.realpath(path) in refused_roots():
-                    what = "the root directory" if path == "/" else "your home directory or a directory above it"
-                    raise C.UsageError(f"refusing to make {path} writable ({what}); pass a project directory as "
-                                       "--cwd, or use --sandbox read-only")
-        self.request(["true"], root)  # every mistake in the flags, now rather than per call
+        self.request(["true"], root)  # every mistake in the flags (a refused root too), now rather than per call
 
     def cwd(self, given) -> str:
         """The tool's ``cwd`` (relative to the workspace, or absolute), inside the workspace."""
