@@ -158,7 +158,22 @@ def announce(client) -> None:
         print_error(f"started the sluice daemon in the background (pid {client.started_daemon}, log "
                     f"{client.runtime.log_path}); it keeps running for the next commands: stop it with "
                     "`sluice daemon stop`")
+        say_weak_limits()
     announce_version(client.daemon_version, client.remote)
+
+
+def say_weak_limits() -> None:
+    """One line on stderr, when a daemon was just started here, if its commands will get
+    no default memory or process limit because this host gives this user no cgroups for
+    them (the executor's log says it too, where few look)."""
+    from landlock_helper import limits
+
+    found = limits.mechanism()
+    missing = [c for c in ("memory", "pids") if found.cgroup_for(c) is None]
+    if missing:
+        print_error(f"no {' or '.join(missing)} cgroup for this user here ({found.reason}): commands get no default "
+                    "memory or process limit, only rlimits when asked (--memory, --pids-limit); see the README's "
+                    "\"Resources: limits per command\"")
 
 
 def announce_version(daemon_version: str, remote) -> None:

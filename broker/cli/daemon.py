@@ -8,7 +8,7 @@ import sys
 import time
 
 import broker.client as C
-from broker.cli.base import fail, running_version
+from broker.cli.base import fail, running_version, say_weak_limits
 from broker.cli.keys import listen_argv, listen_from_args
 from broker.daemon.listener import ListenError
 from broker.daemon.server import DaemonAlreadyRunning, serve
@@ -88,6 +88,7 @@ def daemon_main(args) -> int:
     except C.DaemonError as e:
         return fail(str(e), 1)
     print(f"sluice: daemon started (pid {pid}, socket {runtime.socket_path})", flush=True)
+    say_weak_limits()
     return 0
 
 

@@ -138,6 +138,24 @@ def test_the_command_that_starts_the_daemon_says_so_once(sluice, runtime_dir) ->
     assert (p.returncode, p.stdout, p.stderr) == (0, b"second\n", b"")
 
 
+@pytest.mark.timeout(60)
+def test_a_daemon_started_without_cgroups_says_its_commands_have_no_default_limits(sluice, runtime_dir) -> None:
+    """As for a user the host gives no cgroups: said once, by the command that starts the
+    daemon (and by `sluice daemon start`), not by every command after it."""
+    env = dict(subprocess_env(runtime_dir), SLUICE_NO_CGROUPS="1")
+    p = _run(sluice, "run", "--", "echo", "first", env=env)
+    assert (p.returncode, p.stdout) == (0, b"first\n"), p.stderr
+    started, weak = _stderr_lines(p)
+    assert started.startswith("sluice: started the sluice daemon")
+    assert weak.startswith("sluice: no memory or pids cgroup for this user here (cgroups turned off by "
+                           "SLUICE_NO_CGROUPS): commands get no default memory or process limit"), weak
+    p = _run(sluice, "run", "--", "echo", "second", env=env)
+    assert (p.returncode, p.stdout, p.stderr) == (0, b"second\n", b"")
+    assert _run(sluice, "daemon", "stop", env=env).returncode == 0
+    p = _run(sluice, "daemon", "start", env=env)
+    assert p.returncode == 0 and b"no memory or pids cgroup" in p.stderr, p.stderr
+
+
 def _log_files(runtime) -> dict[str, bytes]:
     found = {}
     for name in ["daemon.log", *(f"daemon.log.{k}" for k in range(1, LOG_KEEP + 3))]:
