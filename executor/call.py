@@ -36,6 +36,7 @@ from broker.wire.results import EXIT_TIMED_OUT
 from executor.capture import Capture
 from landlock_helper import filter_env
 from landlock_helper.limits import Limits
+from landlock_helper.outcome import PASSABLE_SIGNALS
 from landlock_helper.spawn import SandboxError
 
 # The builtin a run with ``fileops`` runs (landlock_helper.spawn.BUILTINS).
@@ -526,6 +527,12 @@ class Call:
                 _set_size(self.streams[0].fd, rows, cols)
             except OSError as e:
                 log.warning("resizing the terminal failed", corr=self.corr, error=e.strerror)
+
+    def pass_signal(self, sig: int) -> None:
+        """``sig`` to the command's process group (as Ctrl-C on a terminal sends SIGINT);
+        a signal that may not be passed, or one for a command that has ended, is dropped."""
+        if sig in PASSABLE_SIGNALS and self.proc is not None and not self._tree_dead and not self.aborted:
+            self._signal(lambda: self.proc.signal_command(sig))
 
     def feed_stdin(self, data) -> None:
         """The next bytes of the command's stdin from the caller (empty: end of file)."""

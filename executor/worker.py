@@ -113,6 +113,7 @@ class Worker:
             wire.ACK: self._on_ack,
             wire.IN: self._on_stdin,
             wire.RESIZE: self._on_resize,
+            wire.SIGNAL: self._on_signal,
             wire.CANCEL: self._on_cancel,
             wire.HOLD: self._on_hold,
             wire.PING: self._on_ping,
@@ -563,6 +564,11 @@ class Worker:
         if call is not None:
             size = self._body(wire.RESIZE, frames)
             call.resize(size.rows, size.cols)
+
+    def _on_signal(self, h: wire.Header, frames) -> None:
+        call = self.calls.get(h.corr)
+        if call is not None:  # unknown: it may have just finished
+            call.pass_signal(h.n)
 
     def _on_cancel(self, h: wire.Header, frames) -> None:
         call = self.calls.get(h.corr)

@@ -12,6 +12,7 @@ Public API (stdlib + ctypes only; imports nothing else of sluice)::
                  limits=Limits(memory=512 << 20))   # landlock_helper.limits; unset: defaults
     ...                      # watch proc.done_fds (readable => finished)
     proc.terminate()         # SIGTERM to every process of the command's tree
+    proc.signal_command(signal.SIGINT)  # to the command's process group, as Ctrl-C would
     proc.kill()              # SIGKILL: the command's PID namespace is torn down
     outcome = proc.poll()    # None while running; Outcome(exit_code|signal|error, limit)
 

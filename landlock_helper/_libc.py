@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import struct
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _syscall = _libc.syscall
@@ -106,6 +107,7 @@ _GENERIC = {
     "fsconfig": 431,
     "fsmount": 432,
     "fspick": 433,
+    "pidfd_send_signal": 424,
     "pidfd_open": 434,
     "openat2": 437,
     "pidfd_getfd": 438,
@@ -187,6 +189,26 @@ def signalfd(signals) -> int:
         err = ctypes.get_errno()
         raise OSError(err, f"signalfd: {os.strerror(err)}")
     return fd
+
+
+# siginfo_t for a queued signal (si_code SI_QUEUE): si_signo, si_errno, si_code, then
+# (at 16) si_pid, si_uid and (at 24) the value's int.
+_SI_QUEUE = -1
+_SIGINFO_SIZE = 128
+
+
+def pidfd_queue_signal(pidfd: int, sig: int, value: int) -> None:
+    """Queue ``sig`` with the int ``value`` to the process of ``pidfd`` (sigqueue(3) by
+    pidfd, so a reused pid is never signalled; Python's pidfd_send_signal takes no
+    siginfo). The receiver reads ``value`` as ``ssi_int`` from its signalfd."""
+    info = ctypes.create_string_buffer(_SIGINFO_SIZE)
+    struct.pack_into("iii", info, 0, sig, 0, _SI_QUEUE)
+    struct.pack_into("iIi", info, 16, os.getpid(), os.getuid(), value)
+    syscall(nr("pidfd_send_signal"), ctypes.c_int(pidfd), ctypes.c_int(sig), info, ctypes.c_uint(0))
+
+
+# struct signalfd_siginfo: ssi_signo at 0, ssi_int at 44.
+SIGNALFD_SSI_INT = 44
 
 
 def unshare(flags: int) -> None:

@@ -15,7 +15,7 @@ import select
 import signal
 import termios
 
-from landlock_helper.outcome import Outcome, SandboxError
+from landlock_helper.outcome import PASSABLE_SIGNALS, Outcome, SandboxError
 from landlock_helper.seatbelt import seatbelt_argv
 
 
@@ -38,6 +38,11 @@ class SeatbeltProcess:
 
     def terminate(self) -> None:
         self._signal_group(signal.SIGTERM)
+
+    def signal_command(self, sig: int) -> None:
+        if sig not in PASSABLE_SIGNALS:
+            raise ValueError(f"signal {sig} cannot be passed to a command")
+        self._signal_group(sig)
 
     def kill(self) -> None:
         self._signal_group(signal.SIGKILL)

@@ -1,11 +1,18 @@
-"""What a sandboxed process comes to: how it ended, or why the sandbox could not be made.
+"""What a sandboxed process comes to: how it ended, or why the sandbox could not be made;
+and the signals its handle passes on to the command.
 
 Shared by the Linux sandbox (:mod:`landlock_helper.spawn`) and the macOS one
 (:mod:`landlock_helper.darwin`)."""
 
 from __future__ import annotations
 
+import signal
 from collections import namedtuple
+
+# What a process handle's ``signal_command`` passes to the command's process group: the
+# signals a person sends a foreground program (Ctrl-C, Ctrl-\, a hang-up, ``kill``).
+PASSABLE_SIGNALS = frozenset({signal.SIGINT, signal.SIGQUIT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1,
+                              signal.SIGUSR2})
 
 
 class SandboxError(RuntimeError):

@@ -71,16 +71,17 @@ def kind_of(fd: int) -> str | None:
 
 class _Stream:
     """Bytes from ``src`` to ``dst``; ``to_dst``: waiting for room in ``dst`` (else for
-    bytes in ``src``)."""
+    bytes in ``src``); ``transform``: what the bytes pass through on the copy path (a
+    terminal's output filter, or the keys filter of a pty's input), None: nothing."""
 
-    __slots__ = ("src", "dst", "splice", "to_dst", "pending", "screen", "keep")
+    __slots__ = ("src", "dst", "splice", "to_dst", "pending", "transform", "keep")
 
-    def __init__(self, src: int, dst: int, kind: str, screen=None, keep: bool = False) -> None:
+    def __init__(self, src: int, dst: int, kind: str, transform=None, keep: bool = False) -> None:
         self.src, self.dst = src, dst
         self.splice = kind == SPLICE
         self.to_dst = False
         self.pending = b""  # copy mode: read, not yet written
-        self.screen = screen
+        self.transform = transform
         self.keep = keep  # a pty's master: closed with the relay, not at one stream's end
 
     def waits_on(self) -> int:
@@ -135,16 +136,17 @@ class Relay:
         self.theirs.append(r)
         return r
 
-    def terminal(self, keys: int = 0, screen: int = 1) -> int:
+    def terminal(self, keys: int = 0, screen: int = 1, key_filter: Callable[[bytes], bytes] | None = None) -> int:
         """A pty made here, whose slave (returned) is the command's stdin, stdout and
-        stderr: ``keys`` typed go to its master, what it shows goes to ``screen``."""
+        stderr: ``keys`` typed go to its master (through ``key_filter``, which may keep
+        some), what it shows goes to ``screen``."""
         self.master, slave = os.openpty()
         self.theirs.append(slave)
         self.mine.append(slave)
         os.set_blocking(self.master, False)
         out = self._filter() if self._filter is not None else None
         self.outputs.append(_Stream(self.master, screen, COPY, out, keep=True))
-        self.stdin = _Stream(keys, self.master, COPY, keep=True)
+        self.stdin = _Stream(keys, self.master, COPY, key_filter, keep=True)
         return slave
 
     def handed_over(self) -> None:
@@ -245,7 +247,7 @@ class Relay:
     def _write(self, s: _Stream, data: bytes) -> None:
         """The copy path (a terminal, a socket, a device): what goes to a terminal passes
         its stream's filter here, and nowhere else."""
-        _write_all(s.dst, data if s.screen is None else s.screen(data))
+        _write_all(s.dst, data if s.transform is None else s.transform(data))
 
     def _in(self, s: _Stream) -> None:
         if s.splice:
@@ -263,13 +265,16 @@ class Relay:
             return
         if not s.pending:
             try:
-                s.pending = _read(s.src)
+                data = _read(s.src)
             except BlockingIOError:
                 return
             except OSError as e:
                 return self._end_stdin(s, e)
-            if not s.pending:
+            if not data:
                 return self._end_stdin(s)
+            s.pending = data if s.transform is None else s.transform(data)
+            if not s.pending:
+                return  # all kept by the filter
         try:
             n = os.write(s.dst, s.pending)
         except BlockingIOError:

@@ -76,7 +76,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from landlock_helper import _libc, landlock, mounts, namespaces, seccomp, unix_guard
-from landlock_helper.outcome import Outcome, SandboxError
+from landlock_helper.outcome import PASSABLE_SIGNALS, Outcome, SandboxError
 from landlock_helper.policy import SandboxPolicy
 
 if TYPE_CHECKING:
@@ -95,7 +95,10 @@ FORK_BACKOFF_MAX_S = 5.0
 
 
 _FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-_INIT_WAITED = {signal.SIGCHLD, *_FORWARDED}
+# Queued to the init with a signal number as its value (:meth:`Process.signal_command`):
+# "send this to the command's process group", as a terminal sends Ctrl-C.
+_PASS = signal.SIGRTMIN + 3
+_INIT_WAITED = {signal.SIGCHLD, _PASS, *_FORWARDED}
 _SIG_DFL = int(signal.SIG_DFL)
 
 
@@ -254,6 +257,18 @@ class SandboxedProcess:
         """SIGTERM to every process of the command's tree (the init forwards it)."""
         if self._outcome is None and self._init_fd is not None:
             _pidfd_signal(self._init_fd, signal.SIGTERM)
+
+    def signal_command(self, sig: int) -> None:
+        """``sig`` (one of :data:`PASSABLE_SIGNALS`) to the command's process group, as a
+        terminal sends Ctrl-C to its foreground job: the init passes it on. What the
+        command started in groups of its own does not get it."""
+        if sig not in PASSABLE_SIGNALS:
+            raise ValueError(f"signal {sig} cannot be passed to a command")
+        if self._outcome is None and self._init_fd is not None:
+            try:
+                _libc.pidfd_queue_signal(self._init_fd, _PASS, sig)
+            except ProcessLookupError:
+                pass
 
     def kill(self) -> None:
         """SIGKILL the init, which makes the kernel kill every process in its namespace."""
@@ -1128,6 +1143,10 @@ def _init_here(template: _Template, ctl: int) -> None:
 def _init(template: _Template, ctl: int, join_fds: list[int]) -> None:
     _die_with_parent(None)
     _rename_self(INIT_NAME)
+    # Out of our caller's process group: a Ctrl-C on the caller's terminal is for the
+    # caller (`sluice sandbox`), which decides what the command gets (with -i, only a
+    # SIGINT for the command's own group; without, the end of the tree through us).
+    os.setpgid(0, 0)
     signal.pthread_sigmask(signal.SIG_BLOCK, _INIT_WAITED)
     view = mounts.prepare(template.hidden_paths, template.scratch)
     # The command hands its seccomp listener over on this channel; we answer its connects.
@@ -1174,13 +1193,29 @@ def _reap_until(main_child: int, guard: unix_guard.Guard) -> int:
                 infos = os.read(signals, 16 * _libc.SIGNALFD_SIGINFO_SIZE)
             except BlockingIOError:
                 continue
-            signos = {int.from_bytes(infos[i:i + 4], sys.byteorder)
-                      for i in range(0, len(infos), _libc.SIGNALFD_SIGINFO_SIZE)}
-            if signos - {signal.SIGCHLD}:
+            ending = False
+            for i in range(0, len(infos), _libc.SIGNALFD_SIGINFO_SIZE):
+                signo = int.from_bytes(infos[i:i + 4], sys.byteorder)
+                if signo == _PASS:
+                    _pass_on(main_child, infos, i)
+                elif signo != signal.SIGCHLD:
+                    ending = True
+            if ending:
                 try:
                     os.kill(-1, signal.SIGTERM)  # everyone in this namespace except us
                 except ProcessLookupError:
                     pass
+
+
+def _pass_on(main_child: int, infos: bytes, at: int) -> None:
+    """A signal the executor queued for the command's process group (its value)."""
+    sig = int.from_bytes(infos[at + _libc.SIGNALFD_SSI_INT:at + _libc.SIGNALFD_SSI_INT + 4], sys.byteorder,
+                         signed=True)
+    if sig in PASSABLE_SIGNALS:
+        try:
+            os.killpg(main_child, sig)  # the command's own session and group (it called setsid)
+        except ProcessLookupError:
+            pass
 
 
 def _rehearse() -> None:

@@ -80,6 +80,10 @@ def _parser(argv: list[str] = ()):
         p.add_argument("-i", "--interactive", action="store_true",
                        help="keep stdin attached even when it is a terminal (lines typed reach the command, "
                             "Ctrl-D ends them); -it for a terminal both ways")
+        p.add_argument("--escape-char", metavar="CHAR", dest="escape", default="~",
+                       help="with -t, right after Enter: CHAR. ends the command, CHAR? lists the escapes, "
+                            "CHARCHAR types CHAR (as ssh's ~.); 'none': every key goes to the command "
+                            "(default: ~)")
         p.add_argument("--raw-escapes", action="store_true",
                        help="pass every escape sequence of the command's output to your terminal (by default, "
                             "on a terminal, those that set the clipboard or title or make the terminal answer "

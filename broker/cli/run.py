@@ -32,7 +32,15 @@ from broker.cli.base import (
 )
 from broker.cli.outlet import Outlet
 from broker.cli.run_direct import FALLBACK, DirectRun
-from broker.cli.terminal import NOT_A_TERMINAL, RawTerminal, is_terminal, window_size
+from broker.cli.terminal import (
+    NOT_A_TERMINAL,
+    CtrlC,
+    EscapeKeys,
+    RawTerminal,
+    escape_char,
+    is_terminal,
+    window_size,
+)
 from broker.cli.terminal_guard import output_guards, relay_filter
 from broker.wire.results import EXIT_NOT_FOUND, EXIT_SIGNAL_BASE, EXIT_SLUICE, EXIT_USAGE, new_call_id
 from broker.wire.run_args import RunArgsError, check_run
@@ -51,6 +59,10 @@ def run_main(args) -> int:
         return fail(NOT_A_TERMINAL, EXIT_USAGE)
     if args.tty and args.json:
         return fail("-t and --json do not go together (a terminal's output is not events)", EXIT_USAGE)
+    try:
+        args.escape = escape_char(args.escape)
+    except ValueError as e:
+        return fail(str(e), EXIT_USAGE)
 
     stdin = args.tty or _forwarded_stdin(args.interactive) is not None
     try:
@@ -139,10 +151,10 @@ def _through_broker(fields: dict, command: list[str], args, guards: dict) -> int
                     call.on_notice = lambda call, note: term.say(note)
                 try:
                     if term is not None:
-                        _feed_terminal(client, call, term, out)
-                    elif request.stdin:
-                        _feed_stdin(client, call, 0, out)
-                    result = out.wait(client, call)
+                        _feed_terminal(client, call, term, out, EscapeKeys(args.escape))
+                    # (With -t, Ctrl-C is a key for the command's terminal, not our signal.)
+                    passing = args.interactive and term is None
+                    result = _follow(client, call, out, request.stdin and term is None, CtrlC() if passing else None)
                 except C.Interrupted as e:
                     signum = e.signum
                     client.cancel(call)
@@ -161,6 +173,24 @@ def _through_broker(fields: dict, command: list[str], args, guards: dict) -> int
     out.end(result)
     out.finish()
     return _ending(result, command, args, signum, out.stdout_closed)
+
+
+def _follow(client, call, out: _Output, stdin: bool, ctrl_c: CtrlC | None):
+    """Our stdin to the call (when it has one) while its output goes on, then its result.
+    With ``ctrl_c`` (``-i``), SIGINT is passed to the command rather than ending the wait."""
+    import broker.client as C
+
+    fed = not stdin
+    while True:
+        try:
+            if not fed:
+                _feed_stdin(client, call, 0, out)
+                fed = True
+            return out.wait(client, call)
+        except C.Interrupted as e:
+            if ctrl_c is None or e.signum != signal.SIGINT or not ctrl_c.passes(call.started):
+                raise
+            client.signal_command(call, signal.SIGINT)
 
 
 def _ending(result, command: list[str], args, signum: int | None, stdout_closed: bool) -> int:
@@ -247,11 +277,14 @@ def _feed_stdin(client, call, fd: int, out: _Output) -> None:
         client.write_stdin(call, data)
 
 
-def _feed_terminal(client, call, term: RawTerminal, out: _Output) -> None:
+def _feed_terminal(client, call, term: RawTerminal, out: _Output, escapes: EscapeKeys) -> None:
     """``-t``: keys typed on our (raw) terminal to the command's pty, as bytes, and our
     window's changes to it, until the call ends. Keys wait in our terminal while the
     executor has a window's worth unread (flow control, as for a pipe). Its output goes
-    on meanwhile (``out``)."""
+    on meanwhile (``out``). ``~.`` (:class:`EscapeKeys`) ends the command as a hang-up
+    of its terminal would: raises :class:`broker.client.Interrupted` for SIGHUP."""
+    import broker.client as C
+
     fd = term.fd
     reading = True
     while not call.done:
@@ -274,7 +307,14 @@ def _feed_terminal(client, call, term: RawTerminal, out: _Output) -> None:
             # pty stays open until it exits or is cancelled.
             reading = False
             continue
-        client.write_stdin(call, data)
+        data, asked = escapes.feed(data)
+        if data:
+            client.write_stdin(call, data)
+        if asked == EscapeKeys.HELP:
+            term.say(escapes.help())
+        elif asked == EscapeKeys.END:
+            term.say(escapes.ending())
+            raise C.Interrupted(signal.SIGHUP)
 
 
 def config_limits():

@@ -26,13 +26,23 @@ import contextlib
 import fcntl
 import os
 import select
+import signal
 import struct
 import sys
 import termios
 import time
 
 from broker.cli.base import USAGE_SANDBOX, ConfigError, caught_signals, command_of, env_report, fail, print_error
-from broker.cli.terminal import NOT_A_TERMINAL, RawTerminal, is_terminal, window_size
+from broker.cli.terminal import (
+    DEFAULT_ESCAPE,
+    NOT_A_TERMINAL,
+    CtrlC,
+    EscapeKeys,
+    RawTerminal,
+    escape_char,
+    is_terminal,
+    window_size,
+)
 from broker.cli.terminal_guard import output_guards, relay_filter
 from broker.net.keys import default_keys_dir
 from broker.net.runtime import RuntimeDir, ensure_sluice_home, hidden_paths
@@ -52,7 +62,8 @@ KILL_GRACE_S = 0.5
 
 # The flags of ``sluice sandbox`` (broker.cli.main's parser is where they are described):
 # those that take a value, and the switches, by the attribute they set.
-_VALUE_FLAGS = {"--sandbox": "sandbox", "--cwd": "cwd", "--writable": "writable", "--env": "env"}
+_VALUE_FLAGS = {"--sandbox": "sandbox", "--cwd": "cwd", "--writable": "writable", "--env": "env",
+                "--escape-char": "escape"}
 _SWITCHES = {"--network": "network", "--env-report": "env_report", "-t": "tty", "--tty": "tty",
              "-i": "interactive", "--interactive": "interactive", "-it": None, "-ti": None,
              "--raw-escapes": "raw_escapes"}
@@ -67,6 +78,7 @@ class _Args:
         self.writable: list[str] = []
         self.env: list[str] = []
         self.network = self.env_report = self.tty = self.interactive = self.raw_escapes = False
+        self.escape = DEFAULT_ESCAPE
         self.command: list[str] = []
 
 
@@ -119,6 +131,10 @@ def sandbox_main(args, *, one_shot: bool = False) -> int:
         return fail(f"unknown sandbox mode {args.sandbox!r}; expected one of {', '.join(MODES)}", EXIT_USAGE)
     if args.tty and not is_terminal(0):
         return fail(NOT_A_TERMINAL, EXIT_USAGE)
+    try:
+        escape = escape_char(args.escape)
+    except ValueError as e:
+        return fail(str(e), EXIT_USAGE)
     cwd = os.path.abspath(args.cwd) if args.cwd is not None else None
     if cwd is not None and not os.path.isdir(cwd):
         what = "is not a directory" if os.path.exists(cwd) else "does not exist"
@@ -146,17 +162,21 @@ def sandbox_main(args, *, one_shot: bool = False) -> int:
         screen = relay_filter(output_guards(args.raw_escapes))
     except ConfigError as e:
         return fail(str(e), EXIT_USAGE)
-    return _Sandboxed(args.tty, args.interactive, one_shot, screen).run(command, cwd=cwd, env=env, policy=policy,
-                                                                       hide=hide)
+    return _Sandboxed(args.tty, args.interactive, one_shot, screen, escape).run(command, cwd=cwd, env=env,
+                                                                               policy=policy, hide=hide)
 
 
 class _Sandboxed:
     """Starts the command with its stdio (:class:`~landlock_helper.relay.Relay`: pipes of
     ours, or a pty) and moves bytes between ours and theirs until its whole tree is dead."""
 
-    def __init__(self, tty: bool, interactive: bool, one_shot: bool = False, screen=None) -> None:
+    def __init__(self, tty: bool, interactive: bool, one_shot: bool = False, screen=None,
+                 escape: str | None = DEFAULT_ESCAPE) -> None:
         self.tty = tty
         self.interactive = interactive
+        self.escapes = EscapeKeys(escape)  # -t: ~. ends the command
+        self.ctrl_c = CtrlC() if interactive and not tty else None  # -i: Ctrl-C is passed to the command
+        self.term: RawTerminal | None = None
         self.one_shot = one_shot
         self.relay = Relay(terminal_filter=screen)  # screen: broker.cli.terminal_guard.relay_filter
         self.signum: int | None = None
@@ -167,7 +187,7 @@ class _Sandboxed:
     def _stdio(self) -> tuple[int | None, int | None, int | None]:
         """The command's stdin, stdout and stderr (None: the sandbox's /dev/null)."""
         if self.tty:
-            slave = self.relay.terminal()
+            slave = self.relay.terminal(key_filter=self._keys)
             self._resize(*window_size(0, 1, 2))
             return slave, slave, slave
         # A terminal is never the command's: read through a pipe with -i, else /dev/null.
@@ -190,8 +210,8 @@ class _Sandboxed:
             try:
                 if self.signum is not None:  # told to stop while it was starting
                     self._stop()
-                with RawTerminal(0) if self.tty else contextlib.nullcontext() as term:
-                    self._pump(proc, term)
+                with RawTerminal(0) if self.tty else contextlib.nullcontext() as self.term:
+                    self._pump(proc, self.term)
                 outcome = proc.wait()
             finally:
                 proc.close()
@@ -220,11 +240,27 @@ class _Sandboxed:
             self.proc.terminate()
             self.kill_at = time.monotonic() + KILL_GRACE_S
 
+    def _keys(self, keys: bytes) -> bytes:
+        """-t: the keys typed, less the escapes (:class:`EscapeKeys`), which act here."""
+        keys, asked = self.escapes.feed(keys)
+        if asked == EscapeKeys.HELP and self.term is not None:
+            self.term.say(self.escapes.help())
+        elif asked == EscapeKeys.END:
+            if self.term is not None:
+                self.term.say(self.escapes.ending())
+            self.signum = signal.SIGHUP  # as if its terminal hung up
+            self._stop()
+        return keys
+
     @contextlib.contextmanager
     def _signals(self):
-        """SIGINT, SIGTERM, SIGHUP end the command's tree (we relay until it is dead);
-        every signal with a handler wakes the relay's select through the wakeup fd."""
+        """SIGINT, SIGTERM, SIGHUP end the command's tree (we relay until it is dead),
+        except that with -i SIGINT is passed to the command (:class:`CtrlC`); every signal
+        with a handler wakes the relay's select through the wakeup fd."""
         def end(signum, frame):
+            if signum == signal.SIGINT and self.ctrl_c is not None and self.ctrl_c.passes(self.proc is not None):
+                self.proc.signal_command(signal.SIGINT)
+                return
             self.signum = signum
             self._stop()
 

@@ -1,5 +1,6 @@
 """The caller's terminal for ``sluice run -t`` and ``sluice sandbox -t``: raw mode, always
-restored, and its window size and changes.
+restored, and its window size and changes; and the keys that are sluice's rather than the
+command's (``-i``'s Ctrl-C, ``-t``'s ``~.`` escapes).
 
 In raw mode every key is a byte for the program on the other side (Ctrl-C is ``\\x03``,
 Ctrl-Z ``\\x1a``): the pty in the sandbox, with its own line discipline, turns them into
@@ -17,6 +18,7 @@ import os
 import signal
 import sys
 import termios
+import time
 import tty
 
 # When a terminal's size cannot be read (0x0, or not a terminal): what terminals start with.
@@ -122,3 +124,88 @@ class RawTerminal:
 
 
 NOT_A_TERMINAL = "the input device is not a terminal: -t needs stdin to be one (use -i to forward a pipe or file)"
+
+
+# -- keys that are ours, not the command's ---------------------------------------------------
+
+# ``-i``: Ctrl-C pressed this many times within this many seconds cancels the command (one
+# that ignores SIGINT); fewer are passed to it.
+CTRL_C_TO_CANCEL = 3
+CTRL_C_WINDOW_S = 2.0
+
+
+class CtrlC:
+    """``-i``'s Ctrl-C, as ``docker run -i`` has it: SIGINT goes to the command's process
+    group (the command decides: Python raises KeyboardInterrupt, a shell's trap runs), and
+    the third within :data:`CTRL_C_WINDOW_S` cancels the command, tree and all. Before the
+    command has started there is nothing to pass it to: the first cancels."""
+
+    def __init__(self) -> None:
+        self._presses: list[float] = []
+
+    def passes(self, started: bool) -> bool:
+        """Whether this press goes to the command (else it cancels the command)."""
+        now = time.monotonic()
+        self._presses = [t for t in self._presses if now - t < CTRL_C_WINDOW_S] + [now]
+        return started and len(self._presses) < CTRL_C_TO_CANCEL
+
+
+DEFAULT_ESCAPE = "~"
+
+
+def escape_char(value: str) -> str | None:
+    """``--escape``'s value: one printable ASCII character, or ``none`` (no escapes: every
+    key goes to the command). Raises ValueError with a sentence for a person."""
+    if value == "none":
+        return None
+    if len(value) != 1 or not value.isascii() or not value.isprintable() or value.isspace():
+        raise ValueError(f"--escape-char must be one printable character or 'none', got {value!r}")
+    return value
+
+
+class EscapeKeys:
+    """ssh's escapes, for the keys of a raw terminal (``-t``): right after Enter (or as
+    the first key), the escape character (``~``) and then ``.`` ends the command (as if
+    its terminal hung up), ``?`` lists the escapes and ``~`` types one ``~``. Anything
+    else after it goes to the command as typed, the ``~`` included, so a ``~`` typed in
+    the middle of a line, or one not followed by an escape, is never lost."""
+
+    END = "end"
+    HELP = "help"
+
+    def __init__(self, char: str | None = DEFAULT_ESCAPE) -> None:
+        self.char = None if char is None else ord(char)
+        self._line_start = True
+        self._pending = False
+
+    def help(self) -> str:
+        c = chr(self.char) if self.char is not None else ""
+        return (f"escapes (after Enter): {c}. end the command  {c}? this list  {c}{c} type one {c}  "
+                "(--escape none: no escapes)")
+
+    def ending(self) -> str:
+        return f"{chr(self.char)}. typed: ending the command and its processes"
+
+    def feed(self, keys: bytes) -> tuple[bytes, str | None]:
+        """The keys that go to the command, and what the person asked of us (``END``,
+        ``HELP`` or None). After ``END`` the rest of ``keys`` is dropped."""
+        if self.char is None:
+            return keys, None
+        out = bytearray()
+        asked = None
+        for b in keys:
+            if self._pending:
+                self._pending = False
+                if b == ord("."):
+                    return bytes(out), self.END
+                if b == ord("?"):
+                    asked = self.HELP
+                    continue
+                if b != self.char:
+                    out.append(self.char)  # not an escape: the ~ was the command's
+            elif self._line_start and b == self.char:
+                self._pending = True
+                continue
+            out.append(b)
+            self._line_start = b in (0x0D, 0x0A)
+        return bytes(out), asked

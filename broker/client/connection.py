@@ -339,6 +339,20 @@ class Client:
             return
         self.send_frames([wire.header(wire.RESIZE, call.call_id), wire.encode(size)], block=True)
 
+    def signal_command(self, call: Call, signum: int) -> None:
+        """Send ``signum`` to ``call``'s command's process group, as a terminal sends Ctrl-C
+        to its foreground job (``sluice run -i`` passes its SIGINT so): the command decides
+        what it does with it, unlike :meth:`cancel`, which kills its whole tree. Before the
+        command started, or after it ended, nothing is sent. Raises :class:`UsageError` for
+        a signal that cannot be passed (see :data:`landlock_helper.outcome.PASSABLE_SIGNALS`)."""
+        from landlock_helper.outcome import PASSABLE_SIGNALS
+
+        if signum not in PASSABLE_SIGNALS:
+            names = ", ".join(sorted(signal.Signals(s).name for s in PASSABLE_SIGNALS))
+            raise UsageError(f"signal {signum} cannot be sent to a command (these can: {names})")
+        if call.started and not call.done:
+            self.send_frames([wire.header(wire.SIGNAL, call.call_id, n=int(signum))], block=True)
+
     def wait_io(self, fds, timeout: float | None = None, *, writable=(), interruptible: bool = True) -> tuple[int, ...]:
         """Handle what arrives from the daemon until one of ``fds`` is readable, one of
         ``writable`` writable, or ``timeout`` passes (or something arrived); returns the

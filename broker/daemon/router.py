@@ -114,6 +114,7 @@ FRAME_COUNT = {
     wire.ACK: 1,
     wire.IN: 2,
     wire.RESIZE: 2,
+    wire.SIGNAL: 1,
     wire.CANCEL: 1,
     wire.PING: 1,
     wire.PONG: 1,
@@ -436,6 +437,7 @@ class Router:
             wire.ACK: self._on_ack,
             wire.IN: self._to_executor,
             wire.RESIZE: self._to_executor,
+            wire.SIGNAL: self._to_executor,
             wire.CANCEL: self._on_cancel,
             wire.PING: self._on_ping,
             wire.PONG: self._on_pong,
@@ -772,8 +774,8 @@ class Router:
         self._send(executor, [executor.identity, wire.header(wire.ACK, call.id, n=n, seq=chunks)])
 
     def _to_executor(self, peer: Peer, head: wire.Header, frames: list) -> None:
-        """``in`` (the next bytes of a call's stdin) and ``resize`` (its terminal's new size),
-        to its executor as they came. The caller's stdin window
+        """``in`` (the next bytes of a call's stdin), ``resize`` (its terminal's new size) and
+        ``signal`` (one for its process group), to its executor as they came. The caller's stdin window
         (:data:`~broker.wire.frames.STDIN_WINDOW_BYTES`, acked by the executor) bounds what
         is in flight; what comes for a call not running (yet, or any more) is dropped."""
         call = self.calls.get(head.corr)

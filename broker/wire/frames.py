@@ -23,6 +23,9 @@ in        frontend -> broker -> exec  the next bytes of the command's stdin (a r
                                       after ``started``); an empty frame is the end of file
 resize    frontend -> broker -> exec  :class:`Winsize`: the new window size of a run with ``tty``
 cancel    frontend -> broker -> exec  none (``corr`` = call id)
+signal    frontend -> broker -> exec  none; ``n`` a signal for the command's process group, one of
+                                      :data:`~landlock_helper.outcome.PASSABLE_SIGNALS` (``sluice run -i``'s
+                                      Ctrl-C); an executor older than it ignores it
 hold      broker -> exec              none; ``n`` 1: stop reading the call's output, 0: go on
 exit      exec -> broker -> frontend  :class:`ExitStatus` (``corr`` = call id)
 notice    broker -> frontend          :class:`ErrorMsg`: something the person should know
@@ -205,6 +208,7 @@ SESSIONS = "sessions"
 NOTICE = "notice"
 IN = "in"
 RESIZE = "resize"
+SIGNAL = "signal"
 STATUS = "status"
 HOLD = "hold"
 

@@ -259,6 +259,21 @@ def test_signal_interrupts_a_wait_at_once(client):
         assert client.wait(call, 10).aborted
 
 
+@pytest.mark.timeout(60)
+def test_signal_command_goes_to_the_command_which_decides(client):
+    """Unlike cancel, which kills the tree: the command's trap runs and it exits as it likes."""
+    chunks = []
+    call = client.submit(["sh", "-c", "trap 'echo got-INT; exit 5' INT; echo ready; while :; do sleep 0.1; done"],
+                         on_output=lambda call, stream, data: chunks.append(bytes(data)))
+    wait_for(lambda: client.poll(0.05) is not None and b"ready" in b"".join(chunks), what="ready")
+    client.signal_command(call, signal.SIGINT)
+    result = client.wait(call, 30)
+    assert (result.returncode, result.aborted) == (5, False) and b"got-INT" in b"".join(chunks)
+    client.signal_command(call, signal.SIGINT)  # ended: nothing is sent
+    with pytest.raises(UsageError, match="signal 9 cannot be sent to a command .these can: SIGHUP, SIGINT"):
+        client.signal_command(call, signal.SIGKILL)
+
+
 @pytest.mark.timeout(30)
 def test_usage_errors_are_one_line():
     cases = [

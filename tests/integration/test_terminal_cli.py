@@ -1,8 +1,9 @@
 """``sluice run -t`` and ``sluice sandbox -t`` on a real terminal (a pty made by the test,
 the CLI its foreground job): keys reach the program (Ctrl-C as a key), window changes
 reach it, ``vi`` edits and saves a file, the caller's terminal is raw while the program
-runs and is given back as it was on every way out. ``-i`` forwards lines typed on a
-terminal; without ``-t`` the command sees no terminal. Both commands behave the same:
+runs and is given back as it was on every way out; ``~.`` after Enter ends the command.
+``-i`` forwards lines typed on a terminal and passes Ctrl-C to the command; without
+``-t`` the command sees no terminal. Both commands behave the same:
 every test runs for each."""
 
 from __future__ import annotations
@@ -140,6 +141,83 @@ def test_i_forwards_lines_typed_on_a_terminal(cli):
         term.type(b"\x04")  # Ctrl-D at the start of a line: end of file
         term.expect(b"eof", since=at)
         assert term.wait() == 0
+
+
+CATCHES_CTRL_C = """
+import sys, time
+try:
+    print("ready", flush=True)
+    time.sleep(60)
+except KeyboardInterrupt:
+    print("caught KeyboardInterrupt", flush=True)
+    sys.exit(7)
+"""
+
+
+def test_i_passes_ctrl_c_to_the_command_as_docker_does(cli):
+    """Ctrl-C on our terminal is SIGINT for sluice; with -i the command gets it and decides."""
+    with cli.terminal("-i", "--", "python3", "-c", CATCHES_CTRL_C) as term:
+        term.expect(b"ready")
+        term.type(b"\x03")
+        term.expect(b"caught KeyboardInterrupt")
+        assert term.wait() == 7
+
+
+def test_i_three_ctrl_c_end_a_command_that_ignores_it(cli):
+    script = "trap 'echo got-INT' INT; echo ready; while :; do sleep 0.1; done"
+    with cli.terminal("-i", "--", "sh", "-c", script) as term:
+        at = term.expect(b"ready")
+        term.type(b"\x03")
+        at = term.expect(b"got-INT", since=at)  # passed: the trap ran, the command goes on
+        term.type(b"\x03")
+        term.expect(b"got-INT", since=at)
+        term.type(b"\x03")  # the third within 2 s: sluice ends it, tree and all
+        assert term.wait() == 130
+
+
+IGNORES_EVERYTHING = """
+import signal, sys, time
+for s in (signal.SIGINT, signal.SIGQUIT, signal.SIGTSTP):
+    signal.signal(s, signal.SIG_IGN)
+print("ready", flush=True)
+for line in sys.stdin:
+    print("read", line.strip(), flush=True)
+"""
+
+
+def test_t_tilde_dot_after_enter_ends_a_command_that_ignores_every_key(cli):
+    with cli.terminal("-t", "--", "python3", "-c", IGNORES_EVERYTHING) as term:
+        at = term.expect(b"ready")
+        term.type(b"\x03\x1c")  # Ctrl-C, Ctrl-\: ignored by the program
+        term.type(b"a~b\r")  # a ~ inside a line is the program's
+        at = term.expect(b"read a~b", since=at)
+        term.type(b"~~x\r")  # ~~ types one ~
+        at = term.expect(b"read ~x", since=at)
+        term.type(b"~?")
+        at = term.expect(b"escapes (after Enter): ~. end the command", since=at)
+        assert term.is_raw()
+        term.type(b"\r~.")
+        term.expect(b"sluice: ~. typed: ending the command and its processes", since=at)
+        assert term.wait() == 129  # as if its terminal hung up
+        assert term.attrs() == term.initial_attrs
+
+
+def test_t_escape_char_none_gives_every_key_to_the_command(cli):
+    with cli.terminal("-t", "--escape-char", "none", "--", "python3", "-c", IGNORES_EVERYTHING) as term:
+        at = term.expect(b"ready")
+        term.type(b"~.\r")
+        at = term.expect(b"read ~.", since=at)
+        term.type(b"\x04")  # Ctrl-D: end of file for the program's terminal
+        assert term.wait() == 0
+
+
+@pytest.mark.parametrize("value", ["ab", "", " ", "\u00e9"])
+def test_a_bad_escape_char_is_a_usage_error(value, sluice, module_daemon, tmp_path):
+    for command in ("sandbox", "run"):
+        r = subprocess.run([*sluice, command, "--cwd", str(tmp_path), "--escape-char", value, "--", "true"],
+                           input=b"", env=module_daemon.env_for_children(), capture_output=True, timeout=60)
+        assert r.returncode == 2
+        assert r.stderr.count(b"\n") == 1 and b"--escape-char must be one printable character" in r.stderr
 
 
 def test_without_t_the_command_sees_no_terminal(cli):
