@@ -15,6 +15,7 @@ import random
 import select
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -369,6 +370,28 @@ def test_model_error_after_the_retry_budget_fails_the_exec(dmn, server, work, tm
     p = fe.run("--approval-policy", "never", "-C", str(work), "hello")
     assert p.returncode == 1
     assert "error: " in p.stderr and "bad model name" in p.stderr
+
+
+def test_an_unreachable_model_server_says_to_check_base_url(dmn, work, tmp_path) -> None:
+    """A provider whose server is not running (a port nothing listens on): the error
+    names the provider and the URL tried, and says to check base_url."""
+    with socket.socket() as probe:  # a free port; closed again before the exec
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    home = tmp_path / "fe-home"
+    home.mkdir()
+    (home / "config.toml").write_text(
+        'model = "test-model"\nmodel_provider = "local"\n'
+        f'[model_providers.local]\nname = "local"\nbase_url = "http://127.0.0.1:{port}/v1"\n'
+        'wire_api = "chat"\nrequest_max_retries = 1\n')
+    env = subprocess_env(dmn.runtime, SLUICE_HOME=str(home))
+    p = subprocess.run([*sluice_argv(), "exec", "--approval-policy", "never", "-C", str(work), "hello"],
+                       env=env, capture_output=True, text=True, timeout=30)
+    assert p.returncode == 1, p.stderr
+    (line,) = [line for line in p.stderr.splitlines() if line.startswith("error: ")]
+    assert f"url (http://127.0.0.1:{port}/v1/chat/completions)" in line, line
+    assert line.endswith(f"check base_url of model provider 'local' (http://127.0.0.1:{port}/v1) "
+                         "and that its server is running"), line
 
 
 # -- patches ----------------------------------------------------------------------------
