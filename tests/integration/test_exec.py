@@ -548,3 +548,20 @@ def test_the_unified_exec_setting_chooses_the_tools_the_model_is_offered(fe, ser
         assert p.returncode == 0, p.stderr
         names = {tool["name"] for tool in server.requests[0]["json"]["tools"]}
         assert names & {"shell", "unified_exec", "exec_command", "write_stdin"} == expected, names
+
+
+def test_the_final_message_starts_on_its_own_line_after_a_programs_prompt(fe, server, work) -> None:
+    """A Python REPL left at its ``>>> `` prompt (output with no newline at its end),
+    then the agent's answer: on one screen (stdout and stderr together, as on a
+    terminal) the answer starts a line of its own."""
+    server.script(
+        response(call("exec_command", {"cmd": "/usr/bin/python3 -i -q", "tty": True, "yield_time_ms": 1500}, "c1")),
+        response(assistant("Done.")),
+    )
+    p = subprocess.run(fe.argv("-c", "unified_exec=codex", "--approval-policy", "never", "--sandbox",
+                               "workspace-write", "--cd", str(work), "start python"),
+                       env=fe.env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                       text=True, timeout=60)
+    assert p.returncode == 0, p.stdout
+    assert ">>> " in p.stdout and "\nDone.\n" in p.stdout, p.stdout
+    assert ">>> Done." not in p.stdout
