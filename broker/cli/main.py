@@ -110,6 +110,9 @@ def _parser(argv: list[str] = ()):
         run.add_argument("command", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
 
     def sessions_args(sessions) -> None:
+        sessions.add_argument("action", nargs="?", choices=("close",), default=None,
+                              help="close ID: shut the session down (its turn and commands end)")
+        sessions.add_argument("id", nargs="?", metavar="ID", default=None, help=argparse.SUPPRESS)
         sessions.add_argument("--json", action="store_true", help="one JSON object per session per line")
         add_connect_args(sessions)
 
@@ -191,8 +194,10 @@ def _parser(argv: list[str] = ()):
                                 "streaming its output; exits with its exit code."}, run_args),
         "exec": ({"help": "give the agent a task and watch it work (see `sluice exec --help`)", "add_help": False},
                  None),
-        "sessions": ({"help": "list the daemon's sessions",
-                      "description": "List the sessions the daemon hosts (exit 3 when no daemon is running)."},
+        "sessions": ({"help": "list the daemon's sessions, or close one",
+                      "usage": "sluice sessions [--json] | sluice sessions close ID",
+                      "description": "List the sessions the daemon hosts (exit 3 when no daemon is running); "
+                                     "close ID: shut one down."},
                      sessions_args),
         "attach": ({"help": "follow a session, answer its approvals, give it input",
                     "description": "Replay a session from the start of its current turn (or --since N), then "
