@@ -153,6 +153,8 @@ def _parser(argv: list[str] = ()):
         daemon.add_argument("--json", action="store_true", help="status: one JSON object")
         daemon.add_argument("-n", "--lines", metavar="N", type=count, default=20, help="logs: the last N lines (default 20)")
         daemon.add_argument("-f", "--follow", action="store_true", help="logs: then follow it until Ctrl-C")
+        daemon.add_argument("--force", action="store_true",
+                            help="stop: even while sessions wait for approval (they end unanswered)")
         daemon.add_argument("--executors", metavar="N", type=count, default=None,
                             help="executor processes (default: CPU count, at most 4 per CPU; 0: only executors that "
                                  "connect themselves)")
