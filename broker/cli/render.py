@@ -366,7 +366,9 @@ def describe_approval(msg: ExecApprovalRequestEvent | ApplyPatchApprovalRequestE
     made :func:`visible` and bounded, as in :func:`approval_question`."""
     if isinstance(msg, ApplyPatchApprovalRequestEvent):
         what = f"apply a patch to {_files(msg.changes, cwd, False)}"
-        return what + (f" ({_patch_reason(msg)})" if msg.grant_root or msg.reason else "")
+        if msg.grant_root:
+            what += f" (and allow writes beneath {visible(msg.grant_root)} for this session)"
+        return what
     command = f"`{_command_line(msg.command, False)}` in {visible(msg.cwd)}"
     if msg.stdin is not None:
         return (f"type `{_clipped(msg.stdin, False)}` into session {msg.process_id} "
@@ -377,15 +379,6 @@ def describe_approval(msg: ExecApprovalRequestEvent | ApplyPatchApprovalRequestE
     if msg.reason == RETRY_WITHOUT_SANDBOX_REASON:
         return what + " (it failed in the sandbox)"
     return what + (f" ({model_words(msg.reason)})" if msg.reason else "")
-
-
-def _patch_reason(msg: ApplyPatchApprovalRequestEvent) -> str:
-    """Why a patch asks, in one clause. The agent's ``reason`` (Codex's field, never the
-    model's words for a patch) restates ``grant_root`` when it is set, so then the grant
-    alone is said; else the reason (a protected ``.git``, say)."""
-    if msg.grant_root:
-        return f"and allow writes beneath {visible(msg.grant_root)} for this session"
-    return visible(msg.reason or "", limit=COMMAND_CHARS)
 
 
 def approval_question(msg: ExecApprovalRequestEvent | ApplyPatchApprovalRequestEvent, cwd: str = "",
@@ -454,8 +447,8 @@ def _input_question(msg: ExecApprovalRequestEvent, full: bool) -> tuple[Lines, L
 def _patch_question(msg: ApplyPatchApprovalRequestEvent, cwd: str, full: bool) -> tuple[Lines, Lines, Lines]:
     count = len(msg.changes)
     head = [(f"The agent asks to apply a patch to {count} file{'s' if count != 1 else ''}:", "1;33")]
-    if msg.reason and not msg.grant_root:  # with a grant_root, the reason is the grant, said below
-        head.append((f"  {_patch_reason(msg)}", ""))
+    if msg.reason and not msg.grant_root:  # with a grant_root, the reason is the grant
+        head.append((f"  {model_words(msg.reason)}", ""))
     tail = []
     if msg.grant_root:
         tail.append((f"If approved, the agent may also write anywhere beneath {visible(msg.grant_root)} "
