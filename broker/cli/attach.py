@@ -32,9 +32,10 @@ still asking drops its question and says who answered.
 Exit status of ``attach``: 0 when detached (Ctrl-D) or, with ``--until-idle``, when the last
 turn completed; 1 when that turn failed, or the session was shut down by someone else or
 lost with the agent, or (``--until-idle``) an approval waits that neither this attach nor
-any other attached frontend can answer (:meth:`Attachment._check_answerable`); 130 when that turn was aborted, or on leaving with Ctrl-C; 2 for an
-unknown or ambiguous ID (no daemon running included: then there is no session, and no
-daemon is started to look); 125 when the daemon went away.
+any other attached frontend can answer (:meth:`Attachment._check_answerable`); 130 when
+that turn was aborted, or on leaving with Ctrl-C; 2 for an unknown or ambiguous ID (no
+daemon running included: then there is no session, and no daemon is started to look);
+125 when the daemon went away.
 ``bridge`` exits 0 once its stdin has ended and the session is idle.
 """
 

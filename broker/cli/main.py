@@ -126,7 +126,8 @@ def _parser(argv: list[str] = ()):
         attach.add_argument("--since", metavar="N", type=event_seq, default=None,
                             help="replay from event N (0: all) instead of the start of the current turn")
         attach.add_argument("--until-idle", action="store_true",
-                            help="exit once the session is idle: 0 if its last turn completed, 1 if it failed, 130 if aborted")
+                            help="exit once the session is idle: 0 if its last turn completed, 1 if it failed (or an approval "
+                                 "waits that no attached frontend can answer), 130 if aborted")
         add_connect_args(attach)
 
     def bridge_args(bridge) -> None:
