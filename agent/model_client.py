@@ -273,11 +273,14 @@ class _Retryable(Exception):
 
     budget = "request"
 
-    def __init__(self, reason: str, delay: float | None = None, *, status: int | None = None) -> None:
+    def __init__(self, reason: str, delay: float | None = None, *, status: int | None = None,
+                 hint: str = "") -> None:
         super().__init__(reason)
         self.reason = reason
         self.delay = delay
         self.status = status
+        # What to check, added to the error once the retries are used up.
+        self.hint = hint
 
 
 class _StreamBroke(_Retryable):
@@ -359,7 +362,7 @@ class ModelClient:
                     if failure.status is not None:
                         message = f"exceeded retry limit, last status: {reason.removeprefix('unexpected status ')}"
                     else:
-                        message = f"{reason} (gave up after {used[kind]} retries)"
+                        message = f"{reason} (gave up after {used[kind]} retries){failure.hint}"
                     raise ModelError(message, status=failure.status) from None
                 used[kind] += 1
                 delay = failure.delay
@@ -502,15 +505,25 @@ class ModelClient:
         try:
             response = await self._http.send(request, stream=True)
         except httpx.TimeoutException as err:
-            raise _Retryable(f"timeout sending request for url ({url}): {type(err).__name__}") from None
+            raise _Retryable(f"timeout sending request for url ({url}): {type(err).__name__}",
+                             hint=self._unreachable_hint(err)) from None
         except httpx.TransportError as err:
-            raise _Retryable(f"error sending request for url ({url}): {_describe(err)}") from None
+            raise _Retryable(f"error sending request for url ({url}): {_describe(err)}",
+                             hint=self._unreachable_hint(err)) from None
         try:
             if not response.is_success:
                 raise await self._status_error(response)
             yield response
         finally:
             await response.aclose()
+
+    def _unreachable_hint(self, err: httpx.TransportError) -> str:
+        """What to check when nothing answered at all: most often a wrong base_url, or a
+        local server not started."""
+        if not isinstance(err, (httpx.ConnectError, httpx.ConnectTimeout, httpx.UnsupportedProtocol)):
+            return ""
+        return (f"; check base_url of model provider '{self.provider.name}' ({self.provider.base_url}) "
+                "and that its server is running")
 
     async def _status_error(self, response: httpx.Response) -> Exception:
         try:

@@ -2,10 +2,13 @@
 
 A session lives in the daemon, not in the frontend that started it: ``sluice exec
 --detach`` starts one and leaves, and any number of frontends attach to it, leave and come
-back. Detaching never stops a session; ``shutdown`` (or the daemon stopping) does.
+back. Detaching never stops a session; ``shutdown`` (``sluice sessions close``, or the
+daemon stopping) does.
 
 - ``sluice sessions [--json]``: what the daemon hosts (:func:`sessions_main`). Never starts a
   daemon: with none running it says so and exits 3.
+- ``sluice sessions close ID``: shut a session down (:func:`close_main`), as a ``shutdown``
+  submission does; an unknown ID is one line and exit 2.
 - ``sluice attach ID``: replay a session from the start of its current turn (or
   ``--since N``), then follow it live (:func:`attach_main`). ``ID`` may be any unique prefix.
 - ``sluice bridge``: JSON lines both ways, Submissions in on stdin and Events out on stdout,
@@ -28,9 +31,11 @@ still asking drops its question and says who answered.
 
 Exit status of ``attach``: 0 when detached (Ctrl-D) or, with ``--until-idle``, when the last
 turn completed; 1 when that turn failed, or the session was shut down by someone else or
-lost with the agent; 130 when that turn was aborted, or on leaving with Ctrl-C; 2 for an
-unknown or ambiguous ID (no daemon running included: then there is no session, and no
-daemon is started to look); 125 when the daemon went away.
+lost with the agent, or (``--until-idle``) an approval waits that neither this attach nor
+any other attached frontend can answer (:meth:`Attachment._check_answerable`); 130 when
+that turn was aborted, or on leaving with Ctrl-C; 2 for an unknown or ambiguous ID (no
+daemon running included: then there is no session, and no daemon is started to look);
+125 when the daemon went away.
 ``bridge`` exits 0 once its stdin has ended and the session is idle.
 """
 
@@ -39,6 +44,7 @@ from __future__ import annotations
 import collections
 import datetime
 import os
+import select
 import signal
 import time
 from typing import TYPE_CHECKING
@@ -54,6 +60,7 @@ from broker.wire.protocol import (
     ErrorEvent,
     Event,
     ProtocolError,
+    Shutdown,
     TextInput,
     UserInput,
     decode_submission_json,
@@ -78,6 +85,14 @@ DOUBLE_CTRL_C_S = 1.0
 # After the daemon said a session is gone: how long to watch for the connection dropping
 # too (the daemon stopping), which is exit 125 rather than 1.
 GONE_GRACE_S = 0.5
+# How often an attach that waits for another frontend to answer an approval looks whether
+# one is still attached.
+ANSWER_CHECK_S = 1.0
+# How an attach that cannot answer approvals names itself to the other frontends.
+WATCHING = "watching"
+# How long `sluice sessions close` waits for the session to say it has shut down (its
+# rollout flushed, its commands' trees killed).
+CLOSE_WAIT_S = 10.0
 # The longest input line taken (a submission must fit in one message to the daemon).
 MAX_LINE = wire.MAX_MESSAGE_SIZE
 
@@ -144,6 +159,8 @@ def resolve_session(client: Client, text: str) -> wire.SessionInfo:
 
 
 def sessions_main(args) -> int:
+    if args.action == "close":
+        return close_main(args)
     client = connect(args, "sluice sessions", autostart=False)
     with client:
         listing = client.list_sessions()
@@ -156,6 +173,40 @@ def sessions_main(args) -> int:
     else:
         print_error("no sessions")
     return EXIT_OK
+
+
+def close_main(args) -> int:
+    """``sluice sessions close ID``: shut the session down as a ``shutdown`` submission
+    does (its running turn and commands end, its rollout is flushed, every attached
+    frontend is told), and wait until it has."""
+    if not args.id:
+        print_error("error: `sluice sessions close` needs the session's ID (`sluice sessions` lists them)")
+        return EXIT_USAGE
+    try:
+        client = connect(args, "sluice sessions close", autostart=False, session=args.id)
+    except NoSuchSession as e:
+        return no_session(e)
+    with client:
+        try:
+            info = resolve_session(client, args.id)
+        except NoSuchSession as e:
+            return no_session(e)
+        session = client.session(info.id)
+        sub_id = session.submit(Shutdown())
+        deadline = time.monotonic() + CLOSE_WAIT_S
+        while (remaining := deadline - time.monotonic()) > 0:
+            event = session.next_event(remaining, interruptible=False)
+            if event is None:
+                break
+            tag = tag_of(event)
+            if event.id == sub_id and tag == "shutdown_complete":
+                print_error(f"session {info.id} closed")
+                return EXIT_OK
+            if tag == "error" and event.id in (sub_id, ""):
+                print_error(f"error: session {info.id}: {event.msg.message}")
+                return EXIT_FAILED
+        print_error(f"error: session {info.id} did not close within {CLOSE_WAIT_S:g} s")
+        return EXIT_FAILED
 
 
 def session_json(info: wire.SessionInfo) -> bytes:
@@ -352,7 +403,8 @@ class Attachment:
 
     def __init__(self, client: Client, session: ClientSession, render, *, input_mode: str,
                  until_idle: bool = False, turn_status: bool = True, ctrl_c_interrupts: bool = True,
-                 bad_input_events: bool = False, reader: LineReader | None = None) -> None:
+                 bad_input_events: bool = False, reader: LineReader | None = None,
+                 fail_unanswerable: bool = False) -> None:
         self.client = client
         self.session = session
         self.render = render
@@ -383,6 +435,12 @@ class Attachment:
         self.last_interrupt = -DOUBLE_CTRL_C_S
         self.lagged = session.lagged
         self.status: int | None = None
+        # Leave (exit 1) when an approval waits and nobody attached can answer it.
+        self.fail_unanswerable = fail_unanswerable
+        self._next_answer_check = 0.0
+        self._waiting_on: tuple[str, ...] = ()
+        # Requests (call ids) this frontend sent an answer to, not yet resolved.
+        self._answered: set[str] = set()
 
     def expect(self, sub_id: str, kind: str) -> None:
         """A submission of ``kind`` this frontend made before the loop: wait for its effect too."""
@@ -397,9 +455,15 @@ class Attachment:
         while self.status is None:
             if self._idle_exit():
                 break
+            self._check_answerable()
+            if self.status is not None:
+                break
             fds = (self.reader.fd,) if self.input_mode != INPUT_NONE and not self.reader.eof else ()
+            timeout = None if self.replaying else self.render.tick_interval
+            if self._unanswerable():  # look again soon: the frontend that could answer may leave
+                timeout = min(timeout or ANSWER_CHECK_S, ANSWER_CHECK_S)
             try:
-                got = self.session.next_event(None if self.replaying else self.render.tick_interval, fds=fds)
+                got = self.session.next_event(timeout, fds=fds)
             except Interrupted as e:
                 self._on_signal(e.signum)
                 continue
@@ -433,6 +497,7 @@ class Attachment:
             self._on_request(event)
         elif tag == "approval_resolved":
             self._forget_question(event.msg.call_id)
+            self._answered.discard(event.msg.call_id)
         if any(q.msg.call_id not in self.view.requests for q in self.questions):
             self._drop_moot_questions()
         if self.replaying and event.seq is not None and event.seq >= self.replay_end:
@@ -466,7 +531,7 @@ class Attachment:
                                  "attach with a lower --since to see it")
             elif self.input_mode == INPUT_TERMINAL:
                 self._queue_question(event)
-            elif self.human:
+            elif self.human and not self.fail_unanswerable:
                 self._say_waiting(event)
         self.pending_at_attach.clear()
 
@@ -497,6 +562,50 @@ class Attachment:
         self.render.note("the session is gone")
         self.status = EXIT_FAILED
 
+    # -- approvals nobody can answer ----------------------------------------------------
+
+    def can_answer(self) -> bool:
+        """Whether an approval can be answered here: typed at the terminal, or sent as a
+        Submission on stdin (until stdin ends)."""
+        return self.input_mode == INPUT_TERMINAL or (self.input_mode == INPUT_JSON and not self.reader.eof)
+
+    def _unanswerable(self) -> bool:
+        """An approval waits, and this frontend, which is to wait for the session to be
+        idle, cannot answer it."""
+        return (self.fail_unanswerable and not self.replaying and not self.can_answer()
+                and any(call_id not in self._answered for call_id in self.view.requests))
+
+    def _check_answerable(self) -> None:
+        """While :meth:`_unanswerable`: wait if another attached frontend can answer (a
+        terminal's ``sluice attach``, a bridge, a program), saying once which; else say
+        that nobody can, in one line, and leave with status 1. Frontends that only watch
+        (:data:`WATCHING`) cannot answer; a program that can but never does is waited for."""
+        if not self._unanswerable():
+            self._waiting_on = ()
+            return
+        now = time.monotonic()
+        if now < self._next_answer_check:
+            return
+        self._next_answer_check = now + ANSWER_CHECK_S
+        me = self.client.peer_id
+        infos = [s for s in self.client.list_sessions().sessions if s.id == self.session.id]
+        others = tuple(name for info in infos for name in info.frontends
+                       if name != me and not name.startswith(me + " ") and not name.endswith(f", {WATCHING})"))
+        request = next(e for call_id, e in self.view.requests.items() if call_id not in self._answered)
+        what = describe_approval(request.msg, self.cwd)
+        if others:
+            if others != self._waiting_on:
+                self._waiting_on = others
+                self.render.note(f"the agent asks to {what}; waiting for {', '.join(others)} to answer")
+            return
+        message = (f"the agent asks to {what}, and no attached frontend can answer: answer from a terminal "
+                   f"with `sluice attach {self.session.id[:8]}`, or start the task with "
+                   "`--approval-policy never` so that nothing waits")
+        self.render.error(message)
+        if not self.human:
+            print_error(f"error: {message}")
+        self.status = EXIT_FAILED
+
     # -- approvals --------------------------------------------------------------------
 
     def _on_request(self, event: Event) -> None:
@@ -508,7 +617,7 @@ class Attachment:
             return  # still waiting: asked once the replay is over (see _replayed)
         if self.input_mode == INPUT_TERMINAL:
             self._queue_question(event)
-        elif self.human:
+        elif self.human and not self.fail_unanswerable:
             self._say_waiting(event)
 
     def _say_waiting(self, event: Event) -> None:
@@ -604,6 +713,9 @@ class Attachment:
     def _submit(self, op, sub_id: str | None = None) -> None:
         kind = type(op).__struct_config__.tag
         sub_id = self.session.submit(op, sub_id)
+        if kind in ("exec_approval", "patch_approval"):
+            # An answer names the request's turn: what that turn asks now is answered.
+            self._answered.update(call_id for call_id, e in self.view.requests.items() if e.id == op.id)
         if kind == "shutdown":
             self.shutdown_ids.add(sub_id)
         # What will show this submission took effect: an event with its id (user_input
@@ -639,8 +751,18 @@ class Attachment:
 
 def attach_main(args) -> int:
     render = JsonRenderer() if args.json else None
+    stdin_is_terminal = isatty(0)
+    if stdin_is_terminal:
+        input_mode = INPUT_TERMINAL
+    else:
+        input_mode = INPUT_JSON if args.json else INPUT_NONE
+    reader = LineReader(0)
+    if input_mode == INPUT_JSON and _readable_now(0):
+        reader.fill()  # an empty stdin (</dev/null) is known at once: then attach only watches
+    watching = input_mode == INPUT_NONE or reader.eof
     try:
-        client = connect(args, "sluice attach", autostart=False, session=args.id)
+        client = connect(args, f"sluice attach, {WATCHING}" if watching else "sluice attach", autostart=False,
+                         session=args.id)
     except NoSuchSession as e:
         return no_session(e, render)
     with client:
@@ -652,11 +774,6 @@ def attach_main(args) -> int:
             return daemon_gone(render, str(e))
         if render is None:
             render = HumanRenderer({"cwd": info.cwd}, label="configured", me=client.peer_id)
-        stdin_is_terminal = isatty(0)
-        if stdin_is_terminal:
-            input_mode = INPUT_TERMINAL
-        else:
-            input_mode = INPUT_JSON if args.json else INPUT_NONE
         with client.catch_signals((signal.SIGINT, signal.SIGTERM, signal.SIGHUP)):
             try:
                 session = client.attach(info.id, since=args.since)
@@ -665,7 +782,8 @@ def attach_main(args) -> int:
                 return EXIT_USAGE
             except DaemonError as e:
                 return daemon_gone(render, str(e))
-            attachment = Attachment(client, session, render, input_mode=input_mode, until_idle=args.until_idle)
+            attachment = Attachment(client, session, render, input_mode=input_mode, until_idle=args.until_idle,
+                                    reader=reader, fail_unanswerable=args.until_idle)
             if not args.json:
                 _header(render, attachment, client.peer_id, terminal=stdin_is_terminal)
             try:
@@ -675,6 +793,13 @@ def attach_main(args) -> int:
             finally:
                 render.finish()
                 detach(session)
+
+
+def _readable_now(fd: int) -> bool:
+    try:
+        return bool(select.select([fd], [], [], 0)[0])
+    except (OSError, ValueError):
+        return False
 
 
 def _header(render, attachment: Attachment, me: str, *, terminal: bool) -> None:

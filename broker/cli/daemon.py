@@ -19,6 +19,9 @@ from broker.wire.version import SLUICE_VERSION, version_key
 # Most executors `--executors` starts: more than this many per CPU only adds processes
 # that wait for the same cores (each runs many commands at once anyway).
 EXECUTORS_PER_CPU = 4
+# How long `daemon start` and `daemon stop` wait for a running daemon to say what it runs
+# (a daemon that does not answer is stopped all the same).
+ASK_S = 3.0
 
 
 def executors_cap() -> int:
@@ -55,6 +58,13 @@ def daemon_main(args) -> int:
         return _logs(runtime, args.lines, args.follow)
 
     if args.action == "stop":
+        if not args.force:
+            waiting = _sessions_waiting(runtime)
+            if waiting:
+                shown = ", ".join(s.id[:8] for s in waiting)
+                return fail(f"not stopping: {_count(len(waiting), 'session')} wait{'s' if len(waiting) == 1 else ''} "
+                            f"for approval ({shown}); answer with `sluice attach ID`, or stop anyway with "
+                            "`sluice daemon stop --force`", 1)
         try:
             pid = C.stop_daemon(runtime)
         except C.DaemonError as e:
@@ -68,6 +78,10 @@ def daemon_main(args) -> int:
     except C.DaemonError as e:
         return fail(str(e), 1)
     if status.running:
+        ignored = _not_applied(runtime, args)
+        if ignored:
+            return fail(f"{status.describe()}; {ignored}: stop it first (`sluice daemon stop`), "
+                        "then start it with them", 1)
         print(f"sluice: {status.describe()}", flush=True)
         return 0
     extra = []
@@ -90,6 +104,52 @@ def daemon_main(args) -> int:
     print(f"sluice: daemon started (pid {pid}, socket {runtime.socket_path})", flush=True)
     say_weak_limits()
     return 0
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
+def _sessions_waiting(runtime: RuntimeDir) -> list:
+    """The running daemon's sessions that wait for an approval (stopping would end them
+    unanswered); none when no daemon answers (then there is nothing to ask)."""
+    try:
+        with C.Client.connect(runtime, autostart=False, name="sluice daemon stop", timeout=ASK_S) as client:
+            sessions = client.list_sessions(timeout=ASK_S).sessions
+    except C.DaemonError:
+        return []
+    return [s for s in sessions if s.pending_approvals]
+
+
+def _not_applied(runtime: RuntimeDir, args) -> str:
+    """What ``daemon start``'s flags ask of a daemon that is already running and that it
+    does not have (it runs as it was started): "" when nothing, else the words for it,
+    e.g. ``it runs 4 executors; --executors 20 is not applied``."""
+    given = [flag for flag, value in (("--log-json", args.log_json), ("--suspend-limit", args.suspend_limit),
+                                      ("--executor-wait", args.executor_wait),
+                                      ("--journal-limit", args.journal_limit)) if value]
+    if args.executors is None and not args.listen and not given:
+        return ""
+    try:
+        with C.Client.connect(runtime, autostart=False, name="sluice daemon start", timeout=ASK_S) as client:
+            info = client.daemon_info(timeout=ASK_S)
+    except C.DaemonError:
+        info = None
+    facts = []
+    if args.executors is not None:
+        wanted = min(args.executors, executors_cap())
+        if info is None or info.executors_wanted != wanted:
+            given.insert(0, f"--executors {args.executors}")
+            if info is not None:
+                facts.append(f"it runs {_count(info.executors_wanted, 'executor')}")
+    if args.listen and (info is None or info.listen != args.listen):
+        given.append(f"--listen {args.listen}")
+        if info is not None:
+            facts.append(f"it listens on {info.listen}" if info.listen else "it listens on no tcp address")
+    if not given:
+        return ""
+    verb = "is" if len(given) == 1 else "are"
+    return "; ".join([*facts, f"{' '.join(given)} {verb} not applied"])
 
 
 def _status(runtime: RuntimeDir, as_json: bool) -> int:

@@ -114,6 +114,9 @@ def _parser(argv: list[str] = ()):
         run.add_argument("command", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
 
     def sessions_args(sessions) -> None:
+        sessions.add_argument("action", nargs="?", choices=("close",), default=None,
+                              help="close ID: shut the session down (its turn and commands end)")
+        sessions.add_argument("id", nargs="?", metavar="ID", default=None, help=argparse.SUPPRESS)
         sessions.add_argument("--json", action="store_true", help="one JSON object per session per line")
         add_connect_args(sessions)
 
@@ -127,7 +130,8 @@ def _parser(argv: list[str] = ()):
         attach.add_argument("--since", metavar="N", type=event_seq, default=None,
                             help="replay from event N (0: all) instead of the start of the current turn")
         attach.add_argument("--until-idle", action="store_true",
-                            help="exit once the session is idle: 0 if its last turn completed, 1 if it failed, 130 if aborted")
+                            help="exit once the session is idle: 0 if its last turn completed, 1 if it failed (or an approval "
+                                 "waits that no attached frontend can answer), 130 if aborted")
         add_connect_args(attach)
 
     def bridge_args(bridge) -> None:
@@ -154,6 +158,8 @@ def _parser(argv: list[str] = ()):
         daemon.add_argument("--json", action="store_true", help="status: one JSON object")
         daemon.add_argument("-n", "--lines", metavar="N", type=count, default=20, help="logs: the last N lines (default 20)")
         daemon.add_argument("-f", "--follow", action="store_true", help="logs: then follow it until Ctrl-C")
+        daemon.add_argument("--force", action="store_true",
+                            help="stop: even while sessions wait for approval (they end unanswered)")
         daemon.add_argument("--executors", metavar="N", type=count, default=None,
                             help="executor processes (default: CPU count, at most 4 per CPU; 0: only executors that "
                                  "connect themselves)")
@@ -195,8 +201,10 @@ def _parser(argv: list[str] = ()):
                                 "streaming its output; exits with its exit code."}, run_args),
         "exec": ({"help": "give the agent a task and watch it work (see `sluice exec --help`)", "add_help": False},
                  None),
-        "sessions": ({"help": "list the daemon's sessions",
-                      "description": "List the sessions the daemon hosts (exit 3 when no daemon is running)."},
+        "sessions": ({"help": "list the daemon's sessions, or close one",
+                      "usage": "sluice sessions [--json] | sluice sessions close ID",
+                      "description": "List the sessions the daemon hosts (exit 3 when no daemon is running); "
+                                     "close ID: shut one down."},
                      sessions_args),
         "attach": ({"help": "follow a session, answer its approvals, give it input",
                     "description": "Replay a session from the start of its current turn (or --since N), then "

@@ -727,10 +727,19 @@ class HumanRenderer(_Output):
         images = f" [{len(msg.images)} image(s)]" if msg.images else ""
         self.line(f"user: {lines[0]}{more}{images}", "1")
 
-    def _on_agent_message_delta(self, msg: AgentMessageDeltaEvent) -> None:
+    def _start_message(self) -> None:
+        """Before the agent's text: end what stderr left open, such as a program's
+        ``>>> `` prompt, so the text starts on a line of its own (on a terminal both
+        streams share the screen)."""
+        if self._message_open:
+            return
         if self._reasoning_open:
-            self._raw_err(b"\n")
             self._reasoning_open = False
+        if not self._err_at_line_start:
+            self._raw_err(b"\n")
+
+    def _on_agent_message_delta(self, msg: AgentMessageDeltaEvent) -> None:
+        self._start_message()
         self.out(safe_text(msg.delta).encode("utf-8", "replace"))
         self._message_streamed = True
         self._message_open = not msg.delta.endswith("\n")
@@ -738,6 +747,7 @@ class HumanRenderer(_Output):
     def _on_agent_message(self, msg: AgentMessageEvent) -> None:
         if not self._message_streamed:
             self._close_open_lines()
+            self._start_message()
             self.out(safe_text(msg.message).encode("utf-8", "replace"))
             self._message_open = not msg.message.endswith("\n")
         self._message_streamed = False

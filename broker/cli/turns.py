@@ -41,7 +41,7 @@ def turn_end(event: Event) -> int | None:
         return EXIT_OK
     if tag == "turn_aborted":
         return EXIT_INTERRUPTED
-    if tag == "error" and event.msg.message == DAEMON_SHUTTING_DOWN:
+    if tag == "error" and event.msg.message.startswith(DAEMON_SHUTTING_DOWN):  # maybe with what ends unanswered
         return EXIT_DAEMON_STOPPED
     if tag == "error" and event.msg.message != TURN_INTERRUPTED and not is_rollout_error(event.msg.message):
         return EXIT_FAILED

@@ -976,7 +976,11 @@ class Sessions:
         self.sessions.clear()
         self.aliases.clear()
         for session in sessions:
-            self._publish_error(session, "", message)
+            unanswered = ""
+            if session.pending:  # say what ends unanswered, not just that it ends
+                unanswered = (f"; the approval it waited for ({', '.join(session.pending)}) "
+                              "ends unanswered")
+            self._publish_error(session, "", message + unanswered)
             self._flush(session)
             for sub in session.subscriptions.values():
                 if not sub.live:

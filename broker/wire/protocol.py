@@ -111,10 +111,15 @@ _APPROVAL_ALIASES = {
 # :class:`AskForApproval` by the Struct's ``__post_init__``, so that the seeds' older names
 # (``unless-allow-listed``, ``auto-edit``) are taken as the aliases they are; encoding
 # writes the policy's own name. Type checkers see the enum.
+# ``ConfigureSession.sandbox_policy`` likewise takes a mode name (``"workspace-write"``)
+# as well as the permission list, as :meth:`SandboxPolicy.from_json` does, and its
+# ``__post_init__`` makes it the policy: what crosses the wire onwards is the list.
 if TYPE_CHECKING:
     WireApprovalPolicy = AskForApproval
+    WireSandboxPolicy = SandboxPolicy
 else:
     WireApprovalPolicy = str
+    WireSandboxPolicy = SandboxPolicy | str
 
 
 def parse_approval_policy(value: str) -> AskForApproval:
@@ -415,7 +420,7 @@ class ConfigureSession(_Op, tag="configure_session", kw_only=True):
     instructions: str | None = None
     """The earlier Codex's user instructions; ``AGENTS.md`` found from ``cwd`` is added."""
     approval_policy: WireApprovalPolicy
-    sandbox_policy: SandboxPolicy
+    sandbox_policy: WireSandboxPolicy
     disable_response_storage: bool = False
     """Send the full context with every request instead of relying on stored responses."""
     # Codex leaves notify and resume_path out when unset but writes the fields above
@@ -452,6 +457,8 @@ class ConfigureSession(_Op, tag="configure_session", kw_only=True):
 
     def __post_init__(self) -> None:
         self.approval_policy = parse_approval_policy(self.approval_policy)
+        if isinstance(self.sandbox_policy, str):
+            self.sandbox_policy = SandboxPolicy.from_json(self.sandbox_policy)
 
     def __repr__(self) -> str:
         def shown(name: str, value: object) -> str:

@@ -12,6 +12,7 @@ import datetime
 import json
 import os
 import random
+import select
 import subprocess
 import threading
 import time
@@ -252,3 +253,134 @@ def test_ctrl_c_on_a_terminal_interrupts_the_turn_and_ctrl_d_detaches(dmn, fe, s
     assert p.returncode == 0, p.stderr
     events = json_events(p.stdout)
     assert tag(events[0]) == "task_started" and events[-1].msg.last_agent_message == "Carrying on."
+
+
+# -- a script waiting for a detached task ---------------------------------------------------
+
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+PATCH = "*** Begin Patch\n*** Add File: build.txt\n+passing\n*** End Patch"
+
+
+def readme_script() -> str:
+    """The README's example of a script waiting for a detached task, as written there."""
+    (line,) = [line for line in README.read_text().splitlines()
+               if line.startswith("id=$(sluice exec --detach") and "sluice attach" in line]
+    return line
+
+
+def run_script(fe: Frontends, script: str, work: Path) -> subprocess.CompletedProcess:
+    """``script`` as a script runs it: bash, in ``work``, no terminal anywhere."""
+    return subprocess.run(["bash", "-c", script], cwd=work, env=fe.env, stdin=subprocess.DEVNULL,
+                          capture_output=True, text=True, timeout=45)
+
+
+def test_the_readmes_script_for_a_detached_task_runs_to_its_end(fe, server, work) -> None:
+    script = readme_script()
+    assert "--approval-policy never" in script  # a policy under which nothing waits
+    server.script(response(call("apply_patch", {"input": PATCH}, "p1")), response(assistant("The build passes.")))
+    p = run_script(fe, script.replace("sluice ", f"{' '.join(sluice_argv())} "), work)
+    assert p.returncode == 0, p.stderr
+    events = json_events((work / "events.jsonl").read_text())
+    assert tag(events[-1]) == "task_complete" and events[-1].msg.last_agent_message == "The build passes."
+    assert (work / "build.txt").read_text() == "passing\n"
+
+
+def test_a_script_attach_with_nobody_to_answer_says_so_at_once(fe, server, work) -> None:
+    """The same script under the default policy (read-only, on-request): the patch asks.
+    Nobody attached can answer, so attach says so in one line and exits 1 instead of
+    waiting forever; a person attaching on a terminal can still answer afterwards."""
+    server.script(response(call("apply_patch", {"input": PATCH}, "p1")), response(assistant("The build passes.")))
+    argv = " ".join(sluice_argv())
+    script = (f'id=$({argv} exec --detach "make the build pass") && echo "$id" > id.txt && '
+              f'{argv} attach "$id" --until-idle --json > events.jsonl')
+    started = time.monotonic()
+    p = run_script(fe, script, work)
+    assert p.returncode == 1, p.stderr
+    assert time.monotonic() - started < 20
+    detach_note, line = p.stderr.splitlines()  # exec --detach's, then attach's one line
+    assert detach_note.startswith("sluice: the task goes on in the daemon"), p.stderr
+    assert line.startswith("sluice: error: the agent asks to apply a patch to build.txt") and (
+        "no attached frontend can answer" in line and "--approval-policy never" in line), line
+    events = json_events((work / "events.jsonl").read_text())
+    assert tag(events[-2]) == "apply_patch_approval_request" and tag(events[-1]) == "error"
+    # Human output says the same line, and the session still waits for someone to answer.
+    session_id = (work / "id.txt").read_text().strip()
+    shown = fe.run("attach", session_id, "--until-idle")
+    assert shown.returncode == 1 and shown.stderr.splitlines()[-1].startswith(
+        "error: the agent asks to apply a patch to build.txt"), shown.stderr
+    with fe.on_pty("attach", session_id) as person:
+        person.read_until(b"Allow? [y]es")
+        person.write(b"y\n")
+        person.read_until(b"The build passes.")
+        person.write(b"\x04")
+        assert person.wait() == 0
+    assert (work / "build.txt").read_text() == "passing\n"
+
+
+def test_a_script_attach_waits_while_a_person_who_can_answer_is_attached(fe, server, work) -> None:
+    server.script(response(call("apply_patch", {"input": PATCH}, "p1")), response(assistant("Answered.")))
+    session_id = detached(fe, "-C", str(work), "make the build pass")
+    with fe.on_pty("attach", session_id) as person:
+        person.read_until(b"Allow? [y]es")
+        script = fe.popen("attach", session_id, "--until-idle", "--json", stdin=subprocess.DEVNULL)
+        try:
+            said = read_until(script.stderr.fileno(), b" to answer\n")
+            assert script.poll() is None
+            person.write(b"y\n")
+            assert script.wait(20) == 0
+            said += script.stderr.read()
+        finally:
+            if script.poll() is None:
+                script.kill()
+                script.wait()
+            script.stdout.close()
+            script.stderr.close()
+        (line,) = said.decode().splitlines()
+        assert line.startswith("sluice: the agent asks to apply a patch to build.txt") and (
+            "; waiting for frontend-" in line and line.endswith(" (sluice attach) to answer")), line
+        person.write(b"\x04")
+        assert person.wait() == 0
+
+
+def read_until(fd: int, needle: bytes, timeout: float = 20.0) -> bytes:
+    """What ``fd`` gives until ``needle`` came."""
+    got = b""
+    deadline = time.monotonic() + timeout
+    while needle not in got:
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([fd], [], [], left)[0]:
+            raise AssertionError(f"no {needle!r} within {timeout} s: {got!r}")
+        data = os.read(fd, 65536)
+        if not data:
+            raise AssertionError(f"end of output before {needle!r}: {got!r}")
+        got += data
+    return got
+
+
+# -- sluice sessions close --------------------------------------------------------------------
+
+
+def test_sessions_close_shuts_a_session_down_and_attached_frontends_see_it(dmn, fe, server, work) -> None:
+    server.script(response(call("shell", {"command": ["touch", "made.txt"]}, "c1")), response(assistant("Never.")))
+    session_id = detached(fe, "--approval-policy", "untrusted", "-C", str(work), "make a file")
+    watcher = fe.popen("attach", session_id, "--json", stdin=subprocess.PIPE)
+    try:
+        out = JsonLines(watcher)
+        out.until(lambda e: tag(e) == "exec_approval_request")
+        p = fe.run("sessions", "close", session_id[:8])
+        assert (p.returncode, p.stdout, p.stderr) == (0, "", f"sluice: session {session_id} closed\n")
+        out.until(lambda e: tag(e) == "shutdown_complete")
+        assert watcher.wait(20) == 1  # shut down by someone else
+    finally:
+        if watcher.poll() is None:
+            watcher.kill()
+            watcher.wait()
+    assert session_id not in [s.id for s in dmn.client().list_sessions().sessions]
+    assert not (work / "made.txt").exists()
+
+    p = fe.run("sessions", "close", session_id)
+    assert p.returncode == 2 and p.stderr.count("\n") == 1, p.stderr
+    assert p.stderr.startswith(f"sluice: error: no session '{session_id}' ("), p.stderr
+    p = fe.run("sessions", "close")
+    assert p.returncode == 2 and p.stderr.count("\n") == 1 and "needs the session's ID" in p.stderr

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from broker.wire.protocol import Shutdown, TextInput, UserInput
-from tests.support.fake_model import assistant, response, user_item
+from tests.support.fake_model import assistant, call, response, user_item
 from tests.support.frontends import Frontends, JsonLines, configure_op, json_events, submission_line, tag
 from tests.support.harness import daemons, reap, short_tempdir
 
@@ -115,3 +115,34 @@ def test_bridge_with_only_a_configure_shows_the_session_then_ends(fe, server, tm
     assert tag(event) == "session_configured" and event.id == "only" and event.seq == 1
     p = fe.run("bridge", input="")
     assert (p.returncode, p.stdout, p.stderr) == (0, "", "")
+
+
+@pytest.mark.parametrize("mode, writes", [("workspace-write", True), ("read-only", False)])
+def test_bridge_takes_a_sandbox_mode_name_as_the_policy(fe, server, tmp_path, mode, writes) -> None:
+    """A program that writes ``"sandbox_policy": "workspace-write"``, as a person would,
+    gets that mode's policy (the daemon and the agent see the permission list)."""
+    work = tmp_path / "work"
+    work.mkdir()
+    server.script(response(call("shell", {"command": ["touch", "made.txt"]}, "c1")),
+                  response(assistant("Done.")))
+    configure = json.loads(submission_line("cfg", configure_op(server, work)))
+    configure["op"]["sandbox_policy"] = mode
+    stdin = json.dumps(configure).encode() + b"\n" + submission_line("t1", UserInput([TextInput("make it")]))
+    p = fe.run("bridge", input=stdin)
+    assert p.returncode == 0 and p.stderr == "", p.stderr
+    events = json_events(p.stdout)
+    assert tag(events[0]) == "session_configured", events[0]
+    (end,) = [e for e in events if tag(e) == "exec_command_end"]
+    assert (end.msg.exit_code == 0) == writes, end.msg
+    assert (work / "made.txt").exists() == writes
+
+
+def test_bridge_refuses_an_unknown_sandbox_mode_in_one_line(fe, server, tmp_path) -> None:
+    configure = json.loads(submission_line("cfg", configure_op(server, tmp_path)))
+    configure["op"]["sandbox_policy"] = "workspace-writable"
+    p = fe.run("bridge", input=json.dumps(configure).encode() + b"\n")
+    assert p.returncode == 0, p.stderr
+    (event,) = json_events(p.stdout)
+    assert tag(event) == "error" and "unknown sandbox mode 'workspace-writable'" in event.msg.message
+    assert "read-only, workspace-write, danger-full-access" in event.msg.message
+    assert p.stderr.count("\n") == 1 and "Traceback" not in p.stderr

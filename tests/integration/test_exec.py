@@ -15,6 +15,7 @@ import random
 import select
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -371,6 +372,28 @@ def test_model_error_after_the_retry_budget_fails_the_exec(dmn, server, work, tm
     assert "error: " in p.stderr and "bad model name" in p.stderr
 
 
+def test_an_unreachable_model_server_says_to_check_base_url(dmn, work, tmp_path) -> None:
+    """A provider whose server is not running (a port nothing listens on): the error
+    names the provider and the URL tried, and says to check base_url."""
+    with socket.socket() as probe:  # a free port; closed again before the exec
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    home = tmp_path / "fe-home"
+    home.mkdir()
+    (home / "config.toml").write_text(
+        'model = "test-model"\nmodel_provider = "local"\n'
+        f'[model_providers.local]\nname = "local"\nbase_url = "http://127.0.0.1:{port}/v1"\n'
+        'wire_api = "chat"\nrequest_max_retries = 1\n')
+    env = subprocess_env(dmn.runtime, SLUICE_HOME=str(home))
+    p = subprocess.run([*sluice_argv(), "exec", "--approval-policy", "never", "-C", str(work), "hello"],
+                       env=env, capture_output=True, text=True, timeout=30)
+    assert p.returncode == 1, p.stderr
+    (line,) = [line for line in p.stderr.splitlines() if line.startswith("error: ")]
+    assert f"url (http://127.0.0.1:{port}/v1/chat/completions)" in line, line
+    assert line.endswith(f"check base_url of model provider 'local' (http://127.0.0.1:{port}/v1) "
+                         "and that its server is running"), line
+
+
 # -- patches ----------------------------------------------------------------------------
 
 
@@ -390,7 +413,8 @@ def test_patch_applied_in_the_workspace_and_refused_outside_it(fe, server, work)
 
     p = fe.run("--sandbox", "read-only", "--approval-policy", "on-request", "-C", str(work), "add nope")
     assert p.returncode == 0, p.stderr
-    assert "denied: the agent asked to apply a patch to " in p.stderr
+    (denied,) = [line for line in p.stderr.splitlines() if "denied: the agent asked to apply a patch to " in line]
+    assert denied.count(str(work)) == 1, denied  # the grant it asked for, said once
     assert not (work / "nope.txt").exists()
     assert outputs_of(server.requests[3]["json"])["p2"] == "patch rejected by user"
 
@@ -525,3 +549,20 @@ def test_the_unified_exec_setting_chooses_the_tools_the_model_is_offered(fe, ser
         assert p.returncode == 0, p.stderr
         names = {tool["name"] for tool in server.requests[0]["json"]["tools"]}
         assert names & {"shell", "unified_exec", "exec_command", "write_stdin"} == expected, names
+
+
+def test_the_final_message_starts_on_its_own_line_after_a_programs_prompt(fe, server, work) -> None:
+    """A Python REPL left at its ``>>> `` prompt (output with no newline at its end),
+    then the agent's answer: on one screen (stdout and stderr together, as on a
+    terminal) the answer starts a line of its own."""
+    server.script(
+        response(call("exec_command", {"cmd": "/usr/bin/python3 -i -q", "tty": True, "yield_time_ms": 1500}, "c1")),
+        response(assistant("Done.")),
+    )
+    p = subprocess.run(fe.argv("-c", "unified_exec=codex", "--approval-policy", "never", "--sandbox",
+                               "workspace-write", "--cd", str(work), "start python"),
+                       env=fe.env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                       text=True, timeout=60)
+    assert p.returncode == 0, p.stdout
+    assert ">>> " in p.stdout and "\nDone.\n" in p.stdout, p.stdout
+    assert ">>> Done." not in p.stdout

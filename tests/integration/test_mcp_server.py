@@ -463,6 +463,35 @@ def test_garbage_unknown_methods_and_bad_params_get_one_error_each(raw) -> None:
     assert code == 0 and "Traceback" not in stderr
 
 
+def test_json_that_is_no_request_gets_invalid_request(raw) -> None:
+    """``{}`` and its kin: JSON, but neither a request nor a notification. Each gets
+    -32600 (under its id when it has a usable one, else null), never silence."""
+    cases = [
+        ({}, None),
+        ({"jsonrpc": "2.0"}, None),
+        ({"jsonrpc": "1.0", "method": "ping"}, None),
+        ({"method": "ping"}, None),
+        ({"jsonrpc": "2.0", "method": 5}, None),
+        ({"jsonrpc": "2.0", "id": 7}, 7),
+        ({"jsonrpc": "2.0", "id": "x", "method": None}, "x"),
+        ("ping", None),
+        (None, None),
+    ]
+    for message, want_id in cases:
+        raw.send(message)
+        answer = raw.recv()
+        assert answer == {"jsonrpc": "2.0", "id": want_id, "error": answer["error"]}, (message, answer)
+        assert answer["error"]["code"] == -32600, (message, answer)
+    # In a batch: one error per bad member, in the batch's one array.
+    raw.send([{}, {"jsonrpc": "2.0", "method": 1}, _req("p", "ping")])
+    answer = raw.recv()
+    assert isinstance(answer, list) and len(answer) == 3, answer
+    assert sorted(str(m["id"]) for m in answer) == ["None", "None", "p"]
+    assert all(m["error"]["code"] == -32600 for m in answer if m["id"] is None)
+    raw.send(_req("last", "ping"))
+    assert raw.recv() == {"jsonrpc": "2.0", "id": "last", "result": {}}
+
+
 @pytest.mark.parametrize("asked, answered", [("2025-06-18", "2025-06-18"), ("2025-03-26", "2025-03-26"),
                                              ("2024-11-05", "2024-11-05"), ("2025-11-25", "2025-11-25"),
                                              ("1999-01-01", "2025-11-25")])

@@ -442,7 +442,8 @@ def test_connection_refused_is_retried_then_fails() -> None:
     info = ModelProviderInfo(name="gone", base_url=f"http://127.0.0.1:{port}/v1", request_max_retries=2)
     notes: list[str] = []
     with pytest.raises(ModelError, match=r"^error sending request for url \(http://127\.0\.0\.1:\d+/v1/chat/completions\): "
-                                         r".+ \(gave up after 2 retries\)$"):
+                                         r".+ \(gave up after 2 retries\); check base_url of model provider 'gone' "
+                                         r"\(http://127\.0\.0\.1:\d+/v1\) and that its server is running$"):
         collect(ModelClient(ResolvedProvider.from_info(info), on_retry=notes.append, backoff_base=FAST))
     assert len(notes) == 2 and notes[1].startswith("stream error: error sending request for url")
 

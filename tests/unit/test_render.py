@@ -135,6 +135,17 @@ def test_a_patch_question_shows_its_diff_and_ends_with_its_files() -> None:
     assert texts[-2:] == ["  files: hello.py, new.py, old.py", "  in: /w"]
 
 
+def test_a_patch_request_says_its_grant_once() -> None:
+    """The agent's reason for a patch restates its grant_root (Codex's shape has both):
+    the one line a frontend writes about it, and the question, name the root once."""
+    reason = "grant write access to /elsewhere for this session"
+    msg = ApplyPatchApprovalRequestEvent("p1", CHANGES, reason=reason, grant_root="/elsewhere")
+    line = describe_approval(msg, "/w")
+    assert line == "apply a patch to hello.py, new.py, old.py (and allow writes beneath /elsewhere for this session)"
+    texts = [text for text, _ in approval_question(msg, "/w")[0]]
+    assert sum(text.count("/elsewhere") for text in texts) == 1, texts
+
+
 def test_each_answer_is_confirmed_in_words() -> None:
     cmd = ExecApprovalRequestEvent("c1", ["ls"], "/w")
     patch = ApplyPatchApprovalRequestEvent("p1", CHANGES)

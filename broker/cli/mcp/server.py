@@ -417,8 +417,10 @@ class Server:
             self.error(None, INVALID_REQUEST, "the id must be a string or an integer")
             return
         if message.get("jsonrpc") != "2.0" or not isinstance(method, str):
-            if has_id:
-                self.error(req_id, INVALID_REQUEST, 'not a JSON-RPC 2.0 request: needs "jsonrpc": "2.0" and a method')
+            # Not a request, nor a notification (which needs both too): JSON-RPC answers
+            # it with Invalid Request, under its id if it has a usable one, else null.
+            self.error(req_id if has_id else None, INVALID_REQUEST,
+                       'not a JSON-RPC 2.0 request: needs "jsonrpc": "2.0" and a method')
             return
         params = message.get("params")
         if params is None:
