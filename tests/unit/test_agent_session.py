@@ -36,6 +36,7 @@ from broker.wire.protocol import (
     Shutdown,
     TextInput,
     UserInput,
+    UnifiedExecSettings,
     UserMessageEvent,
     WireApi,
     encode_json,
@@ -840,6 +841,44 @@ def test_user_instructions_and_base_instructions_of_later_codex(server, tmp_path
     assert first == "You are TestBot.\n\nBe terse."
     assert "use tabs" not in first and "old" not in first
     assert not second.startswith("You are TestBot.") and "use tabs" in second
+
+
+def test_the_environment_is_told_once_and_again_only_where_it_changed(server, tmp_path) -> None:
+    server.script(response(assistant("a")), response(assistant("b")), response(assistant("c")))
+
+    async def main():
+        h = Harness(server, FakeRunner(), tmp_path)
+        await h.configure()
+        await h.done(await h.say("one"))
+        await h.configure(model="other-model")  # the environment is the same: nothing to tell
+        await h.done(await h.say("two"))
+        await h.configure(approval_policy=AskForApproval.NEVER)
+        await h.done(await h.say("three"))
+
+    run(main)
+    texts = [i["content"][0]["text"] for i in server.requests[2]["json"]["input"] if i.get("role") == "user"]
+    assert texts[0].startswith(f"<environment_context>\n  <cwd>{tmp_path / 'work'}</cwd>\n")
+    assert texts[1:] == ["one", "two", "<environment_context>\n  <approval_policy>never</approval_policy>\n"
+                         f"  <shell>{user_shell()}</shell>\n</environment_context>", "three"]
+
+
+@pytest.mark.parametrize("mode", ["off", "seed", "codex"])
+def test_each_tool_mode_gets_instructions_for_its_tools(server, tmp_path, mode) -> None:
+    server.script(response(assistant("a")))
+
+    async def main():
+        h = Harness(server, FakeRunner(), tmp_path)
+        await h.configure(unified_exec=UnifiedExecSettings(tools=mode))
+        await h.done(await h.say("hi"))
+
+    run(main)
+    body = server.requests[0]["json"]
+    assert body["instructions"] == base_instructions(mode)
+    names = [t["name"] for t in body["tools"]]
+    assert names == {"off": ["shell", "apply_patch", "update_plan"],
+                     "seed": ["shell", "unified_exec", "apply_patch", "update_plan"],
+                     "codex": ["exec_command", "write_stdin", "apply_patch", "update_plan"]}[mode]
+    assert all(f"- `{name}` " in body["instructions"] for name in names)
 
 
 def test_every_user_input_is_a_user_message_event(server, tmp_path) -> None:
