@@ -155,6 +155,8 @@ class SessionConfig:
     sandbox_policy: SandboxPolicy
     cwd: str
     instructions: str
+    environment: EnvironmentContext
+    """What the model is told of its environment (``<environment_context>``)."""
     notify: list[str] | None = None
     disable_response_storage: bool = False
     missing_key: str | None = None
@@ -163,8 +165,6 @@ class SessionConfig:
     """The Responses API ``reasoning`` settings sent with every request (None: none)."""
     unified_exec: UnifiedExecSettings = field(default_factory=UnifiedExecSettings)
     """Which interactive tools the model gets, and their bounds."""
-    environment: EnvironmentContext | None = None
-    """What the model was told of its environment (the last ``<environment_context>``)."""
 
 
 @dataclass(eq=False)
@@ -506,6 +506,7 @@ class Session:
             sandbox_policy=sandbox_policy,
             cwd=cwd,
             instructions=full_instructions(user, base),
+            environment=EnvironmentContext.of(cwd, AskForApproval(op.approval_policy), sandbox_policy, user_shell()),
             notify=list(op.notify) if isinstance(op.notify, list) and op.notify else None,
             disable_response_storage=op.disable_response_storage,
             missing_key=missing_key,
@@ -515,7 +516,6 @@ class Session:
                 op.model_reasoning_summary if isinstance(op.model_reasoning_summary, str) else None,
             ),
             unified_exec=unified_exec,
-            environment=EnvironmentContext.of(cwd, AskForApproval(op.approval_policy), sandbox_policy, user_shell()),
         )
         if isinstance(op.show_raw_agent_reasoning, bool):
             self.show_raw_agent_reasoning = op.show_raw_agent_reasoning
@@ -568,9 +568,9 @@ class Session:
         if told != current.item():
             self.record([current.item()])
 
-    def environment_items(self) -> list[Item]:
+    def environment_item(self) -> Item:
         """The whole environment context, for a conversation that starts over (compaction)."""
-        return [self.config.environment.item()] if self.config is not None and self.config.environment else []
+        return self.config.environment.item()
 
     async def _resume(self, path: str) -> tuple[RolloutRecorder, SavedSession]:
         """The rollout at ``path``, opened to go on recording in it, and what it holds;

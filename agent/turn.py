@@ -224,7 +224,7 @@ async def run_compact_task(sess: Session, task: AgentTask) -> None:
             sess.error(sub_id, "the model returned no summary; the conversation was kept as it was")
             return
         # The conversation starts over from the summary, told its environment again (as Codex).
-        sess.replace_history([*sess.environment_items(), *summary[-1:]])
+        sess.replace_history([sess.environment_item(), *summary[-1:]])
         await sess.sync_rollout()
         sess.send(sub_id, AgentMessageEvent(COMPACT_DONE))
         sess.send(sub_id, TaskCompleteEvent(None))
