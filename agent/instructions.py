@@ -239,6 +239,7 @@ class EnvironmentContext:
 
 
 def is_environment_context(item: dict) -> bool:
+    """Whether ``item`` is an environment context message (ours, or a rollout's)."""
     content = item.get("content") if item.get("type") == "message" and item.get("role") == "user" else None
     return isinstance(content, list) and len(content) == 1 and isinstance(content[0], dict) \
         and str(content[0].get("text", "")).startswith(ENVIRONMENT_CONTEXT_OPEN)
