@@ -27,9 +27,14 @@ What each op does is Codex's ``submission_loop``:
   a fresh conversation in place of the one asked for. Lines of it that are corrupt are
   skipped and said in one ``background_event`` after ``session_configured``
   (:func:`agent.rollout.read_rollout`).
-- The model's instructions: ``base_instructions`` if given, else the built-in ones; then
-  ``user_instructions`` as given (later Codex's frontends put ``AGENTS.md`` in them), else
-  ``instructions`` with the project docs found from the cwd; then the environment.
+- The model's instructions: ``base_instructions`` if given, else the built-in ones for
+  the session's tools; then ``user_instructions`` as given (later Codex's frontends put
+  ``AGENTS.md`` in them), else ``instructions`` with the project docs found from the cwd.
+  The environment (cwd, policies, shell) goes into the conversation as Codex's
+  ``<environment_context>`` user message: whole when the conversation starts, starts over
+  after a compaction, or is resumed from a rollout whose last context was another; only
+  what changed when a later ``configure_session`` changes it
+  (:class:`agent.instructions.EnvironmentContext`).
   ``model_reasoning_effort`` / ``model_reasoning_summary`` become the Responses API's
   ``reasoning`` (for models that reason).
 - Before the first ``configure_session``, ``user_input``, ``interrupt``, approvals and
@@ -83,7 +88,15 @@ from agent import history as message_history
 from agent.apply_patch import TurnDiffTracker
 from agent.config import OPENAI_DEFAULT_BASE_URL, ResolvedProvider, sluice_home
 from agent.exec_runner import CommandRunner
-from agent.instructions import BASE_INSTRUCTIONS, PROJECT_DOC_TIMEOUT_MS, full_instructions, user_instructions
+from agent.instructions import (
+    PROJECT_DOC_TIMEOUT_MS,
+    EnvironmentContext,
+    base_instructions,
+    full_instructions,
+    is_environment_context,
+    user_instructions,
+    user_shell,
+)
 from agent.sandbox_files import SandboxFiles
 from agent.items import Item, input_texts
 from agent.mcp.config import grants
@@ -142,6 +155,8 @@ class SessionConfig:
     sandbox_policy: SandboxPolicy
     cwd: str
     instructions: str
+    environment: EnvironmentContext
+    """What the model is told of its environment (``<environment_context>``)."""
     notify: list[str] | None = None
     disable_response_storage: bool = False
     missing_key: str | None = None
@@ -185,7 +200,7 @@ class Session:
         http_client: httpx.AsyncClient | None = None,
         backoff_base: float = DEFAULT_BACKOFF_BASE,
         show_raw_agent_reasoning: bool = False,
-        base_instructions: str = BASE_INSTRUCTIONS,
+        base_instructions: str | None = None,
         default_timeout_ms: int = DEFAULT_EXEC_TIMEOUT_MS,
         command_env: Mapping[str, str] | None = None,
         session_id: uuid.UUID | str | None = None,
@@ -197,6 +212,7 @@ class Session:
         self.http_client = http_client
         self.backoff_base = backoff_base
         self.show_raw_agent_reasoning = show_raw_agent_reasoning
+        # None: the built-in instructions for the session's tools.
         self.base_instructions = base_instructions
         self.default_timeout_ms = default_timeout_ms
         # The commands' environment: what the frontend sent with configure_session, else
@@ -480,15 +496,17 @@ class Session:
                                  timeout_ms=PROJECT_DOC_TIMEOUT_MS)
             user = await user_instructions(op.instructions, cwd, files)
         base = op.base_instructions if isinstance(op.base_instructions, str) and op.base_instructions \
-            else self.base_instructions
+            else self.base_instructions or base_instructions(unified_exec.tools)
         sandbox_policy = op.sandbox_policy
+        previous = self.config.environment if self.config is not None and restored is None else None
         self.config = SessionConfig(
             model=op.model,
             provider=provider,
             approval_policy=AskForApproval(op.approval_policy),
             sandbox_policy=sandbox_policy,
             cwd=cwd,
-            instructions=full_instructions(user, cwd, op.approval_policy, sandbox_policy, base),
+            instructions=full_instructions(user, base),
+            environment=EnvironmentContext.of(cwd, AskForApproval(op.approval_policy), sandbox_policy, user_shell()),
             notify=list(op.notify) if isinstance(op.notify, list) and op.notify else None,
             disable_response_storage=op.disable_response_storage,
             missing_key=missing_key,
@@ -511,6 +529,7 @@ class Session:
                 errors.append(str(err))
         if restored is not None:
             self.history = list(restored)
+        self._tell_environment(previous)
 
         self.client = ModelClient(
             provider,
@@ -534,6 +553,24 @@ class Session:
             self.send(sub_id, BackgroundEventEvent(note))
         for message in [*errors, *mcp_errors]:
             self.error(sub_id, message)
+
+    def _tell_environment(self, previous: EnvironmentContext | None) -> None:
+        """Put the environment into the conversation, as Codex does: what changed since
+        ``previous`` (what this session last told the model), else the whole context
+        unless the last one in the conversation (a resumed one, say) is exactly this."""
+        current = self.config.environment
+        if previous is not None:
+            changed = current.diff(previous)
+            if changed is not None:
+                self.record([changed.item()])
+            return
+        told = next((item for item in reversed(self.history) if is_environment_context(item)), None)
+        if told != current.item():
+            self.record([current.item()])
+
+    def environment_item(self) -> Item:
+        """The whole environment context, for a conversation that starts over (compaction)."""
+        return self.config.environment.item()
 
     async def _resume(self, path: str) -> tuple[RolloutRecorder, SavedSession]:
         """The rollout at ``path``, opened to go on recording in it, and what it holds;

@@ -265,9 +265,9 @@ async def handle_mcp_call(sess: Session, task: AgentTask, name: str, arguments: 
         structured_content=result.get("structuredContent"),
     )
     if shown is None:
-        shown = CallToolResult(content=[{"type": "text", "text": outcome.text}], is_error=True)
+        shown = CallToolResult(content=[{"type": "text", "text": f"tool call failed: {outcome.why}"}], is_error=True)
     sess.send(task.sub_id, McpToolCallEndEvent(call_id, outcome.success, shown))
-    return ToolOutput(call_id, outcome.text, outcome.success)
+    return ToolOutput(call_id, outcome.output, outcome.success)
 
 
 class WorkdirError(ValueError):

@@ -528,10 +528,11 @@ def format_exec_command_output(
 @dataclass(frozen=True, slots=True)
 class ToolOutput:
     """A call's answer for the model's next request: ``function_call_output``, or
-    ``custom_tool_call_output`` for a freeform (``custom_tool_call``) call."""
+    ``custom_tool_call_output`` for a freeform (``custom_tool_call``) call. ``content`` is
+    text, or (an MCP result with an image) a list of function output items."""
 
     call_id: str
-    content: str
+    content: str | list[dict[str, Any]]
     success: bool | None = None
     custom: bool = False
 

@@ -223,7 +223,8 @@ async def run_compact_task(sess: Session, task: AgentTask) -> None:
         if not summary:
             sess.error(sub_id, "the model returned no summary; the conversation was kept as it was")
             return
-        sess.replace_history(summary[-1:])
+        # The conversation starts over from the summary, told its environment again (as Codex).
+        sess.replace_history([sess.environment_item(), *summary[-1:]])
         await sess.sync_rollout()
         sess.send(sub_id, AgentMessageEvent(COMPACT_DONE))
         sess.send(sub_id, TaskCompleteEvent(None))

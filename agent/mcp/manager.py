@@ -3,8 +3,11 @@
 :meth:`McpManager.start` starts every configured server at once through a
 :data:`Launcher` (the session's: a long-lived sandboxed process in an executor, speaking
 over its stdin and stdout), runs the MCP handshake and lists the tools, each server within
-its ``startup_timeout_sec``. A server that fails is reported (one line each, returned for
-the session to send as ``error`` events) and the session goes on without it.
+its ``startup_timeout_sec`` counted from its process's start, as Codex counts it from the
+spawn: reaching an executor and setting up the sandbox (slow under load) are the launch's,
+bounded apart by :data:`LAUNCH_TIMEOUT_S`. A server that fails is reported (one line
+each, returned for the session to send as ``error`` events) and the session goes on
+without it.
 
 :meth:`McpManager.call` runs one tool call with the server's ``tool_timeout_sec``; a server
 that crashed or stopped answering fails that call with a clear error, and is started again
@@ -25,12 +28,15 @@ from typing import Any, Protocol
 import structlog
 
 from agent.mcp.client import McpClient, McpError
-from agent.mcp.tools import McpTool, declaration, offered_tools, result_for_model
+from agent.mcp.tools import McpTool, declaration, error_for_model, offered_tools, result_for_model
 from broker.wire.protocol import McpServerConfig
 
 log = structlog.get_logger("agent.mcp")
 
 STDERR_LOG_BYTES = 64 * 1024
+# Launching a server (an executor taking it, its sandbox set up, its process started) may
+# take this long, apart from its start-up budget: only a launch that is stuck ends here.
+LAUNCH_TIMEOUT_S = 60.0
 
 
 class Process(Protocol):
@@ -55,18 +61,21 @@ class Streams:
     exited: Callable[[str], None]
 
 
-# (server, where its output goes) -> the running process; raises McpError (one line).
+# (server, where its output goes) -> the running process, returned once it has started;
+# raises McpError (one line).
 Launcher = Callable[[McpServerConfig, Streams], Awaitable[Process]]
 
 
 @dataclass
 class CallOutcome:
-    """A tool call's end: what the model is told, and the event's ``success`` and ``result``."""
+    """A tool call's end: what the model is told (text, or function output items), and the
+    event's ``success`` and ``result`` (None: the call got none, ``why`` says why)."""
 
-    text: str
+    output: str | list[dict[str, Any]]
     success: bool
     result: dict[str, Any] | None
     duration_s: float
+    why: str | None = None
 
 
 class _Server:
@@ -134,9 +143,9 @@ class McpManager:
             result = await client.call_tool(tool.name, arguments, server.config.tool_timeout_s)
         except McpError as err:
             # A timeout leaves the server running (told the call is cancelled), as Codex does.
-            return CallOutcome(f"tool call failed: {err}", False, None, time.monotonic() - started)
-        text, success = result_for_model(result)
-        return CallOutcome(text, success, result, time.monotonic() - started)
+            return CallOutcome(error_for_model(str(err)), False, None, time.monotonic() - started, why=str(err))
+        output, success = result_for_model(result)
+        return CallOutcome(output, success, result, time.monotonic() - started)
 
     async def aclose(self) -> None:
         self._closed = True
@@ -166,12 +175,13 @@ class McpManager:
         streams = Streams(client.feed, lambda data: self._stderr(server, data),
                           lambda why: client.closed(why))
         server.client = client
+        try:
+            process = await asyncio.wait_for(self._launcher(config, streams), LAUNCH_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            raise McpError(f"MCP server {config.name} could not be launched within {LAUNCH_TIMEOUT_S:g} s") from None
+        # The budget is the server's own: from its process's start.
         timeout = config.startup_timeout_s
         deadline = time.monotonic() + timeout
-        try:
-            process = await asyncio.wait_for(self._launcher(config, streams), timeout)
-        except asyncio.TimeoutError:
-            raise McpError(f"MCP server {config.name} did not start within {timeout:g} s") from None
         server.process = process
         client.attach(process)
         if client.gone is not None:  # it made no sense before it was even started

@@ -1,4 +1,4 @@
-"""MCP tools as the model sees them: qualified names, sanitised schemas, results as text.
+"""MCP tools as the model sees them: qualified names, sanitised schemas, results as Codex gives them.
 
 Names: a server's tool ``t`` of server ``s`` is offered as ``s__t`` (Codex's delimiter:
 model APIs allow only ``[a-zA-Z0-9_-]`` in tool names, and every other character is
@@ -134,14 +134,56 @@ def declaration(tool: McpTool) -> dict[str, Any]:
             "strict": False, "parameters": tool.parameters}
 
 
-def result_for_model(result: dict[str, Any]) -> tuple[str, bool]:
-    """What the model is told of a ``tools/call`` result, and whether it succeeded: the
-    result as JSON (its ``content`` items, text, images and all, and its
-    ``structuredContent``), as Codex gives it."""
+def result_for_model(result: dict[str, Any]) -> tuple[str | list[dict[str, Any]], bool]:
+    """What the model is told of a ``tools/call`` result, and whether the call succeeded,
+    as Codex 0.169 gives it (the seed gives the JSON of ``content`` alone):
+
+    - the JSON of ``structuredContent``, when the result has one (not null);
+    - else the JSON of the ``content`` array, the seed's shape
+      (``[{"type":"text","text":"Echo: hi"}]``); or, when it holds an image, its items
+      as the Responses API's function output items (:func:`content_items`);
+    - success unless ``isError`` is true. The model is not told which (the function output
+      has no such field); the ``mcp_tool_call_end`` event says it.
+
+    JSON is compact, keys in the server's order, as Codex's ``serde_json::to_string``.
+    """
     success = result.get("isError") is not True
-    shown: dict[str, Any] = {"content": result.get("content") if isinstance(result.get("content"), list) else []}
-    if "structuredContent" in result:
-        shown["structuredContent"] = result["structuredContent"]
-    if not success:
-        shown["isError"] = True
-    return json.dumps(shown, ensure_ascii=False), success
+    structured = result.get("structuredContent")
+    if structured is not None:
+        return _json(structured), success
+    content = result.get("content") if isinstance(result.get("content"), list) else []
+    items = content_items(content)
+    return (items if items is not None else _json(content)), success
+
+
+def content_items(content: list[Any]) -> list[dict[str, Any]] | None:
+    """MCP content with an image in it as function output items: text as ``input_text``,
+    an image as ``input_image`` (its data as a ``data:`` URL), anything else as the
+    ``input_text`` of its JSON; None without an image, whose text goes as JSON instead."""
+    if not any(isinstance(block, dict) and block.get("type") == "image" for block in content):
+        return None
+    items = []
+    for block in content:
+        kind = block.get("type") if isinstance(block, dict) else None
+        if kind == "text" and isinstance(block.get("text"), str):
+            items.append({"type": "input_text", "text": block["text"]})
+        elif kind == "image" and isinstance(block.get("data"), str):
+            data = block["data"]
+            if not data.startswith("data:"):
+                mime = block.get("mimeType", block.get("mime_type"))
+                data = f"data:{mime if isinstance(mime, str) else 'application/octet-stream'};base64,{data}"
+            items.append({"type": "input_image", "image_url": data})
+        else:
+            items.append({"type": "input_text", "text": _json(block)})
+    return items
+
+
+def error_for_model(why: str) -> str:
+    """What the model is told of a call that got no result (the server failed, timed out,
+    went away): Codex's ``err: "tool call error: <why>"``, the quoted form being Rust's
+    ``Debug`` of the text, which JSON's quoting matches for printable text."""
+    return "err: " + json.dumps(f"tool call error: {why}", ensure_ascii=False)
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))

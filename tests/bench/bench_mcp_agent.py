@@ -63,7 +63,7 @@ async def _measure(launcher, server: McpServerConfig, tool: str, args: dict, sta
             began = time.perf_counter()
             outcome = await manager.call(tool, args)
             if not outcome.success:
-                raise RuntimeError(outcome.text)
+                raise RuntimeError(outcome.why or str(outcome.output))
             if i >= 10:
                 call_samples.append((time.perf_counter() - began) * 1000)
     finally:

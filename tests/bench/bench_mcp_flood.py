@@ -100,7 +100,7 @@ async def _all(daemon: Daemon, flood_s: float) -> list[Row]:
         took = time.monotonic() - began
         stats, cpu = await lag.stop()
         await manager.aclose()
-        sent = int(re.search(r'"text": ?"(\d+)"', outcome.text).group(1))
+        sent = int(re.search(r'"text": ?"(\d+)"', outcome.output).group(1))
         rows.append(_row("flood", stats, cpu, f"a call answered in {took:.1f} s, behind "
                                                f"{sent * NOTIFICATION_BYTES / 2**20:.0f} MiB of notifications"))
     finally:

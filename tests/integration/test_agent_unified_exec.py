@@ -18,6 +18,7 @@ import time
 import pytest
 
 from agent.exec_runner import BrokerRunner
+from agent.instructions import base_instructions
 from agent.unified_exec import OUTPUT_MAX_BYTES
 from broker.wire.protocol import (
     AskForApproval,
@@ -421,6 +422,9 @@ def test_the_tools_follow_the_setting(module_daemon, tmp_path) -> None:
     names = [[t["name"] for t in r["json"]["tools"]] for r in server.requests]
     assert names[0] == ["shell", "apply_patch", "update_plan"]
     assert names[2] == ["exec_command", "write_stdin", "apply_patch", "update_plan"]
+    # The instructions describe the tools offered, and only those.
+    assert server.requests[0]["json"]["instructions"] == base_instructions("off")
+    assert server.requests[2]["json"]["instructions"] == base_instructions("codex")
     got = answers(server)
     assert got["c1"] == "unsupported call: unified_exec"
     # Not offered, but a model that calls it anyway is served as before.
@@ -442,7 +446,12 @@ def test_the_setting_travels_with_the_session_to_the_agent_process(module_daemon
         collect(session, "session_configured")
         session.submit(UserInput([TextInput("start it")]))
         collect(session, "task_complete", timeout=30)
-        assert [t["name"] for t in server.requests[0]["json"]["tools"]][:2] == ["exec_command", "write_stdin"]
+        first = server.requests[0]["json"]
+        assert [t["name"] for t in first["tools"]][:2] == ["exec_command", "write_stdin"]
+        assert "- `exec_command` runs `cmd`" in first["instructions"] and "argv array" not in first["instructions"]
+        # The environment comes first, in Codex's shape (the policies of configure_op).
+        assert first["input"][0]["content"][0]["text"].startswith(
+            f"<environment_context>\n  <cwd>{tmp_path}</cwd>\n  <approval_policy>")
         assert "Process running with session ID 1000" in answers(server)["c1"]
         assert live_processes(sleeper)
         session.submit(Shutdown())

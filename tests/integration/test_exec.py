@@ -30,6 +30,7 @@ from tests.support.fake_model import (
     assistant,
     call,
     chat_chunk,
+    conversation,
     gated,
     outputs_of,
     response,
@@ -320,7 +321,8 @@ def test_ctrl_c_kills_the_command_and_resume_answers_the_dangling_call_aborted(f
     assert len(list((agent_home / "sessions").rglob("rollout-*.jsonl"))) == rollouts
     body = server.requests[-1]["json"]
     assert outputs_of(body)["c1"] == "aborted"
-    assert body["input"][0] == user_item("wait a while") and body["input"][-1] == user_item("go on")
+    said = conversation(body["input"])
+    assert said[0] == user_item("wait a while") and said[-1] == user_item("go on")
 
 
 def test_second_ctrl_c_leaves_at_once(dmn, fe, server, work) -> None:

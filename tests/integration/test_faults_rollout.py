@@ -24,11 +24,13 @@ from pathlib import Path
 import psutil
 import pytest
 
+from agent.instructions import is_environment_context
 from broker.wire.protocol import TextInput, UserInput
 from tests.support.fake_model import (
     FakeModelServer,
     assistant,
     call,
+    conversation,
     gated,
     outputs_of,
     response,
@@ -124,9 +126,11 @@ def check_rollout(path: Path, session_id: str, sent: list[dict]) -> list[dict]:
     lines = parse(path)
     assert lines[0]["id"] == session_id
     items = lines[1:]
-    assert [i["type"] for i in items] == ["message", "function_call", "function_call_output", "message", "message"]
-    assert items[0] == user_item("run the command") and items[-1] == user_item("and now the second thing")
-    assert "one-two-three" in json.loads(items[2]["output"])["output"]
+    assert is_environment_context(items[0])  # what the model is told first
+    said = conversation(items)
+    assert [i["type"] for i in said] == ["message", "function_call", "function_call_output", "message", "message"]
+    assert said[0] == user_item("run the command") and said[-1] == user_item("and now the second thing")
+    assert "one-two-three" in json.loads(said[2]["output"])["output"]
     assert [i["type"] for i in sent] == [i["type"] for i in items]
     for recorded, given in zip(items, sent, strict=True):
         assert {k: v for k, v in recorded.items() if k in given} == given
@@ -167,8 +171,9 @@ def test_agent_sigkilled_mid_turn_keeps_the_conversation_and_resumes(daemon_fact
         fe = Frontends(handle.runtime, server, tmp_path / "fe-home")
         given = resume(fe, server, path, work)
         assert given[:len(items)] == sent
-        assert given[len(items):] == [user_item("what did the command say?")]
-        assert outputs_of({"input": given})["c1"] == items[2]["output"]
+        # (After the environment again, if this exec's differs from the session's.)
+        assert conversation(given[len(items):]) == [user_item("what did the command say?")]
+        assert outputs_of({"input": given})["c1"] == conversation(items)[2]["output"]
         # The conversation goes on in the same file.
         after = parse(path)
         assert after[1:len(items) + 1] == items
@@ -200,7 +205,7 @@ def test_daemon_sigkilled_keeps_the_conversation_and_resumes(daemon_factory, wor
         again = daemon_factory.start(executors=1, env={"SLUICE_HOME": str(agent_home)})
         given = resume(Frontends(again.runtime, server, tmp_path / "fe-home"), server, path, work)
         assert given[:len(items)] == sent
-        assert given[len(items):] == [user_item("what did the command say?")]
+        assert conversation(given[len(items):]) == [user_item("what did the command say?")]
 
 
 def _alive(p: psutil.Process) -> bool:
@@ -266,7 +271,7 @@ def test_full_sluice_home_is_one_line_and_a_failed_exec(daemon_factory, work, ag
         assert lines[0].endswith(f"rollout: no space left on device: {rollout}")
         # What fitted is there, in whole lines; nothing after the failure.
         kept = parse(rollout)
-        assert kept[1:] == [user_item("hello")]
+        assert is_environment_context(kept[1]) and kept[2:] == [user_item("hello")]
     if json_mode:
         events = json_events(p.stdout)
         errors = [e.msg.message for e in events if tag(e) == "error"]
@@ -288,7 +293,7 @@ def first_session(handle, server: FakeModelServer, fe: Frontends, work: Path, ho
     p = fe.run("exec", "--approval-policy", "never", "-C", str(work), "remember the euro")
     assert p.returncode == 0, p.stderr
     (path,) = (home / "sessions").rglob("rollout-*.jsonl")
-    assert [i["type"] for i in parse(path)[1:]] == ["message", "message"]
+    assert [i["type"] for i in conversation(parse(path)[1:])] == ["message", "message"]
     return path
 
 
@@ -314,7 +319,7 @@ def test_a_last_line_cut_inside_a_utf8_character_is_dropped_on_resume(daemon_fac
         p = resume_exec(fe, path, work)
         assert p.returncode == 0, p.stderr
         assert p.stdout == "Back.\n" and "rollout" not in p.stderr
-        sent = server.requests[-1]["json"]["input"]
+        sent = conversation(server.requests[-1]["json"]["input"])
         assert [i["type"] for i in sent] == ["message", "message", "message"]
         assert sent[1]["content"][0]["text"] == "Noted: naïve €uro." and sent[2] == user_item("and now?")
         # The cut was taken off the file before the session went on writing to it.
@@ -328,7 +333,8 @@ def test_a_corrupt_middle_line_is_said_with_file_and_line_and_skipped(daemon_fac
         fe = Frontends(handle.runtime, server, tmp_path / "fe-home")
         path = first_session(handle, server, fe, work, agent_home)
         lines = path.read_bytes().split(b"\n")
-        lines[1] = lines[1].replace(b"remember", b"rem\xffmber")  # one bad byte on line 2
+        assert b"remember" in lines[2]  # after the session line and the environment context
+        lines[2] = lines[2].replace(b"remember", b"rem\xffmber")  # one bad byte on line 3
         path.write_bytes(b"\n".join(lines))
 
         server.script(response(assistant("Back.")))
@@ -336,9 +342,9 @@ def test_a_corrupt_middle_line_is_said_with_file_and_line_and_skipped(daemon_fac
         assert p.returncode == 0, p.stderr
         assert p.stdout == "Back.\n"
         said = [line for line in p.stderr.splitlines() if "rollout" in line]
-        assert said == [f"- rollout {path}: line 2 not readable (corrupt), skipped; "
+        assert said == [f"- rollout {path}: line 3 not readable (corrupt), skipped; "
                         "the conversation goes on without them"], p.stderr
-        sent = server.requests[-1]["json"]["input"]
+        sent = conversation(server.requests[-1]["json"]["input"])
         assert [i["type"] for i in sent] == ["message", "message"]
         assert sent[0]["role"] == "assistant" and sent[1] == user_item("and now?")
 

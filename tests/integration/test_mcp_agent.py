@@ -72,6 +72,8 @@ def test_tools_are_offered_and_called_and_the_model_gets_the_result(dmn, server,
     server.script(
         response(call("fake__add", {"a": 2, "b": 40}, "m1")),
         response(call("fake__fail", {}, "m2")),
+        response(call("fake__echo", {"text": "hi"}, "m3")),
+        response(call("fake__picture", {}, "m4")),
         response(assistant("done")),
     )
     fe = frontend(dmn, server, tmp_path, server_table())
@@ -84,12 +86,19 @@ def test_tools_are_offered_and_called_and_the_model_gets_the_result(dmn, server,
     begins = [e for e in events if type(e).__name__ == "McpToolCallBeginEvent"]
     ends = [e for e in events if type(e).__name__ == "McpToolCallEndEvent"]
     assert [(b.call_id, b.server, b.tool, b.arguments) for b in begins] == [
-        ("m1", "fake", "add", {"a": 2, "b": 40}), ("m2", "fake", "fail", {})]
+        ("m1", "fake", "add", {"a": 2, "b": 40}), ("m2", "fake", "fail", {}), ("m3", "fake", "echo", {"text": "hi"}),
+        ("m4", "fake", "picture", {})]
     assert ends[0].success and ends[0].result.structured_content == {"sum": 42}
     assert not ends[1].success and ends[1].result.is_error
-    first = json.loads(outputs_of(server.requests[1]["json"])["m1"])
-    assert first["structuredContent"] == {"sum": 42} and first["content"][0]["text"] == "42"
-    assert json.loads(outputs_of(server.requests[2]["json"])["m2"])["isError"] is True
+    # The model gets what Codex 0.169 gives it: the structured content when there is one,
+    # else the JSON of the content array (the seed's shape), an error flag or not; an image
+    # as input items.
+    assert outputs_of(server.requests[1]["json"])["m1"] == '{"sum":42}'
+    assert outputs_of(server.requests[2]["json"])["m2"] == '[{"type":"text","text":"it failed"}]'
+    assert outputs_of(server.requests[3]["json"])["m3"] == '[{"type":"text","text":"hi"}]'
+    text, image = outputs_of(server.requests[4]["json"])["m4"]
+    assert text == {"type": "input_text", "text": "a dot"}
+    assert image["type"] == "input_image" and image["image_url"].startswith("data:image/png;base64,iVBORw0KGgo")
     wait_for(lambda: not servers_running(), timeout=20, what="the session's MCP server to be stopped")
 
 
@@ -131,7 +140,7 @@ def test_a_crash_fails_that_call_and_the_next_call_starts_the_server_again(dmn, 
     p = frontend(dmn, server, tmp_path, server_table()).run("--cd", str(work), "crash it")
     assert p.returncode == 0, p.stderr
     crashed = outputs_of(server.requests[1]["json"])["m1"]
-    assert crashed.startswith("tool call failed: MCP server fake exited with status 3"), crashed
+    assert crashed.startswith('err: "tool call error: MCP server fake exited with status 3'), crashed
     assert "back again" in outputs_of(server.requests[2]["json"])["m2"]
 
 

@@ -1,6 +1,7 @@
 """The MCP client and manager against a real server process (tests/support/fake_mcp_server.py),
 started by a plain local launcher: the handshake, paginated tools, calls, timeouts,
-cancellation, a crash mid-call and the restart after it, servers that fail to start."""
+cancellation, a crash mid-call and the restart after it, servers that fail to start, the
+start-up budget counted from the server's start (a slow launch is not the server's)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from agent.mcp import manager as manager_module
 from agent.mcp.manager import McpManager
 from broker.wire.protocol import McpServerConfig
 from tests.support.mcp_servers import LocalProcess
@@ -34,14 +36,22 @@ def test_tools_are_listed_across_pages_and_called():
         manager = McpManager([server()], launcher(started))
         assert await manager.start() == []
         assert sorted(manager.tools) == ["fake__add", "fake__crash", "fake__echo", "fake__fail", "fake__junk",
-                                         "fake__sleep", "fake__write"]
+                                         "fake__picture", "fake__sleep", "fake__write"]
         assert manager.tools["fake__write"].parameters["type"] == "object"  # inferred from its properties
         assert manager.tools["fake__fail"].parameters == {"type": "object", "properties": {}}  # `true` as a schema
+        # The model gets what Codex gives it: the structured content when there is one,
+        # else the content array's JSON (the seed's shape), images as input items.
         outcome = await manager.call("fake__add", {"a": 2, "b": 40})
         assert outcome.success and outcome.result["structuredContent"] == {"sum": 42}
-        assert '"structuredContent": {"sum": 42}' in outcome.text
+        assert outcome.output == '{"sum":42}'
+        outcome = await manager.call("fake__echo", {"text": "hi"})
+        assert outcome.success and outcome.output == '[{"type":"text","text":"hi"}]'
         outcome = await manager.call("fake__fail", {})
-        assert not outcome.success and '"isError": true' in outcome.text
+        assert not outcome.success and outcome.output == '[{"type":"text","text":"it failed"}]'
+        outcome = await manager.call("fake__picture", {})
+        assert outcome.success and outcome.output == [
+            {"type": "input_text", "text": "a dot"},
+            {"type": "input_image", "image_url": "data:image/png;base64," + outcome.result["content"][1]["data"]}]
         await manager.aclose()
         assert all(p.proc.returncode is not None for p in started)
     run(main())
@@ -53,7 +63,8 @@ def test_a_timeout_cancels_the_request_and_so_does_cancelling_the_call():
         manager = McpManager([server(tool_timeout_s=0.3)], launcher(started))
         assert await manager.start() == []
         outcome = await manager.call("fake__sleep", {"seconds": 30})
-        assert not outcome.success and "did not answer tools/call within 0.3 s" in outcome.text
+        assert not outcome.success and outcome.output == (
+            'err: "tool call error: MCP server fake did not answer tools/call within 0.3 s"')
         await _until(lambda: b"cancelled 6" in started[0].stderr)  # initialize 1, four pages 2-5, the call 6
         # The server goes on serving.
         assert (await manager.call("fake__echo", {"text": "again"})).success and len(started) == 1
@@ -73,9 +84,9 @@ def test_a_server_that_crashes_mid_call_fails_that_call_and_is_restarted():
         manager = McpManager([server()], launcher(started))
         assert await manager.start() == []
         outcome = await manager.call("fake__crash", {})
-        assert not outcome.success and "MCP server fake exited with status 3" in outcome.text
+        assert not outcome.success and "MCP server fake exited with status 3" in outcome.output
         outcome = await manager.call("fake__echo", {"text": "back"})
-        assert outcome.success and '"text": "back"' in outcome.text
+        assert outcome.success and '"text":"back"' in outcome.output
         assert len(started) == 2
         await manager.aclose()
     run(main())
@@ -88,8 +99,8 @@ def test_a_server_that_turns_to_junk_mid_call_is_stopped_at_once_and_started_aga
         assert await manager.start() == []
         outcome = await manager.call("fake__junk", {})
         assert not outcome.success
-        assert outcome.text == ("tool call failed: MCP server fake sent 100 lines in a row that are not MCP messages "
-                                "(the last: a line that is not JSON); it was stopped")
+        assert outcome.output == ('err: "tool call error: MCP server fake sent 100 lines in a row that are not MCP '
+                                  'messages (the last: a line that is not JSON); it was stopped"')
         await _until(lambda: started[0].proc.returncode is not None)  # stopped now, not at the next call
         outcome = await manager.call("fake__echo", {"text": "back"})
         assert outcome.success and len(started) == 2
@@ -118,6 +129,41 @@ def test_servers_that_cannot_start_are_reported_and_the_others_serve():
     run(main())
 
 
+def test_the_start_up_budget_counts_from_the_servers_start_not_its_launch():
+    # Under load, an executor taking the server and its sandbox being set up can take
+    # longer than the whole budget: that is the launch's, and the server keeps its budget.
+    budget = 5.0
+
+    async def main():
+        started: list[LocalProcess] = []
+        first = launcher(started)
+
+        async def slow_launch(config, streams):
+            await asyncio.sleep(budget + 1)  # the deliberately slow launch
+            return await first(config, streams)
+
+        manager = McpManager([server(startup_timeout_s=budget)], slow_launch)
+        assert await manager.start() == []
+        assert (await manager.call("fake__echo", {"text": "up"})).output == '[{"type":"text","text":"up"}]'
+        await manager.aclose()
+    run(main())
+
+
+def test_a_launch_that_never_ends_is_given_up(monkeypatch):
+    monkeypatch.setattr(manager_module, "LAUNCH_TIMEOUT_S", 0.2)
+
+    async def main():
+        async def stuck(config, streams):
+            await asyncio.Event().wait()
+
+        manager = McpManager([server()], stuck)
+        assert await manager.start() == ["MCP client for `fake` failed to start: MCP server fake could not be "
+                                         "launched within 0.2 s"]
+        assert manager.tools == {}
+        await manager.aclose()
+    run(main())
+
+
 async def _until(condition, timeout: float = 10) -> None:
     deadline = asyncio.get_running_loop().time() + timeout
     while not condition():
@@ -139,6 +185,6 @@ def test_a_server_that_cannot_be_started_again_fails_the_call_not_the_turn():
         assert await manager.start() == []
         assert not (await manager.call("fake__crash", {})).success
         outcome = await manager.call("fake__echo", {"text": "x"})
-        assert not outcome.success and "could not be started again: no executor can take it" in outcome.text
+        assert not outcome.success and "could not be started again: no executor can take it" in outcome.output
         await manager.aclose()
     run(main())

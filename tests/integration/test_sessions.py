@@ -24,7 +24,7 @@ from broker.wire.protocol import (
     TextInput,
     UserInput,
 )
-from tests.support.fake_model import FakeModelServer, assistant, call, gated, response, user_item
+from tests.support.fake_model import FakeModelServer, assistant, call, conversation, gated, response, user_item
 from tests.support.harness import daemons, short_tempdir
 from tests.support.sessions import collect, configure_op, tag
 
@@ -118,7 +118,8 @@ def test_history_and_compact_through_the_daemon(dmn, server, tmp_path, home) -> 
     session.submit(UserInput([TextInput("still there?")]))
     collect(session, "task_complete")
     body = server.requests[-1]["json"]
-    assert body["input"][0]["content"][0]["text"] == summary and body["input"][-1] == user_item("still there?")
+    said = conversation(body["input"])  # after the environment context, told again
+    assert said[0]["content"][0]["text"] == summary and said[-1] == user_item("still there?")
     assert "summarising a conversation" in server.requests[1]["json"]["instructions"]
     session.submit(Shutdown())
     collect(session, "shutdown_complete")

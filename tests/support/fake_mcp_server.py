@@ -1,7 +1,7 @@
 """A small MCP server over stdio for tests: tools ``echo``, ``add``, ``sleep`` (answers
 after ``seconds`` unless cancelled), ``crash`` (exits at once), ``write`` (writes ``text``
 to ``path``), ``fail`` (an isError result), ``junk`` (prints lines that are not JSON until
-it is stopped); tools/list in pages of two. Calls and
+it is stopped), ``picture`` (text and a PNG image); tools/list in pages of two. Calls and
 cancellations are written to stderr as ``call <id>`` and ``cancelled <id>``."""
 
 from __future__ import annotations
@@ -24,7 +24,9 @@ TOOLS = [
      "inputSchema": {"properties": {"path": {"type": "string"}, "text": {"type": "string"}}}},
     {"name": "fail", "description": "Fail.", "inputSchema": True},
     {"name": "junk", "description": "Print junk.", "inputSchema": {"type": "object"}},
+    {"name": "picture", "description": "Show a picture.", "inputSchema": {"type": "object"}},
 ]
+PNG = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg=="
 lock = threading.Lock()
 cancelled: set = set()
 
@@ -63,6 +65,8 @@ def call(request_id, name: str, args: dict) -> None:
             result = text(f"cannot write: {e.strerror}", isError=True)
     elif name == "fail":
         result = text("it failed", isError=True)
+    elif name == "picture":
+        result = {"content": [{"type": "text", "text": "a dot"}, {"type": "image", "data": PNG, "mimeType": "image/png"}]}
     elif name == "junk":
         while True:
             with lock:

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.exec_runner import CommandRunner, ExecResult, HeadTailBuffer, InteractiveProcess, OutputCallback
+from agent.instructions import is_environment_context
 from agent.session import Session
 from broker.wire.protocol import (
     AskForApproval,
@@ -440,6 +441,12 @@ class Harness:
 
 def user_item(text: str) -> dict[str, Any]:
     return {"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}
+
+
+def conversation(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``items`` (a request's input, a session's history) without the environment context
+    messages: what was said."""
+    return [i for i in items if not is_environment_context(i)]
 
 
 def outputs_of(request: dict[str, Any]) -> dict[str, str]:

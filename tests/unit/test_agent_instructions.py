@@ -1,4 +1,4 @@
-"""agent.instructions (AGENTS.md, environment) and agent.notify (the turn-complete hook)."""
+"""agent.instructions (AGENTS.md, the instructions per tool mode, the environment context) and agent.notify (the turn-complete hook)."""
 
 from __future__ import annotations
 
@@ -12,14 +12,19 @@ import pytest
 from agent.instructions import (
     BASE_INSTRUCTIONS,
     PROJECT_DOC_SEPARATOR,
+    EnvironmentContext,
+    base_instructions,
     full_instructions,
+    is_environment_context,
+    user_shell,
 )
 from agent.instructions import project_doc as _project_doc
 from agent.instructions import user_instructions as _user_instructions
 from agent.notify import spawn_notifier, turn_complete_payload
 from agent.sandbox_files import SandboxFiles
 from broker.wire.protocol import AskForApproval
-from landlock_helper.policy import SandboxPolicy
+from agent.tools import tools_for
+from landlock_helper.policy import WRITE_FOLDER, Permission, SandboxPolicy
 from tests.support.fake_model import FakeRunner
 
 pytestmark = pytest.mark.timeout(20)
@@ -84,15 +89,72 @@ def test_user_instructions_joins_configured_and_project(tmp_path) -> None:
     assert user_instructions("be brief", tmp_path) == "be brief" + PROJECT_DOC_SEPARATOR + "use tabs"
 
 
-def test_full_instructions_has_base_user_and_environment(tmp_path) -> None:
+def test_full_instructions_are_the_base_then_the_users() -> None:
+    assert full_instructions("be brief") == BASE_INSTRUCTIONS + "\n\nbe brief"
+    assert full_instructions(None, base="You are X.") == "You are X."
+
+
+@pytest.mark.parametrize(("mode", "described", "not_described"), [
+    ("off", ["`shell`"], ["`unified_exec`", "`exec_command`", "`write_stdin`"]),
+    ("seed", ["`shell`", "`unified_exec`"], ["`exec_command`", "`write_stdin`"]),
+    ("codex", ["`exec_command`", "`write_stdin`"], ["`shell`", "argv array", "`unified_exec`"]),
+])
+def test_each_tool_mode_describes_the_tools_it_offers(mode, described, not_described) -> None:
+    text = base_instructions(mode)
+    offered = {t["name"] for t in tools_for(AskForApproval.ON_REQUEST, SandboxPolicy.from_mode("workspace-write"), mode)}
+    assert {f"`{name}`" for name in offered} == {d for d in described} | {"`apply_patch`", "`update_plan`"}
+    for name in [*described, "`apply_patch`", "`update_plan`"]:
+        assert f"- {name} " in text, name
+    for words in not_described:
+        assert words not in text, words
+    assert "<environment_context>" in text and BASE_INSTRUCTIONS == base_instructions("seed")
+
+
+def test_environment_context_is_codexs_xml() -> None:
     policy = SandboxPolicy.from_mode("workspace-write")
-    text = full_instructions("be brief", str(tmp_path), AskForApproval.ON_REQUEST, policy)
-    assert text.startswith(BASE_INSTRUCTIONS)
-    assert "\n\nbe brief\n\n" in text
-    assert f"- working directory: {tmp_path}" in text and "- approval policy: on-request" in text
-    assert str(tmp_path) in text.split("- sandbox: ")[1] and "- network access: restricted" in text
-    full = full_instructions(None, "/", AskForApproval.NEVER, SandboxPolicy.from_mode("danger-full-access"))
-    assert "no sandbox" in full and "network access: enabled" in full
+    context = EnvironmentContext.of("/repo", AskForApproval.ON_REQUEST, policy, "bash")
+    assert context.serialize() == (
+        "<environment_context>\n"
+        "  <cwd>/repo</cwd>\n"
+        "  <approval_policy>on-request</approval_policy>\n"
+        "  <sandbox_mode>workspace-write</sandbox_mode>\n"
+        "  <network_access>restricted</network_access>\n"
+        "  <shell>bash</shell>\n"
+        "</environment_context>")
+    assert context.item() == {"type": "message", "role": "user",
+                              "content": [{"type": "input_text", "text": context.serialize()}]}
+    assert is_environment_context(context.item()) and not is_environment_context(
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]})
+    # The roots the policy names beyond the workspace's own are listed; full access has network.
+    wider = SandboxPolicy.of([*policy.permissions, Permission(WRITE_FOLDER, "/data"), Permission(WRITE_FOLDER, "/c")])
+    assert EnvironmentContext.of("/repo", AskForApproval.NEVER, wider, "zsh").serialize() == (
+        "<environment_context>\n  <cwd>/repo</cwd>\n  <approval_policy>never</approval_policy>\n"
+        "  <sandbox_mode>workspace-write</sandbox_mode>\n  <network_access>restricted</network_access>\n"
+        "  <writable_roots>\n    <root>/data</root>\n    <root>/c</root>\n  </writable_roots>\n"
+        "  <shell>zsh</shell>\n</environment_context>")
+    full = EnvironmentContext.of("/", AskForApproval.UNTRUSTED, SandboxPolicy.from_mode("danger-full-access"), "sh")
+    assert "  <sandbox_mode>danger-full-access</sandbox_mode>\n  <network_access>enabled</network_access>\n" \
+        in full.serialize() and "<approval_policy>untrusted</approval_policy>" in full.serialize()
+    read_only = EnvironmentContext.of("/", AskForApproval.ON_FAILURE, SandboxPolicy.from_mode("read-only"), "sh")
+    assert "<sandbox_mode>read-only</sandbox_mode>" in read_only.serialize()
+
+
+def test_environment_context_diff_names_what_changed() -> None:
+    policy = SandboxPolicy.from_mode("workspace-write")
+    before = EnvironmentContext.of("/repo", AskForApproval.ON_REQUEST, policy, "bash")
+    assert before.diff(before) is None
+    moved = EnvironmentContext.of("/elsewhere", AskForApproval.ON_REQUEST, policy, "bash")
+    assert moved.diff(before).serialize() == (
+        "<environment_context>\n  <cwd>/elsewhere</cwd>\n  <shell>bash</shell>\n</environment_context>")
+    opened = EnvironmentContext.of("/repo", AskForApproval.NEVER, SandboxPolicy.from_mode("danger-full-access"), "bash")
+    assert opened.diff(before).serialize() == (
+        "<environment_context>\n  <approval_policy>never</approval_policy>\n"
+        "  <sandbox_mode>danger-full-access</sandbox_mode>\n  <network_access>enabled</network_access>\n"
+        "  <shell>bash</shell>\n</environment_context>")
+
+
+def test_user_shell_is_a_name_codex_knows() -> None:
+    assert user_shell() in ("bash", "zsh", "sh")
 
 
 def test_notify_payload_is_codex_shaped() -> None:

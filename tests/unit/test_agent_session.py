@@ -17,7 +17,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from agent.instructions import PROJECT_DOC_SEPARATOR
+from agent.instructions import PROJECT_DOC_SEPARATOR, base_instructions, user_shell
 from agent.rollout import read_rollout
 from agent.turn import COMPACT_DONE, START_SUMMARIZATION, SUMMARIZATION_PROMPT
 from broker.wire.protocol import (
@@ -36,6 +36,7 @@ from broker.wire.protocol import (
     Shutdown,
     TextInput,
     UserInput,
+    UnifiedExecSettings,
     UserMessageEvent,
     WireApi,
     encode_json,
@@ -50,6 +51,7 @@ from tests.support.fake_model import (
     Harness,
     assistant,
     call,
+    conversation,
     gated,
     local_shell_call,
     outputs_of,
@@ -135,14 +137,21 @@ def test_user_input_runs_a_task_with_text_tokens_and_instructions(server, tmp_pa
     assert request["headers"]["authorization"] == f"Bearer {API_KEY}"
     body = request["json"]
     assert body["model"] == "test-model" and body["stream"] is True
-    assert body["input"] == [user_item("hi")]
-    assert "Be brief." + PROJECT_DOC_SEPARATOR + "Always run the tests." in body["instructions"]
-    assert f"working directory: {tmp_path / 'work'}" in body["instructions"]
+    # The environment comes first, as Codex's <environment_context> user message.
+    environment = user_item(f"<environment_context>\n  <cwd>{tmp_path / 'work'}</cwd>\n"
+                            "  <approval_policy>on-request</approval_policy>\n"
+                            "  <sandbox_mode>workspace-write</sandbox_mode>\n"
+                            "  <network_access>restricted</network_access>\n"
+                            f"  <shell>{user_shell()}</shell>\n</environment_context>")
+    assert body["input"] == [environment, user_item("hi")]
+    assert body["instructions"] == base_instructions("seed") + "\n\nBe brief." + PROJECT_DOC_SEPARATOR + \
+        "Always run the tests."
     assert [t["name"] for t in body["tools"]] == ["shell", "unified_exec", "apply_patch", "update_plan"]
     shell = body["tools"][0]["parameters"]["properties"]
     assert "with_escalated_permissions" in shell and "justification" in shell  # on-request offers escalation
     # The reasoning and the assistant message join the conversation, without their ids.
     assert h.session.history == [
+        environment,
         user_item("hi"),
         {"type": "reasoning", "id": "rs_1", "summary": [{"type": "summary_text", "text": "**Looking**"}]},
         {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Hello there."}]},
@@ -193,6 +202,7 @@ def test_shell_call_streams_output_and_answers_the_model(server, tmp_path) -> No
 
     run(main)
     second, third = server.requests[1]["json"], server.requests[2]["json"]
+    second["input"], third["input"] = conversation(second["input"]), conversation(third["input"])
     assert second["input"][1] == {"type": "function_call", "name": "shell", "call_id": "c1",
                                   "arguments": '{"command": ["ls", "-la"], "workdir": "sub", "timeout_ms": 5000}'}
     assert json.loads(outputs_of(second)["c1"]) == {"output": "a\nb\nwarn\n",
@@ -331,7 +341,7 @@ def test_freeform_apply_patch_custom_tool_call_is_applied_and_others_answered(se
         assert "turn_diff" in h.tags(sub_id)
 
     run(main)
-    second = server.requests[1]["json"]["input"]
+    second = conversation(server.requests[1]["json"]["input"])
     assert second[1] == {"type": "custom_tool_call", "call_id": "p1", "name": "apply_patch", "input": patch}
     outputs = {i["call_id"]: i for i in second if i["type"] == "custom_tool_call_output"}
     assert json.loads(outputs["p1"]["output"])["output"] == "Success. Updated the following files:\nA free.txt\n"
@@ -474,7 +484,7 @@ def test_abort_decision_ends_the_task(server, tmp_path) -> None:
         await h.done(await h.say("carry on"))
 
     run(main)
-    second = server.requests[1]["json"]["input"]
+    second = conversation(server.requests[1]["json"]["input"])
     assert [i["type"] for i in second] == ["message", "function_call", "function_call_output", "message"]
     assert second[2] == {"type": "function_call_output", "call_id": "c1", "output": "aborted"}
 
@@ -602,7 +612,7 @@ def test_interrupt_mid_command_cancels_it_and_answers_the_call_aborted(server, t
         await h.done(await h.say("what happened?"))
 
     run(main)
-    second = server.requests[1]["json"]["input"]
+    second = conversation(server.requests[1]["json"]["input"])
     assert [i["type"] for i in second] == ["message", "function_call", "function_call_output", "message"]
     assert second[2] == {"type": "function_call_output", "call_id": "c1", "output": "aborted"}
 
@@ -617,7 +627,7 @@ def test_interrupt_while_the_model_streams(server, tmp_path) -> None:
         await h.until("agent_message_delta")
         await h.submit(Interrupt())
         assert h.tags(sub_id)[-2:] == ["error", "turn_aborted"]
-        assert h.session.history == [user_item("hi")]
+        assert conversation(h.session.history) == [user_item("hi")]
 
     run(main)
 
@@ -642,7 +652,7 @@ def test_input_while_running_joins_the_next_request(server, tmp_path) -> None:
     run(main)
     assert len(server.requests) == 2
     body = server.requests[1]["json"]
-    assert body["input"][0] == user_item("list the files")
+    assert body["input"][1] == user_item("list the files")
     assert body["input"][-1] == user_item("and count them")
 
 
@@ -761,7 +771,8 @@ def test_rollout_written_redacted_and_resumed(server, tmp_path) -> None:
     assert API_KEY not in text and "[redacted]" in text
     saved = read_rollout(path)
     assert saved.session_id == session_id
-    assert [i["type"] for i in saved.items] == ["message", "function_call", "function_call_output", "message"]
+    assert [i["type"] for i in saved.items] == ["message", "message", "function_call", "function_call_output",
+                                                "message"]
 
     async def resumed():
         h = Harness(server, FakeRunner(), tmp_path)
@@ -772,8 +783,10 @@ def test_rollout_written_redacted_and_resumed(server, tmp_path) -> None:
 
     run(resumed)
     body = server.requests[2]["json"]
-    assert [i["type"] for i in body["input"]] == ["message", "function_call", "function_call_output", "message", "message"]
-    assert body["input"][-1] == user_item("still there?")
+    # The environment is the same as the rollout's last: it is not told again.
+    assert [i["type"] for i in body["input"]] == ["message", "message", "function_call", "function_call_output",
+                                                  "message", "message"]
+    assert body["input"][-1] == user_item("still there?") and len(conversation(body["input"])) == 5
     # The resumed session kept writing to the same file.
     assert read_rollout(path).items[-1]["content"][0]["text"] == "Still here."
     assert len(list((tmp_path / "home" / "sessions").rglob("rollout-*.jsonl"))) == 1
@@ -825,9 +838,47 @@ def test_user_instructions_and_base_instructions_of_later_codex(server, tmp_path
 
     run(main)
     first, second = (r["json"]["instructions"] for r in server.requests)
-    assert first.startswith("You are TestBot.\n\nBe terse.\n\n") and "Environment:" in first
+    assert first == "You are TestBot.\n\nBe terse."
     assert "use tabs" not in first and "old" not in first
     assert not second.startswith("You are TestBot.") and "use tabs" in second
+
+
+def test_the_environment_is_told_once_and_again_only_where_it_changed(server, tmp_path) -> None:
+    server.script(response(assistant("a")), response(assistant("b")), response(assistant("c")))
+
+    async def main():
+        h = Harness(server, FakeRunner(), tmp_path)
+        await h.configure()
+        await h.done(await h.say("one"))
+        await h.configure(model="other-model")  # the environment is the same: nothing to tell
+        await h.done(await h.say("two"))
+        await h.configure(approval_policy=AskForApproval.NEVER)
+        await h.done(await h.say("three"))
+
+    run(main)
+    texts = [i["content"][0]["text"] for i in server.requests[2]["json"]["input"] if i.get("role") == "user"]
+    assert texts[0].startswith(f"<environment_context>\n  <cwd>{tmp_path / 'work'}</cwd>\n")
+    assert texts[1:] == ["one", "two", "<environment_context>\n  <approval_policy>never</approval_policy>\n"
+                         f"  <shell>{user_shell()}</shell>\n</environment_context>", "three"]
+
+
+@pytest.mark.parametrize("mode", ["off", "seed", "codex"])
+def test_each_tool_mode_gets_instructions_for_its_tools(server, tmp_path, mode) -> None:
+    server.script(response(assistant("a")))
+
+    async def main():
+        h = Harness(server, FakeRunner(), tmp_path)
+        await h.configure(unified_exec=UnifiedExecSettings(tools=mode))
+        await h.done(await h.say("hi"))
+
+    run(main)
+    body = server.requests[0]["json"]
+    assert body["instructions"] == base_instructions(mode)
+    names = [t["name"] for t in body["tools"]]
+    assert names == {"off": ["shell", "apply_patch", "update_plan"],
+                     "seed": ["shell", "unified_exec", "apply_patch", "update_plan"],
+                     "codex": ["exec_command", "write_stdin", "apply_patch", "update_plan"]}[mode]
+    assert all(f"- `{name}` " in body["instructions"] for name in names)
 
 
 def test_every_user_input_is_a_user_message_event(server, tmp_path) -> None:
@@ -880,8 +931,8 @@ def test_resume_again_from_a_bad_file_changes_nothing(server, tmp_path) -> None:
         await h.done(await h.say("second"))
 
     run(main)
-    assert [m["content"][0]["text"] for m in server.requests[1]["json"]["input"] if m["type"] == "message"] == [
-        "first", "one", "second"]
+    assert [m["content"][0]["text"] for m in conversation(server.requests[1]["json"]["input"])
+            if m["type"] == "message"] == ["first", "one", "second"]
 
 
 def test_resume_with_a_corrupt_line_says_so_once_and_goes_on_without_it(server, tmp_path) -> None:
@@ -902,7 +953,10 @@ def test_resume_with_a_corrupt_line_says_so_once_and_goes_on_without_it(server, 
         await h.done(await h.say("next"))
 
     run(main)
-    assert server.requests[0]["json"]["input"][:3] == [user_item("kept"), user_item("also kept"), user_item("next")]
+    # The rollout told the model no environment: it is told now, after what was restored.
+    sent = server.requests[0]["json"]["input"]
+    assert sent[:2] == [user_item("kept"), user_item("also kept")] and sent[3] == user_item("next")
+    assert sent[2]["content"][0]["text"].startswith("<environment_context>\n  <cwd>")
 
 
 def test_history_add_and_get(server, tmp_path) -> None:
@@ -947,8 +1001,11 @@ def test_compact_replaces_history_with_the_summary(server, tmp_path) -> None:
         assert h.tags(sub_id) == ["task_started", "token_count", "agent_message", "task_complete"]
         assert h.of("agent_message", sub_id)[0].message == COMPACT_DONE
         assert h.of("token_count", sub_id)[0].total_tokens == 50
-        assert h.session.history == [
-            {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "SUMMARY: the user said hi."}]}]
+        # The conversation starts over: the environment, then the summary.
+        environment = h.session.history[0]
+        assert environment["content"][0]["text"].startswith("<environment_context>\n  <cwd>")
+        assert h.session.history == [environment, {"type": "message", "role": "assistant", "content": [
+            {"type": "output_text", "text": "SUMMARY: the user said hi."}]}]
         await h.done(await h.say("go on"))
         await h.submit(Shutdown())
 
@@ -956,12 +1013,12 @@ def test_compact_replaces_history_with_the_summary(server, tmp_path) -> None:
     compact = server.requests[1]["json"]
     assert compact["instructions"] == SUMMARIZATION_PROMPT and compact["tools"] == []
     assert compact["input"][-1] == user_item(START_SUMMARIZATION)
-    assert compact["input"][:2] == [user_item("hi"), {"type": "message", "role": "assistant",
+    assert conversation(compact["input"])[:2] == [user_item("hi"), {"type": "message", "role": "assistant",
                                                       "content": [{"type": "output_text", "text": "First answer."}]}]
     after = server.requests[2]["json"]["input"]
-    assert [i["role"] for i in after] == ["assistant", "user"]
+    assert [i["role"] for i in after] == ["user", "assistant", "user"]
     (path,) = (tmp_path / "home" / "sessions").rglob("rollout-*.jsonl")
-    assert [i["content"][0]["text"] for i in read_rollout(path).items] == [
+    assert [i["content"][0]["text"] for i in conversation(read_rollout(path).items)] == [
         "SUMMARY: the user said hi.", "go on", "Continuing."]
 
 
@@ -1007,7 +1064,7 @@ def test_reconfigure_aborts_and_keeps_history_and_approvals(server, tmp_path) ->
         assert event.msg.session_id == session_id
         assert h.tags(sub_id)[-2:] == ["error", "turn_aborted"] and runner.cancelled
         assert ("make",) in h.session.approved_commands
-        assert len(h.session.history) == 4  # user, c1 call and output, c2 call
+        assert len(conversation(h.session.history)) == 4  # user, c1 call and output, c2 call
         await h.done(await h.say("continue"))
 
     run(main)

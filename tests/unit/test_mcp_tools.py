@@ -4,12 +4,19 @@ results as text; and the ``[mcp_servers]`` configuration."""
 from __future__ import annotations
 
 import hashlib
-import json
 
 import pytest
 
 from agent.mcp.config import McpConfigError, grants, parse_servers
-from agent.mcp.tools import SchemaError, offered_tools, qualified_name, result_for_model, sanitize_schema
+from agent.mcp.tools import (
+    SchemaError,
+    content_items,
+    error_for_model,
+    offered_tools,
+    qualified_name,
+    result_for_model,
+    sanitize_schema,
+)
 
 
 def test_qualified_names_follow_codex():
@@ -51,11 +58,42 @@ def test_tools_with_unusable_schemas_or_taken_names_are_skipped_with_a_note():
     assert len(notes) == 3 and "taken" in notes[0] and "not str" in notes[1]
 
 
-def test_results_for_the_model():
-    text, ok = result_for_model({"content": [{"type": "text", "text": "hi"}], "structuredContent": {"x": 1}})
-    assert ok and json.loads(text) == {"content": [{"type": "text", "text": "hi"}], "structuredContent": {"x": 1}}
-    text, ok = result_for_model({"content": [], "isError": True})
-    assert not ok and json.loads(text)["isError"] is True
+def test_results_for_the_model_are_codexs():
+    # The seed's shape: the content array's JSON, compact, keys in the server's order.
+    assert result_for_model({"content": [{"type": "text", "text": "Echo: hi"}]}) == (
+        '[{"type":"text","text":"Echo: hi"}]', True)
+    # Structured content, when there is one, is what the model gets instead.
+    assert result_for_model({"content": [{"type": "text", "text": "hi"}], "structuredContent": {"x": "é"}}) == (
+        '{"x":"é"}', True)
+    assert result_for_model({"content": [], "structuredContent": None, "isError": False}) == ("[]", True)
+    # isError fails the call; the model sees the same shape.
+    assert result_for_model({"content": [{"type": "text", "text": "no"}], "isError": True}) == (
+        '[{"type":"text","text":"no"}]', False)
+    assert result_for_model({"isError": True, "structuredContent": {"error": 1}}) == ('{"error":1}', False)
+    assert result_for_model({}) == ("[]", True)
+
+
+def test_content_with_an_image_goes_as_input_items():
+    output, ok = result_for_model({"content": [
+        {"type": "text", "text": "look"},
+        {"type": "image", "data": "Zm9v", "mimeType": "image/png"},
+        {"type": "image", "data": "data:image/gif;base64,R0lG"},
+        {"type": "image", "data": "YmFy"},
+        {"type": "resource", "resource": {"uri": "file:///x"}},
+    ]})
+    assert ok and output == [
+        {"type": "input_text", "text": "look"},
+        {"type": "input_image", "image_url": "data:image/png;base64,Zm9v"},
+        {"type": "input_image", "image_url": "data:image/gif;base64,R0lG"},
+        {"type": "input_image", "image_url": "data:application/octet-stream;base64,YmFy"},
+        {"type": "input_text", "text": '{"type":"resource","resource":{"uri":"file:///x"}}'},
+    ]
+    assert content_items([{"type": "text", "text": "no image"}]) is None
+
+
+def test_a_call_without_a_result_is_codexs_err_text():
+    assert error_for_model('MCP server s did not answer "tools/call"') == (
+        'err: "tool call error: MCP server s did not answer \\"tools/call\\""')
 
 
 def test_server_configuration():

@@ -18,7 +18,7 @@ from agent import rollout as rollout_module
 from agent.rollout import RolloutError, RolloutRecorder, failure_message, read_rollout
 from broker.cli.turns import rollout_failed, turn_end
 from broker.wire.protocol import ErrorEvent, Event, Shutdown, is_rollout_error
-from tests.support.fake_model import FakeRunner, Harness, assistant, call, response, tag, user_item
+from tests.support.fake_model import FakeRunner, Harness, assistant, call, conversation, response, tag, user_item
 
 pytestmark = pytest.mark.timeout(20)
 
@@ -260,10 +260,11 @@ def test_session_goes_on_when_the_rollout_fills_up_mid_turn(server, tmp_path, mo
 
     run(main)
     # The conversation went on in memory: the model saw all of it.
-    assert [i["type"] for i in server.requests[-1]["json"]["input"]] == [
+    assert [i["type"] for i in conversation(server.requests[-1]["json"]["input"])] == [
         "message", "function_call", "function_call_output", "message", "message"]
     (path,) = (tmp_path / "home" / "sessions").rglob("rollout-*.jsonl")
-    assert read_rollout(path).items == [user_item("list")]
+    items = read_rollout(path).items  # the environment (told at configure), then the message that fit
+    assert len(items) == 2 and conversation(items) == [user_item("list")]
 
 
 def test_session_without_a_rollout_says_so_after_configured(server, tmp_path) -> None:
