@@ -24,10 +24,12 @@ from broker.cli.base import (
     command_of,
     env_report,
     fail,
+    host_tmp_check,
     print_error,
     read_config,
     read_stdin,
     remote_from_args,
+    run_roots,
     widen_pipe,
 )
 from broker.cli.outlet import Outlet
@@ -54,11 +56,16 @@ def run_main(args) -> int:
 
     stdin = args.tty or _forwarded_stdin(args.interactive) is not None
     try:
+        writable, readable = run_roots(args, local=not args.connect)
+    except ConfigError as e:
+        return fail(str(e), EXIT_USAGE)
+    try:
         fields = check_run(
             command,
             cwd=args.cwd,
             sandbox=args.sandbox,
-            writable=args.writable,
+            writable=writable,
+            readable=readable,
             network=args.network,
             env_passthrough=args.env,
             timeout_ms=args.timeout_ms,
@@ -73,6 +80,10 @@ def run_main(args) -> int:
         )
     except RunArgsError as e:
         return fail(str(e), EXIT_USAGE)
+    if not args.connect:  # another host's /tmp is not ours to look at
+        code = host_tmp_check(command, fields["cwd"], fields["env"], fields["sandbox"], fields["readable"])
+        if code is not None:
+            return code
     if args.env_report:
         env_report(args.env)
     try:

@@ -31,7 +31,17 @@ import sys
 import termios
 import time
 
-from broker.cli.base import USAGE_SANDBOX, ConfigError, caught_signals, command_of, env_report, fail, print_error
+from broker.cli.base import (
+    USAGE_SANDBOX,
+    ConfigError,
+    caught_signals,
+    command_of,
+    env_report,
+    fail,
+    host_tmp_check,
+    print_error,
+    run_roots,
+)
 from broker.cli.terminal import NOT_A_TERMINAL, RawTerminal, is_terminal, window_size
 from broker.cli.terminal_guard import output_guards, relay_filter
 from broker.net.keys import default_keys_dir
@@ -52,7 +62,8 @@ KILL_GRACE_S = 0.5
 
 # The flags of ``sluice sandbox`` (broker.cli.main's parser is where they are described):
 # those that take a value, and the switches, by the attribute they set.
-_VALUE_FLAGS = {"--sandbox": "sandbox", "--cwd": "cwd", "--writable": "writable", "--env": "env"}
+_VALUE_FLAGS = {"--sandbox": "sandbox", "--cwd": "cwd", "--writable": "writable", "--readable": "readable",
+                "--env": "env"}
 _SWITCHES = {"--network": "network", "--env-report": "env_report", "-t": "tty", "--tty": "tty",
              "-i": "interactive", "--interactive": "interactive", "-it": None, "-ti": None,
              "--raw-escapes": "raw_escapes"}
@@ -65,6 +76,7 @@ class _Args:
         self.sandbox = "workspace-write"
         self.cwd = None
         self.writable: list[str] = []
+        self.readable: list[str] = []
         self.env: list[str] = []
         self.network = self.env_report = self.tty = self.interactive = self.raw_escapes = False
         self.command: list[str] = []
@@ -123,11 +135,21 @@ def sandbox_main(args, *, one_shot: bool = False) -> int:
     if cwd is not None and not os.path.isdir(cwd):
         what = "is not a directory" if os.path.exists(cwd) else "does not exist"
         return fail(f"working directory {cwd} {what}", EXIT_USAGE)
+    try:
+        args.writable, args.readable = run_roots(args)
+    except ConfigError as e:
+        return fail(str(e), EXIT_USAGE)
     for path in args.writable:
         if not os.path.isabs(path):
             return fail(f"writable path must be absolute: {path!r}", EXIT_USAGE)
         if not os.path.exists(path):
             return fail(f"writable path does not exist: {path}", EXIT_USAGE)
+    for path in args.readable:
+        if not os.path.isabs(path):
+            return fail(f"readable path must be absolute: {path!r}", EXIT_USAGE)
+        if not os.path.isdir(path):
+            what = "is not a directory" if os.path.exists(path) else "does not exist"
+            return fail(f"readable path {path} {what}", EXIT_USAGE)
     if args.env_report:
         env_report(args.env)
     # A daemon may be running for this user: its socket and token stay out of reach, and
@@ -142,12 +164,15 @@ def sandbox_main(args, *, one_shot: bool = False) -> int:
     except PolicyError as e:
         return fail(str(e), EXIT_SETUP)
     env = filter_env(os.environ, args.env)
+    code = host_tmp_check(command, cwd, env, policy, args.readable)
+    if code is not None:
+        return code
     try:
         screen = relay_filter(output_guards(args.raw_escapes))
     except ConfigError as e:
         return fail(str(e), EXIT_USAGE)
     return _Sandboxed(args.tty, args.interactive, one_shot, screen).run(command, cwd=cwd, env=env, policy=policy,
-                                                                       hide=hide)
+                                                                       hide=hide, readable=args.readable)
 
 
 class _Sandboxed:
@@ -174,14 +199,14 @@ class _Sandboxed:
         stdin = self.relay.input(0) if self.interactive or not is_terminal(0) else None
         return stdin, self.relay.output(1), self.relay.output(2)
 
-    def run(self, command, *, cwd, env, policy, hide) -> int:
+    def run(self, command, *, cwd, env, policy, hide, readable=()) -> int:
         with self._signals():
             try:
                 try:
                     stdin, stdout, stderr = self._stdio()
                     proc = self.proc = spawn(command, cwd=cwd, env=env, policy=policy, stdin=stdin, stdout=stdout,
                                              stderr=stderr, hidden_paths=hide, tty=self.tty,
-                                             one_shot=self.one_shot)
+                                             one_shot=self.one_shot, readable=readable)
                 finally:
                     self.relay.handed_over()
             except (SandboxError, OSError) as e:
