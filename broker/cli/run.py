@@ -32,6 +32,7 @@ from broker.cli.base import (
     run_roots,
     widen_pipe,
 )
+from broker.cli.home_writes import HomeWrites
 from broker.cli.outlet import Outlet
 from broker.cli.run_direct import FALLBACK, DirectRun
 from broker.cli.terminal import NOT_A_TERMINAL, RawTerminal, is_terminal, window_size
@@ -90,17 +91,20 @@ def run_main(args) -> int:
         guards = output_guards(args.raw_escapes)
     except ConfigError as e:
         return fail(str(e), EXIT_USAGE)
+    # What a person reads on a terminal: a write refused under the home directory gets a hint.
+    watch = HomeWrites() if is_terminal(2) and not (args.tty or args.json or fields["sandbox"].full_write) else None
 
     if not (args.tty or args.interactive or args.json or args.via_broker or args.connect or args.server_key or args.key):
-        run = DirectRun(fields, screen=relay_filter(guards))
+        screen = relay_filter(guards)
+        run = DirectRun(fields, screen=watch.screen(screen) if watch else screen)
         if run.start():
-            code = _direct(run, command, args)
+            code = _direct(run, command, args, watch)
             if code is not None:
                 return code
-    return _through_broker(fields, command, args, guards)
+    return _through_broker(fields, command, args, guards, watch)
 
 
-def _direct(run: DirectRun, command: list[str], args) -> int | None:
+def _direct(run: DirectRun, command: list[str], args, watch: HomeWrites | None) -> int | None:
     """A direct run (:mod:`broker.cli.run_direct`): the command writes to our stdio itself.
     None: the daemon cannot run it so, and nothing ran."""
     try:
@@ -115,10 +119,10 @@ def _direct(run: DirectRun, command: list[str], args) -> int | None:
     if isinstance(result, str):
         return fail(result, EXIT_SLUICE)
     # A closed stdout reached the command itself (SIGPIPE on its next write, as in a shell).
-    return _ending(result, command, args, run.signum, False)
+    return _ending(result, command, args, run.signum, False, watch)
 
 
-def _through_broker(fields: dict, command: list[str], args, guards: dict) -> int:
+def _through_broker(fields: dict, command: list[str], args, guards: dict, watch: HomeWrites | None) -> int:
     """Through the broker socket and the client library: the command's output comes as
     messages (or Codex-shaped events with ``--json``); a terminal of its own with ``-t``."""
     import broker.client as C
@@ -129,7 +133,7 @@ def _through_broker(fields: dict, command: list[str], args, guards: dict) -> int
         request = wire.RunRequest(**fields, tty=winsize(*window_size(0, 1, 2)) if args.tty else None)
     except C.UsageError as e:
         return fail(str(e), EXIT_USAGE)
-    out = _JsonOutput(request) if args.json else _RawOutput(guards)
+    out = _JsonOutput(request) if args.json else _RawOutput(guards, watch)
     remote = remote_from_args(args)
     try:
         client = C.Client.connect(remote=remote, name="sluice run")
@@ -171,18 +175,24 @@ def _through_broker(fields: dict, command: list[str], args, guards: dict) -> int
 
     out.end(result)
     out.finish()
-    return _ending(result, command, args, signum, out.stdout_closed)
+    return _ending(result, command, args, signum, out.stdout_closed, watch)
 
 
-def _ending(result, command: list[str], args, signum: int | None, stdout_closed: bool) -> int:
+def _ending(result, command: list[str], args, signum: int | None, stdout_closed: bool,
+            watch: HomeWrites | None = None) -> int:
     """Our exit code for the command's ``result`` (anything with ExitStatus's fields and
-    ``returncode``), and the line a person should read about how it ended."""
+    ``returncode``), and the line a person should read about how it ended (or about a
+    write it was refused under the home directory, ``watch``)."""
     if result.limit:
         print_error(result.limit)
     elif signum is None and not args.json and is_terminal(2):
         ending = describe_ending(result, args.timeout_ms)
         if ending:
             print_error(ending)
+        elif watch is not None and result.error is None and result.returncode != 0:
+            hint = watch.hint()
+            if hint:
+                print_error(hint)
     if signum is not None:
         return EXIT_SIGNAL_BASE + signum
     if stdout_closed:
@@ -421,11 +431,14 @@ class _RawOutput(_Output):
     """Bytes of the command's stdout/stderr to ours, as they come (through ``guards``, by
     our fd, for a terminal: :mod:`broker.cli.terminal_guard`)."""
 
-    def __init__(self, guards: dict) -> None:
+    def __init__(self, guards: dict, watch: HomeWrites | None = None) -> None:
         super().__init__()
         self._guards = guards
+        self._watch = watch
 
     def on_output(self, call, stream, chunk) -> None:
+        if self._watch is not None:
+            self._watch.feed(chunk, stream)
         fd = 2 if stream == 2 else 1
         guard = self._guards.get(fd)
         self.put(fd, guard.feed(chunk) if guard is not None else chunk)

@@ -42,6 +42,7 @@ from broker.cli.base import (
     print_error,
     run_roots,
 )
+from broker.cli.home_writes import HomeWrites
 from broker.cli.terminal import NOT_A_TERMINAL, RawTerminal, is_terminal, window_size
 from broker.cli.terminal_guard import output_guards, relay_filter
 from broker.net.keys import default_keys_dir
@@ -171,19 +172,24 @@ def sandbox_main(args, *, one_shot: bool = False) -> int:
         screen = relay_filter(output_guards(args.raw_escapes))
     except ConfigError as e:
         return fail(str(e), EXIT_USAGE)
-    return _Sandboxed(args.tty, args.interactive, one_shot, screen).run(command, cwd=cwd, env=env, policy=policy,
-                                                                       hide=hide, readable=args.readable)
+    # What a person reads on a terminal: a write refused under the home directory gets a hint.
+    watch = HomeWrites() if is_terminal(2) and not (args.tty or policy.full_write) else None
+    return _Sandboxed(args.tty, args.interactive, one_shot, screen, watch).run(
+        command, cwd=cwd, env=env, policy=policy, hide=hide, readable=args.readable)
 
 
 class _Sandboxed:
     """Starts the command with its stdio (:class:`~landlock_helper.relay.Relay`: pipes of
     ours, or a pty) and moves bytes between ours and theirs until its whole tree is dead."""
 
-    def __init__(self, tty: bool, interactive: bool, one_shot: bool = False, screen=None) -> None:
+    def __init__(self, tty: bool, interactive: bool, one_shot: bool = False, screen=None,
+                 watch: HomeWrites | None = None) -> None:
         self.tty = tty
         self.interactive = interactive
         self.one_shot = one_shot
-        self.relay = Relay(terminal_filter=screen)  # screen: broker.cli.terminal_guard.relay_filter
+        self.watch = watch
+        # screen: broker.cli.terminal_guard.relay_filter; the watch sees what it passes
+        self.relay = Relay(terminal_filter=watch.screen(screen) if watch is not None else screen)
         self.signum: int | None = None
         self.proc = None
         self.kill_at: float | None = None
@@ -229,6 +235,10 @@ class _Sandboxed:
             print_error(outcome.limit)
         if outcome.error:
             print_error(outcome.error)
+        elif self.watch is not None and self.signum is None and outcome.signal is None and outcome.exit_code:
+            hint = self.watch.hint()
+            if hint:
+                print_error(hint)
         if self.signum is not None:
             # As `sluice run`: 130, 143, 129 when we were told to stop (and stopped the command).
             return EXIT_SIGNAL_BASE + self.signum
