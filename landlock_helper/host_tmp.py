@@ -49,8 +49,9 @@ def program_path(program: str, cwd: str, env) -> str | None:
 
 
 def _shown(path: str, visible) -> bool:
-    # A root that is /tmp itself (the policy's temp folder) is sluice's /tmp, not the host's.
-    return not in_tmp(path) or any(root != TMP and is_beneath(path, root) for root in visible)
+    # Only a directory in the host's /tmp is bound in; /tmp itself (the policy's temp
+    # folder) is sluice's /tmp, not the host's.
+    return not in_tmp(path) or any(in_tmp(root) and root != TMP and is_beneath(path, root) for root in visible)
 
 
 def hidden_program(program: str, cwd: str, env, visible) -> str | None:

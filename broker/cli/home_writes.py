@@ -30,6 +30,10 @@ WINDOW = 8
 LINE_MAX = 4096
 # Directories under the home directory that hold one directory per tool.
 _PARENTS = (".cache", ".config", ".local/share", ".local/state")
+# The tools' own directories of the README's ready list, named even before they exist
+# (anything else straight in the home directory only once it is a directory: a name like
+# nyc's ~/.node-spawn-wrap-PID-RANDOM is new each run, and no flag can allow it).
+TOOL_DIRS = (".npm", ".cargo", ".local", "go")
 
 
 class HomeWrites:
@@ -96,7 +100,8 @@ class HomeWrites:
         rel = self.path[len(self.home):].lstrip("/")
         parts = rel.split("/")
         depth = next((len(p.split("/")) + 1 for p in _PARENTS if rel.startswith(p + "/")), 1)
-        if not rel or len(parts) < depth or (depth == 1 and len(parts) == 1 and not os.path.isdir(self.path)):
+        if not rel or len(parts) < depth or (depth == 1 and parts[0] not in TOOL_DIRS
+                                             and not os.path.isdir(os.path.join(self.home, parts[0]))):
             return (f"the command could not write {self.path}: your home directory is read-only in the sandbox, and "
                     "cannot be made writable; point the tool at a directory of its own there (see the README, "
                     "'Home-writing tools') and allow that one with --writable DIR")
