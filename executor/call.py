@@ -188,7 +188,8 @@ class Call:
         try:
             # disk-write-cwd means sandbox_cwd (the session's directory), not where it runs.
             self.proc = self.worker.spawn(req.argv, cwd=req.cwd, env=env, policy=policy, stdout=w_out, stderr=w_err,
-                                          stdin=r_in, sandbox_cwd=os.path.normpath(sandbox_cwd), readable=req.readable,
+                                          stdin=r_in, sandbox_cwd=os.path.normpath(sandbox_cwd),
+                                          readable=req.readable,
                                           limits=req.limits or Limits(),
                                           builtin=None if req.fileops is None else FILEOPS)
         except SandboxError as e:
@@ -219,7 +220,8 @@ class Call:
             w_in = os.dup(master) if req.stdin else None
             self.started_at = time.monotonic()
             self.proc = self.worker.spawn(req.argv, cwd=req.cwd, env=env, policy=req.sandbox, stdout=slave,
-                                          stderr=slave, stdin=slave, sandbox_cwd=os.path.normpath(sandbox_cwd), readable=req.readable,
+                                          stderr=slave, stdin=slave, sandbox_cwd=os.path.normpath(sandbox_cwd),
+                                          readable=req.readable,
                                           limits=req.limits or Limits(), tty=True)
         except (OSError, SandboxError) as e:
             _close_all((master, *((w_in,) if w_in is not None else ())))
@@ -245,7 +247,8 @@ class Call:
             if stderr is not None:
                 self._notes_fd = os.dup(stderr)
             self.proc = self.worker.spawn(req.argv, cwd=req.cwd, env=env, policy=req.sandbox, stdout=stdout,
-                                          stderr=stderr, stdin=stdin, sandbox_cwd=os.path.normpath(sandbox_cwd), readable=req.readable,
+                                          stderr=stderr, stdin=stdin, sandbox_cwd=os.path.normpath(sandbox_cwd),
+                                          readable=req.readable,
                                           limits=req.limits or Limits())
         except (OSError, SandboxError) as e:
             self._release()

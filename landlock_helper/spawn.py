@@ -621,8 +621,9 @@ def spawn(argv, *, cwd, env, policy: SandboxPolicy, stdout: int | None, stderr: 
     command runs; ``sandbox_cwd`` (default: ``cwd``) is what the policy's
     ``disk-write-cwd`` means: the session's directory, never a model-chosen workdir.
     ``readable``: directories shown read-only, at their own path, where the sandbox would
-    not show them (the host's /tmp is not the sandbox's). ``limits`` (:class:`landlock_helper.limits.Limits`; its unset fields take the
-    defaults) are the command's resource limits; None: none of ours.
+    not show them (the host's /tmp is not the sandbox's). ``limits``
+    (:class:`landlock_helper.limits.Limits`; its unset fields take the defaults) are the
+    command's resource limits; None: none of ours.
 
     ``one_shot=True`` (without ``limits``) is for a process that makes this one sandbox and
     forks nothing else afterwards: it becomes the sandbox's supervisor itself, so its

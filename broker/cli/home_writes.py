@@ -9,8 +9,9 @@ then fail, and the person needs to know which directory to allow, and how.
 How a refused write is recognised: from the command's output, as it passes through
 sluice on its way to a terminal. A line that says a write was refused (``EROFS``, "Read-only
 file system", ``EACCES``, "Permission denied", as libc, Node, Python, Rust and Go word
-it) and names a path under the home directory, or such a line and a home path within a
-few lines of each other (npm prints the path on a line of its own). The kernel keeps no
+it) and names a path under the home directory outside the run's writable roots, or such
+a line and such a path within a few lines of each other (npm prints the path on a line
+of its own). The kernel keeps no
 record of the writes it refused that sluice could read (Landlock's audit records go to
 the kernel's audit log, and only from Landlock ABI 7), so the output is the evidence;
 the line is a hint, said after a failed command only, once.
@@ -22,8 +23,11 @@ import collections
 import os
 import re
 
-# What libc, Node, Python, Rust and Go print for a write the sandbox refused.
-_REFUSED = re.compile(rb"EROFS|[Rr]ead-only file system|EACCES|[Pp]ermission denied")
+from landlock_helper.policy import is_beneath
+
+# What libc, Node, Python, Rust and Go print for a write the sandbox refused (Node's
+# recursive mkdir, npm's, says ENOENT where a directory it would make cannot be made).
+_REFUSED = re.compile(rb"EROFS|[Rr]ead-only file system|EACCES|[Pp]ermission denied|ENOENT: [^\n]*, mkdir ")
 # A refusal and the path it concerns are taken together within this many lines.
 WINDOW = 8
 # A line longer than this is looked at in its first part only.
@@ -40,11 +44,15 @@ class HomeWrites:
     """Fed the command's output (:meth:`feed`, chunks of each stream as they come); then
     :meth:`hint` is the line to say, or None."""
 
-    def __init__(self, home: str | None = None) -> None:
+    def __init__(self, home: str | None = None, writable=()) -> None:
+        """``writable``: the run's writable roots (a refusal in one of them is not the
+        sandbox's doing: it is said by nobody here)."""
         home = home if home is not None else os.environ.get("HOME", "")
         self.home = os.path.realpath(home) if os.path.isabs(home) and home != "/" else None
-        self._paths = re.compile(rb"(?<![\w.-])" + re.escape(os.fsencode(self.home)) + rb"(?:/[^\s'\"`,;:)\]]*|(?![\w.-]))") \
-            if self.home else None
+        self.writable = [os.path.realpath(r) for r in writable]
+        # The home directory, or a path in it, up to where a message would end it.
+        self._paths = re.compile(rb"(?<![\w.-])" + re.escape(os.fsencode(self.home))
+                                 + rb"(?:/[^\s'\"`,;:)\]]*|(?![\w.-]))") if self.home else None
         self._partial: dict[object, bytes] = {}  # each stream's unfinished last line
         self._recent: collections.deque[tuple[bool, bytes | None]] = collections.deque(maxlen=WINDOW)
         self._refused_ago: int | None = None  # lines since the last refusal
@@ -73,7 +81,9 @@ class HomeWrites:
             if self._refused_ago >= WINDOW:
                 self._refused_ago = None
         if path is not None and self._refused_ago is not None:
-            self.path = os.fsdecode(path).rstrip("/.")
+            found = os.fsdecode(path).rstrip("/.")
+            if not any(is_beneath(found, root) for root in self.writable):
+                self.path = found
         self._recent.append((refused, path))
 
     def screen(self, inner):

@@ -92,7 +92,9 @@ def run_main(args) -> int:
     except ConfigError as e:
         return fail(str(e), EXIT_USAGE)
     # What a person reads on a terminal: a write refused under the home directory gets a hint.
-    watch = HomeWrites() if is_terminal(2) and not (args.tty or args.json or fields["sandbox"].full_write) else None
+    policy = fields["sandbox"]
+    watch = HomeWrites(writable=policy.writable_roots(fields["cwd"], fields["env"])) \
+        if is_terminal(2) and not (args.tty or args.json or policy.full_write) else None
 
     if not (args.tty or args.interactive or args.json or args.via_broker or args.connect or args.server_key or args.key):
         screen = relay_filter(guards)

@@ -173,7 +173,8 @@ def sandbox_main(args, *, one_shot: bool = False) -> int:
     except ConfigError as e:
         return fail(str(e), EXIT_USAGE)
     # What a person reads on a terminal: a write refused under the home directory gets a hint.
-    watch = HomeWrites() if is_terminal(2) and not (args.tty or policy.full_write) else None
+    watch = HomeWrites(writable=policy.writable_roots(cwd, env)) \
+        if is_terminal(2) and not (args.tty or policy.full_write) else None
     return _Sandboxed(args.tty, args.interactive, one_shot, screen, watch).run(
         command, cwd=cwd, env=env, policy=policy, hide=hide, readable=args.readable)
 

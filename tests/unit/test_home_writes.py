@@ -14,7 +14,8 @@ npm error errno -30
 npm error rofs EROFS: read-only file system, open '{home}/.npm/_cacache/tmp/abc'
 """
 PIP = b"ERROR: Could not install packages due to an OSError: [Errno 30] Read-only file system: '{home}/.local'\n"
-CARGO = b"error: failed to create directory `{home}/.cargo/registry/cache`\n\nCaused by:\n  Read-only file system (os error 30)\n"
+CARGO = (b"error: failed to create directory `{home}/.cargo/registry/cache`\n\n"
+         b"Caused by:\n  Read-only file system (os error 30)\n")
 GO = b"go: creating work dir: mkdir {home}/.cache/go-build/00: read-only file system\n"
 NYC = b"Error: EROFS: read-only file system, mkdir '{home}/.node-spawn-wrap-4242-a1b2c3'\n"
 
@@ -75,3 +76,11 @@ def test_streams_are_split_into_lines_each_on_its_own(home):
 
 def test_the_last_line_counts_without_a_newline(home):
     assert watch_of(home, f"EROFS: read-only file system, open '{home}/.npm/x'".encode()).hint() is not None
+
+
+def test_nodes_recursive_mkdir_counts_and_a_writable_root_is_not_the_sandboxs_doing(home):
+    node = f"Error: ENOENT: no such file or directory, mkdir '{home}/.npm/_cacache'\n".encode()
+    assert f"--writable {home}/.npm" in watch_of(home, node).hint()
+    watch = HomeWrites(str(home), writable=[f"{home}/.npm"])
+    watch.feed(NPM.replace(b"{home}", str(home).encode()))
+    assert watch.hint() is None
