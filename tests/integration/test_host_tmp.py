@@ -179,3 +179,22 @@ def test_on_a_terminal_one_line_says_whose_tmp_it_is_when_it_applies(cli, tool, 
     # Neither: nothing is said.
     out = _on_terminal([*argv, "--cwd", outside, "--", "echo", "plain"], env)
     assert NOTE not in out and b"plain" in out, out
+
+
+def test_a_virtual_environment_in_the_host_tmp_runs_with_readable(sluice, open_tmp, outside):
+    venv = open_tmp / "venv"
+    base = os.path.realpath(sys.executable)  # the interpreter our own venv (if any) was made from
+    subprocess.run([base, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    site = subprocess.run([venv / "bin" / "python", "-c", "import site; print(site.getsitepackages()[0])"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    pathlib.Path(site, "sluice_marker.py").write_text("WHERE = 'the venv'\n")
+    probe = ["python", "-c", "import sys, sluice_marker; print(sys.prefix, sluice_marker.WHERE)"]
+    env = subprocess_env(PATH=f"{venv}/bin:{os.environ['PATH']}", VIRTUAL_ENV=str(venv))
+    # Activated, as a person does: outside the sandbox it is the venv's Python.
+    assert subprocess.run(probe, capture_output=True, text=True, env=env).stdout == f"{venv} the venv\n"
+    r = subprocess.run([*sluice, "sandbox", "--cwd", outside, "--", *probe], capture_output=True, text=True,
+                       env=env, timeout=60)
+    assert r.returncode == 127 and f"--readable {venv}" in r.stderr, r.stderr  # not another python, silently
+    r = subprocess.run([*sluice, "sandbox", "--cwd", outside, "--readable", str(venv), "--", *probe],
+                       capture_output=True, text=True, env=env, timeout=60)
+    assert (r.returncode, r.stdout) == (0, f"{venv} the venv\n"), r.stderr
