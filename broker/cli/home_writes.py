@@ -23,7 +23,7 @@ import collections
 import os
 import re
 
-from landlock_helper.policy import is_beneath
+from landlock_helper.policy import PROTECTED_SUBDIRS, is_beneath
 
 # What libc, Node, Python, Rust and Go print for a write the sandbox refused (Node's
 # recursive mkdir, npm's, says ENOENT where a directory it would make cannot be made).
@@ -50,6 +50,9 @@ class HomeWrites:
         home = home if home is not None else os.environ.get("HOME", "")
         self.home = os.path.realpath(home) if os.path.isabs(home) and home != "/" else None
         self.writable = [os.path.realpath(r) for r in writable]
+        # Never to be allowed, so never named: sluice's home (hidden: reading it is refused
+        # too) and a repository's .git or .sluice.
+        self.never = os.path.realpath(_sluice_home())
         # The home directory, or a path in it, up to where a message would end it.
         self._paths = re.compile(rb"(?<![\w.-])" + re.escape(os.fsencode(self.home))
                                  + rb"(?:/[^\s'\"`,;:)\]]*|(?![\w.-]))") if self.home else None
@@ -82,7 +85,8 @@ class HomeWrites:
                 self._refused_ago = None
         if path is not None and self._refused_ago is not None:
             found = os.fsdecode(path).rstrip("/.")
-            if not any(is_beneath(found, root) for root in self.writable):
+            if not (any(is_beneath(found, root) for root in self.writable) or is_beneath(found, self.never)
+                    or any(part in PROTECTED_SUBDIRS for part in found.split("/"))):
                 self.path = found
         self._recent.append((refused, path))
 
@@ -123,7 +127,11 @@ class HomeWrites:
                 f'writable_roots = ["{short}"] in [sandbox_workspace_write] of {_config_path()}')
 
 
-def _config_path() -> str:
+def _sluice_home() -> str:
     from broker.net.runtime import sluice_home
 
-    return os.path.join(sluice_home(), "config.toml")
+    return sluice_home()
+
+
+def _config_path() -> str:
+    return os.path.join(_sluice_home(), "config.toml")

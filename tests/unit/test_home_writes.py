@@ -84,3 +84,10 @@ def test_nodes_recursive_mkdir_counts_and_a_writable_root_is_not_the_sandboxs_do
     watch = HomeWrites(str(home), writable=[f"{home}/.npm"])
     watch.feed(NPM.replace(b"{home}", str(home).encode()))
     assert watch.hint() is None
+
+
+def test_what_may_never_be_allowed_is_never_named(home, monkeypatch):
+    monkeypatch.setenv("SLUICE_HOME", str(home / ".sluice"))
+    for line in (f"cat: {home}/.sluice/config.toml: Permission denied\n",
+                 f"error: could not lock config file {home}/proj/.git/config: Read-only file system\n"):
+        assert watch_of(home, line.encode()).hint() is None, line
