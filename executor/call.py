@@ -190,6 +190,7 @@ class Call:
             # disk-write-cwd means sandbox_cwd (the session's directory), not where it runs.
             self.proc = self.worker.spawn(req.argv, cwd=req.cwd, env=env, policy=policy, stdout=w_out, stderr=w_err,
                                           stdin=r_in, sandbox_cwd=os.path.normpath(sandbox_cwd),
+                                          readable=req.readable,
                                           limits=req.limits or Limits(),
                                           builtin=None if req.fileops is None else FILEOPS)
         except SandboxError as e:
@@ -221,6 +222,7 @@ class Call:
             self.started_at = time.monotonic()
             self.proc = self.worker.spawn(req.argv, cwd=req.cwd, env=env, policy=req.sandbox, stdout=slave,
                                           stderr=slave, stdin=slave, sandbox_cwd=os.path.normpath(sandbox_cwd),
+                                          readable=req.readable,
                                           limits=req.limits or Limits(), tty=True)
         except (OSError, SandboxError) as e:
             _close_all((master, *((w_in,) if w_in is not None else ())))
@@ -247,6 +249,7 @@ class Call:
                 self._notes_fd = os.dup(stderr)
             self.proc = self.worker.spawn(req.argv, cwd=req.cwd, env=env, policy=req.sandbox, stdout=stdout,
                                           stderr=stderr, stdin=stdin, sandbox_cwd=os.path.normpath(sandbox_cwd),
+                                          readable=req.readable,
                                           limits=req.limits or Limits())
         except (OSError, SandboxError) as e:
             self._release()

@@ -30,6 +30,8 @@ def add_policy_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"one of {', '.join(MODES)} (default: workspace-write)")
     parser.add_argument("--writable", action="append", default=[], metavar="PATH",
                         help="an extra writable root (repeatable)")
+    parser.add_argument("--readable", action="append", default=[], metavar="PATH",
+                        help="a directory shown read-only at its own path, where the host's /tmp is not (repeatable)")
     parser.add_argument("--network", action="store_true", help="allow network access")
     parser.add_argument("--cwd", default=None, metavar="DIR", help="working directory (default: current)")
     parser.add_argument("--env", action="append", default=[], metavar="NAME",
@@ -75,7 +77,8 @@ def main(argv: list[str] | None = None, prog: str = "python -m landlock_helper")
         policy, cwd = policy_from_args(args)
         proc = spawn(command, cwd=cwd, env=filter_env(os.environ, args.env), policy=policy,
                      stdin=relay.input(0), stdout=relay.output(1), stderr=relay.output(2),
-                     hidden_paths=args.hide, one_shot=one_shot)
+                     hidden_paths=args.hide, one_shot=one_shot,
+                     readable=[os.path.abspath(p) for p in args.readable])
     except (PolicyError, SandboxError, OSError) as e:
         relay.close()
         print(f"{prog}: error: {e}", file=sys.stderr)

@@ -30,9 +30,10 @@ per command, in the command's process before exec (:func:`apply`)
 Host /tmp is never visible: it holds other programs' sockets (tmux, X11, ssh-agent),
 credentials (Kerberos ticket caches), other repositories and other sluice daemons'
 runtime dirs. A command's directory or writable root that lies in the host's /tmp is
-bound in at the same path. sluice's /tmp is one directory per user on the host, shared
-by every sandboxed command of that user, so one command's /tmp files are there for the
-next.
+bound in at the same path, and so is a readable root (``--readable``, read-only): a
+virtual environment or a tool the user unpacked there. sluice's /tmp is one directory
+per user on the host, shared by every sandboxed command of that user, so one command's
+/tmp files are there for the next.
 
 Stdlib and ctypes only, like the rest of the sandbox layer.
 """
@@ -46,9 +47,8 @@ import time
 from collections import namedtuple
 
 from landlock_helper import _libc
+from landlock_helper.host_tmp import TMP, in_tmp, scratch_path
 from landlock_helper.policy import PROTECTED_SUBDIRS, SandboxPolicy, is_beneath, root_refusal
-
-TMP = "/tmp"
 
 OPEN_TREE_CLONE = 1
 AT_FDCWD = -100
@@ -157,9 +157,10 @@ class Pin(namedtuple("Pin", "path dev ino")):
         return (self.path, self.dev, self.ino)
 
 
-class Plan(namedtuple("Plan", "cwd roots tmp_writable read_only hidden before", defaults=((), (), None))):
-    """The mounts one command needs: its directory (``cwd``), its writable ``roots``, and
-    the repositories in them to keep ``read_only``, all pinned; the paths to hide for
+class Plan(namedtuple("Plan", "cwd roots tmp_writable read_only hidden shown before", defaults=((), (), (), None))):
+    """The mounts one command needs: its directory (``cwd``), its writable ``roots``, the
+    repositories in them to keep ``read_only``, and the host /tmp directories to show
+    read-only (``shown``: the readable roots there), all pinned; the paths to hide for
     this command besides those its sandbox hid when made (``hidden``); plus (for the
     trusted side only, never sent) what stood where git looks before the command:
     ``before``, None on the sandbox's side."""
@@ -168,22 +169,19 @@ class Plan(namedtuple("Plan", "cwd roots tmp_writable read_only hidden before", 
 
     def to_spec(self) -> tuple:
         return (self.cwd.to_spec(), [r.to_spec() for r in self.roots], self.tmp_writable,
-                [r.to_spec() for r in self.read_only], list(self.hidden))
+                [r.to_spec() for r in self.read_only], list(self.hidden), [r.to_spec() for r in self.shown])
 
     @classmethod
     def from_spec(cls, spec) -> Plan:
-        cwd, roots, tmp_writable, read_only, hidden = spec
+        cwd, roots, tmp_writable, read_only, hidden, shown = spec
         return cls(Pin(*cwd), tuple(Pin(*r) for r in roots), tmp_writable, tuple(Pin(*r) for r in read_only),
-                   tuple(hidden))
+                   tuple(hidden), tuple(Pin(*r) for r in shown))
 
 
-def in_tmp(path: str) -> bool:
-    return path == TMP or path.startswith(TMP + "/")
-
-
-def pin(policy: SandboxPolicy, cwd: str, sandbox_cwd: str, env, hidden=()) -> Plan:
-    """Resolve the command's directory and writable roots once (raises PinError);
-    ``hidden``: what to hide for this command besides what its sandbox hides.
+def pin(policy: SandboxPolicy, cwd: str, sandbox_cwd: str, env, hidden=(), readable=(), sandbox_hidden=()) -> Plan:
+    """Resolve the command's directory, writable and readable roots once (raises
+    PinError); ``hidden``: what to hide for this command besides what its sandbox hides
+    (``sandbox_hidden``: no readable root may show any of them).
 
     ``/tmp`` itself (the global temp folder, or $TMPDIR when it is /tmp) is sluice's /tmp,
     not a host directory. Roots that do not exist are left out, as Landlock would.
@@ -222,8 +220,39 @@ def pin(policy: SandboxPolicy, cwd: str, sandbox_cwd: str, env, hidden=()) -> Pl
                 except OSError:
                     pass
     cwd_pin = next((r for r in roots if r.path == cwd), None) or Pin.of(cwd)
-    return Plan(cwd_pin, tuple(roots), tmp_writable, tuple(dict.fromkeys(read_only)),
-                tuple(os.path.abspath(p) for p in hidden), before)
+    hidden = tuple(os.path.abspath(p) for p in hidden)
+    shown = _pin_readable(readable, roots, (*sandbox_hidden, *hidden))
+    return Plan(cwd_pin, tuple(roots), tmp_writable, tuple(dict.fromkeys(read_only)), hidden, shown, before)
+
+
+def _pin_readable(readable, roots, hidden) -> tuple[Pin, ...]:
+    """The readable roots that need a mount: those in the host's /tmp that no writable
+    root already shows, outer first. Each is resolved once. Refused: /, the whole host
+    /tmp, sluice's own /tmp, and a directory in what the sandbox hides (a sluice runtime
+    dir or home, a key directory, the user's runtime dir), or one in the host's /tmp
+    around such a directory. (Elsewhere the view shows everything but the hidden paths
+    anyway, and they stay hidden.)"""
+    refused = {"/", TMP, os.path.realpath(scratch_path())}
+    hidden = [os.path.realpath(h) for h in (*hidden, *user_runtime_dirs())]
+    shown: list[Pin] = []
+    for path in readable:
+        try:
+            pinned = Pin.of(path)
+        except FileNotFoundError:
+            raise PinError(f"readable path does not exist: {path}") from None
+        except PinError:
+            raise PinError(f"readable path is not a directory: {path}") from None
+        if pinned.path in refused:
+            what = "the root directory" if pinned.path == "/" else "sluice's own /tmp" if pinned.path != TMP \
+                else "the whole host /tmp, which sluice keeps private"
+            raise PinError(f"refusing to show {pinned.path} ({what}); name the directory the command needs")
+        for h in hidden:
+            if is_beneath(pinned.path, h) or in_tmp(pinned.path) and is_beneath(h, pinned.path):
+                raise PinError(f"refusing to show {pinned.path}: sluice hides {h} from every command "
+                               "(a runtime dir, sluice's home or keys)")
+        if in_tmp(pinned.path) and not any(is_beneath(pinned.path, r.path) for r in roots) and pinned not in shown:
+            shown.append(pinned)
+    return tuple(sorted(shown, key=lambda r: len(r.path)))
 
 
 def user_runtime_dirs(env=None) -> list[str]:
@@ -249,7 +278,7 @@ def scratch_dir(uid: int | None = None) -> str:
     ours with mode 0700.
     """
     uid = os.geteuid() if uid is None else uid
-    path = f"{TMP}/sluice-tmp-{uid}"
+    path = scratch_path(uid)
     try:
         os.mkdir(path, 0o700)
     except FileExistsError:
@@ -418,10 +447,14 @@ def apply(view: View, plan: Plan) -> tuple[int, list[int]]:
     """
     roots: list[int] = []
     cwd = None
+    shown: list[int] = []
     try:
+        # Read-only first: a writable root inside one is then bound on top of its clone.
+        for pinned in plan.shown:
+            shown.append(_bind(view, pinned, writable=False))
         for root in plan.roots:
             roots.append(_bind(view, root, writable=True))
-        outside_roots = not any(is_beneath(plan.cwd.path, r.path) for r in plan.roots)
+        outside_roots = not any(is_beneath(plan.cwd.path, r.path) for r in (*plan.roots, *plan.shown))
         if outside_roots and in_tmp(plan.cwd.path) and plan.cwd.path != TMP:
             cwd = _bind(view, plan.cwd, writable=False)  # a read-only place to run, in sluice's /tmp
         for pinned in plan.read_only:
@@ -438,7 +471,7 @@ def apply(view: View, plan: Plan) -> tuple[int, list[int]]:
         if plan.cwd.path == TMP:
             cwd = os.dup(view.tmp)  # sluice's /tmp, not the host's that was pinned
         elif cwd is None:
-            cwd = _open_cwd(plan, roots)
+            cwd = _open_cwd(plan, roots, shown)
         if plan.tmp_writable:
             roots.append(os.dup(view.tmp))
     except BaseException:
@@ -446,13 +479,16 @@ def apply(view: View, plan: Plan) -> tuple[int, list[int]]:
             if fd is not None:
                 os.close(fd)
         raise
+    finally:
+        for fd in shown:
+            os.close(fd)
     return cwd, roots
 
 
-def _open_cwd(plan: Plan, root_fds: list[int]) -> int:
-    """The command's directory, in a writable root or elsewhere in the read-only view,
-    opened through whatever is mounted on the way."""
-    for root, fd in zip(plan.roots, root_fds):
+def _open_cwd(plan: Plan, root_fds: list[int], shown_fds: list[int]) -> int:
+    """The command's directory, in a writable root, a readable one, or elsewhere in the
+    read-only view, opened through whatever is mounted on the way."""
+    for root, fd in (*zip(plan.roots, root_fds), *zip(plan.shown, shown_fds)):
         if is_beneath(plan.cwd.path, root.path):
             rel = plan.cwd.path[len(root.path) + 1:] or "."
             return _open_checked(fd, rel, plan.cwd, beneath=True)

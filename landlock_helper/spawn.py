@@ -148,9 +148,11 @@ def _limits():
     return limits
 
 
-def _check(argv, cwd, policy: SandboxPolicy, sandbox_cwd: str | None, env, hidden=()) -> mounts.Plan | None:
+def _check(argv, cwd, policy: SandboxPolicy, sandbox_cwd: str | None, env, hidden=(), readable=(),
+           sandbox_hidden=()) -> mounts.Plan | None:
     """What the caller can know is wrong before a sandbox is used (cheap, no fork), and
-    the directories the sandbox is built from, resolved once, here (None: unrestricted)."""
+    the directories the sandbox is built from, resolved once, here (None: unrestricted).
+    ``hidden``: hidden for this command only; ``sandbox_hidden``: by its sandbox."""
     if not sys.platform.startswith("linux"):
         raise SandboxError(f"no sandbox for platform {sys.platform!r}; refusing to run unsandboxed")
     if not argv:
@@ -167,7 +169,7 @@ def _check(argv, cwd, policy: SandboxPolicy, sandbox_cwd: str | None, env, hidde
         if _libc.ARCH is None:
             raise SandboxError(f"no seccomp filter for architecture {_libc.MACHINE!r}; refusing to run")
         try:
-            return mounts.pin(policy, cwd, sandbox_cwd or cwd, env, hidden)
+            return mounts.pin(policy, cwd, sandbox_cwd or cwd, env, hidden, readable, sandbox_hidden)
         except (OSError, mounts.PinError) as e:
             raise SandboxError(_describe(e)) from None
     return None
@@ -622,7 +624,7 @@ def _make_warm(template: _Template, *, reap: bool) -> _Warm:
 
 def spawn(argv, *, cwd, env, policy: SandboxPolicy, stdout: int | None, stderr: int | None, stdin: int | None = None,
           hidden_paths=(), sandbox_cwd: str | None = None, limits: limits.Limits | None = None,
-          tty: bool = False, one_shot: bool = False, builtin: str | None = None) -> SandboxedProcess:
+          tty: bool = False, one_shot: bool = False, builtin: str | None = None, readable=()) -> SandboxedProcess:
     """Start ``argv`` under ``policy`` in a sandbox made now; raises SandboxError.
 
     ``stdout``/``stderr``/``stdin`` are fds the command gets as its own (the caller may
@@ -633,8 +635,10 @@ def spawn(argv, *, cwd, env, policy: SandboxPolicy, stdout: int | None, stderr: 
     signals the command's foreground job (Ctrl-C, Ctrl-Z, window changes). ``cwd`` is where the
     command runs; ``sandbox_cwd`` (default: ``cwd``) is what the policy's
     ``disk-write-cwd`` means: the session's directory, never a model-chosen workdir.
-    ``limits`` (:class:`landlock_helper.limits.Limits`; its unset fields take the
-    defaults) are the command's resource limits; None: none of ours.
+    ``readable``: directories shown read-only, at their own path, where the sandbox would
+    not show them (the host's /tmp is not the sandbox's). ``limits``
+    (:class:`landlock_helper.limits.Limits`; its unset fields take the defaults) are the
+    command's resource limits; None: none of ours.
 
     ``one_shot=True`` (without ``limits``) is for a process that makes this one sandbox and
     forks nothing else afterwards: it becomes the sandbox's supervisor itself, so its
@@ -654,7 +658,7 @@ def spawn(argv, *, cwd, env, policy: SandboxPolicy, stdout: int | None, stderr: 
         return spawn_seatbelt(argv, cwd=cwd, env=env, policy=policy, stdout=stdout, stderr=stderr,
                               stdin=stdin, hidden_paths=hidden_paths, sandbox_cwd=sandbox_cwd, tty=tty)
     mode = _stdio_mode(stdin, stdout, stderr, tty)
-    plan = _check(argv, cwd, policy, sandbox_cwd, env)
+    plan = _check(argv, cwd, policy, sandbox_cwd, env, readable=readable, sandbox_hidden=hidden_paths)
     _load_builtin(builtin)
     template = _Template.make(hidden_paths, restricted=plan is not None, network=policy.network,
                               cgroups=limits is not None)
@@ -837,7 +841,7 @@ class Spawner:
     def spawn(self, argv, *, cwd, env, policy: SandboxPolicy, stdout: int | None, stderr: int | None,
               stdin: int | None = None, sandbox_cwd: str | None = None,
               limits: limits.Limits | None = None, tty: bool = False, hidden_paths=(),
-              builtin: str | None = None) -> SandboxedProcess:
+              builtin: str | None = None, readable=()) -> SandboxedProcess:
         """Like :func:`spawn`, in a warm sandbox (waiting for one only if none is ready);
         ``hidden_paths`` are hidden for this command besides the pool's.
 
@@ -847,7 +851,7 @@ class Spawner:
         on the spot.
         """
         mode = _stdio_mode(stdin, stdout, stderr, tty)
-        plan = _check(argv, cwd, policy, sandbox_cwd, env, hidden_paths)
+        plan = _check(argv, cwd, policy, sandbox_cwd, env, hidden_paths, readable, self.template.hidden_paths)
         if builtin is not None and builtin not in BUILTINS:
             raise SandboxError(f"no builtin {builtin!r} (known: {', '.join(sorted(BUILTINS))})")
         limited = _limited(limits, self.template)
@@ -1226,7 +1230,7 @@ def _rehearse() -> None:
     waits, those copies are off the command's path (about 0.4 ms of it)."""
     policy = SandboxPolicy.from_mode("workspace-write", writable_roots=["/"])
     SandboxPolicy.from_json(marshal.loads(marshal.dumps(policy.to_json())))
-    mounts.Plan.from_spec((("/", 0, 0), [("/", 0, 0)], True, [("/", 0, 0)], []))
+    mounts.Plan.from_spec((("/", 0, 0), [("/", 0, 0)], True, [("/", 0, 0)], [], [("/", 0, 0)]))
     namespaces.capability_structs()
     a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     with a, b:

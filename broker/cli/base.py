@@ -15,7 +15,7 @@ import signal
 import sys
 from typing import NoReturn
 
-from broker.wire.results import EXIT_SLUICE, EXIT_USAGE
+from broker.wire.results import EXIT_NOT_FOUND, EXIT_SLUICE, EXIT_USAGE
 
 USAGE_RUN = "sluice run [options] -- CMD ARGS..."
 USAGE_SANDBOX = "sluice sandbox [options] -- CMD ARGS..."
@@ -227,6 +227,68 @@ def read_config(word: bytes) -> tuple[str, dict]:
         return path, tomllib.loads(data.decode("utf-8", "replace"))
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{path}: invalid TOML: {e}") from None
+
+
+# The config.toml table whose roots ``sluice run`` and ``sluice sandbox`` take, as the
+# agent takes its writable_roots (Codex's name for it).
+ROOTS_TABLE = "sandbox_workspace_write"
+
+
+def config_roots() -> tuple[list[str], list[str]]:
+    """``[sandbox_workspace_write]`` ``writable_roots`` and ``readable_roots`` of
+    config.toml, each a list of absolute paths (``~/...``: in the home directory); empty
+    without them. Raises :class:`ConfigError` when one is not a list of such paths."""
+    path, table = read_config(b"_roots")
+    section = table.get(ROOTS_TABLE, {})
+    if not isinstance(section, dict):
+        raise ConfigError(f"{path}: {ROOTS_TABLE} must be a table")
+    lists = []
+    for key in ("writable_roots", "readable_roots"):
+        roots = section.get(key, [])
+        if not isinstance(roots, list) or not all(isinstance(r, str) for r in roots):
+            raise ConfigError(f"{path}: [{ROOTS_TABLE}] {key} must be a list of paths")
+        out = []
+        for root in roots:
+            full = os.path.expanduser(root)
+            if not os.path.isabs(full):
+                raise ConfigError(f"{path}: [{ROOTS_TABLE}] {key}: {root!r} is not an absolute path (or ~/...)")
+            out.append(os.path.normpath(full))
+        lists.append(out)
+    return lists[0], lists[1]
+
+
+def run_roots(args, *, local: bool = True) -> tuple[list[str], list[str]]:
+    """The writable and readable directories of a run: its flags', then config.toml's
+    (:func:`config_roots`; its writable_roots only for ``workspace-write``, as the
+    table's name says). ``local``: the command runs on this host, where a configured
+    directory that does not exist is left out (a ready list names every tool's cache)."""
+    writable, readable = config_roots()
+    if args.sandbox != "workspace-write":
+        writable = []
+    if local:
+        writable = [r for r in writable if os.path.isdir(r)]
+        readable = [r for r in readable if os.path.isdir(r)]
+    return [*args.writable, *writable], [*args.readable, *readable]
+
+
+def host_tmp_check(command: list[str], cwd: str, env, policy, readable) -> int | None:
+    """Before a restricted run on this host: refuse a program that lies in the host's
+    /tmp where the sandbox will not show it (EXIT_NOT_FOUND, naming ``--readable``); on
+    a terminal, say once whose /tmp the command sees when its directory or program
+    lies in the host's /tmp (:mod:`landlock_helper.host_tmp`)."""
+    if policy.unrestricted:
+        return None
+    from landlock_helper import host_tmp
+
+    visible = [cwd, *policy.writable_roots(cwd, env), *readable]
+    problem = host_tmp.hidden_program(command[0], cwd, env, visible)
+    if problem:
+        return fail(problem, EXIT_NOT_FOUND)
+    if os.isatty(2):
+        line = host_tmp.note(command[0], cwd, env)
+        if line:
+            print_error(line)
+    return None
 
 
 # A pipe of ours is widened to this (the most an unprivileged process may, by default).

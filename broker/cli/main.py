@@ -72,6 +72,11 @@ def _parser(argv: list[str] = ()):
         p.add_argument("--env-report", action="store_true",
                        help="first say on stderr which variables are dropped as secret-looking (names only)")
 
+    def readable_flag(p) -> None:
+        p.add_argument("--readable", metavar="PATH", action="append", default=[],
+                       help="show this directory read-only at its own path (one in the host's /tmp, which the "
+                            "sandbox's own /tmp hides: a venv, a tool); repeatable")
+
     def terminal_flags(p) -> None:
         p.add_argument("-t", "--tty", action="store_true",
                        help="give the command a terminal (a pty in the sandbox): your terminal in raw mode, its keys, "
@@ -102,6 +107,7 @@ def _parser(argv: list[str] = ()):
 
     def run_args(run) -> None:
         policy_flags(run)
+        readable_flag(run)
         terminal_flags(run)
         run.add_argument("--timeout-ms", metavar="N", type=whole_number(1), default=None,
                          help="kill the command after N milliseconds (exit 124)")
@@ -148,6 +154,7 @@ def _parser(argv: list[str] = ()):
 
     def sandbox_args(sandbox) -> None:
         policy_flags(sandbox)
+        readable_flag(sandbox)
         terminal_flags(sandbox)
         sandbox.add_argument("command", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
 

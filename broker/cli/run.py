@@ -24,12 +24,15 @@ from broker.cli.base import (
     command_of,
     env_report,
     fail,
+    host_tmp_check,
     print_error,
     read_config,
     read_stdin,
     remote_from_args,
+    run_roots,
     widen_pipe,
 )
+from broker.cli.home_writes import HomeWrites
 from broker.cli.outlet import Outlet
 from broker.cli.run_direct import FALLBACK, DirectRun
 from broker.cli.terminal import (
@@ -66,11 +69,16 @@ def run_main(args) -> int:
 
     stdin = args.tty or _forwarded_stdin(args.interactive) is not None
     try:
+        writable, readable = run_roots(args, local=not args.connect)
+    except ConfigError as e:
+        return fail(str(e), EXIT_USAGE)
+    try:
         fields = check_run(
             command,
             cwd=args.cwd,
             sandbox=args.sandbox,
-            writable=args.writable,
+            writable=writable,
+            readable=readable,
             network=args.network,
             env_passthrough=args.env,
             timeout_ms=args.timeout_ms,
@@ -85,23 +93,32 @@ def run_main(args) -> int:
         )
     except RunArgsError as e:
         return fail(str(e), EXIT_USAGE)
+    if not args.connect:  # another host's /tmp is not ours to look at
+        code = host_tmp_check(command, fields["cwd"], fields["env"], fields["sandbox"], fields["readable"])
+        if code is not None:
+            return code
     if args.env_report:
         env_report(args.env)
     try:
         guards = output_guards(args.raw_escapes)
     except ConfigError as e:
         return fail(str(e), EXIT_USAGE)
+    # What a person reads on a terminal: a write refused under the home directory gets a hint.
+    policy = fields["sandbox"]
+    watch = HomeWrites(writable=policy.writable_roots(fields["cwd"], fields["env"])) \
+        if is_terminal(2) and not (args.tty or args.json or policy.full_write) else None
 
     if not (args.tty or args.interactive or args.json or args.via_broker or args.connect or args.server_key or args.key):
-        run = DirectRun(fields, screen=relay_filter(guards))
+        screen = relay_filter(guards)
+        run = DirectRun(fields, screen=watch.screen(screen) if watch else screen)
         if run.start():
-            code = _direct(run, command, args)
+            code = _direct(run, command, args, watch)
             if code is not None:
                 return code
-    return _through_broker(fields, command, args, guards)
+    return _through_broker(fields, command, args, guards, watch)
 
 
-def _direct(run: DirectRun, command: list[str], args) -> int | None:
+def _direct(run: DirectRun, command: list[str], args, watch: HomeWrites | None) -> int | None:
     """A direct run (:mod:`broker.cli.run_direct`): the command writes to our stdio itself.
     None: the daemon cannot run it so, and nothing ran."""
     try:
@@ -116,10 +133,10 @@ def _direct(run: DirectRun, command: list[str], args) -> int | None:
     if isinstance(result, str):
         return fail(result, EXIT_SLUICE)
     # A closed stdout reached the command itself (SIGPIPE on its next write, as in a shell).
-    return _ending(result, command, args, run.signum, False)
+    return _ending(result, command, args, run.signum, False, watch)
 
 
-def _through_broker(fields: dict, command: list[str], args, guards: dict) -> int:
+def _through_broker(fields: dict, command: list[str], args, guards: dict, watch: HomeWrites | None) -> int:
     """Through the broker socket and the client library: the command's output comes as
     messages (or Codex-shaped events with ``--json``); a terminal of its own with ``-t``."""
     import broker.client as C
@@ -130,7 +147,7 @@ def _through_broker(fields: dict, command: list[str], args, guards: dict) -> int
         request = wire.RunRequest(**fields, tty=winsize(*window_size(0, 1, 2)) if args.tty else None)
     except C.UsageError as e:
         return fail(str(e), EXIT_USAGE)
-    out = _JsonOutput(request) if args.json else _RawOutput(guards)
+    out = _JsonOutput(request) if args.json else _RawOutput(guards, watch)
     remote = remote_from_args(args)
     try:
         client = C.Client.connect(remote=remote, name="sluice run")
@@ -172,7 +189,7 @@ def _through_broker(fields: dict, command: list[str], args, guards: dict) -> int
 
     out.end(result)
     out.finish()
-    return _ending(result, command, args, signum, out.stdout_closed)
+    return _ending(result, command, args, signum, out.stdout_closed, watch)
 
 
 def _follow(client, call, out: _Output, stdin: bool, ctrl_c: CtrlC | None):
@@ -193,15 +210,21 @@ def _follow(client, call, out: _Output, stdin: bool, ctrl_c: CtrlC | None):
             client.signal_command(call, signal.SIGINT)
 
 
-def _ending(result, command: list[str], args, signum: int | None, stdout_closed: bool) -> int:
+def _ending(result, command: list[str], args, signum: int | None, stdout_closed: bool,
+            watch: HomeWrites | None = None) -> int:
     """Our exit code for the command's ``result`` (anything with ExitStatus's fields and
-    ``returncode``), and the line a person should read about how it ended."""
+    ``returncode``), and the line a person should read about how it ended (or about a
+    write it was refused under the home directory, ``watch``)."""
     if result.limit:
         print_error(result.limit)
     elif signum is None and not args.json and is_terminal(2):
         ending = describe_ending(result, args.timeout_ms)
         if ending:
             print_error(ending)
+        elif watch is not None and result.error is None and result.returncode != 0:
+            hint = watch.hint()
+            if hint:
+                print_error(hint)
     if signum is not None:
         return EXIT_SIGNAL_BASE + signum
     if stdout_closed:
@@ -450,11 +473,14 @@ class _RawOutput(_Output):
     """Bytes of the command's stdout/stderr to ours, as they come (through ``guards``, by
     our fd, for a terminal: :mod:`broker.cli.terminal_guard`)."""
 
-    def __init__(self, guards: dict) -> None:
+    def __init__(self, guards: dict, watch: HomeWrites | None = None) -> None:
         super().__init__()
         self._guards = guards
+        self._watch = watch
 
     def on_output(self, call, stream, chunk) -> None:
+        if self._watch is not None:
+            self._watch.feed(chunk, stream)
         fd = 2 if stream == 2 else 1
         guard = self._guards.get(fd)
         self.put(fd, guard.feed(chunk) if guard is not None else chunk)

@@ -32,7 +32,18 @@ import sys
 import termios
 import time
 
-from broker.cli.base import USAGE_SANDBOX, ConfigError, caught_signals, command_of, env_report, fail, print_error
+from broker.cli.base import (
+    USAGE_SANDBOX,
+    ConfigError,
+    caught_signals,
+    command_of,
+    env_report,
+    fail,
+    host_tmp_check,
+    print_error,
+    run_roots,
+)
+from broker.cli.home_writes import HomeWrites
 from broker.cli.terminal import (
     DEFAULT_ESCAPE,
     NOT_A_TERMINAL,
@@ -62,8 +73,8 @@ KILL_GRACE_S = 0.5
 
 # The flags of ``sluice sandbox`` (broker.cli.main's parser is where they are described):
 # those that take a value, and the switches, by the attribute they set.
-_VALUE_FLAGS = {"--sandbox": "sandbox", "--cwd": "cwd", "--writable": "writable", "--env": "env",
-                "--escape-char": "escape"}
+_VALUE_FLAGS = {"--sandbox": "sandbox", "--cwd": "cwd", "--writable": "writable", "--readable": "readable",
+                "--env": "env", "--escape-char": "escape"}
 _SWITCHES = {"--network": "network", "--env-report": "env_report", "-t": "tty", "--tty": "tty",
              "-i": "interactive", "--interactive": "interactive", "-it": None, "-ti": None,
              "--raw-escapes": "raw_escapes"}
@@ -76,6 +87,7 @@ class _Args:
         self.sandbox = "workspace-write"
         self.cwd = None
         self.writable: list[str] = []
+        self.readable: list[str] = []
         self.env: list[str] = []
         self.network = self.env_report = self.tty = self.interactive = self.raw_escapes = False
         self.escape = DEFAULT_ESCAPE
@@ -139,11 +151,21 @@ def sandbox_main(args, *, one_shot: bool = False) -> int:
     if cwd is not None and not os.path.isdir(cwd):
         what = "is not a directory" if os.path.exists(cwd) else "does not exist"
         return fail(f"working directory {cwd} {what}", EXIT_USAGE)
+    try:
+        args.writable, args.readable = run_roots(args)
+    except ConfigError as e:
+        return fail(str(e), EXIT_USAGE)
     for path in args.writable:
         if not os.path.isabs(path):
             return fail(f"writable path must be absolute: {path!r}", EXIT_USAGE)
         if not os.path.exists(path):
             return fail(f"writable path does not exist: {path}", EXIT_USAGE)
+    for path in args.readable:
+        if not os.path.isabs(path):
+            return fail(f"readable path must be absolute: {path!r}", EXIT_USAGE)
+        if not os.path.isdir(path):
+            what = "is not a directory" if os.path.exists(path) else "does not exist"
+            return fail(f"readable path {path} {what}", EXIT_USAGE)
     if args.env_report:
         env_report(args.env)
     # A daemon may be running for this user: its socket and token stay out of reach, and
@@ -158,12 +180,18 @@ def sandbox_main(args, *, one_shot: bool = False) -> int:
     except PolicyError as e:
         return fail(str(e), EXIT_SETUP)
     env = filter_env(os.environ, args.env)
+    code = host_tmp_check(command, cwd, env, policy, args.readable)
+    if code is not None:
+        return code
     try:
         screen = relay_filter(output_guards(args.raw_escapes))
     except ConfigError as e:
         return fail(str(e), EXIT_USAGE)
-    return _Sandboxed(args.tty, args.interactive, one_shot, screen, escape).run(command, cwd=cwd, env=env,
-                                                                               policy=policy, hide=hide)
+    # What a person reads on a terminal: a write refused under the home directory gets a hint.
+    watch = HomeWrites(writable=policy.writable_roots(cwd, env)) \
+        if is_terminal(2) and not (args.tty or policy.full_write) else None
+    return _Sandboxed(args.tty, args.interactive, one_shot, screen, watch, escape).run(
+        command, cwd=cwd, env=env, policy=policy, hide=hide, readable=args.readable)
 
 
 class _Sandboxed:
@@ -171,14 +199,16 @@ class _Sandboxed:
     ours, or a pty) and moves bytes between ours and theirs until its whole tree is dead."""
 
     def __init__(self, tty: bool, interactive: bool, one_shot: bool = False, screen=None,
-                 escape: str | None = DEFAULT_ESCAPE) -> None:
+                 watch: HomeWrites | None = None, escape: str | None = DEFAULT_ESCAPE) -> None:
         self.tty = tty
         self.interactive = interactive
         self.escapes = EscapeKeys(escape)  # -t: ~. ends the command
         self.ctrl_c = CtrlC() if interactive and not tty else None  # -i: Ctrl-C is passed to the command
         self.term: RawTerminal | None = None
         self.one_shot = one_shot
-        self.relay = Relay(terminal_filter=screen)  # screen: broker.cli.terminal_guard.relay_filter
+        self.watch = watch
+        # screen: broker.cli.terminal_guard.relay_filter; the watch sees what it passes
+        self.relay = Relay(terminal_filter=watch.screen(screen) if watch is not None else screen)
         self.signum: int | None = None
         self.proc = None
         self.kill_at: float | None = None
@@ -194,14 +224,14 @@ class _Sandboxed:
         stdin = self.relay.input(0) if self.interactive or not is_terminal(0) else None
         return stdin, self.relay.output(1), self.relay.output(2)
 
-    def run(self, command, *, cwd, env, policy, hide) -> int:
+    def run(self, command, *, cwd, env, policy, hide, readable=()) -> int:
         with self._signals():
             try:
                 try:
                     stdin, stdout, stderr = self._stdio()
                     proc = self.proc = spawn(command, cwd=cwd, env=env, policy=policy, stdin=stdin, stdout=stdout,
                                              stderr=stderr, hidden_paths=hide, tty=self.tty,
-                                             one_shot=self.one_shot)
+                                             one_shot=self.one_shot, readable=readable)
                 finally:
                     self.relay.handed_over()
             except (SandboxError, OSError) as e:
@@ -224,6 +254,10 @@ class _Sandboxed:
             print_error(outcome.limit)
         if outcome.error:
             print_error(outcome.error)
+        elif self.watch is not None and self.signum is None and outcome.signal is None and outcome.exit_code:
+            hint = self.watch.hint()
+            if hint:
+                print_error(hint)
         if self.signum is not None:
             # As `sluice run`: 130, 143, 129 when we were told to stop (and stopped the command).
             return EXIT_SIGNAL_BASE + self.signum

@@ -18,6 +18,7 @@ def make_request(
     cwd: str | None = None,
     sandbox: str = "workspace-write",
     writable: Iterable[str] = (),
+    readable: Iterable[str] = (),
     network: bool = False,
     env: Mapping[str, str] | None = None,
     env_passthrough: Iterable[str] = (),
@@ -34,6 +35,9 @@ def make_request(
     interactive: bool = False,
 ) -> wire.RunRequest:
     """Validate the arguments of :meth:`Client.submit`; raises :class:`UsageError`.
+
+    ``readable``: directories shown read-only inside at their own path, for those in the
+    host's /tmp, which the sandbox's own /tmp covers (a virtual environment, a tool).
 
     ``check_paths=False`` skips checking that ``cwd`` and the writable paths exist here
     and that none is a root every executor refuses (``/``, the home directory or above it,
@@ -64,7 +68,7 @@ def make_request(
     """
     try:
         fields = check_run(
-            argv, cwd=cwd, sandbox=sandbox, writable=writable, network=network, env=env,
+            argv, cwd=cwd, sandbox=sandbox, writable=writable, readable=readable, network=network, env=env,
             env_passthrough=env_passthrough, timeout_ms=timeout_ms, capture_limit=capture_limit,
             check_paths=check_paths, memory=memory, pids_limit=pids_limit, file_size=file_size,
             cpu_time=cpu_time, limits=limits, stdin=stdin, interactive=interactive,

@@ -308,6 +308,9 @@ class RunRequest(msgspec.Struct, frozen=True):
     env_passthrough: list[str] = []
     timeout_ms: int | None = None
     capture_limit: int = DEFAULT_CAPTURE_LIMIT
+    # Directories shown read-only at their own path (absolute): those in the host's /tmp,
+    # which the sandbox's own /tmp otherwise covers (landlock_helper.mounts).
+    readable: list[str] = []
     # The directory the policy's ``disk-write-cwd`` makes writable (absolute); None: ``cwd``.
     # The agent sets it to the session's cwd, so a model-chosen workdir is only where
     # the command runs, never a writable root.

@@ -31,6 +31,7 @@ def check_run(
     cwd: str | None = None,
     sandbox: str = "workspace-write",
     writable: Iterable[str] = (),
+    readable: Iterable[str] = (),
     network: bool = False,
     env: Mapping[str, str] | None = None,
     env_passthrough: Iterable[str] = (),
@@ -75,6 +76,15 @@ def check_run(
             raise RunArgsError(f"writable path does not exist: {path}")
         roots.append(path)
 
+    shown = []
+    for path in readable:
+        if not isinstance(path, str) or not os.path.isabs(path):
+            raise RunArgsError(f"readable path must be absolute: {path!r}")
+        if check_paths and not os.path.isdir(path):
+            what = "is not a directory" if os.path.exists(path) else "does not exist"
+            raise RunArgsError(f"readable path {path} {what}")
+        shown.append(os.path.normpath(path))
+
     try:
         policy = SandboxPolicy.from_mode(sandbox, writable_roots=roots, network=network)
     except PolicyError as e:
@@ -117,6 +127,7 @@ def check_run(
         "argv": argv,
         "cwd": cwd,
         "sandbox": policy,
+        "readable": shown,
         "env": env,
         "env_passthrough": passthrough,
         "timeout_ms": timeout_ms,

@@ -115,6 +115,12 @@ def test_missing_key_names_the_variable(home: dict[str, str]) -> None:
         resolve_provider("x", env=home)
 
 
+def test_writable_roots_in_the_home_directory_are_written_with_a_tilde(home: dict[str, str]) -> None:
+    write_config(home, '[sandbox_workspace_write]\nwritable_roots = ["~/.npm", "~", "/srv/~x"]\n')
+    config = load_config(env=home)
+    assert config.writable_roots == [f"{home['HOME']}/.npm", home["HOME"], "/srv/~x"]
+
+
 def test_config_file(home: dict[str, str]) -> None:
     path = write_config(home, EXAMPLE)
     config = load_config(env=home)

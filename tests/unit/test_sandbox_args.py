@@ -9,7 +9,7 @@ import pytest
 from broker.cli.main import _parser
 from broker.cli.sandbox import quick_args
 
-FIELDS = ("sandbox", "cwd", "writable", "env", "network", "env_report", "tty", "interactive", "command")
+FIELDS = ("sandbox", "cwd", "writable", "readable", "env", "network", "env_report", "tty", "interactive", "command")
 
 PLAIN = [
     ["--", "true"],
@@ -19,6 +19,7 @@ PLAIN = [
     ["--sandbox", "read-only", "--cwd", "/tmp", "--", "pwd"],
     ["--sandbox=danger-full-access", "--cwd=/", "true"],
     ["--writable", "/a", "--writable=/b", "--env", "X", "--env=Y", "--env-report", "--", "env"],
+    ["--readable", "/tmp/venv", "--readable=/tmp/tool", "--", "python"],
     ["-t", "--", "bash"],
     ["-it", "bash"],
     ["-ti", "--", "bash"],
