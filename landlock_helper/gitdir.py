@@ -53,6 +53,8 @@ LEGACY_REMOTES = ("remotes", "branches")
 
 MAX_CONFIG = 64 * 1024
 MAX_DEPTH = 8
+# Entries listed in all (hooks, modules): a clone has a few dozen.
+MAX_ENTRIES = 10_000
 
 _SECTION = re.compile(r'\[([A-Za-z0-9-]+)(?: "([^"\\]*)")?\]')
 _ENTRY = re.compile(r"([A-Za-z][A-Za-z0-9-]*)(?:[ \t]*=[ \t]*([^\"\\#;]*))?")
@@ -76,7 +78,7 @@ def refusal(parent_fd: int, name: str, identity: tuple[int, int]) -> str | None:
         st = os.fstat(fd)
         if (st.st_dev, st.st_ino) != tuple(identity):
             return "it changed while sluice looked at it"
-        _check_gitdir(fd, module=False, depth=0)
+        _check_gitdir(fd, module=False, budget=[MAX_ENTRIES])
     except Refused as e:
         return str(e)
     except OSError as e:
@@ -86,24 +88,55 @@ def refusal(parent_fd: int, name: str, identity: tuple[int, int]) -> str | None:
     return None
 
 
-def _check_gitdir(fd: int, *, module: bool, depth: int) -> None:
-    names = set(os.listdir(fd))
+def _check_gitdir(fd: int, *, module: bool, budget: list[int]) -> None:
+    # Names are looked up, never listed: a directory of a million entries costs nothing.
     for name in ELSEWHERE:
-        if name in names:
+        if _lstat(fd, name) is not None:
             raise Refused(f"it has a {name} file, which makes git read another directory's config")
-    if "config" not in names:
-        raise Refused("it has no config")
     allowed = {**ALLOWED, **ALLOWED_IN_MODULE} if module else ALLOWED
+    if _lstat(fd, "config") is None:
+        raise Refused("it has no config")
     check_config(_read_config(fd, "config"), allowed)
-    if "config.worktree" in names:
+    if _lstat(fd, "config.worktree") is not None:
         check_config(_read_config(fd, "config.worktree"), allowed)
-    if "hooks" in names:
-        _check_hooks(fd)
+    if _lstat(fd, "hooks") is not None:
+        for entry, kind in _entries(fd, "hooks", budget):
+            if not (entry.endswith(".sample") and kind == "file"):
+                raise Refused(f"it has a hook, hooks/{entry}")
     for name in LEGACY_REMOTES:
-        if name in names and _listdir(fd, name):
+        if _lstat(fd, name) is not None and _entries(fd, name, budget):
             raise Refused(f"its {name}/ is not empty (git reads remotes from it)")
-    if "modules" in names:
-        _check_modules(fd, "modules", depth + 1)
+    if _lstat(fd, "modules") is not None:
+        _check_modules(fd, "modules", 1, budget)
+
+
+def _lstat(fd: int, name: str) -> os.stat_result | None:
+    try:
+        return os.stat(name, dir_fd=fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return None
+
+
+def _entries(fd: int, name: str, budget: list[int]) -> list[tuple[str, str]]:
+    """(name, "file" | "dir" | "link" | "other") of each entry of the directory ``name``
+    in ``fd`` (never a link to one), at most ``budget[0]`` of them in all."""
+    try:
+        sub = os.open(name, _DIR, dir_fd=fd)
+    except OSError as e:
+        raise Refused(f"its {name} could not be opened as a directory ({e.strerror})") from None
+    entries = []
+    try:
+        with os.scandir(sub) as it:
+            for entry in it:
+                budget[0] -= 1
+                if budget[0] < 0:
+                    raise Refused("it holds more entries than sluice looks through")
+                kind = ("link" if entry.is_symlink() else "dir" if entry.is_dir(follow_symlinks=False)
+                        else "file" if entry.is_file(follow_symlinks=False) else "other")
+                entries.append((entry.name, kind))
+    finally:
+        os.close(sub)
+    return entries
 
 
 def _read_config(fd: int, name: str) -> bytes:
@@ -165,32 +198,7 @@ def _plain_url(url: str) -> bool:
     return not sep or scheme.lower() in SCHEMES
 
 
-def _check_hooks(fd: int) -> None:
-    try:
-        hooks = os.open("hooks", _DIR, dir_fd=fd)
-    except OSError as e:
-        raise Refused(f"its hooks/ could not be opened ({e.strerror})") from None
-    try:
-        for name in os.listdir(hooks):
-            st = os.stat(name, dir_fd=hooks, follow_symlinks=False)
-            if not (name.endswith(".sample") and stat.S_ISREG(st.st_mode)):
-                raise Refused(f"it has a hook, hooks/{name}")
-    finally:
-        os.close(hooks)
-
-
-def _listdir(fd: int, name: str) -> list[str]:
-    try:
-        sub = os.open(name, _DIR, dir_fd=fd)
-    except OSError as e:
-        raise Refused(f"its {name}/ could not be opened ({e.strerror})") from None
-    try:
-        return os.listdir(sub)
-    finally:
-        os.close(sub)
-
-
-def _check_modules(fd: int, name: str, depth: int) -> None:
+def _check_modules(fd: int, name: str, depth: int, budget: list[int]) -> None:
     """``modules/`` holds the submodules' git directories, at paths of one or more
     components (a submodule's name may have slashes); each is checked as a git directory."""
     if depth > MAX_DEPTH:
@@ -198,17 +206,15 @@ def _check_modules(fd: int, name: str, depth: int) -> None:
     try:
         sub = os.open(name, _DIR, dir_fd=fd)
     except OSError as e:
-        raise Refused(f"its {name} could not be opened ({e.strerror})") from None
+        raise Refused(f"its {name} could not be opened as a directory ({e.strerror})") from None
     try:
-        names = os.listdir(sub)
-        if "HEAD" in names:
-            _check_gitdir(sub, module=True, depth=depth)
+        if _lstat(sub, "HEAD") is not None:
+            _check_gitdir(sub, module=True, budget=budget)
             return
-        for entry in names:
-            mode = os.stat(entry, dir_fd=sub, follow_symlinks=False).st_mode
-            if stat.S_ISLNK(mode):
-                raise Refused(f"its {name}/{entry} is a symbolic link")
-            if stat.S_ISDIR(mode):
-                _check_modules(sub, entry, depth + 1)
+        for entry, kind in _entries(sub, ".", budget):
+            if kind == "link":
+                raise Refused(f"its modules/ hold a symbolic link, {entry}")
+            if kind == "dir":
+                _check_modules(sub, entry, depth + 1, budget)
     finally:
         os.close(sub)
