@@ -16,7 +16,8 @@ import subprocess
 
 import pytest
 
-from tests.support.sandbox_harness import sandbox
+from tests.support.harness import reap
+from tests.support.sandbox_harness import sandbox, start_sandbox
 
 pytestmark = pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
 
@@ -180,4 +181,27 @@ def test_a_planted_git_is_moved_aside_before_git_runs_it(variant, as_user, nobod
         assert r.returncode == 0, r.stderr
     subprocess.run(["sh", "-c", trigger], cwd=ws / plant.where, capture_output=True, timeout=60,
                    env=dict(env, GIT_CEILING_DIRECTORIES=str(ws.parent)))
+    assert not marker.exists()
+
+
+def test_a_kept_clone_changed_by_a_command_already_running_is_checked_again(as_user, nobody_env, ws, tmp_path):
+    """A command started before the clone was checked has no read-only cover over it: what
+    it plants there is found when it ends (the clone is not in what it started with)."""
+    marker = tmp_path / "ran"
+    running = start_sandbox(f"read go && cd clone && git config core.fsmonitor 'touch {marker}' && echo planted",
+                            cwd=ws, user=as_user, nobody=nobody_env, stderr=subprocess.PIPE,
+                            env=_git_env("/nonexistent" if as_user == "nobody" else tmp_path, ws))
+    try:
+        r = _in_sandbox(f"git clone -q file://{ws}/upstream.git clone && echo cloned", ws, as_user, nobody_env,
+                        tmp_path)
+        assert "cloned" in r.stdout and _blocked(ws) == [], r.stderr
+        out, err = running.communicate("go\n", timeout=60)
+    finally:
+        reap(running)
+    assert "planted" in out, err
+    blocked = _blocked(ws)
+    assert len(blocked) == 1 and f"fsmonitor = touch {marker}" in (ws / blocked[0] / "config").read_text(), blocked
+    assert "its config sets core.fsmonitor" in err
+    subprocess.run(["git", "status"], cwd=ws / "clone", capture_output=True, timeout=60,
+                   env=dict(_git_env(tmp_path, ws), GIT_CEILING_DIRECTORIES=str(ws.parent)))
     assert not marker.exists()

@@ -124,9 +124,10 @@ def sandbox(cmd: str | list[str], *, cwd, flags=(), user="root", nobody=None, en
     return subprocess.run(argv, capture_output=True, text=True, env=run_env, timeout=timeout)
 
 
-def start_sandbox(cmd: str, *, cwd, flags=(), user="root", nobody=None, env=None) -> subprocess.Popen:
+def start_sandbox(cmd: str, *, cwd, flags=(), user="root", nobody=None, env=None, stderr=None) -> subprocess.Popen:
     """``sandbox`` started, not waited for: stdin and stdout are pipes (text, line-buffered),
-    stderr goes to the test's. The caller reaps it (``tests.support.harness.reap``)."""
+    stderr goes to the test's unless ``stderr`` says where. The caller reaps it
+    (``tests.support.harness.reap``)."""
     argv, run_env = _sandbox_argv(cmd, cwd=cwd, flags=flags, user=user, nobody=nobody, env=env)
-    return subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1,
+    return subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, text=True, bufsize=1,
                             env=run_env)
