@@ -90,3 +90,27 @@ def test_sluice_run_bash_lc_finds_the_venv(route, module_daemon, sluice, tmp_pat
     assert p.returncode == 0, p.stderr
     assert p.stdout.splitlines() == [f"{venv}/bin/python", venv, "zero one"], p.stderr
 
+
+
+@pytest.mark.timeout(120)
+def test_sluice_mcp_run_command_finds_the_venv(module_daemon, sluice, tmp_path):
+    """``sluice mcp``'s ``run`` runs a ``command`` with ``bash -lc``: the venv of the
+    client that started the server is the one found."""
+    mcp = pytest.importorskip("mcp", reason="the MCP SDK is not installed (pip install '.[test]')")
+    anyio = pytest.importorskip("anyio")
+    from mcp.client.stdio import stdio_client
+
+    venv = _venv(SANDBOX_PYTHON, tmp_path / ".venv")
+    _login_scripts_reset_path(venv, str(tmp_path))
+    env = _activated(venv, **{k: v for k, v in module_daemon.env_for_children().items() if k.startswith("SLUICE_")})
+    params = mcp.StdioServerParameters(command=sluice[0], args=[*sluice[1:], "mcp", "--cwd", str(tmp_path)],
+                                       env=env, cwd=str(tmp_path))
+
+    async def main():
+        async with stdio_client(params) as (read, write), mcp.ClientSession(read, write) as session:
+            await session.initialize()
+            r = await session.call_tool("run", {"command": "command -v python"})
+            return r.structured_content
+
+    out = anyio.run(main)
+    assert out["exit_code"] == 0 and out["stdout"] == f"{venv}/bin/python\n", out
