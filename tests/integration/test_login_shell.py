@@ -1,16 +1,19 @@
 """A login shell keeps the caller's PATH: ``bash -lc`` in a sandbox finds the venv the
 caller activated, though /etc/profile sets PATH outright (Debian's does). Real venvs,
-real shells, real sandbox; as root and as an unprivileged user, and through ``sluice run``
-both ways (direct and via the broker)."""
+real shells, real sandbox; as root and as an unprivileged user, and through every route
+a command takes: ``sluice run`` (direct and via the broker), ``sluice mcp``'s ``run``,
+and the agent's ``shell`` tool."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
 
 import pytest
 
+from tests.support.fake_model import assistant, call, outputs_of, response
 from tests.support.harness import SANDBOX_PYTHON
 from tests.support.sandbox_harness import sandbox
 
@@ -28,9 +31,10 @@ def _venv(python: str, where) -> str:
     return str(where)
 
 
-def _activated(venv: str, **extra: str) -> dict[str, str]:
-    """The environment of a shell where ``. venv/bin/activate`` ran."""
-    env = dict(os.environ, VIRTUAL_ENV=venv, PATH=f"{venv}/bin:{os.environ.get('PATH', '/usr/bin:/bin')}", **extra)
+def _activated(venv: str, base=None, **extra: str) -> dict[str, str]:
+    """The environment ``base`` (default ours) has in a shell where ``. venv/bin/activate`` ran."""
+    env = dict(os.environ if base is None else base, **extra)
+    env.update(VIRTUAL_ENV=venv, PATH=f"{venv}/bin:{env.get('PATH', '/usr/bin:/bin')}")
     env.pop("PYTHONHOME", None)
     return env
 
@@ -42,6 +46,22 @@ def _login_scripts_reset_path(venv: str, home: str) -> None:
                        env=_activated(venv, HOME=home))
     if r.stdout.startswith(f"{venv}/"):
         pytest.skip("this machine's login scripts keep PATH as it was")
+
+
+@pytest.fixture
+def home(tmp_path) -> str:
+    """A home of the test's own: no login script of this machine's user runs."""
+    path = tmp_path / "home"
+    path.mkdir()
+    return str(path)
+
+
+@pytest.fixture
+def ws(tmp_path):
+    """A workspace beside that home (never above it: sluice refuses to make that writable)."""
+    path = tmp_path / "ws"
+    path.mkdir()
+    return path
 
 
 @pytest.fixture
@@ -81,30 +101,29 @@ def test_bash_c_and_other_programs_get_path_as_given(as_user, nobody_env, projec
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("route", [(), ("--via-broker",)], ids=["direct", "via-broker"])
-def test_sluice_run_bash_lc_finds_the_venv(route, module_daemon, sluice, tmp_path):
-    venv = _venv(SANDBOX_PYTHON, tmp_path / ".venv")
-    _login_scripts_reset_path(venv, str(tmp_path))
-    env = _activated(venv, **{k: v for k, v in module_daemon.env.items() if k.startswith("SLUICE_")})
-    p = subprocess.run([*sluice, "run", "--cwd", str(tmp_path), *route, "--", "bash", "-lc", PROBE, "zero", "one"],
+def test_sluice_run_bash_lc_finds_the_venv(route, module_daemon, sluice, ws, home):
+    venv = _venv(SANDBOX_PYTHON, ws / ".venv")
+    _login_scripts_reset_path(venv, home)
+    env = _activated(venv, module_daemon.env, HOME=home)
+    p = subprocess.run([*sluice, "run", "--cwd", str(ws), *route, "--", "bash", "-lc", PROBE, "zero", "one"],
                        env=env, capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stderr
     assert p.stdout.splitlines() == [f"{venv}/bin/python", venv, "zero one"], p.stderr
 
 
-
 @pytest.mark.timeout(120)
-def test_sluice_mcp_run_command_finds_the_venv(module_daemon, sluice, tmp_path):
+def test_sluice_mcp_run_command_finds_the_venv(module_daemon, sluice, ws, home):
     """``sluice mcp``'s ``run`` runs a ``command`` with ``bash -lc``: the venv of the
     client that started the server is the one found."""
     mcp = pytest.importorskip("mcp", reason="the MCP SDK is not installed (pip install '.[test]')")
     anyio = pytest.importorskip("anyio")
     from mcp.client.stdio import stdio_client
 
-    venv = _venv(SANDBOX_PYTHON, tmp_path / ".venv")
-    _login_scripts_reset_path(venv, str(tmp_path))
-    env = _activated(venv, **{k: v for k, v in module_daemon.env_for_children().items() if k.startswith("SLUICE_")})
-    params = mcp.StdioServerParameters(command=sluice[0], args=[*sluice[1:], "mcp", "--cwd", str(tmp_path)],
-                                       env=env, cwd=str(tmp_path))
+    venv = _venv(SANDBOX_PYTHON, ws / ".venv")
+    _login_scripts_reset_path(venv, home)
+    env = _activated(venv, module_daemon.env_for_children(), HOME=home)
+    params = mcp.StdioServerParameters(command=sluice[0], args=[*sluice[1:], "mcp", "--cwd", str(ws)],
+                                       env=env, cwd=str(ws))
 
     async def main():
         async with stdio_client(params) as (read, write), mcp.ClientSession(read, write) as session:
@@ -114,3 +133,25 @@ def test_sluice_mcp_run_command_finds_the_venv(module_daemon, sluice, tmp_path):
 
     out = anyio.run(main)
     assert out["exit_code"] == 0 and out["stdout"] == f"{venv}/bin/python\n", out
+
+
+@pytest.mark.timeout(120)
+def test_the_agents_shell_tool_bash_lc_finds_the_venv(module_daemon, sluice, server, tmp_path, ws, home):
+    """The model asks for ``bash -lc`` (as Codex's instructions teach it to): the venv of
+    the ``sluice exec`` that started the session is the one found."""
+    venv = _venv(SANDBOX_PYTHON, ws / ".venv")
+    _login_scripts_reset_path(venv, home)
+    sluice_home = tmp_path / "sluice-home"
+    sluice_home.mkdir()
+    (sluice_home / "config.toml").write_text(
+        f'model = "m"\nmodel_provider = "fake"\n[model_providers.fake]\nname = "scripted"\n'
+        f'base_url = "{server.base_url}"\nenv_key = "FAKE_KEY"\nwire_api = "responses"\n')
+    server.script(response(call("shell", {"command": ["bash", "-lc", "command -v python"]}, "c1")),
+                  response(assistant("done")))
+    env = _activated(venv, module_daemon.env_for_children(), SLUICE_HOME=str(sluice_home), HOME=home,
+                     FAKE_KEY="sk-login-shell-test")
+    p = subprocess.run([*sluice, "exec", "--sandbox", "workspace-write", "--approval-policy", "never", "--cd",
+                        str(ws), "which python"], env=env, capture_output=True, text=True, timeout=90)
+    assert p.returncode == 0, p.stderr
+    output = json.loads(outputs_of(server.requests[1]["json"])["c1"])
+    assert output["output"] == f"{venv}/bin/python\n", output
