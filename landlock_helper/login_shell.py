@@ -39,6 +39,7 @@ def keep_path(argv: list[str], env) -> list[str]:
     if not path or len(argv) < 3 or os.path.basename(argv[0]) not in SHELLS:
         return argv
     login = script = False
+    at = None  # where the -c script is: the first argument after the options
     for i, arg in enumerate(argv[1:], 1):
         if arg == "--login":
             login = True
@@ -48,9 +49,8 @@ def keep_path(argv: list[str], env) -> list[str]:
             login = login or "l" in arg
             script = script or "c" in arg
         else:
+            at = i + 1 if arg in ("-", "--") else i  # "--" (or "-") ends the options
             break
-    else:
+    if not (login and script) or at is None or at >= len(argv):
         return argv
-    if not (login and script):
-        return argv
-    return [*argv[:i], f"export PATH={shlex.quote(path)}; {argv[i]}", *argv[i + 1:]]
+    return [*argv[:at], f"export PATH={shlex.quote(path)}; {argv[at]}", *argv[at + 1:]]

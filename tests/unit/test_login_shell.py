@@ -21,6 +21,9 @@ SET = "export PATH=/p/venv/bin:/usr/bin; "
     (["sh", "-lc", "pytest -q"], 2),
     (["zsh", "-lc", "pytest -q"], 2),
     (["/usr/bin/dash", "-elc", "pytest -q"], 2),
+    (["bash", "-c", "-l", "pytest -q"], 3),
+    (["bash", "-lc", "--", "pytest -q", "zero"], 3),
+    (["sh", "-lc", "-", "pytest -q"], 3),
 ])
 def test_a_login_shell_script_starts_from_the_callers_path(argv, script_at):
     got = keep_path(argv, ENV)
@@ -35,6 +38,7 @@ def test_a_login_shell_script_starts_from_the_callers_path(argv, script_at):
     ["python3", "-lc", "x"],                       # not a shell
     ["fish", "-lc", "x"],                          # not POSIX syntax
     ["env", "bash", "-lc", "x"],                   # what a program starts is its own business
+    ["bash", "-lc", "--"],                         # no script after the options' end
 ])
 def test_everything_else_is_left_as_given(argv):
     assert keep_path(argv, ENV) is argv
