@@ -60,7 +60,8 @@ _SECTION = re.compile(r'\[([A-Za-z0-9-]+)(?: "([^"\\]*)")?\]')
 _ENTRY = re.compile(r"([A-Za-z][A-Za-z0-9-]*)(?:[ \t]*=[ \t]*([^\"\\#;]*))?")
 
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-_FILE = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+# Never blocks on a FIFO, never takes a terminal as ours.
+_FILE = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
 
 
 class Refused(Exception):
