@@ -15,6 +15,7 @@ import select
 import signal
 import termios
 
+from landlock_helper.login_shell import keep_path
 from landlock_helper.outcome import PASSABLE_SIGNALS, Outcome, SandboxError
 from landlock_helper.seatbelt import seatbelt_argv
 
@@ -86,7 +87,7 @@ def spawn_seatbelt(argv, *, cwd, env, policy, stdout, stderr, stdin=None, hidden
     if not os.path.isdir(cwd):
         raise SandboxError(f"cwd does not exist or is not a directory: {cwd}")
     # The profile's writable cwd is the session's (sandbox_cwd), never where the command runs.
-    full = seatbelt_argv(list(argv), policy, sandbox_cwd or cwd, env, tuple(hidden_paths))
+    full = seatbelt_argv(keep_path(list(argv), env), policy, sandbox_cwd or cwd, env, tuple(hidden_paths))
     tree_r, tree_w = os.pipe()  # both close-on-exec; the child re-enables tree_w
     pid = os.fork()
     if pid == 0:

@@ -46,7 +46,7 @@ import stat
 import time
 from collections import namedtuple
 
-from landlock_helper import _libc
+from landlock_helper import _libc, gitdir
 from landlock_helper.host_tmp import TMP, in_tmp, scratch_path
 from landlock_helper.policy import PROTECTED_SUBDIRS, SandboxPolicy, is_beneath, root_refusal
 
@@ -568,7 +568,11 @@ def _read_only_onto(pinned: Pin) -> None:
 # kept from getting a new one by a mount: there is nothing to mount over. So the trusted
 # side notes what stands there before the command, and once the command's whole tree is
 # dead, moves aside anything new, before the user's next git command could run it, and
-# puts back a .git or .sluice symlink the command removed or replaced.
+# puts back a .git or .sluice symlink the command removed or replaced. A new .git
+# directory that git itself made (git clone, git init: no hooks, no config key that
+# names a program; see landlock_helper.gitdir) stays: later commands get it read-only,
+# and a command that was already running when it was checked has it checked again when
+# it ends (it is not in that command's "before" either).
 
 
 def _protected_entries(root: Pin):
@@ -664,7 +668,12 @@ def _quarantine(root: Pin, before: dict) -> list[str]:
         try:
             cleared = True
             if found is not None:
-                cleared, note = _move_aside(pfd, where, name, "created" if was is None else "replaced")
+                why = None
+                if was is None and name == ".git" and found[2] == stat.S_IFDIR:
+                    why = gitdir.refusal(pfd, name, found[:2])
+                    if why is None:
+                        continue  # a repository as git makes it (git clone, git init): kept
+                cleared, note = _move_aside(pfd, where, name, "created" if was is None else "replaced", why)
                 notes.append(note)
             if rel in links and cleared:
                 notes.append(_restore_link(pfd, where, name, links[rel]))
@@ -676,16 +685,18 @@ def _quarantine(root: Pin, before: dict) -> list[str]:
 _CHECK = "check it before running git there"
 
 
-def _move_aside(pfd: int, where: str, name: str, what: str) -> tuple[bool, str]:
-    """Rename ``name`` (in the directory ``pfd``) out of git's way: (done, a line for a person)."""
+def _move_aside(pfd: int, where: str, name: str, what: str, why: str | None = None) -> tuple[bool, str]:
+    """Rename ``name`` (in the directory ``pfd``) out of git's way: (done, a line for a person).
+    ``why``: what makes a new ``.git`` other than git makes one."""
     aside = f"{name}.sluice-blocked-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+    which = (f"which is not a repository as git makes it ({why}; git would run what it holds)" if why else
+             "which a sandboxed command may not (git would run what it holds)")
     try:
         os.rename(name, aside, src_dir_fd=pfd, dst_dir_fd=pfd)
     except OSError as e:
-        return False, (f"sluice: the command {what} {where}/{name}, which a sandboxed command may not, "
+        return False, (f"sluice: the command {what} {where}/{name}, {which}, "
                        f"and it could not be moved aside ({e.strerror}): {_CHECK}")
-    return True, (f"sluice: the command {what} {where}/{name}, which a sandboxed command may not "
-                  f"(git would run what it holds); moved it to {where}/{aside}")
+    return True, f"sluice: the command {what} {where}/{name}, {which}; moved it to {where}/{aside}"
 
 
 def _restore_link(pfd: int, where: str, name: str, target: str) -> str:

@@ -75,7 +75,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from landlock_helper import _libc, landlock, mounts, namespaces, seccomp, unix_guard
+from landlock_helper import _libc, landlock, login_shell, mounts, namespaces, seccomp, unix_guard
 from landlock_helper.outcome import PASSABLE_SIGNALS, Outcome, SandboxError
 from landlock_helper.policy import SandboxPolicy
 
@@ -1321,7 +1321,7 @@ def _command(template: _Template, ctl: int, view: mounts.View | None, guard_end:
             code = sys.modules[BUILTINS[builtin]].serve()
             os._exit(code)
         stage = "exec"
-        os.execvpe(argv[0], argv, env)
+        os.execvpe(argv[0], login_shell.keep_path(argv, env), env)
     except OSError as e:
         if stage == "exec":
             code = 126 if e.errno in (errno.EACCES, errno.ENOEXEC, errno.EISDIR) else 127

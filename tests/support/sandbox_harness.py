@@ -106,8 +106,9 @@ def outside(tmp_path):
     shutil.rmtree(path, ignore_errors=True)
 
 
-def _sandbox_argv(cmd: str, *, cwd, flags=(), user="root", nobody=None, env=None):
-    argv = [sys.executable, "-m", "landlock_helper", *flags, "--cwd", str(cwd), "--", "sh", "-c", cmd]
+def _sandbox_argv(cmd: str | list[str], *, cwd, flags=(), user="root", nobody=None, env=None):
+    command = ["sh", "-c", cmd] if isinstance(cmd, str) else cmd
+    argv = [sys.executable, "-m", "landlock_helper", *flags, "--cwd", str(cwd), "--", *command]
     run_env = dict(os.environ if env is None else env)
     if user == "nobody":
         python, lib = nobody
@@ -117,15 +118,16 @@ def _sandbox_argv(cmd: str, *, cwd, flags=(), user="root", nobody=None, env=None
     return argv, run_env
 
 
-def sandbox(cmd: str, *, cwd, flags=(), user="root", nobody=None, env=None, timeout=30):
-    """Run ``sh -c cmd`` under the sandbox CLI; returns CompletedProcess (text)."""
+def sandbox(cmd: str | list[str], *, cwd, flags=(), user="root", nobody=None, env=None, timeout=30):
+    """Run ``sh -c cmd`` (or the argv ``cmd``) under the sandbox CLI; returns CompletedProcess (text)."""
     argv, run_env = _sandbox_argv(cmd, cwd=cwd, flags=flags, user=user, nobody=nobody, env=env)
     return subprocess.run(argv, capture_output=True, text=True, env=run_env, timeout=timeout)
 
 
-def start_sandbox(cmd: str, *, cwd, flags=(), user="root", nobody=None, env=None) -> subprocess.Popen:
+def start_sandbox(cmd: str, *, cwd, flags=(), user="root", nobody=None, env=None, stderr=None) -> subprocess.Popen:
     """``sandbox`` started, not waited for: stdin and stdout are pipes (text, line-buffered),
-    stderr goes to the test's. The caller reaps it (``tests.support.harness.reap``)."""
+    stderr goes to the test's unless ``stderr`` says where. The caller reaps it
+    (``tests.support.harness.reap``)."""
     argv, run_env = _sandbox_argv(cmd, cwd=cwd, flags=flags, user=user, nobody=nobody, env=env)
-    return subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1,
+    return subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, text=True, bufsize=1,
                             env=run_env)
