@@ -1,0 +1,68 @@
+"""``sluice exec --json=codex`` prints what Codex 0.169's ``codex exec --json`` prints: each
+scenario of tests/support/codex_json_scenarios.py (a shell command with a plan and reasoning,
+an apply_patch, an MCP call, a failed turn) through the real daemon and the scripted model,
+compared line for line and field for field with Codex's own output on the same script
+(tests/golden/codex_json/<scenario>.codex.jsonl, recorded by record.py there), both sides
+normalised alike and only for what varies (thread id, workspace path, the order of a
+patch's files, Codex's note about the scripted model's metadata).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.integration.test_exec import Frontend
+from tests.support.codex_json_scenarios import (
+    PROMPT,
+    SCENARIOS,
+    encode_lines,
+    golden_path,
+    make_workspace,
+    mcp_table,
+    normalise,
+    workspace_state,
+)
+from tests.support.harness import daemons
+
+pytestmark = pytest.mark.timeout(90)
+
+
+@pytest.fixture(scope="module")
+def dmn():
+    with daemons() as factory:
+        yield factory.start(executors=2)
+
+
+@pytest.mark.parametrize("name", list(SCENARIOS))
+def test_exec_json_codex_prints_what_codex_prints(dmn, server, tmp_path, name) -> None:
+    scenario = SCENARIOS[name]
+    work = tmp_path / "work"
+    make_workspace(scenario, work)
+    config = 'unified_exec = "codex"\n' + (mcp_table() if scenario.mcp else "")
+    fe = Frontend(dmn.runtime, server, tmp_path / "fe-home", extra_config=config)
+    server.script(*scenario.script("sluice"))
+
+    p = fe.run("--json=codex", "-s", "workspace-write", "-a", "never", "-C", str(work), PROMPT, timeout=60)
+
+    assert p.returncode == scenario.exit_code, p.stderr
+    assert encode_lines(normalise(p.stdout, work)).splitlines() == golden_path(name).read_text().splitlines()
+    assert workspace_state(scenario, work) == scenario.after
+
+
+def test_json_seed_spells_the_default_seed_events(dmn, server, tmp_path) -> None:
+    scenario = SCENARIOS["shell"]
+    outputs = {}
+    for spelling in ("--json", "--json=seed"):
+        work = tmp_path / spelling / "work"
+        make_workspace(scenario, work)
+        fe = Frontend(dmn.runtime, server, tmp_path / spelling / "fe-home", extra_config='unified_exec = "codex"\n')
+        server.script(*scenario.script("sluice"))
+        p = fe.run(spelling, "-s", "workspace-write", "-a", "never", "-C", str(work), PROMPT, timeout=60)
+        assert p.returncode == 0, p.stderr
+        types = [json.loads(line)["msg"]["type"] for line in p.stdout.splitlines()]
+        outputs[spelling] = [t for t in types if not t.endswith("_delta")]  # output comes in chunks as it may
+    assert outputs["--json"] == outputs["--json=seed"]
+    assert outputs["--json"][0] == "session_configured"
+    assert "exec_command_end" in outputs["--json"]
