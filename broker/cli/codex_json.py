@@ -8,7 +8,8 @@ of them; no I/O here)::
     {"type":"turn.started"}
     {"type":"item.started","item":{"id":"item_0","type":"command_execution","command":"/bin/bash -lc ls",
      "aggregated_output":"","exit_code":null,"status":"in_progress"}}
-    {"type":"item.completed","item":{"id":"item_0",...,"aggregated_output":"a.txt\\n","exit_code":0,"status":"completed"}}
+    {"type":"item.completed","item":{"id":"item_0",...,"aggregated_output":"a.txt\\n","exit_code":0,
+     "status":"completed"}}
     {"type":"item.completed","item":{"id":"item_1","type":"agent_message","text":"One file."}}
     {"type":"turn.completed","usage":{"input_tokens":24,"cached_input_tokens":8,"cache_write_input_tokens":0,
      "output_tokens":14,"reasoning_output_tokens":4}}
@@ -33,8 +34,9 @@ model: tests/golden/codex_json):
   so here it is one.
 - ``agent_message``: an ``agent_message`` item. ``agent_reasoning``: a ``reasoning`` item;
   the seed sends one event per part of a reasoning summary, Codex one item with the parts
-  joined by newlines: consecutive parts are joined here (two summaries with nothing else
-  between them become one item).
+  joined by newlines: the parts that come one after the other are joined here (two
+  summaries of one response, with nothing between them, become one item; a token count
+  ends a response's).
 - ``plan_update``: a ``todo_list`` started, then updated; completed when the turn ends.
 - ``token_count``: summed into ``turn.completed``'s ``usage`` (over the counts this run
   saw); sluice has no count of tokens written to the prompt cache, so
@@ -68,6 +70,7 @@ from broker.wire.protocol import (
 from broker.wire.results import EXIT_INTERRUPTED, EXIT_OK
 
 Json = dict[str, Any]
+_TURN_ENDS = frozenset({"task_complete", "turn_aborted", "error"})
 
 # -- joining a command as Codex shows it ---------------------------------------------
 
@@ -157,19 +160,23 @@ class CodexJsonl:
         out: list[Json] = []
         msg = event.msg
         tag = tag_of(event)
-        if tag == "agent_reasoning":
-            self._reasoning.append(msg.text)
-            return out
-        self._flush_reasoning(out)
         if self._turn is None and (tag == "task_started" or tag in TURN_EVENTS):
             # A turn whose task_started was not seen (attached mid-turn) starts here too.
+            self._flush_reasoning(out)
             self._turn = event.id
             self._todo = None
             out.append({"type": "turn.started"})
+        if tag == "agent_reasoning":
+            self._reasoning.append(msg.text)
+            return out
         handler = getattr(self, f"_on_{tag}", None)
+        if handler is None and tag not in _TURN_ENDS:
+            return out  # nothing Codex prints (deltas, approvals, notes): it holds nothing back
+        # Anything else ends the summary being received: it is complete before what follows.
+        self._flush_reasoning(out)
         if handler is not None:
             handler(msg, out)
-        elif tag in ("task_complete", "turn_aborted", "error"):
+        else:
             self._on_end(event, out)
         return out
 
