@@ -37,7 +37,8 @@ model: tests/golden/codex_json):
   joined by newlines: the parts that come one after the other are joined here (two
   summaries of one response, with nothing between them, become one item; a token count
   ends a response's).
-- ``plan_update``: a ``todo_list`` started, then updated; completed when the turn ends.
+- ``plan_update``: a ``todo_list`` started, then updated; completed when the turn ends,
+  and so is any item still open then (an interactive session left running), as it stands.
 - ``token_count``: summed into ``turn.completed``'s ``usage`` (over the counts this run
   saw); sluice has no count of tokens written to the prompt cache, so
   ``cache_write_input_tokens`` is 0.
@@ -59,14 +60,7 @@ from __future__ import annotations
 from typing import Any
 
 from broker.cli.turns import TURN_EVENTS, tag_of, turn_end
-from broker.wire.protocol import (
-    AddFileChange,
-    DeleteFileChange,
-    Event,
-    FileChange,
-    TURN_INTERRUPTED,
-    StepStatus,
-)
+from broker.wire.protocol import TURN_INTERRUPTED, Event, StepStatus
 from broker.wire.results import EXIT_INTERRUPTED, EXIT_OK
 
 Json = dict[str, Any]
@@ -75,8 +69,9 @@ _TURN_ENDS = frozenset({"task_complete", "turn_aborted", "error"})
 # -- joining a command as Codex shows it ---------------------------------------------
 
 # Codex joins argv with the Rust ``shlex`` crate, whose quoting differs from Python's
-# shlex.join: each word is cut into runs, each run written bare, in single quotes, or in
-# double quotes (backslash before " and \), the first of these that can hold the whole run.
+# shlex.join: each word is cut into runs, each as long as one way of writing can hold it,
+# and written the first way that can: bare, in single quotes, in double quotes (a backslash
+# before " and \).
 _BARE = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789+-./:@]_")
 _NOT_IN_SINGLE = frozenset("'\\^")  # ^ only right after the opening quote: a Bash quirk
 _NOT_IN_DOUBLE = frozenset("$`!^")
@@ -130,14 +125,6 @@ def join_command(argv: list[str]) -> str:
 # -- the translator -------------------------------------------------------------------
 
 
-def _change_kind(change: FileChange) -> str:
-    if isinstance(change, AddFileChange):
-        return "add"
-    if isinstance(change, DeleteFileChange):
-        return "delete"
-    return "update"
-
-
 class CodexJsonl:
     """Seed events in, Codex 0.169 ``exec --json`` events out (:meth:`event`), in order.
 
@@ -151,6 +138,7 @@ class CodexJsonl:
         self._thread_started = False
         self._turn: str | None = None  # the running turn's submission id
         self._open: dict[str, Json] = {}  # call_id -> the started item
+        self._left: dict[str, Json] = {}  # the same, of items a turn's end completed
         self._reasoning: list[str] = []  # parts of the summary being received
         self._todo: Json | None = None  # the turn's to-do list item, once planned
         self._usage = {"input_tokens": 0, "cached_input_tokens": 0, "cache_write_input_tokens": 0,
@@ -197,7 +185,11 @@ class CodexJsonl:
         self._open[call_id] = item
         out.append({"type": "item.started", "item": item})
 
+    def _started(self, call_id: str) -> Json | None:
+        return self._open.get(call_id) or self._left.get(call_id)
+
     def _complete(self, call_id: str, details: Json, out: list[Json]) -> None:
+        self._left.pop(call_id, None)
         started = self._open.pop(call_id, None)
         item_id = started["id"] if started is not None else self._item_id()
         out.append({"type": "item.completed", "item": {"id": item_id, **details}})
@@ -233,17 +225,17 @@ class CodexJsonl:
         self._start(msg.call_id, _command(join_command(msg.command), "", None, "in_progress"), out)
 
     def _on_exec_command_end(self, msg, out: list[Json]) -> None:
-        started = self._open.get(msg.call_id)
+        started = self._started(msg.call_id)
         command = started["command"] if started is not None else ""
         status = "completed" if msg.exit_code == 0 else "failed"
         self._complete(msg.call_id, _command(command, msg.aggregated_output, msg.exit_code, status), out)
 
     def _on_patch_apply_begin(self, msg, out: list[Json]) -> None:
-        changes = [{"path": path, "kind": _change_kind(change)} for path, change in msg.changes.items()]
+        changes = [{"path": path, "kind": change.tag} for path, change in msg.changes.items()]
         self._start(msg.call_id, {"type": "file_change", "changes": changes, "status": "in_progress"}, out)
 
     def _on_patch_apply_end(self, msg, out: list[Json]) -> None:
-        started = self._open.get(msg.call_id)
+        started = self._started(msg.call_id)
         changes = started["changes"] if started is not None else []
         status = "completed" if msg.success else "failed"
         self._complete(msg.call_id, {"type": "file_change", "changes": changes, "status": status}, out)
@@ -252,7 +244,7 @@ class CodexJsonl:
         self._start(msg.call_id, _mcp_call(msg.server, msg.tool, msg.arguments, None, None, "in_progress"), out)
 
     def _on_mcp_tool_call_end(self, msg, out: list[Json]) -> None:
-        started = self._open.get(msg.call_id) or {"server": "", "tool": "", "arguments": None}
+        started = self._started(msg.call_id) or {"server": "", "tool": "", "arguments": None}
         result = msg.result
         if result is None:
             details = _mcp_call(started["server"], started["tool"], started["arguments"], None,
@@ -284,7 +276,11 @@ class CodexJsonl:
             out.append({"type": "error", "message": event.msg.message})
         if self._todo is not None:
             out.append({"type": "item.completed", "item": self._todo})
-        self._turn, self._todo = None, None
+        # What is still open (an interactive session left running) completes as it stands;
+        # its end, if it comes later, is another item, as in Codex.
+        out += [{"type": "item.completed", "item": item} for item in self._open.values()]
+        self._left.update(self._open)
+        self._turn, self._todo, self._open = None, None, {}
         if code == EXIT_OK:
             out.append({"type": "turn.completed", "usage": dict(self._usage)})
         elif code != EXIT_INTERRUPTED:

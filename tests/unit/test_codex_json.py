@@ -208,6 +208,16 @@ def test_errors_that_end_no_turn_are_error_items_once_the_thread_started() -> No
     assert out[3]["item"]["message"] == "rollout: no space left on device: /h/r.jsonl"
 
 
+def test_an_item_still_open_when_the_turn_ends_completes_as_it_stands() -> None:
+    translator = CodexJsonl()
+    out = feed(STARTED, begin("c1", ["bash"]), COMPLETE, translator=translator)
+    assert [e["type"] for e in out] == ["turn.started", "item.started", "item.completed", "turn.completed"]
+    assert out[2]["item"] == out[1]["item"]
+    later = feed(STARTED, end("c1", 0), turn="t2", translator=translator)
+    assert later[-1]["item"] == {"id": "item_1", "type": "command_execution", "command": "bash",
+                                 "aggregated_output": "", "exit_code": 0, "status": "completed"}
+
+
 def test_a_turn_joined_after_its_start_starts_with_its_first_event() -> None:
     out = feed({"type": "agent_reasoning", "text": "Hm."}, begin("c1", ["ls"]), end("c1", 0), COMPLETE)
     assert [e["type"] for e in out] == ["turn.started", "item.completed", "item.started", "item.completed",
