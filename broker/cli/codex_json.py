@@ -17,7 +17,7 @@ of them; no I/O here)::
 What becomes what, as Codex 0.169 prints it (checked against its output on the same scripted
 model: tests/golden/codex_json):
 
-- ``session_configured``: ``thread.started`` (the session id); ``task_started``:
+- ``session_configured``: ``thread.started`` (the session id; once per run); ``task_started``:
   ``turn.started``.
 - Items are numbered ``item_0``, ``item_1``... in the order Codex gives the numbers: an item
   that starts (a command, an MCP call, a patch, the to-do list) gets its number when it
@@ -168,6 +168,15 @@ class CodexJsonl:
             self._on_end(event, out)
         return out
 
+    def thread(self, session_id: str) -> list[Json]:
+        """``thread.started`` for this session, unless the run has said it already (a
+        frontend that joins a session opens with it, and its replay may hold the
+        ``session_configured``)."""
+        if self._thread_started:
+            return []
+        self._thread_started = True
+        return [{"type": "thread.started", "thread_id": session_id}]
+
     def finish(self) -> list[Json]:
         out: list[Json] = []
         self._flush_reasoning(out)
@@ -208,8 +217,7 @@ class CodexJsonl:
     # -- seed events ----------------------------------------------------------------------
 
     def _on_session_configured(self, msg, out: list[Json]) -> None:
-        self._thread_started = True
-        out.append({"type": "thread.started", "thread_id": str(msg.session_id)})
+        out += self.thread(str(msg.session_id))
 
     def _on_agent_message(self, msg, out: list[Json]) -> None:
         self._completed({"type": "agent_message", "text": msg.message}, out)

@@ -958,6 +958,10 @@ class CodexJsonRenderer(JsonRenderer):
     def event(self, event: Event) -> None:
         self._lines(self.codex.event(event))
 
+    def thread(self, session_id: str) -> None:
+        """Open with ``thread.started`` for a session joined after its start."""
+        self._lines(self.codex.thread(session_id))
+
     def finish(self) -> None:
         self._lines(self.codex.finish())
 

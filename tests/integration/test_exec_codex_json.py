@@ -4,12 +4,14 @@ an apply_patch, an MCP call, a failed turn) through the real daemon and the scri
 compared line for line and field for field with Codex's own output on the same script
 (tests/golden/codex_json/<scenario>.codex.jsonl, recorded by record.py there), both sides
 normalised alike and only for what varies (thread id, workspace path, the order of a
-patch's files, Codex's note about the scripted model's metadata).
+patch's files, Codex's note about the scripted model's metadata); and ``sluice attach
+--json=codex`` to a detached task prints the same.
 """
 
 from __future__ import annotations
 
 import json
+import subprocess
 
 import pytest
 
@@ -24,7 +26,7 @@ from tests.support.codex_json_scenarios import (
     normalise,
     workspace_state,
 )
-from tests.support.harness import daemons
+from tests.support.harness import daemons, sluice_argv
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -66,3 +68,20 @@ def test_json_seed_spells_the_default_seed_events(dmn, server, tmp_path) -> None
     assert outputs["--json"] == outputs["--json=seed"]
     assert outputs["--json"][0] == "session_configured"
     assert "exec_command_end" in outputs["--json"]
+
+
+def test_attach_json_codex_prints_the_same_for_a_detached_task(dmn, server, tmp_path) -> None:
+    scenario = SCENARIOS["shell"]
+    work = tmp_path / "work"
+    make_workspace(scenario, work)
+    fe = Frontend(dmn.runtime, server, tmp_path / "fe-home", extra_config='unified_exec = "codex"\n')
+    server.script(*scenario.script("sluice"))
+    detached = fe.run("--detach", "-s", "workspace-write", "-a", "never", "-C", str(work), PROMPT)
+    assert detached.returncode == 0, detached.stderr
+    session_id = detached.stdout.strip()
+
+    p = subprocess.run([*sluice_argv(), "attach", session_id, "--json=codex", "--until-idle"], env=fe.env,
+                       stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60)
+
+    assert p.returncode == 0, p.stderr
+    assert encode_lines(normalise(p.stdout, work)).splitlines() == golden_path("shell").read_text().splitlines()

@@ -257,3 +257,9 @@ def test_an_unknown_json_format_is_one_line_and_exit_2(capsys) -> None:
     assert exec_main(["--json=codex-ish", "hi"]) == EXIT_USAGE
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--json=codex-ish" in err
+
+
+def test_a_thread_starts_once_per_run() -> None:
+    translator = CodexJsonl()
+    assert translator.thread(SESSION) == [{"type": "thread.started", "thread_id": SESSION}]
+    assert feed(CONFIGURED, STARTED, translator=translator) == [{"type": "turn.started"}]
