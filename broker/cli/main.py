@@ -120,7 +120,8 @@ def _parser(argv: list[str] = ()):
     def attach_args(attach) -> None:
         attach.add_argument("id", metavar="ID", help="the session's id, or any unique prefix of it")
         attach.add_argument("--json", action="store_true",
-                            help=JSON_HELP + "; Submissions are read as JSON lines from stdin when it is not a terminal")
+                            help=JSON_HELP + "; Submissions are read as JSON lines from stdin "
+                                             "when it is not a terminal")
         attach.add_argument("--since", metavar="N", type=event_seq, default=None,
                             help="replay from event N (0: all) instead of the start of the current turn")
         attach.add_argument("--until-idle", action="store_true",
