@@ -317,6 +317,8 @@ class _Exec:
             except NoSuchSession as e:
                 return no_session(e, self.render)
             self.session = client.session(session_id)
+            if isinstance(self.render, CodexJsonRenderer):
+                self.render.thread(session_id)  # followed from here: no session_configured comes
         else:
             self.session = client.open_session(self.op, sub_id="0")
             code = self._wait_configured()

@@ -5,7 +5,8 @@ compared line for line and field for field with Codex's own output on the same s
 (tests/golden/codex_json/<scenario>.codex.jsonl, recorded by record.py there), both sides
 normalised alike and only for what varies (thread id, workspace path, the order of a
 patch's files, Codex's note about the scripted model's metadata); and ``sluice attach
---json=codex`` to a detached task prints the same.
+--json=codex`` to a detached task prints the same; ``sluice exec --session`` opens with the
+thread it continues.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from tests.integration.test_exec import Frontend
 from tests.support.codex_json_scenarios import (
     PROMPT,
     SCENARIOS,
+    answer,
     encode_lines,
     golden_path,
     make_workspace,
@@ -26,6 +28,7 @@ from tests.support.codex_json_scenarios import (
     normalise,
     workspace_state,
 )
+from tests.support.fake_model import assistant
 from tests.support.harness import daemons, sluice_argv
 
 pytestmark = pytest.mark.timeout(90)
@@ -85,3 +88,29 @@ def test_attach_json_codex_prints_the_same_for_a_detached_task(dmn, server, tmp_
 
     assert p.returncode == 0, p.stderr
     assert encode_lines(normalise(p.stdout, work)).splitlines() == golden_path("shell").read_text().splitlines()
+
+
+def test_exec_session_json_codex_opens_with_the_thread_it_continues(dmn, server, tmp_path) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    fe = Frontend(dmn.runtime, server, tmp_path / "fe-home")
+    server.script(answer(assistant("first")), answer(assistant("second")))
+    detached = fe.run("--detach", "-a", "never", "-C", str(work), "the first task")
+    assert detached.returncode == 0, detached.stderr
+    session_id = detached.stdout.strip()
+    idle = subprocess.run([*sluice_argv(), "attach", session_id, "--until-idle"], env=fe.env,
+                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60)
+    assert idle.returncode == 0, idle.stderr
+
+    p = fe.run("--session", session_id, "--json=codex", "the second task")
+
+    assert p.returncode == 0, p.stderr
+    assert [json.loads(line) for line in p.stdout.splitlines()] == [
+        {"type": "thread.started", "thread_id": session_id},
+        {"type": "turn.started"},
+        {"type": "item.completed", "item": {"id": "item_0", "type": "agent_message", "text": "second"}},
+        # This run's token counts (fake_model.USAGE), not the first task's.
+        {"type": "turn.completed", "usage": {"input_tokens": 12, "cached_input_tokens": 4,
+                                             "cache_write_input_tokens": 0, "output_tokens": 7,
+                                             "reasoning_output_tokens": 2}},
+    ]
