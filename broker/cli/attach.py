@@ -11,6 +11,8 @@ daemon stopping) does.
   submission does; an unknown ID is one line and exit 2.
 - ``sluice attach ID``: replay a session from the start of its current turn (or
   ``--since N``), then follow it live (:func:`attach_main`). ``ID`` may be any unique prefix.
+  ``--json`` prints the events as JSON lines, ``--json=codex`` in Codex 0.169's ``codex exec
+  --json`` schema (:mod:`broker.cli.codex_json`), opening with ``thread.started``.
 - ``sluice bridge``: JSON lines both ways, Submissions in on stdin and Events out on stdout,
   for editors and scripts in any language (:mod:`broker.cli.bridge`).
 
@@ -52,7 +54,14 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from broker.cli.base import CliExit, connect_client, print_error, write_all
-from broker.cli.render import HumanRenderer, JsonRenderer, describe_approval, parse_approval_answer, wants_full_view
+from broker.cli.render import (
+    CodexJsonRenderer,
+    HumanRenderer,
+    JsonRenderer,
+    describe_approval,
+    parse_approval_answer,
+    wants_full_view,
+)
 from broker.cli.turns import APPROVAL_REQUESTS, TURN_EVENTS, approval_answer, isatty, tag_of, turn_end
 from broker.client import DaemonError, Interrupted, SessionError, UsageError, daemon_status
 from broker.wire import frames as wire
@@ -750,7 +759,9 @@ class Attachment:
 
 
 def attach_main(args) -> int:
-    render = JsonRenderer() if args.json else None
+    render = None
+    if args.json:
+        render = CodexJsonRenderer() if args.json_format == "codex" else JsonRenderer()
     stdin_is_terminal = isatty(0)
     if stdin_is_terminal:
         input_mode = INPUT_TERMINAL
@@ -774,6 +785,8 @@ def attach_main(args) -> int:
             return daemon_gone(render, str(e))
         if render is None:
             render = HumanRenderer({"cwd": info.cwd}, label="configured", me=client.peer_id)
+        elif isinstance(render, CodexJsonRenderer):
+            render.thread(info.id)  # the replay starts with the current turn
         with client.catch_signals((signal.SIGINT, signal.SIGTERM, signal.SIGHUP)):
             try:
                 session = client.attach(info.id, since=args.since)

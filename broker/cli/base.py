@@ -42,6 +42,32 @@ def fail(message: str, code: int) -> int:
     return code
 
 
+JSON_FORMATS = ("seed", "codex")
+JSON_HELP = ("print events, one JSON object per line: the seed protocol's (--json, --json=seed), "
+             "or Codex 0.169's `codex exec --json` schema (--json=codex)")
+
+
+def take_json_format(argv: list[str]) -> tuple[list[str], str]:
+    """``--json=FORMAT`` taken out of ``argv``: ``argv`` with a plain ``--json`` in its place,
+    and FORMAT (``seed`` without one). Only the ``=`` spelling names a format: after a bare
+    ``--json`` often comes the prompt, which argparse would take as the value.
+    :class:`CliExit` (2) for a format that is neither of :data:`JSON_FORMATS`."""
+    out: list[str] = []
+    chosen = "seed"
+    for i, word in enumerate(argv):
+        if word == "--":
+            out += argv[i:]
+            break
+        if word.startswith("--json="):
+            chosen = word.partition("=")[2]
+            if chosen not in JSON_FORMATS:
+                print_error(f"error: --json={chosen}: the format is seed (the default) or codex")
+                raise CliExit(EXIT_USAGE)
+            word = "--json"
+        out.append(word)
+    return out, chosen
+
+
 def add_connect_args(parser) -> None:
     """``--connect tcp://HOST:PORT --server-key FILE --key FILE``: a remote daemon (CurveZMQ)."""
     parser.add_argument("--connect", metavar="tcp://HOST:PORT", default=None,

@@ -3,7 +3,7 @@
 ::
 
     sluice exec [--model M] [--provider P] [--approval-policy P] [--sandbox MODE] [--cd DIR]
-                [--json] [--output-last-message FILE] [-c key=value]... [--session ID] [--detach]
+                [--json[=seed|codex]] [--output-last-message FILE] [-c key=value]... [--session ID] [--detach]
                 [-v] [--connect tcp://HOST:PORT --server-key FILE --key FILE] PROMPT
 
 The frontend resolves everything in its own process, against its own environment: the
@@ -26,6 +26,10 @@ instead: it follows the session live from there (no replay) and leaves it open a
 ``--detach`` starts the task and leaves it to the daemon: it prints the session id on
 stdout and exits 0 once the daemon has the task; ``sluice attach ID`` follows it (and
 answers its approvals, which wait for someone to attach).
+
+``--json`` prints the events as JSON lines on stdout, as the seed protocol has them
+(``--json=seed`` says the same); ``--json=codex`` prints them in Codex 0.169's ``codex exec
+--json`` schema instead (:mod:`broker.cli.codex_json`), for scripts written against it.
 
 Approvals are asked on the terminal (``y`` yes, ``a`` always for this session, ``n`` no,
 ``abort`` to end the task, ``v`` to see in full what the question cut short; the question
@@ -58,8 +62,23 @@ import broker.client as C
 from agent.config import ConfigError, default_config_path, load_config, resolve_provider
 from agent.mcp.config import McpConfigError, parse_servers
 from broker.cli.attach import NoSuchSession, connect, no_session, resolve_session
-from broker.cli.base import CliExit, add_connect_args, connect_client, print_error, write_all
-from broker.cli.render import HumanRenderer, JsonRenderer, describe_approval, parse_approval_answer, wants_full_view
+from broker.cli.base import (
+    JSON_HELP,
+    CliExit,
+    add_connect_args,
+    connect_client,
+    print_error,
+    take_json_format,
+    write_all,
+)
+from broker.cli.render import (
+    CodexJsonRenderer,
+    HumanRenderer,
+    JsonRenderer,
+    describe_approval,
+    parse_approval_answer,
+    wants_full_view,
+)
 from broker.cli.turns import APPROVAL_REQUESTS, approval_answer, isatty, rollout_failed, tag_of, turn_end
 from broker.wire.protocol import (
     UNSET,
@@ -98,7 +117,7 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     p.add_argument("-s", "--sandbox", metavar="MODE",
                    help="read-only, workspace-write or danger-full-access (default: config, else read-only)")
     p.add_argument("-C", "--cd", metavar="DIR", help="the directory the agent works in (default: this one)")
-    p.add_argument("--json", action="store_true", help="print Codex-shaped events, one JSON object per line")
+    p.add_argument("--json", action="store_true", help=JSON_HELP)
     p.add_argument("-o", "--output-last-message", metavar="FILE", help="write the agent's last message to FILE")
     p.add_argument("-c", "--config", metavar="key=value", action="append", default=[], dest="overrides",
                    help="override a config.toml setting (TOML value); repeatable")
@@ -117,7 +136,9 @@ def _parser(prog: str) -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None, prog: str = "sluice exec") -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
+        argv, json_format = take_json_format(argv)
         args = _parser(prog).parse_args(argv)
+        args.json_format = json_format
         if args.detach and args.output_last_message:
             raise _usage("--output-last-message needs the task's end; it does not go with --detach")
         prompt = _read_prompt(args.prompt)
@@ -253,8 +274,10 @@ class _Exec:
         self.op = op
         self.cwd = header.get("cwd", "")
         # JSON lines carry every event; hide_agent_reasoning is about what a person reads.
-        self.render = JsonRenderer() if args.json else HumanRenderer(header, show_reasoning=show_reasoning,
-                                                                     verbose=args.verbose)
+        if args.json:
+            self.render = CodexJsonRenderer() if args.json_format == "codex" else JsonRenderer()
+        else:
+            self.render = HumanRenderer(header, show_reasoning=show_reasoning, verbose=args.verbose)
         self.interrupted = False
         self.session = None
         self.task_id = ""
@@ -294,6 +317,8 @@ class _Exec:
             except NoSuchSession as e:
                 return no_session(e, self.render)
             self.session = client.session(session_id)
+            if isinstance(self.render, CodexJsonRenderer):
+                self.render.thread(session_id)  # followed from here: no session_configured comes
         else:
             self.session = client.open_session(self.op, sub_id="0")
             code = self._wait_configured()

@@ -23,6 +23,7 @@ import signal
 import sys
 
 from broker.cli.base import (
+    JSON_HELP,
     USAGE_RUN,
     USAGE_SANDBOX,
     CliExit,
@@ -31,6 +32,7 @@ from broker.cli.base import (
     hold_closed_stdio,
     leave,
     print_error,
+    take_json_format,
 )
 from broker.wire.results import EXIT_INTERRUPTED, EXIT_SIGNAL_BASE, EXIT_SLUICE, EXIT_USAGE
 
@@ -131,8 +133,8 @@ def _parser(argv: list[str] = ()):
     def attach_args(attach) -> None:
         attach.add_argument("id", metavar="ID", help="the session's id, or any unique prefix of it")
         attach.add_argument("--json", action="store_true",
-                            help="print Codex-shaped events, one JSON object per line (with seq); "
-                                 "Submissions are read as JSON lines from stdin when it is not a terminal")
+                            help=JSON_HELP + "; Submissions are read as JSON lines from stdin "
+                                             "when it is not a terminal")
         attach.add_argument("--since", metavar="N", type=event_seq, default=None,
                             help="replay from event N (0: all) instead of the start of the current turn")
         attach.add_argument("--until-idle", action="store_true",
@@ -287,8 +289,12 @@ def main(argv: list[str] | None = None) -> int:
             if program:
                 leave(code)
             return code
+        json_format = "seed"
+        if argv and argv[0] == "attach":
+            argv, json_format = take_json_format(argv)
         parser = _parser(argv)
         args = parser.parse_args(argv)
+        args.json_format = json_format
         if args.subcommand == "run":
             from broker.cli.run import run_main
 

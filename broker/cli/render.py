@@ -10,7 +10,11 @@ the plan, reasoning, retries and token usage. Plain ASCII, no colours when not a
 ``{"id":...,"msg":{...},"seq":N}``, exactly as :func:`broker.wire.protocol.encode_json` writes
 it (output chunks base64).
 
-Both write straight to the file descriptors (no buffering between an event and the
+:class:`CodexJsonRenderer` (``--json=codex``): the same events as Codex 0.169's ``codex exec
+--json`` prints them (``thread.started``, ``item.completed``...), made by
+:class:`broker.cli.codex_json.CodexJsonl`.
+
+All of them write straight to the file descriptors (no buffering between an event and the
 screen) and note a closed stdout instead of failing.
 
 Approval requests are not rendered by :meth:`HumanRenderer.event`: the frontend decides
@@ -47,7 +51,10 @@ import shlex
 import time
 import unicodedata
 
+import msgspec
+
 from broker.cli.base import write_all
+from broker.cli.codex_json import CodexJsonl
 from broker.wire.protocol import (
     RETRY_WITHOUT_SANDBOX_REASON,
     TURN_INTERRUPTED,
@@ -948,3 +955,25 @@ class JsonRenderer(_Output):
 
     def finish(self) -> None:
         pass
+
+
+class CodexJsonRenderer(JsonRenderer):
+    """``--json=codex``: Codex 0.169's ``codex exec --json`` lines on stdout, as
+    :class:`~broker.cli.codex_json.CodexJsonl` makes them from the events; notes on stderr."""
+
+    def __init__(self, out_fd: int = 1, err_fd: int = 2) -> None:
+        super().__init__(out_fd, err_fd)
+        self.codex = CodexJsonl()
+
+    def event(self, event: Event) -> None:
+        self._lines(self.codex.event(event))
+
+    def thread(self, session_id: str) -> None:
+        """Open with ``thread.started`` for a session joined after its start."""
+        self._lines(self.codex.thread(session_id))
+
+    def finish(self) -> None:
+        self._lines(self.codex.finish())
+
+    def _lines(self, lines: list[dict]) -> None:
+        self.out(b"".join(msgspec.json.encode(line) + b"\n" for line in lines))

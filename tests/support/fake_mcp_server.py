@@ -1,7 +1,9 @@
 """A small MCP server over stdio for tests: tools ``echo``, ``add``, ``sleep`` (answers
 after ``seconds`` unless cancelled), ``crash`` (exits at once), ``write`` (writes ``text``
 to ``path``), ``fail`` (an isError result), ``junk`` (prints lines that are not JSON until
-it is stopped), ``picture`` (text and a PNG image); tools/list in pages of two. Calls and
+it is stopped), ``picture`` (text and a PNG image); tools/list in pages of two
+(``FAKE_MCP_TOOLS=echo,add`` lists only those: Codex refuses a whole server for the
+boolean schema of ``fail``). Calls and
 cancellations are written to stderr as ``call <id>`` and ``cancelled <id>``."""
 
 from __future__ import annotations
@@ -90,9 +92,10 @@ def main() -> None:
                 "protocolVersion": os.environ.get("FAKE_MCP_VERSION", params["protocolVersion"]),
                 "capabilities": {"tools": {}}, "serverInfo": {"name": "fake", "version": "1"}}})
         elif method == "tools/list":
+            listed = [t for t in TOOLS if t["name"] in os.environ.get("FAKE_MCP_TOOLS", t["name"]).split(",")]
             start = int(params.get("cursor") or 0)
-            page = {"tools": TOOLS[start:start + 2]}
-            if start + 2 < len(TOOLS):
+            page = {"tools": listed[start:start + 2]}
+            if start + 2 < len(listed):
                 page["nextCursor"] = str(start + 2)
             send({"jsonrpc": "2.0", "id": request_id, "result": page})
         elif method == "tools/call":
