@@ -545,8 +545,10 @@ def test_sandbox_denial_goes_to_the_model_under_on_request_and_never(server, tmp
         assert not h.of("exec_approval_request") and len(runner.runs) == 1
 
     run(main)
-    output = json.loads(outputs_of(server.requests[1]["json"])["c1"])
-    assert output["metadata"]["exit_code"] == 1 and "Permission denied" in output["output"]
+    # The seed's words, which tell the model the sandbox (not the command) said no.
+    assert outputs_of(server.requests[1]["json"])["c1"] == (
+        "failed in sandbox LinuxSeccomp with execution error: sandbox denied exec error, exit code: 1, "
+        "stdout: , stderr: touch: cannot touch '/etc/x': Permission denied\n")
 
 
 def test_timeout_and_plain_failure_are_not_escalated(server, tmp_path) -> None:
