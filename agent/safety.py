@@ -148,6 +148,8 @@ def assess_command_safety(
     """What to do with a command the model asked to run (the table in the module doc).
 
     ``approved`` holds the argvs the user approved for the session (as tuples).
+    ``with_escalated_permissions``: the model asked to run it outside the sandbox, in
+    either spelling (:func:`agent.tools.escalation_requested`).
     ``sandbox_available`` is False where no sandbox can be applied (always True on Linux
     with a new enough kernel; the executor refuses to run sandboxed commands otherwise).
     """
