@@ -14,7 +14,7 @@ Commands (:func:`assess_command_safety`), first matching row wins; "sandboxed" m
 the sandbox of the session's policy::
 
                               untrusted    on-failure   on-request   never
-    approved for the session  run          run          run          run
+    approved before           run          run          run          run
     escalation requested      ask          reject       ask          reject
     known-safe                sandboxed    sandboxed    sandboxed    sandboxed
     anything else             ask          sandboxed    sandboxed    sandboxed
@@ -25,8 +25,11 @@ the sandbox of the session's policy::
     with no sandbox at hand:  known-safe runs unsandboxed; anything else asks, except
                               under never, which rejects it
 
-("run" = unsandboxed.) Escalation is the model's ``with_escalated_permissions``; only
-``on-request`` offers it to the model, and ``untrusted`` asks about everything else
+("run" = unsandboxed.) "Approved before": the user answered "always" (approved for the
+session) when it was asked, or approved running it again without the sandbox after a
+denial (below). Escalation is the model's ``with_escalated_permissions: true`` (the
+seed's spelling) or ``sandbox_permissions: "require_escalated"`` (Codex's);
+only ``on-request`` offers it to the model, and ``untrusted`` asks about everything else
 anyway. Under ``never`` and ``on-failure`` the model is told not to ask for it.
 
 Patches (:func:`assess_patch_safety`): an empty patch is rejected; ``untrusted`` asks;
@@ -37,11 +40,14 @@ rejected. A ``.git``/``.sluice`` directory (or anything beneath one) is never pr
 as a root (the sandbox refuses one): a patch writing there asks ``unrestricted``, for
 that patch alone. Under danger-full-access every path is writable.
 
-After a sandboxed command fails (:func:`should_retry_unsandboxed`): if the failure looks
-like the sandbox's doing (:func:`is_likely_sandbox_denied`), ``untrusted`` and
-``on-failure`` ask :data:`RETRY_WITHOUT_SANDBOX_REASON` and rerun unsandboxed if
-approved; ``on-request`` and ``never`` return the failure to the model, which under
-``on-request`` may ask for escalation itself. A timeout is never escalated.
+After a sandboxed command fails in a way that looks like the sandbox's doing
+(:func:`is_likely_sandbox_denied`): ``untrusted`` and ``on-failure`` ask
+:data:`RETRY_WITHOUT_SANDBOX_REASON` (:func:`should_retry_unsandboxed`) and, approved
+(once or for the session), rerun it unsandboxed and add it to the approved set, as the
+seed does; ``on-request`` and ``never`` tell the model, in the seed's words
+(:func:`should_report_denial`: ``failed in sandbox LinuxSeccomp with execution error:
+sandbox denied exec error, exit code: N, stdout: ..., stderr: ...``), on which under
+``on-request`` it may ask for escalation itself. A timeout is never escalated.
 
 Where this departs from Codex:
 
@@ -83,6 +89,7 @@ __all__ = [
     "is_known_safe_command",
     "is_likely_sandbox_denied",
     "is_path_writable",
+    "should_report_denial",
     "should_retry_unsandboxed",
     "writable_roots_for",
 ]
@@ -141,6 +148,8 @@ def assess_command_safety(
     """What to do with a command the model asked to run (the table in the module doc).
 
     ``approved`` holds the argvs the user approved for the session (as tuples).
+    ``with_escalated_permissions``: the model asked to run it outside the sandbox, in
+    either spelling (:func:`agent.tools.escalation_requested`).
     ``sandbox_available`` is False where no sandbox can be applied (always True on Linux
     with a new enough kernel; the executor refuses to run sandboxed commands otherwise).
     """
@@ -381,25 +390,10 @@ def is_likely_sandbox_denied(
     return not network and _NET_DENIAL.search(text) is not None
 
 
-def should_retry_unsandboxed(
-    result: ExitStatus,
-    approval_policy: AskForApproval,
-    sandbox_policy: SandboxPolicy | None = None,
-    *,
-    ran_sandboxed: bool = True,
-) -> bool:
-    """Whether to ask the user :data:`RETRY_WITHOUT_SANDBOX_REASON` after ``result``.
-
-    Only under ``untrusted`` and ``on-failure``, only for a sandboxed run, never for a
-    timeout, an interrupt or a command that never started (``result.error``), and only
-    when :func:`is_likely_sandbox_denied` says so. If the user approves, Codex also
-    adds the command to the session's approved set, so it skips the sandbox from then
-    on.
-    """
-    if not ran_sandboxed:
-        return False
-    if AskForApproval(approval_policy) not in (_UNTRUSTED, _ON_FAILURE):
-        return False
+def _denied_by_sandbox(result: ExitStatus, sandbox_policy: SandboxPolicy | None) -> bool:
+    """Whether a sandboxed run's ``result`` is a sandbox denial: never a timeout, an
+    interrupt or a command that never started (``result.error``), else as
+    :func:`is_likely_sandbox_denied` judges it."""
     if getattr(result, "timed_out", False) or getattr(result, "aborted", False):
         return False
     if getattr(result, "error", None):
@@ -411,3 +405,39 @@ def should_retry_unsandboxed(
         sandbox_policy,
         signal=getattr(result, "signal", None),
     )
+
+
+def should_retry_unsandboxed(
+    result: ExitStatus,
+    approval_policy: AskForApproval,
+    sandbox_policy: SandboxPolicy | None = None,
+    *,
+    ran_sandboxed: bool = True,
+) -> bool:
+    """Whether to ask the user :data:`RETRY_WITHOUT_SANDBOX_REASON` after ``result``.
+
+    Only under ``untrusted`` and ``on-failure``, only for a sandboxed run the sandbox
+    denied (:func:`_denied_by_sandbox`). If the user approves (once or for the session),
+    the command joins the session's approved set, as in Codex, so it skips the sandbox
+    from then on.
+    """
+    if not ran_sandboxed or AskForApproval(approval_policy) not in (_UNTRUSTED, _ON_FAILURE):
+        return False
+    return _denied_by_sandbox(result, sandbox_policy)
+
+
+def should_report_denial(
+    result: ExitStatus,
+    approval_policy: AskForApproval,
+    sandbox_policy: SandboxPolicy | None = None,
+    *,
+    ran_sandboxed: bool = True,
+) -> bool:
+    """Whether the model is told that the sandbox denied the command (the seed's
+    ``failed in sandbox ...``) instead of getting its output as usual: under
+    ``on-request`` and ``never``, where nobody is asked to retry it, for a sandboxed run
+    the sandbox denied. Under ``on-request`` that is the model's cue to ask for
+    escalation."""
+    if not ran_sandboxed or AskForApproval(approval_policy) not in (_ON_REQUEST, _NEVER):
+        return False
+    return _denied_by_sandbox(result, sandbox_policy)

@@ -17,13 +17,19 @@ A command (``shell``, ``container.exec``, a ``local_shell_call`` item):
 2. :func:`agent.safety.assess_command_safety` decides: run it in the sandbox, ask
    (``exec_approval_request``; approved commands run unsandboxed, ``approved_for_session``
    ones from then on without asking), or refuse (``exec command rejected: <why>``; a
-   denial: ``exec command rejected by user``).
+   denial: ``exec command rejected by user``). An escalation request is either spelling
+   (:func:`agent.tools.escalation_requested`).
 3. ``exec_command_begin``, an ``exec_command_output_delta`` per chunk, ``exec_command_end``.
 4. A sandboxed run that failed the way sandbox denials fail, under ``untrusted`` or
    ``on-failure``: a ``background_event``, then ``exec_approval_request`` with the reason
    "command failed; retry without sandbox?"; approved, it runs again unsandboxed (a new
-   begin / deltas / end with the same call id); denied, the model gets the failure.
-5. The model gets :func:`agent.tools.format_exec_output` of the output.
+   begin / deltas / end with the same call id) and, as in the seed, joins the commands
+   that run unsandboxed without asking; denied, the model gets the failure.
+5. The model gets :func:`agent.tools.format_exec_output` of the output; but for a
+   sandboxed run that failed the way sandbox denials fail, under ``on-request`` or
+   ``never``, the seed's :func:`agent.tools.format_sandbox_denial` (``failed in sandbox
+   LinuxSeccomp with execution error: sandbox denied exec error, exit code: N, stdout:
+   ..., stderr: ...``), the hint to ask for escalation.
 
 A patch: :func:`agent.safety.assess_patch_safety` over every path it writes; a request
 (``apply_patch_approval_request``, with ``grant_root`` when the patch leaves the
@@ -39,9 +45,9 @@ the write restrictions.
 
 Long-lived commands (:mod:`agent.unified_exec`; the seed's ``unified_exec``, Codex's
 ``exec_command`` / ``write_stdin``, answered only when the session's ``unified_exec``
-setting offers them): starting one goes through steps 1, 2 and 4 above exactly as a
-``shell`` command (:func:`approve_command`, :func:`approve_retry`: the retry when the
-command exits within its first wait looking denied), and its request says
+setting offers them): starting one goes through steps 1, 2, 4 and 5 above exactly as a
+``shell`` command (:func:`approve_command`, :func:`approve_retry`: the retry, or the
+denial text, when the command exits within its first wait looking denied), and its request says
 ``interactive`` when the session would take input. Input to a running session that runs
 without the sandbox is asked for, each write on its own (:func:`approve_input`; an
 ``exec_approval_request`` with ``stdin`` and ``process_id`` set, refused:
@@ -58,7 +64,8 @@ output it streamed before, capped as below) before the cancellation goes on.
 
 ``exec_command_end`` carries the first :data:`~agent.exec_runner.MAX_STREAM_OUTPUT`
 characters of ``stdout``, ``stderr`` and ``aggregated_output``, as the seed caps them: the
-deltas carried every byte already; ``formatted_output`` is what the model was shown.
+deltas carried every byte already; ``formatted_output`` is the output as the model was
+shown it (a denial's text wraps it, in step 5).
 """
 
 from __future__ import annotations
@@ -96,6 +103,7 @@ from agent.safety import (
     assess_command_safety,
     assess_patch_safety,
     input_needs_approval,
+    should_report_denial,
     should_retry_unsandboxed,
     writable_roots_for,
 )
@@ -112,8 +120,10 @@ from agent.tools import (
     ShellParams,
     ToolOutput,
     clamp_yield_time,
+    escalation_requested,
     format_exec_command_output,
     format_exec_output,
+    format_sandbox_denial,
     format_unified_exec_output,
     model_output_text,
     parse_apply_patch_arguments,
@@ -122,6 +132,7 @@ from agent.tools import (
     parse_shell_arguments,
     parse_unified_exec_arguments,
     parse_write_stdin_arguments,
+    sandbox_denied_error,
     shell_params_from_local_call,
 )
 from agent.unified_exec import (
@@ -313,7 +324,7 @@ async def handle_exec(sess: Session, task: AgentTask, params: ShellParams, call_
     if patch is not None:
         return await apply_patch(sess, task, call_id, patch)
 
-    decision = await approve_command(sess, task, call_id, argv, cwd, bool(params.with_escalated_permissions),
+    decision = await approve_command(sess, task, call_id, argv, cwd, escalation_requested(params),
                                      params.justification)
     if isinstance(decision, ToolOutput):
         return decision
@@ -325,6 +336,8 @@ async def handle_exec(sess: Session, task: AgentTask, params: ShellParams, call_
         if not await approve_retry(sess, task, call_id, argv, cwd, result):
             return output  # the failure, as it was
         result, output = await run_command(sess, task, call_id, argv, cwd, False, timeout_ms)
+    elif sandboxed and should_report_denial(result, config.approval_policy, sess.sandbox_policy):
+        return _denial_output(call_id, result)
     return output
 
 
@@ -375,14 +388,17 @@ async def approve_command(
 
 async def approve_retry(sess: Session, task: AgentTask, call_id: str, argv: list[str], cwd: str,
                         result: ExecResult, *, interactive: bool = False) -> bool:
-    """After a sandboxed run that looks denied: ask "retry without sandbox?"; True if approved."""
+    """After a sandboxed run that looks denied: ask "retry without sandbox?"; True if approved.
+
+    Approved once or for the session, the command joins the approved set, as in the seed:
+    the user has seen it fail in the sandbox, so asking again for the same command would
+    only repeat the failure first."""
     sess.send(task.sub_id, BackgroundEventEvent(f"Execution failed: {_denial_summary(result)}"))
     request = ExecApprovalRequestEvent(call_id, argv, cwd, RETRY_WITHOUT_SANDBOX_REASON, interactive=interactive)
     decision = await sess.request_approval(task, call_id, request)
     if decision not in _APPROVED:
         return False
-    if decision == ReviewDecision.APPROVED_FOR_SESSION:
-        sess.approved_commands.add(tuple(argv))
+    sess.approved_commands.add(tuple(argv))
     sess.send(task.sub_id, BackgroundEventEvent("retrying command without sandbox"))
     return True
 
@@ -396,7 +412,8 @@ async def _start_session(
 ) -> tuple[ExecSession, list[str], Collected] | ToolOutput:
     """Approve and start ``argv`` as a session exactly as ``shell`` runs a command, and
     gather its first output; a sandboxed start that exits looking denied is retried
-    unsandboxed if the user approves, as for ``shell``."""
+    unsandboxed if the user approves, or reported to the model as a denial, as for
+    ``shell``."""
     decision = await approve_command(sess, task, call_id, argv, cwd, escalate, justification, interactive=stdin)
     if isinstance(decision, ToolOutput):
         return decision
@@ -415,10 +432,14 @@ async def _start_session(
 
     session, collected = await start(sandboxed)
     result = collected.result
-    if sandboxed and result is not None and should_retry_unsandboxed(result, sess.config.approval_policy,
-                                                                     sess.sandbox_policy):
-        if await approve_retry(sess, task, call_id, argv, cwd, result, interactive=stdin):
-            session, collected = await start(False)
+    if sandboxed and result is not None:
+        if should_retry_unsandboxed(result, sess.config.approval_policy, sess.sandbox_policy):
+            if await approve_retry(sess, task, call_id, argv, cwd, result, interactive=stdin):
+                session, collected = await start(False)
+        elif should_report_denial(result, sess.config.approval_policy, sess.sandbox_policy):
+            denial = _denial_output(call_id, result)
+            # A session closed to make room is still news to the model.
+            return dataclasses.replace(denial, content="".join(f"{note}\n" for note in notes) + denial.content)
     return session, notes, collected
 
 
@@ -445,8 +466,9 @@ async def handle_unified_exec(sess: Session, task: AgentTask, arguments: str, ca
             return ToolOutput(call_id, f"error: {patch}")
         if patch is not None:
             return await apply_patch(sess, task, call_id, patch)
-        started = await _start_session(sess, task, call_id, argv, cwd, escalate=False, justification=None,
-                                       tty=DEFAULT_WINSIZE, stdin=True, timeout_s=timeout_ms / 1000)
+        started = await _start_session(sess, task, call_id, argv, cwd, escalate=escalation_requested(params),
+                                       justification=params.justification, tty=DEFAULT_WINSIZE, stdin=True,
+                                       timeout_s=timeout_ms / 1000)
         if isinstance(started, ToolOutput):
             return started
         session, notes, collected = started
@@ -487,7 +509,7 @@ async def handle_exec_command(sess: Session, task: AgentTask, arguments: str, ca
     if patch is not None:
         return await apply_patch(sess, task, call_id, patch)
     started = await _start_session(
-        sess, task, call_id, argv, cwd, escalate=bool(params.with_escalated_permissions),
+        sess, task, call_id, argv, cwd, escalate=escalation_requested(params),
         justification=params.justification, tty=DEFAULT_WINSIZE if params.tty else None, stdin=params.tty,
         timeout_s=clamp_yield_time(params.yield_time_ms) / 1000)
     if isinstance(started, ToolOutput):
@@ -550,11 +572,15 @@ def _clip(text: str, limit: int = 200) -> str:
 
 
 def _denial_summary(result: ExecResult) -> str:
-    # Codex's SandboxErr::Denied wording.
-    return (
-        f"sandbox denied exec error, exit code: {result.returncode}, "
-        f"stdout: {_clip(_text(result.stdout))}, stderr: {_clip(_text(result.stderr))}"
-    )
+    """The denial for a person (a background event): stdout and stderr clipped short."""
+    return sandbox_denied_error(result.returncode, _clip(_text(result.stdout)), _clip(_text(result.stderr)))
+
+
+def _denial_output(call_id: str, result: ExecResult) -> ToolOutput:
+    """The seed's answer to a call whose command the sandbox denied (under ``on-request``
+    and ``never``)."""
+    return ToolOutput(call_id, format_sandbox_denial(result.returncode, _text(result.stdout), _text(result.stderr)),
+                      success=False)
 
 
 async def run_command(

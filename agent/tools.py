@@ -26,6 +26,15 @@ says (:func:`tools_for`):
   Codex's text (:func:`format_exec_command_output`): chunk id, wall time, "Process
   exited with code N" or "Process running with session ID N", the original token count,
   then the output, cut in the middle to ``max_output_tokens`` (about 4 bytes a token).
+  Under ``on-request`` with a sandbox, ``exec_command`` offers escalation in Codex's
+  current spelling: ``sandbox_permissions`` (``use_default`` or ``require_escalated``)
+  and ``justification``.
+
+Escalation is asked for in either spelling on every tool that runs a command (``shell``,
+``container.exec``, ``unified_exec``, ``exec_command``): the seed's
+``with_escalated_permissions: true`` or Codex's ``sandbox_permissions:
+"require_escalated"`` (:func:`escalation_requested`); each tool offers the one its
+origin does. Any other ``sandbox_permissions`` value is an :class:`ArgumentError`.
 
 Arguments the model sends are JSON text; one that does not parse, or lacks what the
 tool needs, is answered ``failed to parse function arguments: <why>`` so the model can
@@ -77,6 +86,15 @@ MODEL_FORMAT_TAIL_LINES = MODEL_FORMAT_MAX_LINES - MODEL_FORMAT_HEAD_LINES
 MODEL_FORMAT_HEAD_BYTES = MODEL_FORMAT_MAX_BYTES // 2
 
 PLAN_UPDATED = "Plan updated"
+
+# Codex's values of ``sandbox_permissions``; sluice has no per-command permission grants
+# (Codex's ``with_additional_permissions``), so a model asking for one is told so.
+USE_DEFAULT = "use_default"
+REQUIRE_ESCALATED = "require_escalated"
+SANDBOX_PERMISSIONS = (USE_DEFAULT, REQUIRE_ESCALATED)
+# How Codex names its Linux sandbox in a denial (its SandboxType, as Rust debug-prints
+# it): the words a model trained on Codex's traces knows to act on.
+SANDBOX_TYPE = "LinuxSeccomp"
 # Bytes kept free for the omission marker.
 _MARKER_ROOM = 64
 
@@ -177,17 +195,18 @@ UPDATE_PLAN_TOOL: dict[str, Any] = {
 }
 
 
-def _escalation_properties() -> dict[str, Any]:
+def _sandbox_permissions_properties() -> dict[str, Any]:
+    """Codex's escalation parameters for ``exec_command``."""
     return {
-        "with_escalated_permissions": {
-            "type": "boolean",
-            "description": "Whether to request escalated permissions. Set to true if command needs "
-            "to be run without sandbox restrictions",
+        "sandbox_permissions": {
+            "type": "string",
+            "enum": list(SANDBOX_PERMISSIONS),
+            "description": "Per-command sandbox override. Defaults to `use_default`; use `require_escalated` "
+            "for unsandboxed execution.",
         },
         "justification": {
             "type": "string",
-            "description": "Only set if with_escalated_permissions is true. 1-sentence explanation "
-            "of why we want to run this command.",
+            "description": "User-facing approval question for `require_escalated`; omit otherwise.",
         },
     }
 
@@ -244,7 +263,7 @@ def exec_command_tool(*, offer_escalation: bool) -> dict[str, Any]:
                               "of longer output is left out."},
     }
     if offer_escalation:
-        properties.update(_escalation_properties())
+        properties.update(_sandbox_permissions_properties())
     return {
         "type": "function",
         "name": EXEC_COMMAND,
@@ -299,6 +318,7 @@ class ShellParams(msgspec.Struct, forbid_unknown_fields=False):
     workdir: str | None = None
     timeout_ms: int | None = None
     with_escalated_permissions: bool | None = None
+    sandbox_permissions: str | None = None
     justification: str | None = None
 
 
@@ -306,6 +326,9 @@ class UnifiedExecParams(msgspec.Struct, forbid_unknown_fields=False):
     input: list[str]
     session_id: str | int | None = None
     timeout_ms: int | None = None
+    with_escalated_permissions: bool | None = None
+    sandbox_permissions: str | None = None
+    justification: str | None = None
 
 
 class ExecCommandParams(msgspec.Struct, forbid_unknown_fields=False):
@@ -317,6 +340,7 @@ class ExecCommandParams(msgspec.Struct, forbid_unknown_fields=False):
     yield_time_ms: int = EXEC_COMMAND_DEFAULT_YIELD_MS
     max_output_tokens: int | None = None
     with_escalated_permissions: bool | None = None
+    sandbox_permissions: str | None = None
     justification: str | None = None
 
 
@@ -338,9 +362,20 @@ class _PlanParams(msgspec.Struct):
 
 def _decode(arguments: str, kind: type) -> Any:
     try:
-        return msgspec.json.decode(arguments.encode() if isinstance(arguments, str) else arguments, type=kind)
+        params = msgspec.json.decode(arguments.encode() if isinstance(arguments, str) else arguments, type=kind)
     except (msgspec.DecodeError, msgspec.ValidationError) as err:
         raise ArgumentError(str(err)) from None
+    value = getattr(params, "sandbox_permissions", None)
+    if value is not None and value not in SANDBOX_PERMISSIONS:
+        raise ArgumentError(f"`sandbox_permissions` {value!r} is not supported: use "
+                            + " or ".join(f"{v!r}" for v in SANDBOX_PERMISSIONS))
+    return params
+
+
+def escalation_requested(params: ShellParams | UnifiedExecParams | ExecCommandParams) -> bool:
+    """Whether the call asks to run outside the sandbox, in either spelling (the seed's
+    ``with_escalated_permissions`` or Codex's ``sandbox_permissions``)."""
+    return bool(params.with_escalated_permissions) or params.sandbox_permissions == REQUIRE_ESCALATED
 
 
 def parse_shell_arguments(arguments: str) -> ShellParams:
@@ -477,6 +512,19 @@ def format_exec_output(output: str, exit_code: int, duration_s: float) -> str:
         "metadata": {"exit_code": exit_code, "duration_seconds": math.floor(max(duration_s, 0.0) * 10 + 0.5) / 10},
     }
     return json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
+
+
+def sandbox_denied_error(exit_code: int, stdout: str, stderr: str) -> str:
+    """Codex's error for a command the sandbox denied (its ``SandboxErr::Denied``)."""
+    return f"sandbox denied exec error, exit code: {exit_code}, stdout: {stdout}, stderr: {stderr}"
+
+
+def format_sandbox_denial(exit_code: int, stdout: str, stderr: str) -> str:
+    """What the seed answers a call whose command the sandbox denied, when nobody is
+    asked to retry it (``on-request``, ``never``): stdout and stderr apart, each cut as
+    any output for the model is (:func:`truncate_for_model`)."""
+    error = sandbox_denied_error(exit_code, truncate_for_model(stdout), truncate_for_model(stderr))
+    return f"failed in sandbox {SANDBOX_TYPE} with execution error: {error}"
 
 
 def format_unified_exec_output(session_id: int | None, output: str) -> str:

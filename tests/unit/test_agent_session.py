@@ -543,6 +543,49 @@ def test_sandbox_denial_asks_to_retry_unsandboxed(server, tmp_path) -> None:
     assert json.loads(outputs_of(server.requests[1]["json"])["c1"])["output"] == "done\n"
 
 
+def test_an_approved_retry_is_remembered_for_the_same_command(server, tmp_path) -> None:
+    touch = {"command": ["touch", "/etc/x"]}
+    server.script(response(call("shell", touch, "c1")), response(call("shell", touch, "c2")),
+                  response(call("shell", {"command": ["touch", "/etc/y"]}, "c3")), response(assistant("ok")))
+
+    async def main():
+        runner = FakeRunner(denied_when_sandboxed)
+        h = Harness(server, runner, tmp_path)
+        await h.configure(approval_policy=AskForApproval.ON_FAILURE)
+        sub_id = await h.say("touch")
+        await h.until("exec_approval_request")
+        await h.submit(ExecApproval(sub_id, ReviewDecision.APPROVED))  # this once, as the seed counts it
+        await h.until(lambda e: tag(e) == "exec_approval_request" and e.msg.call_id == "c3")
+        await h.submit(ExecApproval(sub_id, ReviewDecision.DENIED))
+        await h.done(sub_id)
+        # c2 repeated the command approved to leave the sandbox: run outside it, unasked;
+        # c3 is another command, tried in the sandbox first.
+        assert [r.msg.call_id for r in [e for e in h.events if tag(e) == "exec_approval_request"]] == ["c1", "c3"]
+        assert [(r.argv[-1], r.sandboxed) for r in runner.runs] == [
+            ("/etc/x", True), ("/etc/x", False), ("/etc/x", False), ("/etc/y", True)]
+
+    run(main)
+    outputs = {k: v for r in server.requests[1:] for k, v in outputs_of(r["json"]).items()}
+    assert json.loads(outputs["c1"])["output"] == json.loads(outputs["c2"])["output"] == "done\n"
+
+
+def test_an_unknown_sandbox_permissions_value_is_an_error_for_the_model(server, tmp_path) -> None:
+    server.script(response(call("shell", {"command": ["touch", "x"], "sandbox_permissions": "always"}, "c1")),
+                  response(assistant("ok")))
+
+    async def main():
+        runner = FakeRunner()
+        h = Harness(server, runner, tmp_path)
+        await h.configure()
+        await h.done(await h.say("touch"))
+        assert not runner.runs and not h.of("exec_approval_request")
+
+    run(main)
+    assert outputs_of(server.requests[1]["json"])["c1"] == (
+        "failed to parse function arguments: `sandbox_permissions` 'always' is not supported: "
+        "use 'use_default' or 'require_escalated'")
+
+
 @pytest.mark.parametrize("policy", [AskForApproval.ON_REQUEST, AskForApproval.NEVER])
 def test_sandbox_denial_goes_to_the_model_under_on_request_and_never(server, tmp_path, policy) -> None:
     server.script(response(call("shell", {"command": ["touch", "/etc/x"]}, "c1")), response(assistant("ok")))
@@ -555,8 +598,10 @@ def test_sandbox_denial_goes_to_the_model_under_on_request_and_never(server, tmp
         assert not h.of("exec_approval_request") and len(runner.runs) == 1
 
     run(main)
-    output = json.loads(outputs_of(server.requests[1]["json"])["c1"])
-    assert output["metadata"]["exit_code"] == 1 and "Permission denied" in output["output"]
+    # The seed's words, which tell the model the sandbox (not the command) said no.
+    assert outputs_of(server.requests[1]["json"])["c1"] == (
+        "failed in sandbox LinuxSeccomp with execution error: sandbox denied exec error, exit code: 1, "
+        "stdout: , stderr: touch: cannot touch '/etc/x': Permission denied\n")
 
 
 def test_timeout_and_plain_failure_are_not_escalated(server, tmp_path) -> None:

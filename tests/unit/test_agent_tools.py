@@ -10,10 +10,14 @@ from agent.items import last_assistant_message, normalize, user_message, with_ab
 from agent.tools import (
     MODEL_FORMAT_MAX_BYTES,
     ArgumentError,
+    escalation_requested,
     format_exec_output,
+    format_sandbox_denial,
     model_output_text,
+    parse_exec_command_arguments,
     parse_plan_arguments,
     parse_shell_arguments,
+    parse_unified_exec_arguments,
     shell_params_from_local_call,
     tools_for,
     truncate_for_model,
@@ -49,6 +53,42 @@ def test_argument_errors_are_worded_for_the_model() -> None:
     assert parse_plan_arguments('{"plan": []}').plan == []
     params = shell_params_from_local_call({"type": "exec", "command": ["ls"], "working_directory": "d", "timeout_ms": 9})
     assert (params.command, params.workdir, params.timeout_ms) == (["ls"], "d", 9)
+
+
+@pytest.mark.parametrize("parse, base", [
+    (parse_shell_arguments, {"command": ["ls"]}),
+    (lambda text: parse_unified_exec_arguments(text)[0], {"input": ["ls"]}),
+    (parse_exec_command_arguments, {"cmd": "ls"}),
+], ids=["shell", "unified_exec", "exec_command"])
+def test_escalation_in_either_spelling(parse, base) -> None:
+    def escalated(**args) -> bool:
+        return escalation_requested(parse(json.dumps({**base, **args})))
+
+    assert escalated(with_escalated_permissions=True) and escalated(sandbox_permissions="require_escalated")
+    assert not escalated() and not escalated(with_escalated_permissions=False)
+    assert not escalated(sandbox_permissions="use_default")
+    # Either asking is a request (the user is asked, or the policy refuses it).
+    assert escalated(with_escalated_permissions=True, sandbox_permissions="use_default")
+    assert parse(json.dumps({**base, "justification": "Fetch it?"})).justification == "Fetch it?"
+    # Codex's per-command grants are not sluice's: the model is told, nothing is guessed.
+    for value, shown in (("with_additional_permissions", "'with_additional_permissions'"), ("yes", "'yes'")):
+        with pytest.raises(ArgumentError) as err:
+            parse(json.dumps({**base, "sandbox_permissions": value}))
+        assert str(err.value) == (f"failed to parse function arguments: `sandbox_permissions` {shown} is not "
+                                  "supported: use 'use_default' or 'require_escalated'")
+
+
+def test_the_sandbox_denial_is_the_seeds_text() -> None:
+    assert format_sandbox_denial(1, "", "touch: cannot touch '/etc/x': Permission denied\n") == (
+        "failed in sandbox LinuxSeccomp with execution error: sandbox denied exec error, exit code: 1, "
+        "stdout: , stderr: touch: cannot touch '/etc/x': Permission denied\n")
+    # Each stream is cut as any output for the model is.
+    long = "".join(f"line {i}\n" for i in range(2000))
+    text = format_sandbox_denial(159, long, long)
+    stdout, stderr = text.split(", stdout: ", 1)[1].split(", stderr: ")
+    assert stdout == stderr == truncate_for_model(long) != long
+    assert text.startswith("failed in sandbox LinuxSeccomp with execution error: sandbox denied exec error, "
+                           "exit code: 159, stdout: line 0\n")
 
 
 def test_format_exec_output_rounds_like_codex() -> None:

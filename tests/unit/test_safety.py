@@ -19,6 +19,7 @@ from agent.safety import (
     input_needs_approval,
     is_likely_sandbox_denied,
     is_path_writable,
+    should_report_denial,
     should_retry_unsandboxed,
     writable_roots_for,
 )
@@ -648,11 +649,13 @@ class Result:
 @pytest.mark.parametrize(
     ("policy", "retry"), [(UNTRUSTED, True), (ON_FAILURE, True), (ON_REQUEST, False), (NEVER, False)]
 )
-def test_retry_unsandboxed_by_policy(policy, retry):
+def test_retry_unsandboxed_or_report_the_denial_by_policy(policy, retry):
+    # Where nobody is asked to retry, the model is told of the denial instead; never both.
     assert should_retry_unsandboxed(Result(), policy, WORKSPACE) is retry
+    assert should_report_denial(Result(), policy, WORKSPACE) is not retry
 
 
-@pytest.mark.parametrize("policy", [UNTRUSTED, ON_FAILURE])
+@pytest.mark.parametrize("policy", [UNTRUSTED, ON_FAILURE, ON_REQUEST, NEVER])
 @pytest.mark.parametrize(
     "result",
     [
@@ -666,13 +669,16 @@ def test_retry_unsandboxed_by_policy(policy, retry):
     ],
     ids=repr,
 )
-def test_no_retry(policy, result):
+def test_no_retry_and_no_denial(policy, result):
     assert not should_retry_unsandboxed(result, policy, WORKSPACE)
+    assert not should_report_denial(result, policy, WORKSPACE)
 
 
-def test_no_retry_for_an_unsandboxed_run():
+def test_no_retry_and_no_denial_for_an_unsandboxed_run():
     assert not should_retry_unsandboxed(Result(), ON_FAILURE, WORKSPACE, ran_sandboxed=False)
     assert not should_retry_unsandboxed(Result(), ON_FAILURE, FULL)
+    assert not should_report_denial(Result(), NEVER, WORKSPACE, ran_sandboxed=False)
+    assert not should_report_denial(Result(), NEVER, FULL)
 
 
 def test_retry_reads_minimal_results():

@@ -136,10 +136,12 @@ def test_the_tool_sets() -> None:
     assert names("off") == ["shell", "apply_patch", "update_plan"]
     assert names("seed") == ["shell", "unified_exec", "apply_patch", "update_plan"]
     assert names("codex") == ["exec_command", "write_stdin", "apply_patch", "update_plan"]
+    # Each tool offers escalation in its origin's spelling: exec_command in Codex's.
     codex = tools_for(AskForApproval.ON_REQUEST, policy, "codex")[0]["parameters"]["properties"]
-    assert "with_escalated_permissions" in codex and "tty" in codex
+    assert codex["sandbox_permissions"]["enum"] == ["use_default", "require_escalated"]
+    assert "justification" in codex and "tty" in codex and "with_escalated_permissions" not in codex
     never = tools_for(AskForApproval.NEVER, policy, "codex")[0]["parameters"]["properties"]
-    assert "with_escalated_permissions" not in never
+    assert not {"sandbox_permissions", "justification", "with_escalated_permissions"} & set(never)
 
 
 # -- configuration --------------------------------------------------------------------
