@@ -8,6 +8,7 @@ supervisor is tested with a small fake executor program; the last tests use the 
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import random
@@ -653,8 +654,23 @@ def test_stalled_frontend_does_not_stall_others(daemons, peer):
     slow.send(wire.RUN, "slow", run_request("flood"))
     take_run(ex, "slow")
     chunk = b"x" * 4096
-    for seq in range(30_000):  # never read: far beyond every buffer on the way
-        ex.send_raw([wire.header(wire.OUT, "slow", stream=1, seq=seq, n=len(chunk)), chunk])
+
+    def flood(first: int, count: int) -> None:
+        for seq in range(first, first + count):
+            ex.send_raw([wire.header(wire.OUT, "slow", stream=1, seq=seq, n=len(chunk)), chunk])
+
+    # Never read: output until every buffer on the way is full and the daemon holds the
+    # command (not a fixed 120 MB: under load, the daemon would take longer to read that
+    # than it waits for the silent frontend's pongs, and cancel the command first).
+    sent = 0
+    while ("slow", 1) not in ex.holds:
+        assert sent < 30_000, "the stalled frontend's command was never held"
+        flood(sent, 100)
+        sent += 100
+        with contextlib.suppress(TimeoutError):
+            head, _ = ex.recv(0.001)  # holds are noted; nothing else is due
+            raise AssertionError(f"unexpected message {head}")
+    flood(sent, 1000)  # and more, as from an executor the hold reached late
     t0 = time.monotonic()
     fast.send(wire.RUN, "fast", run_request("echo"))
     take_run(ex, "fast", timeout=10)
@@ -663,7 +679,6 @@ def test_stalled_frontend_does_not_stall_others(daemons, peer):
     assert fast.recv(10)[1][1] == b"quick\n"
     fast.expect(wire.EXIT, "fast", timeout=5)
     assert time.monotonic() - t0 < 10
-    assert ("slow", 1) in ex.holds  # the stalled frontend's command was held, not queued for without end
 
 
 # ------------------------------------------------------- spawned executors
