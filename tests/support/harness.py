@@ -258,8 +258,8 @@ class DaemonFactory:
               nofile: int | None = None) -> DaemonHandle:
         """A daemon (``python -m broker daemon``, or ``argv``) in a runtime dir of its own, or
         in ``runtime`` (which several daemons may then share: each has its own log);
-        with ``ready``, once it answers a client. ``nofile``: its descriptor limit, soft
-        and hard (so it cannot raise it)."""
+        with ``ready``, once it answers a client and its own executors are connected.
+        ``nofile``: its descriptor limit, soft and hard (so it cannot raise it)."""
         path = short_tempdir()
         self.dirs.append(path)
         runtime = runtime or RuntimeDir(path)
@@ -327,11 +327,16 @@ def wait_ready(handle: DaemonHandle) -> None:
         if handle.proc.poll() is not None:
             raise RuntimeError(f"daemon exited at start with {handle.proc.returncode}:\n{handle.log()[-3000:]}")
         try:
-            Client.connect(handle.runtime, autostart=False, timeout=2.0).close()
-            return
+            with Client.connect(handle.runtime, autostart=False, timeout=2.0) as client:
+                # Its own executors connected too: a run sent before they are is told that
+                # none is, on stderr (at once under load, where they take seconds to start).
+                info = client.daemon_info()
+                if sum(not e.remote for e in info.executors) >= info.executors_wanted:
+                    return
+                last = f"{len(info.executors)} of {info.executors_wanted} executors connected"
         except DaemonError as e:
             last = e
-            time.sleep(0.02)
+        time.sleep(0.02)
     handle.stop()
     raise RuntimeError(f"daemon did not answer within {START_TIMEOUT_S} s ({last}):\n{handle.log()[-3000:]}")
 
