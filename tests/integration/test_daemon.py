@@ -230,13 +230,14 @@ def fake_executor(base) -> Path:
 
 @pytest.fixture
 def daemons(rt):
-    """``start(executors=0, fake=None, env=None, ready=True)``: a daemon serving ``rt``, run
+    """``start(executors=0, fake=None, env=None, ready=True, executors_ready=True)``: a daemon serving ``rt``, run
     by DAEMON_SCRIPT (so that its executors can be the fake one); stopped at the end, and
     one that left processes behind fails the test."""
     with harness_daemons() as factory:
-        def start(executors: int | str = 0, *, fake: Path | None = None, env=None, ready: bool = True):
+        def start(executors: int | str = 0, *, fake: Path | None = None, env=None, ready: bool = True,
+                  executors_ready: bool = True):
             argv = [sys.executable, "-c", DAEMON_SCRIPT, str(executors), str(fake or "")]
-            return factory.start(env=env, runtime=rt, argv=argv, ready=ready)
+            return factory.start(env=env, runtime=rt, argv=argv, ready=ready, executors_ready=executors_ready)
 
         yield start
 
@@ -737,7 +738,7 @@ def test_hung_spawned_executor_is_killed_and_replaced(daemons, peer, fake_execut
 
 @pytest.mark.timeout(60)
 def test_executor_crashing_at_start_is_restarted_with_backoff(daemons, peer, fake_executor):
-    d = daemons(1, fake=fake_executor, env={"FAKE_EXECUTOR_MODE": "crash"})
+    d = daemons(1, fake=fake_executor, env={"FAKE_EXECUTOR_MODE": "crash"}, executors_ready=False)
     time.sleep(3.0)  # the scenario: three seconds of an executor that crashes at every start
     deaths = d.log().count('"executor died"')
     # Backoff 0.1, 0.2, 0.4, 0.8, 1.6 s: about six starts in 3 s, not dozens.
