@@ -259,7 +259,8 @@ class DaemonFactory:
         """A daemon (``python -m broker daemon``, or ``argv``) in a runtime dir of its own, or
         in ``runtime`` (which several daemons may then share: each has its own log);
         with ``ready``, once it answers a client and (``executors_ready``: not for a test
-        whose executors cannot start) its own executors are connected. ``nofile``: its descriptor limit, soft and hard (so it cannot raise it)."""
+        whose executors cannot start) its own executors are connected. ``nofile``: its
+        descriptor limit, soft and hard (so it cannot raise it)."""
         path = short_tempdir()
         self.dirs.append(path)
         runtime = runtime or RuntimeDir(path)
