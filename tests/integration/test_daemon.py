@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import os
 import random
 import shutil
@@ -19,6 +20,7 @@ import sys
 import tempfile
 import textwrap
 import time
+from datetime import datetime
 from pathlib import Path
 
 import psutil
@@ -739,11 +741,17 @@ def test_hung_spawned_executor_is_killed_and_replaced(daemons, peer, fake_execut
 @pytest.mark.timeout(60)
 def test_executor_crashing_at_start_is_restarted_with_backoff(daemons, peer, fake_executor):
     d = daemons(1, fake=fake_executor, env={"FAKE_EXECUTOR_MODE": "crash"}, executors_ready=False)
-    time.sleep(3.0)  # the scenario: three seconds of an executor that crashes at every start
-    deaths = d.log().count('"executor died"')
-    # Backoff 0.1, 0.2, 0.4, 0.8, 1.6 s: about six starts in 3 s, not dozens.
-    assert 3 <= deaths <= 9, deaths
-    assert "backing off" in d.log()
+
+    def backoffs() -> list[float]:
+        return [json.loads(line)["delay_s"] for line in d.log().splitlines() if "backing off" in line]
+
+    # Six quick deaths, however long a start takes: each restart waits twice as long as
+    # the one before (0.1 s after the first), so they come a few a second, not dozens.
+    wait_for(lambda: len(backoffs()) >= 5, timeout=40, what="six executor deaths")
+    assert backoffs()[:5] == [0.2, 0.4, 0.8, 1.6, 3.2]
+    died = [datetime.fromisoformat(json.loads(line)["timestamp"]) for line in d.log().splitlines()
+            if '"executor died"' in line]
+    assert (died[5] - died[0]).total_seconds() >= 0.1 + 0.2 + 0.4 + 0.8 + 1.6  # the waits were kept
     fe = frontend(peer)
     fe.send(wire.RUN, "waits", run_request("echo"))
     fe.nothing(0.5)
