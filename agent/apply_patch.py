@@ -63,6 +63,7 @@ import difflib
 import errno
 import hashlib
 import os
+import stat
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -677,6 +678,28 @@ class _Tracked:
     current_path: str | None
 
 
+def _is_repository(dot_git: str) -> bool:
+    """Whether ``dot_git`` is a repository git would take, by git's own rules: a
+    ``gitdir:`` file, or a directory holding ``HEAD``, ``objects`` and ``refs``, owned
+    by this user (git's ``safe.directory`` check). A stray empty ``/tmp/.git`` or one
+    another user planted above the cwd is not the user's repository, and must not turn
+    every path of the diff into one relative to it."""
+    try:
+        st = os.lstat(dot_git)
+    except OSError:
+        return False
+    if st.st_uid != os.geteuid():
+        return False
+    if stat.S_ISREG(st.st_mode):
+        try:
+            with open(dot_git, "rb") as f:
+                return f.read(8) == b"gitdir: "
+        except OSError:
+            return False
+    return (stat.S_ISDIR(st.st_mode) and os.path.isfile(os.path.join(dot_git, "HEAD"))
+            and all(os.path.isdir(os.path.join(dot_git, d)) for d in ("objects", "refs")))
+
+
 @dataclass
 class TurnDiffTracker:
     """The net diff of the files a turn's patches touched.
@@ -685,8 +708,9 @@ class TurnDiffTracker:
     snapshot is what verification read of it the first time the turn touched it. A move
     carries the file's identity to its new path. :meth:`get_unified_diff` compares every
     snapshot with the files as they are now, read (in the sandbox) from the paths
-    :meth:`current_paths` names. Paths are shown relative to their git root, else to
-    ``cwd``, else absolute."""
+    :meth:`current_paths` names. Paths are shown relative to their git root (the nearest
+    directory above holding a repository git itself would use, see :func:`_is_repository`),
+    else to ``cwd``, else absolute."""
 
     cwd: str | None = None
     _by_path: dict[str, _Tracked] = field(default_factory=dict)
@@ -728,7 +752,7 @@ class TurnDiffTracker:
                 root = self._git_roots[directory]
                 break
             seen.append(directory)
-            if os.path.exists(os.path.join(directory, ".git")):
+            if _is_repository(os.path.join(directory, ".git")):
                 root = directory
                 break
             parent = os.path.dirname(directory)

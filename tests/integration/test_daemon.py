@@ -8,7 +8,9 @@ supervisor is tested with a small fake executor program; the last tests use the 
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
+import json
 import os
 import random
 import shutil
@@ -18,6 +20,7 @@ import sys
 import tempfile
 import textwrap
 import time
+from datetime import datetime
 from pathlib import Path
 
 import psutil
@@ -229,13 +232,14 @@ def fake_executor(base) -> Path:
 
 @pytest.fixture
 def daemons(rt):
-    """``start(executors=0, fake=None, env=None, ready=True)``: a daemon serving ``rt``, run
+    """``start(executors=0, fake=None, env=None, ready=True, executors_ready=True)``: a daemon serving ``rt``, run
     by DAEMON_SCRIPT (so that its executors can be the fake one); stopped at the end, and
     one that left processes behind fails the test."""
     with harness_daemons() as factory:
-        def start(executors: int | str = 0, *, fake: Path | None = None, env=None, ready: bool = True):
+        def start(executors: int | str = 0, *, fake: Path | None = None, env=None, ready: bool = True,
+                  executors_ready: bool = True):
             argv = [sys.executable, "-c", DAEMON_SCRIPT, str(executors), str(fake or "")]
-            return factory.start(env=env, runtime=rt, argv=argv, ready=ready)
+            return factory.start(env=env, runtime=rt, argv=argv, ready=ready, executors_ready=executors_ready)
 
         yield start
 
@@ -653,8 +657,23 @@ def test_stalled_frontend_does_not_stall_others(daemons, peer):
     slow.send(wire.RUN, "slow", run_request("flood"))
     take_run(ex, "slow")
     chunk = b"x" * 4096
-    for seq in range(30_000):  # never read: far beyond every buffer on the way
-        ex.send_raw([wire.header(wire.OUT, "slow", stream=1, seq=seq, n=len(chunk)), chunk])
+
+    def flood(first: int, count: int) -> None:
+        for seq in range(first, first + count):
+            ex.send_raw([wire.header(wire.OUT, "slow", stream=1, seq=seq, n=len(chunk)), chunk])
+
+    # Never read: output until every buffer on the way is full and the daemon holds the
+    # command (not a fixed 120 MB: under load, the daemon would take longer to read that
+    # than it waits for the silent frontend's pongs, and cancel the command first).
+    sent = 0
+    while ("slow", 1) not in ex.holds:
+        assert sent < 30_000, "the stalled frontend's command was never held"
+        flood(sent, 100)
+        sent += 100
+        with contextlib.suppress(TimeoutError):
+            head, _ = ex.recv(0.001)  # holds are noted; nothing else is due
+            raise AssertionError(f"unexpected message {head}")
+    flood(sent, 1000)  # and more, as from an executor the hold reached late
     t0 = time.monotonic()
     fast.send(wire.RUN, "fast", run_request("echo"))
     take_run(ex, "fast", timeout=10)
@@ -663,7 +682,6 @@ def test_stalled_frontend_does_not_stall_others(daemons, peer):
     assert fast.recv(10)[1][1] == b"quick\n"
     fast.expect(wire.EXIT, "fast", timeout=5)
     assert time.monotonic() - t0 < 10
-    assert ("slow", 1) in ex.holds  # the stalled frontend's command was held, not queued for without end
 
 
 # ------------------------------------------------------- spawned executors
@@ -722,12 +740,18 @@ def test_hung_spawned_executor_is_killed_and_replaced(daemons, peer, fake_execut
 
 @pytest.mark.timeout(60)
 def test_executor_crashing_at_start_is_restarted_with_backoff(daemons, peer, fake_executor):
-    d = daemons(1, fake=fake_executor, env={"FAKE_EXECUTOR_MODE": "crash"})
-    time.sleep(3.0)  # the scenario: three seconds of an executor that crashes at every start
-    deaths = d.log().count('"executor died"')
-    # Backoff 0.1, 0.2, 0.4, 0.8, 1.6 s: about six starts in 3 s, not dozens.
-    assert 3 <= deaths <= 9, deaths
-    assert "backing off" in d.log()
+    d = daemons(1, fake=fake_executor, env={"FAKE_EXECUTOR_MODE": "crash"}, executors_ready=False)
+
+    def backoffs() -> list[float]:
+        return [json.loads(line)["delay_s"] for line in d.log().splitlines() if "backing off" in line]
+
+    # Six quick deaths, however long a start takes: each restart waits twice as long as
+    # the one before (0.1 s after the first), so they come a few a second, not dozens.
+    wait_for(lambda: len(backoffs()) >= 5, timeout=40, what="six executor deaths")
+    assert backoffs()[:5] == [0.2, 0.4, 0.8, 1.6, 3.2]
+    died = [datetime.fromisoformat(json.loads(line)["timestamp"]) for line in d.log().splitlines()
+            if '"executor died"' in line]
+    assert (died[5] - died[0]).total_seconds() >= 0.1 + 0.2 + 0.4 + 0.8 + 1.6  # the waits were kept
     fe = frontend(peer)
     fe.send(wire.RUN, "waits", run_request("echo"))
     fe.nothing(0.5)

@@ -1,11 +1,13 @@
 """Part A against servers no one here wrote, through ``sluice exec``, the daemon and a
 scripted model: the reference ``server-everything`` (npm) and ``mcp-server-time`` (PyPI).
 Both run in the sandbox like any server. Skipped, with the reason, only when a server
-cannot be installed (no node or npm, or the registry unreachable); CI installs both."""
+cannot be installed (no node or npm, or the registry unreachable) or is installed where
+the sandbox cannot see it (a cache under a ``HOME`` in /tmp); CI installs both."""
 
 from __future__ import annotations
 
 import json
+import shutil
 import time
 
 import psutil
@@ -15,7 +17,7 @@ from tests.integration.test_exec import Frontend
 from tests.support.fake_model import assistant, call, outputs_of, response
 from tests.support.frontends import json_events
 from tests.support.harness import daemons, reap, wait_for
-from tests.support.mcp_servers import everything_entry, everything_table, time_server, time_table
+from tests.support.mcp_servers import everything_entry, everything_table, time_server, time_table, unseen_in_sandbox
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -29,7 +31,8 @@ def dmn():
 @pytest.fixture(scope="module")
 def everything():
     entry, why = everything_entry()
-    if entry is None:
+    why = why or unseen_in_sandbox([shutil.which("node"), entry])
+    if why:
         pytest.skip(why)
     return entry
 
@@ -119,7 +122,8 @@ def test_server_everything_a_timeout_a_kill_and_the_restart(dmn, server, work, t
 
 def test_mcp_server_time(dmn, server, work, tmp_path):
     found, why = time_server()
-    if found is None:
+    why = why or unseen_in_sandbox([found[0], found[2]["PYTHONPATH"]])
+    if why:
         pytest.skip(why)
     server.script(
         response(call("time__convert_time", {"source_timezone": "Europe/Paris", "time": "12:00",

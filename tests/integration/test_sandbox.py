@@ -24,7 +24,7 @@ import pytest
 
 from landlock_helper import SandboxPolicy, landlock
 from landlock_helper.spawn import SandboxError, spawn
-from tests.support.harness import live_processes
+from tests.support.harness import live_processes, wait_for
 from tests.support.sandbox_harness import INNER_PYTHON, sandbox
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux sandbox")
@@ -209,6 +209,21 @@ class _Servers:
                 except (TimeoutError, OSError):
                     pass
 
+    def sentinels(self) -> list[str]:
+        """Reach every listener from here, unsandboxed, and wait until each hit is
+        recorded: each listener's queue is read in order, so a connection or datagram
+        sent before (one a probe got out) has been recorded by then too. The hits sent."""
+        sent = ["udp:sentinel"]
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as u:
+            u.sendto(b"sentinel", ("127.0.0.1", self.udp))
+        for name, family, host, port in (("tcp4", socket.AF_INET, "127.0.0.1", self.tcp4),
+                                         ("tcp6", socket.AF_INET6, "::1", self.tcp6)):
+            if port is not None:
+                socket.create_connection((host, port), 2).close()
+                sent.append(name)
+        wait_for(lambda: all(h in self.hits for h in sent), timeout=10, what="the sentinels to reach the listeners")
+        return sent
+
     def close(self):
         self._stop = True
         self.thread.join()
@@ -256,8 +271,8 @@ def test_network_denied_without_flag(servers, workdir):
     assert res["highbits"] == "denied"
     if servers.tcp6:
         assert res["tcp6"] == "denied"
-    time.sleep(0.5)  # time for a connection that got out to arrive, if one had
-    assert servers.hits == []
+    sent = servers.sentinels()  # once they are in, a connection that got out would be too
+    assert sorted(servers.hits) == sorted(sent)
 
 
 def test_network_allowed_with_flag(servers, workdir):

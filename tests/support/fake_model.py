@@ -426,6 +426,16 @@ class Harness:
         return await self.until(
             lambda e: e.id == sub_id and tag(e) in ("task_complete", "turn_aborted", "error"), timeout)
 
+    async def settled(self, timeout: float = 10.0) -> None:
+        """Wait until every task the session started (it names them ``task-<id>``) has
+        ended, an interrupted one included, and any one started as they ended: after
+        that, nothing of theirs can still start a command or send an event."""
+        deadline = asyncio.get_running_loop().time() + timeout
+        while running := [t for t in asyncio.all_tasks() if t.get_name().startswith("task-") and not t.done()]:
+            left = deadline - asyncio.get_running_loop().time()
+            assert left > 0, f"tasks still running after {timeout:g} s: {[t.get_name() for t in running]}"
+            await asyncio.wait(running, timeout=left)
+
     def last(self, sub_id: str) -> Event:
         return [e for e in self.events if e.id == sub_id][-1]
 

@@ -255,11 +255,12 @@ class DaemonFactory:
 
     def start(self, executors: int | None = None, args=(), env: dict[str, str] | None = None, *,
               runtime: RuntimeDir | None = None, argv: list[str] | None = None, ready: bool = True,
-              nofile: int | None = None) -> DaemonHandle:
+              executors_ready: bool = True, nofile: int | None = None) -> DaemonHandle:
         """A daemon (``python -m broker daemon``, or ``argv``) in a runtime dir of its own, or
         in ``runtime`` (which several daemons may then share: each has its own log);
-        with ``ready``, once it answers a client. ``nofile``: its descriptor limit, soft
-        and hard (so it cannot raise it)."""
+        with ``ready``, once it answers a client and (``executors_ready``: not for a test
+        whose executors cannot start) its own executors are connected. ``nofile``: its
+        descriptor limit, soft and hard (so it cannot raise it)."""
         path = short_tempdir()
         self.dirs.append(path)
         runtime = runtime or RuntimeDir(path)
@@ -276,7 +277,7 @@ class DaemonFactory:
         handle = DaemonHandle(runtime, proc, child_env, log_path)
         self.handles.append(handle)
         if ready:
-            wait_ready(handle)
+            wait_ready(handle, executors=executors_ready)
         return handle
 
     def stop_all(self) -> list[str]:
@@ -318,7 +319,7 @@ def processes_using(dirs: list[str]) -> list[psutil.Process]:
     return found
 
 
-def wait_ready(handle: DaemonHandle) -> None:
+def wait_ready(handle: DaemonHandle, executors: bool = True) -> None:
     from broker.client import Client, DaemonError
 
     deadline = time.monotonic() + START_TIMEOUT_S
@@ -327,11 +328,16 @@ def wait_ready(handle: DaemonHandle) -> None:
         if handle.proc.poll() is not None:
             raise RuntimeError(f"daemon exited at start with {handle.proc.returncode}:\n{handle.log()[-3000:]}")
         try:
-            Client.connect(handle.runtime, autostart=False, timeout=2.0).close()
-            return
+            with Client.connect(handle.runtime, autostart=False, timeout=2.0) as client:
+                # Its own executors connected too: a run sent before they are is told that
+                # none is, on stderr (at once under load, where they take seconds to start).
+                info = client.daemon_info() if executors else None
+                if info is None or sum(not e.remote for e in info.executors) >= info.executors_wanted:
+                    return
+                last = f"{len(info.executors)} of {info.executors_wanted} executors connected"
         except DaemonError as e:
             last = e
-            time.sleep(0.02)
+        time.sleep(0.02)
     handle.stop()
     raise RuntimeError(f"daemon did not answer within {START_TIMEOUT_S} s ({last}):\n{handle.log()[-3000:]}")
 

@@ -14,11 +14,13 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 from agent.mcp.client import McpError
 from agent.mcp.manager import Streams
 from broker.wire.protocol import McpServerConfig
+from tests.support.harness import sluice_argv
 
 CACHE = Path(os.environ.get("SLUICE_TEST_CACHE", Path.home() / ".cache" / "sluice-tests"))
 EVERYTHING = "@modelcontextprotocol/server-everything"
@@ -41,6 +43,22 @@ def everything_entry() -> tuple[str | None, str]:
         if r.returncode != 0 or not entry.exists():
             return None, f"npm install {EVERYTHING} failed (registry unreachable?): {r.stderr.strip()[-300:]}"
     return str(entry), ""
+
+
+def unseen_in_sandbox(paths: list[str]) -> str:
+    """"" if a command in the sandbox (workspace-write, as a session runs its MCP servers)
+    can read every one of ``paths``; else why not. The host's /tmp is not there inside:
+    a cache under a ``HOME`` in /tmp is installed but out of the servers' sight."""
+    with tempfile.TemporaryDirectory(prefix="sl-probe-") as cwd:
+        r = subprocess.run([*sluice_argv(), "sandbox", "--cwd", cwd, "--", "sh", "-c",
+                            'for p; do test -r "$p" || echo "$p"; done', "sh", *paths],
+                           capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, f"sluice sandbox failed: {r.stderr.strip()[-500:]}"
+    unseen = r.stdout.split("\n")[:-1]
+    if not unseen:
+        return ""
+    return (f"the sandbox cannot see {', '.join(unseen)} (/tmp inside it is sluice's own): "
+            "set SLUICE_TEST_CACHE to a directory outside /tmp")
 
 
 def everything_table(name: str = "everything", **extra: str) -> str:

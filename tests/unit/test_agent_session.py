@@ -691,7 +691,7 @@ def test_input_while_running_joins_the_next_request(server, tmp_path) -> None:
         second = await h.say("and count them")
         gate.set()
         assert (await h.done(first)).msg.last_agent_message == "both done"
-        await asyncio.sleep(0.05)  # time for a second task to start, if one were going to
+        await h.settled()  # the first task's end, where a second would have started
         assert h.tags(second) == [] and h.tags().count("task_started") == 1
 
     run(main)
@@ -1187,7 +1187,7 @@ def test_interrupt_drops_a_pending_approval(server, tmp_path) -> None:
         assert h.tags(sub_id)[-2:] == ["error", "turn_aborted"]
         count = len(h.events)
         await h.submit(ExecApproval(sub_id, ReviewDecision.APPROVED))  # too late: nothing waits for it
-        await asyncio.sleep(0.05)  # time for a command to start, if one were going to
+        await h.settled()  # the interrupted task is gone: nothing is left to take the approval
         assert len(h.events) == count and not runner.runs
         await h.session.aclose()  # closing quietly: no events, nothing taken after
         await h.say("hello?")

@@ -4,7 +4,9 @@ it in memory, writing it to disk, the writable-root check and the turn diff."""
 from __future__ import annotations
 
 import os
+import shutil
 import stat
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -68,6 +70,12 @@ def write(path: Path, text: str | bytes) -> Path:
         path.write_bytes(text)
     else:
         path.write_bytes(text.encode())
+    return path
+
+
+def git_repo(path: Path) -> Path:
+    """A repository as ``git init`` makes one (the turn diff takes nothing less)."""
+    subprocess.run(["git", "init", "-q", str(path)], check=True, env={**os.environ, "GIT_CONFIG_GLOBAL": os.devnull})
     return path
 
 
@@ -740,8 +748,7 @@ OID = {
 
 
 def test_turn_diff_pinned(tmp_path):
-    repo = tmp_path / "repo"
-    (repo / ".git").mkdir(parents=True)
+    repo = git_repo(tmp_path / "repo")
     write(repo / "src/mod.txt", "one\ntwo\nthree\n")
     write(repo / "gone.txt", "x\n")
     write(repo / "old.txt", "keep\n")
@@ -791,7 +798,7 @@ def test_turn_diff_pinned(tmp_path):
 
 
 def test_turn_diff_rename_with_changes_and_modes(tmp_path):
-    (tmp_path / ".git").mkdir()
+    git_repo(tmp_path)
     write(tmp_path / "a.sh", "echo 1\n").chmod(0o755)
     tracker = TurnDiffTracker()
     action = verified(tmp_path, "*** Update File: a.sh\n*** Move to: b.sh\n@@\n-echo 1\n+echo 2")
@@ -814,7 +821,7 @@ def test_turn_diff_rename_with_changes_and_modes(tmp_path):
 
 
 def test_turn_diff_paths_relative_to_cwd_without_git(tmp_path):
-    if any((p / ".git").exists() for p in [tmp_path, *tmp_path.parents]):
+    if any((p / ".git" / "HEAD").exists() for p in [tmp_path, *tmp_path.parents]):
         pytest.skip("the temporary directory is inside a git checkout")
     write(tmp_path / "d/f.txt", "x\n")
     tracker = TurnDiffTracker(cwd=str(tmp_path))
@@ -832,6 +839,45 @@ def test_turn_diff_paths_relative_to_cwd_without_git(tmp_path):
     diff = diff_now(outside)
     assert diff.startswith(f"diff --git a/{rel}/g.txt b/{rel}/g.txt\n") and "a//" not in diff
     assert f"\n--- a/{rel}/g.txt\n+++ /dev/null\n" in diff
+
+
+def test_turn_diff_takes_no_stray_or_foreign_git_above_the_cwd(tmp_path):
+    # What any program may leave in a shared /tmp: an empty .git, or another user's
+    # repository. Git itself would use neither; shown relative to one, every path of the
+    # diff would name the user's project from somewhere they never opened.
+    cwd = tmp_path / "stray" / "work"
+    write(cwd / "f.txt", "x\n")
+    (tmp_path / "stray" / ".git").mkdir()
+    foreign = git_repo(tmp_path / "foreign")
+    write(foreign / "work" / "f.txt", "x\n")
+    if os.geteuid() == 0:
+        os.chown(foreign / ".git", 65534, 65534)
+    else:
+        foreign = None
+    for work in [cwd] + ([foreign / "work"] if foreign else []):
+        tracker = TurnDiffTracker(cwd=str(work))
+        action = verified(work, "*** Update File: f.txt\n@@\n-x\n+y")
+        tracker.on_patch_begin(action)
+        assert apply_action(action).success
+        assert diff_now(tracker).startswith("diff --git a/f.txt b/f.txt\n")
+    # The same directory made the user's own repository is the root (the test's control).
+    shutil.rmtree(tmp_path / "stray" / ".git")
+    git_repo(tmp_path / "stray")
+    tracker = TurnDiffTracker(cwd=str(cwd))
+    action = verified(cwd, "*** Update File: f.txt\n@@\n-y\n+z")
+    tracker.on_patch_begin(action)
+    assert apply_action(action).success
+    assert diff_now(tracker).startswith("diff --git a/work/f.txt b/work/f.txt\n")
+
+
+def test_turn_diff_takes_a_worktree_gitfile_as_a_root(tmp_path):
+    write(tmp_path / ".git", "gitdir: /elsewhere/.git/worktrees/w\n")
+    write(tmp_path / "sub" / "f.txt", "x\n")
+    tracker = TurnDiffTracker(cwd=str(tmp_path / "sub"))
+    action = verified(tmp_path / "sub", "*** Update File: f.txt\n@@\n-x\n+y")
+    tracker.on_patch_begin(action)
+    assert apply_action(action).success
+    assert diff_now(tracker).startswith("diff --git a/sub/f.txt b/sub/f.txt\n")
 
 
 def test_turn_diff_baseline_is_the_first_touch(tmp_path):
@@ -867,7 +913,7 @@ def test_turn_diff_sees_later_edits_and_missing_newline(tmp_path):
 
 
 def test_turn_diff_empty_file_oid(tmp_path):
-    (tmp_path / ".git").mkdir()
+    git_repo(tmp_path)
     tracker = TurnDiffTracker()
     action = verified(tmp_path, "*** Add File: empty.txt")
     tracker.on_patch_begin(action)

@@ -15,6 +15,7 @@ import pytest
 from landlock_helper.policy import (
     FULL_READ,
     FULL_WRITE,
+    USER_TEMP,
     WRITE_CWD,
     Permission,
     PolicyError,
@@ -313,7 +314,12 @@ def test_git_and_sluice_stay_read_only(project):
 
 
 def test_missing_git_is_not_a_parameter(tmp_path):
-    profile, args = seatbelt_profile(workspace(), str(tmp_path), {"TMPDIR": str(tmp_path)})
+    # Roots of the test's own only: the global temp folder (/tmp) may hold a .git that
+    # another program made, and would rightly be protected.
+    policy = SandboxPolicy.of([FULL_READ, USER_TEMP, WRITE_CWD])
+    profile, args = seatbelt_profile(policy, str(tmp_path), {"TMPDIR": str(tmp_path)})
+    roots = {v for k, v in params_dict(args).items() if k.startswith("WRITABLE_ROOT_")}
+    assert roots and roots <= {str(tmp_path), os.path.realpath(tmp_path)}
     assert not any(".git" in a or ".sluice" in a for a in args)
     assert "READ_ONLY" not in profile
 
