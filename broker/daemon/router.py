@@ -143,6 +143,11 @@ NO_LOCAL_EXECUTOR = "the daemon runs no executor of its own (started with --exec
 EXECUTOR_WAIT_S = 30.0
 NO_EXECUTOR = ("no executor is connected to the daemon (`sluice daemon status` shows them); "
                "this command waits for one")
+STILL_STARTING = "the daemon's executors are still starting (the machine is busy); this command waits for them"
+# Heartbeats a queued call waits in silence for executors that are on their way (started,
+# not yet joined) before it is told why it waits: a daemon just started by this very
+# command has them on their way, and on a loaded machine they take seconds.
+STARTING_GRACE = 10
 
 
 class Supervisor(Protocol):
@@ -721,13 +726,14 @@ class Router:
         waiting, self._unnoticed = self._unnoticed, []
         if self.executors:
             return
+        starting = self.supervisor.starting()
         for call in waiting:
             if self.calls.get(call.id) is not call or call.executor is not None:
                 continue
-            if self.tick - call.queued_at < 2:
+            if self.tick - call.queued_at < (STARTING_GRACE if starting else 2):
                 self._unnoticed.append(call)
             elif not call.noticed:
-                self._notice(call, NO_EXECUTOR)
+                self._notice(call, STILL_STARTING if starting else NO_EXECUTOR)
         limit = self.executor_wait_s / self.heartbeat_s
         for call in list(self.queue.values()):
             if self.tick - call.queued_at < limit:
