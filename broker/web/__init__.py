@@ -1,0 +1,5 @@
+"""``sluice web``: the daemon's sessions in a browser, one more frontend over the client library.
+
+:mod:`.serve` is the command, :mod:`.guard` who may use the page, :mod:`.app` the page's API,
+:mod:`.link` the clients that talk to the daemon; ``static/`` holds the page itself.
+"""
