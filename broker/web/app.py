@@ -269,7 +269,7 @@ class Web:
                     if item[0] == "output":
                         yield json.dumps({"stream": item[1], "text": item[2]}).encode() + b"\n"
                     elif item[0] == "exit":
-                        yield json.dumps({"exit": msgspec.to_builtins(item[1])}).encode() + b"\n"
+                        yield json.dumps({"exit": _outcome(item[1])}).encode() + b"\n"
                         return
                     else:
                         yield json.dumps({"error": item[1]}).encode() + b"\n"
@@ -278,6 +278,12 @@ class Web:
                 run.stop()
 
         return StreamingResponse(stream(), media_type="application/x-ndjson")
+
+
+def _outcome(result) -> dict:
+    """How a command of the command box ended (its output has been streamed already)."""
+    fields = ("exit_code", "signal", "timed_out", "aborted", "duration_s", "error", "limit")
+    return {"returncode": result.returncode, **{name: getattr(result, name) for name in fields}}
 
 
 def _sse(stream) -> StreamingResponse:

@@ -33,7 +33,7 @@ function age(seconds) {
 
 // -- the session list --------------------------------------------------------------
 
-const STATE_WORDS = { idle: "idle", running: "running", waiting: "waiting for approval" };
+const STATE_WORDS = { idle: "idle", running: "running", waiting_for_approval: "waiting for approval" };
 
 function watchSessions() {
   const source = new EventSource("/api/sessions/stream");

@@ -1,0 +1,333 @@
+"""``sluice web`` in a real browser: Debian's chromium driven by Playwright, against a real
+daemon, agent and executors with a scripted model (:mod:`tests.support.fake_model`).
+
+The web server runs as ``sluice web --port 0`` (a process of its own, with its own
+runtime dir's token), started per test; the daemon serves the module. Screenshots of the
+main views go to ``$SLUICE_TEST_ARTEFACTS`` (else a directory of the test's own under
+tmp_path): look at them after a change to the page.
+
+Without chromium or Playwright (``pip install '.[browser]'``) the browser tests skip with
+one line; the HTTP checks of the guard run either way.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import select
+import shutil
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.support.fake_model import assistant, call, gated, response
+from tests.support.frontends import Frontends
+from tests.support.harness import daemons, short_tempdir
+
+pytestmark = pytest.mark.timeout(90)
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+# Long enough for a loaded two-core machine; every wait ends as soon as its condition holds.
+WAIT_MS = 30_000
+
+
+@pytest.fixture(scope="module")
+def dmn():
+    with daemons() as factory:
+        yield factory.start(executors=2, env={"SLUICE_HOME": short_tempdir("sl-web-home-")})
+
+
+@pytest.fixture
+def work(tmp_path) -> Path:
+    path = tmp_path / "work"
+    path.mkdir()
+    return path
+
+
+@pytest.fixture
+def fe(dmn, server, tmp_path) -> Frontends:
+    return Frontends(dmn.runtime, server, tmp_path / "fe-home")
+
+
+class WebServer:
+    """``sluice web --port 0`` as a process: its URL (with the token) read from stdout."""
+
+    def __init__(self, fe: Frontends, *args: str) -> None:
+        self.proc = subprocess.Popen(fe.argv("web", "--port", "0", *args), env=fe.env, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE)
+        deadline = time.monotonic() + 30
+        line = b""
+        fd = self.proc.stdout.fileno()
+        while b"\n" not in line:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not select.select([fd], [], [], remaining)[0]:
+                self.close()
+                raise AssertionError("sluice web printed no URL")
+            data = os.read(fd, 4096)
+            if not data:
+                self.close()
+                raise AssertionError("sluice web exited before printing its URL")
+            line += data
+        self.url = line.decode().split("\n")[0].strip()
+        match = re.fullmatch(r"http://127\.0\.0\.1:(\d+)/\?token=([\w-]{32,})", self.url)
+        assert match, self.url
+        self.port, self.token = int(match[1]), match[2]
+        self.base = f"http://127.0.0.1:{self.port}"
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc.stdout.close()
+        self.proc.stderr.close()
+
+
+@pytest.fixture
+def web(fe):
+    server = WebServer(fe)
+    yield server
+    server.close()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    if not os.access(CHROMIUM, os.X_OK):
+        pytest.skip("no chromium (apt-get install chromium) to run the browser tests in")
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        pytest.skip("no Playwright (pip install '.[browser]') to drive chromium with")
+    with sync_playwright() as p:
+        # --no-sandbox: chromium's own sandbox refuses to run as root (CI runs as root).
+        b = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        yield b
+        b.close()
+
+
+@pytest.fixture
+def page(browser, web):
+    context = browser.new_context(viewport={"width": 1280, "height": 800})
+    page = context.new_page()
+    page.set_default_timeout(WAIT_MS)
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto(web.url)
+    page.wait_for_selector("#status:has-text('connected to the daemon')")
+    yield page
+    context.close()
+    assert not errors, errors
+
+
+@pytest.fixture(scope="module")
+def artefacts(tmp_path_factory) -> Path:
+    path = Path(os.environ.get("SLUICE_TEST_ARTEFACTS") or tmp_path_factory.mktemp("web-screenshots"))
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def detached(fe: Frontends, *args: str) -> str:
+    p = fe.run("exec", "--detach", *args)
+    assert p.returncode == 0, p.stderr
+    return p.stdout.strip()
+
+
+def open_session(page, web, session_id: str) -> None:
+    page.goto(f"{web.base}/#/s/{session_id}")
+    page.wait_for_selector("#log .ev")
+
+
+def seqs(page) -> list[int]:
+    return [int(s) for s in page.eval_on_selector_all("#log [data-seq]", "nodes => nodes.map(n => n.dataset.seq)")]
+
+
+# -- the guard, over plain HTTP -----------------------------------------------------------
+
+
+def test_the_token_host_and_origin_are_required(web) -> None:
+    with httpx.Client(base_url=web.base, follow_redirects=False) as http:
+        # Nothing without the token: not the page, not an asset, not the API.
+        for path in ("/", "/static/app.js", "/api/sessions/stream"):
+            assert http.get(path).status_code == 403, path
+        assert http.get("/?token=" + "x" * 43).status_code == 403
+        # Wrong Host (DNS rebinding): refused even with the right token.
+        assert http.get("/?token=" + web.token, headers={"host": f"attacker.example:{web.port}"}).status_code == 403
+        answer = http.get("/?token=" + web.token)
+        assert answer.status_code == 303 and answer.headers["location"] == "/"
+        cookie = answer.headers["set-cookie"]
+        assert cookie.startswith(f"sluice_web={web.token};") and "HttpOnly" in cookie and "SameSite=Strict" in cookie
+        assert "script-src 'self';" in answer.headers["content-security-policy"]
+        http.cookies.clear()
+    with httpx.Client(base_url=web.base, cookies={"sluice_web": web.token}) as authed:
+        page = authed.get("/")
+        assert page.status_code == 200 and "<script>" not in page.text
+        assert "'unsafe-inline'" not in page.headers["content-security-policy"].split("script-src")[1].split(";")[0]
+        csrf = re.search(r'name="sluice-csrf" content="([0-9a-f]{64})"', page.text)[1]
+        assert csrf not in web.token
+
+        # A state-changing request: the cookie alone is not enough.
+        good = {"origin": web.base, "x-sluice-csrf": csrf, "content-type": "application/json"}
+        path = "/api/sessions/none/input"
+        assert authed.post(path, headers=good, json={"text": ""}).status_code == 400  # let in
+        for headers, why in (({**good, "origin": "http://attacker.example"}, "cross-site origin"),
+                             ({k: v for k, v in good.items() if k != "origin"}, "no origin"),
+                             ({**good, "x-sluice-csrf": "0" * 64}, "wrong request token"),
+                             ({k: v for k, v in good.items() if k != "x-sluice-csrf"}, "no request token")):
+            assert authed.post(path, headers=headers, json={"text": ""}).status_code == 403, why
+    with httpx.Client(base_url=web.base) as anonymous:
+        assert anonymous.post(path, headers=good, json={"text": ""}).status_code == 403
+
+
+def test_listen_elsewhere_needs_tls(fe) -> None:
+    p = fe.run("web", "--listen", "0.0.0.0", "--port", "0")
+    assert p.returncode == 2 and p.stderr.count("\n") == 1 and "--certfile and --keyfile" in p.stderr, p.stderr
+
+
+# -- in the browser ---------------------------------------------------------------------
+
+
+def test_a_detached_sessions_events_appear_live_and_a_reload_replays_them(
+        fe, server, work, page, web, artefacts) -> None:
+    gate = threading.Event()
+    server.script(response(call("shell", {"command": ["bash", "-c", "printf 'plain \\033[31mred\\033[0m\\n'"]}, "c1")),
+                  gated(response(assistant("Said **hi**.\n\n- one\n- two")), gate))
+    session_id = detached(fe, "--approval-policy", "never", "--sandbox", "read-only", "-C", str(work), "say hi")
+    page.wait_for_selector(f".session[data-id='{session_id}']")
+    page.screenshot(path=str(artefacts / "sessions.png"))
+    open_session(page, web, session_id)
+    page.wait_for_selector("#log .ev.user:has-text('say hi')")
+    page.wait_for_selector("#log .ev.command .fg-red:text-is('red')")
+    assert page.locator("#log .ev.agent").count() == 0
+    gate.set()  # the model answers now: the page shows it as it comes
+    page.wait_for_selector("#log .ev.agent strong:text-is('hi')")
+    page.wait_for_selector("#log .ev.turn:has-text('turn complete')")
+    page.screenshot(path=str(artefacts / "session.png"))
+    before = seqs(page)
+    assert before == sorted(before) and before[0] == 1 and len(before) >= 6
+    texts = page.inner_text("#log")
+    page.reload()
+    page.wait_for_selector("#log .ev.turn:has-text('turn complete')")
+    assert seqs(page) == before and page.inner_text("#log") == texts
+
+
+def test_approve_in_the_browser_while_sluice_attach_asks_too(fe, server, work, page, web, artefacts) -> None:
+    server.script(response(call("shell", {"command": ["touch", "made.txt"]}, "c1")), response(assistant("Made it.")))
+    session_id = detached(fe, "--approval-policy", "untrusted", "--sandbox", "workspace-write", "-C", str(work),
+                          "make a file")
+    with fe.on_pty("attach", session_id) as person:
+        person.read_until(b"Allow? [y]es")
+        open_session(page, web, session_id)
+        card = page.locator("#log .ev.approval")
+        card.locator(".cmd:text-is('$ touch made.txt')").wait_for()
+        page.screenshot(path=str(artefacts / "approval.png"))
+        card.locator("button[data-decision='approved']").click()
+        card.locator(".answered:has-text('approved by')").wait_for()
+        assert "(sluice web)" in card.locator(".answered").inner_text()
+        person.read_until(b"(sluice web) answered: approved")
+        person.read_until(b"Made it.")
+        assert person.seen.count(b"Allow? [y]es") == 1
+        person.write(b"\x04")
+        assert person.wait() == 0
+    page.wait_for_selector("#log .ev.agent:has-text('Made it.')")
+    assert (work / "made.txt").exists()
+
+
+def test_a_patch_is_shown_as_a_diff_before_it_is_approved(fe, server, work, page, web, artefacts) -> None:
+    (work / "notes.txt").write_text("one\ntwo\n")
+    body = "*** Update File: notes.txt\n@@\n one\n-two\n+three"
+    server.script(response(call("apply_patch", {"input": f"*** Begin Patch\n{body}\n*** End Patch"}, "p1")),
+                  response(assistant("Patched.")))
+    session_id = detached(fe, "--approval-policy", "on-request", "--sandbox", "read-only", "-C", str(work),
+                          "patch it")
+    open_session(page, web, session_id)
+    card = page.locator("#log .ev.approval")
+    card.locator(".file-name:has-text('notes.txt')").wait_for()
+    assert card.locator(".diff-del").inner_text().strip() == "-two"
+    assert card.locator(".diff-add").inner_text().strip() == "+three"
+    assert (work / "notes.txt").read_text() == "one\ntwo\n"  # nothing written before the answer
+    page.screenshot(path=str(artefacts / "patch.png"))
+    card.locator("button[data-decision='approved']").click()
+    page.wait_for_selector("#log .ev.agent:has-text('Patched.')")
+    assert (work / "notes.txt").read_text() == "one\nthree\n"
+
+
+def test_a_follow_up_message_and_an_interrupt(fe, server, work, page, web) -> None:
+    server.script(response(assistant("First.")))
+    session_id = detached(fe, "--approval-policy", "never", "--sandbox", "read-only", "-C", str(work), "start")
+    open_session(page, web, session_id)
+    page.wait_for_selector("#log .ev.agent:has-text('First.')")
+
+    server.script(response(call("shell", {"command": ["sleep", "60"]}, "c2")), response(assistant("never")))
+    page.fill("#message", "now wait a minute")
+    page.click("#send button")
+    page.wait_for_selector("#log .ev.user:has-text('now wait a minute')")
+    page.wait_for_selector("#log .ev.command .cmd:text-is('$ sleep 60')")
+    assert page.input_value("#message") == ""
+    page.click("#interrupt")
+    page.wait_for_selector("#log .ev.aborted:has-text('turn aborted')")
+    assert "user_input" in str(server.requests[-1]["json"]) or server.requests
+
+
+XSS = ('<script>window.pwned=1</script><img src=x onerror="window.pwned=2">'
+       '[click](javascript:window.pwned=3) <b onmouseover="window.pwned=4">b</b>')
+
+
+def test_hostile_text_renders_as_text(fe, server, work, page, web, browser) -> None:
+    # Without the page's care the payload is live: put in as HTML on a page without a
+    # CSP, it runs.
+    bare = browser.new_page()
+    try:
+        bare.set_content("<div id=x></div>")
+        bare.evaluate("p => { document.getElementById('x').innerHTML = p; }", XSS)
+        bare.wait_for_function("window.pwned === 2")
+    finally:
+        bare.close()
+
+    name = '<img src=x onerror="window.pwned=5">.txt'
+    (work / name).write_text("old\n")
+    osc = "\x1b]0;pwned title\x07\x1b]52;c;cHduZWQ=\x07\x1b]8;;javascript:alert(1)\x1b\\link\x1b]8;;\x1b\\"
+    script = f"printf '%s\\n' '{XSS}'; printf '{osc}'"
+    server.script(
+        response(call("shell", {"command": ["bash", "-c", script]}, "c1")),
+        response(call("apply_patch", {"input": f"*** Begin Patch\n*** Update File: {name}\n@@\n-old\n+{XSS}\n"
+                                               "*** End Patch"}, "p1")),
+        response(assistant(XSS + "\n\n```diff\n+" + XSS + "\n```")))
+    session_id = detached(fe, "--approval-policy", "on-request", "--sandbox", "read-only", "-C", str(work), XSS)
+    open_session(page, web, session_id)
+    card = page.locator("#log .ev.approval")
+    card.locator(".file-name").wait_for()
+    card.locator("button[data-decision='approved']").click()
+    page.wait_for_selector("#log .ev.agent")
+    log = page.inner_text("#log")
+    assert log.count("<script>window.pwned=1</script>") >= 4  # message, output, diff, agent
+    assert name in log
+    # The command is shown with its escapes made visible; its output without them (the
+    # title, clipboard and hyperlink sequences dropped, payload and all).
+    assert "\u241b]0;pwned title\u2407" in page.inner_text("#log .ev.command .cmd")
+    output = page.inner_text("#log .ev.command .output")
+    assert "pwned title" not in output and "cHduZWQ=" not in output and "javascript" not in output.split("</b>")[-1]
+    assert output.rstrip().endswith("link")
+    assert page.evaluate("window.pwned") is None
+    assert page.locator("#log img, #log script, #log b, #log [onerror]").count() == 0
+    assert page.locator("#log a").count() == 0
+    assert page.title() == "sluice"
+
+
+def test_the_command_box_streams_one_sandboxed_command(fe, page, web, work, artefacts) -> None:
+    page.goto(f"{web.base}/#/run")
+    page.fill("#run input[name=command]", "bash -c \"echo hello; printf '\\033[32mgreen\\033[0m\\n'; touch /etc/nope\"")
+    page.fill("#run input[name=cwd]", str(work))
+    page.click("#run button[name=go]")
+    page.wait_for_selector("#run-output .exit")
+    page.screenshot(path=str(artefacts / "run.png"))
+    out = page.inner_text("#run-output")
+    assert "hello" in out and "Read-only file system" in out
+    assert page.locator("#run-output .fg-green").inner_text() == "green"
+    assert page.locator("#run-output .exit").inner_text() == "exit 1"
