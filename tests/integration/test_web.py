@@ -331,3 +331,28 @@ def test_the_command_box_streams_one_sandboxed_command(fe, page, web, work, arte
     assert "hello" in out and "Read-only file system" in out
     assert page.locator("#run-output .fg-green").inner_text() == "green"
     assert page.locator("#run-output .exit").inner_text() == "exit 1"
+
+
+def test_an_interactive_session_in_a_read_only_terminal_view(fe, server, work, page, web, artefacts) -> None:
+    # A carriage return overwrites what the line began with: a terminal shows "Xb", where
+    # the text view shows both lines' characters.
+    command = "printf 'ab\\rX\\n\\033[1mready\\033[0m\\n'; sleep 30"
+    server.script(response(call("exec_command", {"cmd": command, "tty": True, "yield_time_ms": 1500}, "c1")),
+                  response(assistant("Started.")))
+    session_id = detached(fe, "-c", 'unified_exec="codex"', "--approval-policy", "never", "--sandbox", "read-only",
+                          "-C", str(work), "start a shell")
+    open_session(page, web, session_id)
+    page.wait_for_selector("#log .ev.agent:has-text('Started.')")
+    page.locator("#log .ev.command .watch").first.click()
+    shown = "[...document.querySelectorAll('#terminal .xterm-rows > div')].map(r => r.textContent.trimEnd())"
+    page.wait_for_function(f"{shown}.includes('ready')")
+    lines = page.evaluate(shown)
+    assert "Xb" in lines and "ab" not in lines, lines
+    assert page.locator("#log .ev.command .output").inner_text().splitlines()[-3:] == ["ab", "X", "ready"]
+    page.screenshot(path=str(artefacts / "terminal.png"))
+    # Read-only: what is typed goes nowhere (xterm's input is off, and nothing is sent).
+    requests = []
+    page.on("request", lambda r: requests.append(r.url) if r.method == "POST" else None)
+    page.locator("#terminal").click()
+    page.keyboard.type("echo typed\n")
+    assert requests == [] and "typed" not in "".join(page.evaluate(shown))

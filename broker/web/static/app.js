@@ -7,6 +7,8 @@ const CSRF = document.querySelector('meta[name="sluice-csrf"]').content;
 // Events kept on the page per session view; older ones are dropped from the top as new
 // ones come (and fetched again on scrolling up).
 const PAGE_EVENTS = 4000;
+// A command's raw output kept for its terminal view, the newest bytes, at most.
+const TERMINAL_BYTES = 1 << 20;
 
 async function post(path, body) {
   const res = await fetch(path, {
@@ -69,6 +71,8 @@ class SessionView {
     this.log.replaceChildren();
     this.calls = new Map(); // call_id -> {out, ansi: {1, 2}, decoder}
     this.approvals = new Map(); // call_id -> card
+    this.raw = new Map(); // call_id -> {chunks: [Uint8Array], size, command}: for the terminal view
+    this.terminal = null; // {call_id, term} while the terminal view is open
     this.first = null; // the oldest seq on the page
     this.count = 0;
     this.loadingEarlier = false;
@@ -83,6 +87,7 @@ class SessionView {
   }
 
   close() {
+    this.closeTerminal();
     this.source.close();
     this.log.removeEventListener("scroll", this.onScroll);
   }
@@ -185,8 +190,12 @@ class SessionView {
         const box = this.block("command");
         box.append(el("div", "cmd", visible("$ " + shellJoin(m.command))), el("div", "cwd", visible(m.cwd)));
         const out = el("pre", "output");
+        const watch = el("button", "watch", "terminal view");
+        watch.addEventListener("click", () => this.openTerminal(m.call_id));
+        box.firstChild.prepend(watch);
         box.append(out);
         this.calls.set(m.call_id, { box, out, ansi: new Ansi(out), decoder: new TextDecoder("utf-8") });
+        this.raw.set(m.call_id, { chunks: [], size: 0, command: shellJoin(m.command) });
         return box;
       }
       case "exec_command_output_delta": {
@@ -198,6 +207,7 @@ class SessionView {
         }
         const bytes = Uint8Array.from(atob(m.chunk), (c) => c.charCodeAt(0));
         call.ansi.write(call.decoder.decode(bytes, { stream: true }));
+        this.keepRaw(m.call_id, bytes);
         if (call.out.childNodes.length > 2000) call.box.classList.add("long");
         if (call.orphan) { const node = call.orphan; call.orphan = null; return node; }
         return null;
@@ -271,6 +281,40 @@ class SessionView {
       default:
         return this.block("meta", visible(m.type));
     }
+  }
+
+  keepRaw(callId, bytes) {
+    const raw = this.raw.get(callId);
+    if (!raw) return;
+    raw.chunks.push(bytes);
+    raw.size += bytes.length;
+    while (raw.size > TERMINAL_BYTES && raw.chunks.length > 1) raw.size -= raw.chunks.shift().length;
+    if (this.terminal && this.terminal.callId === callId) this.terminal.term.write(bytes);
+  }
+
+  // The command's output in a real terminal (xterm.js), read-only: what an interactive
+  // session (exec_command) draws, cursor movements and all, as a terminal shows it.
+  openTerminal(callId) {
+    this.closeTerminal();
+    const raw = this.raw.get(callId);
+    if (!raw) return;
+    const panel = document.getElementById("terminal-panel");
+    document.getElementById("terminal-title").textContent = visible("$ " + raw.command + "  (read-only)");
+    const screen = document.getElementById("terminal");
+    screen.replaceChildren();
+    panel.hidden = false;
+    const term = new Terminal({ disableStdin: true, convertEol: false, scrollback: 5000, rows: 24, cols: 100,
+                                fontSize: 13, theme: { background: "#0f1419" } });
+    term.open(screen);
+    for (const chunk of raw.chunks) term.write(chunk);
+    this.terminal = { callId, term };
+  }
+
+  closeTerminal() {
+    if (!this.terminal) return;
+    this.terminal.term.dispose();
+    this.terminal = null;
+    document.getElementById("terminal-panel").hidden = true;
   }
 
   approvalCard(event) {
@@ -364,6 +408,7 @@ function wire() {
     } catch (err) { out.textContent = visible(err.message); }
   });
   document.getElementById("run").addEventListener("submit", runCommand);
+  document.getElementById("terminal-close").addEventListener("click", () => current && current.closeTerminal());
 }
 
 let running = null;
