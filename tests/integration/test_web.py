@@ -356,3 +356,45 @@ def test_an_interactive_session_in_a_read_only_terminal_view(fe, server, work, p
     page.locator("#terminal").click()
     page.keyboard.type("echo typed\n")
     assert requests == [] and "typed" not in "".join(page.evaluate(shown))
+
+
+def test_the_page_outlives_a_daemon_restart_and_a_web_server_restart(server, browser, tmp_path) -> None:
+    import socket
+
+    with daemons() as factory:
+        first = factory.start(executors=1, env={"SLUICE_HOME": short_tempdir("sl-web-home-")})
+        fe = Frontends(first.runtime, server, tmp_path / "fe-home")
+        with socket.socket() as probe:  # a port to come back on (the page's cookie is for this origin)
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        web = WebServer(fe, "--port", str(port))
+        page = browser.new_page()
+        try:
+            page.set_default_timeout(WAIT_MS)
+            page.goto(web.url)
+            page.wait_for_selector("#status:has-text('connected to the daemon')")
+            first.stop()
+            page.wait_for_selector("#status.bad:has-text('daemon unreachable')")
+            factory.start(executors=1, runtime=first.runtime, env={"SLUICE_HOME": short_tempdir("sl-web-home-")})
+            page.wait_for_selector("#status:not(.bad):has-text('connected to the daemon')")
+
+            server.script(response(assistant("Before.")))
+            session_id = detached(fe, "--approval-policy", "never", "-C", str(tmp_path), "one")
+            page.goto(f"{web.base}/#/s/{session_id}")
+            page.wait_for_selector("#log .ev.agent:has-text('Before.')")
+            before = seqs(page)
+            web.close()
+            page.wait_for_selector("#status.bad:has-text('web server is unreachable')")
+            web = WebServer(fe, "--port", str(port))  # the same token, from the runtime dir
+            page.wait_for_selector("#status:not(.bad):has-text('connected to the daemon')")
+            server.script(response(assistant("After.")))
+            assert fe.run("exec", "--session", session_id, "two").returncode == 0
+            page.wait_for_selector("#log .ev.agent:has-text('After.')")
+            after = seqs(page)
+            # The stream went on from where it stopped: no event twice, none missing.
+            assert after[:len(before)] == before and after == sorted(set(after)), after
+            assert page.get_attribute("#log", "data-gaps") == "0"
+            assert page.locator("#log .ev.user .md").all_inner_texts() == ["one", "two"]
+        finally:
+            page.close()
+            web.close()

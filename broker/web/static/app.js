@@ -74,6 +74,8 @@ class SessionView {
     this.raw = new Map(); // call_id -> {chunks: [Uint8Array], size, command}: for the terminal view
     this.terminal = null; // {call_id, term} while the terminal view is open
     this.first = null; // the oldest seq on the page
+    this.last = 0; // the newest seq received
+    this.log.dataset.gaps = 0;
     this.count = 0;
     this.loadingEarlier = false;
     this.source = new EventSource("/api/sessions/" + encodeURIComponent(id) + "/events");
@@ -105,7 +107,14 @@ class SessionView {
     const stick = this.log.scrollHeight - this.log.scrollTop - this.log.clientHeight < 60;
     const frag = document.createDocumentFragment();
     for (const event of batch) {
-      if (this.first === null || event.seq < this.first) this.first = this.first === null ? event.seq : this.first;
+      if (where !== "top" && event.seq) {
+        // The stream numbers events without gaps; after a reconnect it resumes at the next.
+        if (this.last && event.seq <= this.last) continue;
+        if (this.last && event.seq !== this.last + 1) this.log.dataset.gaps = Number(this.log.dataset.gaps || 0) + 1;
+        this.last = event.seq;
+        this.log.dataset.last = event.seq;
+      }
+      if (this.first === null) this.first = event.seq;
       const node = this.render(event);
       if (node) {
         node.dataset.seq = event.seq;
