@@ -33,6 +33,19 @@ function age(seconds) {
   return seconds + "s";
 }
 
+function fromBase64(text) {
+  const binary = atob(text);
+  const bytes = new Uint8Array(binary.length);
+  for (let i = 0; i < binary.length; i++) bytes[i] = binary.charCodeAt(i);
+  return bytes;
+}
+
+// A hidden tab gets no animation frames: it renders on a timer instead.
+function nextFrame(fn) {
+  if (document.hidden) setTimeout(fn, 250);
+  else requestAnimationFrame(fn);
+}
+
 // -- the session list --------------------------------------------------------------
 
 const STATE_WORDS = { idle: "idle", running: "running", waiting_for_approval: "waiting for approval" };
@@ -76,11 +89,17 @@ class SessionView {
     this.first = null; // the oldest seq on the page
     this.last = 0; // the newest seq received
     this.log.dataset.gaps = 0;
+    delete this.log.dataset.last;
     this.count = 0;
     this.loadingEarlier = false;
     this.source = new EventSource("/api/sessions/" + encodeURIComponent(id) + "/events");
     this.source.addEventListener("attached", (e) => this.attached(JSON.parse(e.data)));
-    this.source.addEventListener("events", (e) => this.events(JSON.parse(e.data)));
+    // Batches are rendered once a frame, together: a fast stream costs one layout a frame.
+    this.queued = [];
+    this.source.addEventListener("events", (e) => {
+      if (!this.queued.length) nextFrame(() => { const q = this.queued; this.queued = []; this.events(q.flat()); });
+      this.queued.push(JSON.parse(e.data));
+    });
     this.source.addEventListener("gone", (e) => { this.note("error", JSON.parse(e.data).message); this.source.close(); });
     this.source.addEventListener("unavailable", (e) => this.note("error", "daemon unreachable: " + JSON.parse(e.data).message + " (reconnecting)"));
     this.onScroll = () => { if (this.log.scrollTop < 40) this.earlier(); };
@@ -214,10 +233,9 @@ class SessionView {
           call = this.calls.get(m.call_id);
           call.orphan = node;
         }
-        const bytes = Uint8Array.from(atob(m.chunk), (c) => c.charCodeAt(0));
+        const bytes = fromBase64(m.chunk);
         call.ansi.write(call.decoder.decode(bytes, { stream: true }));
         this.keepRaw(m.call_id, bytes);
-        if (call.out.childNodes.length > 2000) call.box.classList.add("long");
         if (call.orphan) { const node = call.orphan; call.orphan = null; return node; }
         return null;
       }

@@ -119,8 +119,13 @@ const Render = (() => {
   // One per output stream: the style carries over from chunk to chunk, and so does an
   // escape sequence cut in two by a chunk boundary.
   class Ansi {
-    constructor(target) {
+    constructor(target, limit = 256 * 1024) {
       this.target = target;
+      this.limit = limit;
+      this.size = 0;
+      this.trimmed = false;
+      this.lastNode = null;
+      this.lastClass = null;
       this.style = { fg: null, bg: null, bold: false, dim: false, italic: false, underline: false };
       this.pending = "";
     }
@@ -157,8 +162,24 @@ const Render = (() => {
       if (s.dim) classes.push("dim");
       if (s.italic) classes.push("i");
       if (s.underline) classes.push("u");
-      if (classes.length) this.target.append(el("span", classes.join(" "), text));
-      else this.target.append(document.createTextNode(text));
+      const cls = classes.join(" ");
+      const last = this.target.lastChild;
+      // One node per run of a style, not per chunk: a long output stays a few nodes.
+      if (last && this.lastClass === cls && last === this.lastNode && last.textContent.length < 16384) {
+        if (cls) last.firstChild.appendData(text);
+        else last.appendData(text);
+      } else {
+        this.lastNode = cls ? el("span", cls, text) : document.createTextNode(text);
+        this.lastClass = cls;
+        this.target.append(this.lastNode);
+      }
+      this.size += text.length;
+      // Bounded: the oldest output goes once a command has shown more than `limit`.
+      while (this.size > this.limit && this.target.firstChild && this.target.firstChild !== this.lastNode) {
+        this.size -= this.target.firstChild.textContent.length;
+        this.target.firstChild.remove();
+        this.trimmed = true;
+      }
     }
 
     sgr(params) {
