@@ -272,7 +272,8 @@ def test_a_follow_up_message_and_an_interrupt(fe, server, work, page, web) -> No
     assert page.input_value("#message") == ""
     page.click("#interrupt")
     page.wait_for_selector("#log .ev.aborted:has-text('turn aborted')")
-    assert "user_input" in str(server.requests[-1]["json"]) or server.requests
+    # The command was killed with the turn, long before its minute was up.
+    page.wait_for_selector("#log .ev.command:has-text('sleep 60') .exit.failed")
 
 
 XSS = ('<script>window.pwned=1</script><img src=x onerror="window.pwned=2">'
@@ -398,3 +399,39 @@ def test_the_page_outlives_a_daemon_restart_and_a_web_server_restart(server, bro
         finally:
             page.close()
             web.close()
+
+
+def test_start_a_session_from_the_page_and_shut_it_down(fe, server, work, page, web, artefacts) -> None:
+    server.script(response(assistant("Started from the page.")))
+    page.goto(f"{web.base}/#/")
+    page.fill("#new input[name=cwd]", str(work))
+    page.select_option("#new select[name=approval]", "never")
+    page.select_option("#new select[name=sandbox]", "read-only")
+    page.fill("#new textarea[name=prompt]", "hello from the browser")
+    page.screenshot(path=str(artefacts / "new-session.png"))
+    page.click("#new button")
+    page.wait_for_selector("#log .ev.agent:has-text('Started from the page.')")
+    session_id = page.evaluate("location.hash").removeprefix("#/s/")
+    assert page.locator("#log .ev.user .md").inner_text() == "hello from the browser"
+    page.once("dialog", lambda dialog: dialog.accept())
+    page.click("#shutdown")
+    page.wait_for_selector("#log .ev.turn:has-text('session shut down')")
+    listed = fe.run("sessions", "--json")
+    assert session_id not in listed.stdout
+
+
+def test_a_long_session_opens_on_its_tail_and_earlier_events_come_on_demand(fe, server, work, page, web) -> None:
+    from broker.web.app import TAIL_EVENTS
+
+    count = TAIL_EVENTS + 500
+    server.script(response(assistant("x" * count), deltas=["x"] * count))
+    session_id = detached(fe, "--approval-policy", "never", "-C", str(work), "a long one")
+    p = fe.run("attach", session_id, "--until-idle")
+    assert p.returncode == 0, p.stderr
+    open_session(page, web, session_id)
+    page.wait_for_selector("#log .ev.agent")
+    # The first events were not sent with the tail; the log, too short to scroll, asked
+    # for them (the same would happen scrolling up).
+    page.wait_for_selector("#log [data-seq='1']")
+    assert page.locator("#log .ev.user .md").inner_text() == "a long one"
+    assert page.get_attribute("#log", "data-gaps") == "0"

@@ -154,6 +154,8 @@ class SessionView {
       }
       if (stick) this.log.scrollTop = this.log.scrollHeight;
     }
+    // Earlier events fill a log too short to scroll (the tail may be mostly deltas).
+    if (this.log.scrollHeight <= this.log.clientHeight + 40) this.earlier();
   }
 
   async earlier() {
