@@ -122,18 +122,18 @@ def main(argv: list[str]) -> int:
             raise UsageError(f"--listen {args.listen} is not a loopback address: give --certfile and --keyfile "
                              "(or keep 127.0.0.1 behind a reverse proxy that terminates TLS, with --allow-host)")
     except UsageError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"sluice: error: {e}", file=sys.stderr)
         return EXIT_USAGE
     try:
         runtime = RuntimeDir.default()
         token = _token(runtime, args.new_token)
     except (RuntimeDirError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"sluice: error: {e}", file=sys.stderr)
         return EXIT_SLUICE
     try:
         sock = _bind(args.listen, args.port)
     except OSError as e:
-        print(f"error: cannot listen on {args.listen}:{args.port}: {e.strerror or e}", file=sys.stderr)
+        print(f"sluice: error: cannot listen on {args.listen}:{args.port}: {e.strerror or e}", file=sys.stderr)
         return EXIT_SLUICE
 
     import uvicorn
