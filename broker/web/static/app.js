@@ -287,8 +287,9 @@ class SessionView {
         return box;
       }
       case "mcp_tool_call_begin": {
-        const inv = m.invocation || {};
-        return this.block("mcp", visible("MCP " + (inv.server || "") + "." + (inv.tool || "") + " " + JSON.stringify(inv.arguments || {})));
+        const box = this.block("mcp", visible("MCP tool " + m.server + "." + m.tool));
+        if (m.arguments != null) box.append(el("pre", "text", visible(JSON.stringify(m.arguments, null, 2))));
+        return box;
       }
       case "mcp_tool_call_end": {
         const box = this.block("mcp", m.success ? "MCP call done" : "MCP call failed");
