@@ -42,7 +42,8 @@ from starlette.staticfiles import StaticFiles
 
 from broker.net.runtime import RuntimeDir, with_source_root
 from broker.web.guard import csrf_value
-from broker.web.link import CommandRun, Control, Follower, Refused, Unavailable, event_range
+from broker.web.hub import follow
+from broker.web.link import CommandRun, Control, Refused, Unavailable, event_range
 from broker.wire.protocol import (
     ExecApproval,
     Interrupt,
@@ -77,6 +78,8 @@ class Web:
         self.runtime = runtime
         self.csrf = csrf_value(token)
         self.control = Control(runtime)
+        # session id -> its one attachment, shared by the tabs (broker.web.hub).
+        self.hubs: dict = {}
         self._listing: tuple[float, bytes] | None = None
         self._listing_lock = asyncio.Lock()
         self.index = (STATIC / "index.html").read_text()
@@ -153,20 +156,16 @@ class Web:
     async def events(self, request: Request) -> Response:
         session_id = request.path_params["id"]
         since = await self._since(request, session_id)
-        follower = Follower(self.runtime, session_id, since)
-        follower.start()
 
         async def stream():
+            items = follow(self.runtime, self.hubs, session_id, since, KEEPALIVE_S)
             try:
-                while True:
-                    try:
-                        item = await asyncio.wait_for(follower.next(), KEEPALIVE_S)
-                    except TimeoutError:
-                        yield b": keep-alive\n\n"
-                        continue
+                async for item in items:
                     kind = item[0]
                     if kind == "events":
-                        yield b"id: %d\nevent: events\ndata: " % item[1] + item[2] + b"\n\n"
+                        yield b"id: %d\nevent: events\ndata: " % item[2] + item[3] + b"\n\n"
+                    elif kind == "idle":
+                        yield b": keep-alive\n\n"
                     elif kind == "attached":
                         info = msgspec.to_builtins(item[1])
                         yield b"event: attached\ndata: " + json.dumps({"since": since, **info}).encode() + b"\n\n"
@@ -174,7 +173,7 @@ class Web:
                         yield b"event: " + kind.encode() + b"\ndata: " + json.dumps({"message": item[1]}).encode() + b"\n\n"
                         return
             finally:
-                follower.stop()
+                await items.aclose()
 
         return _sse(stream())
 

@@ -7,11 +7,12 @@ through a bounded queue:
 - :class:`Control`, one per web process: the short requests (list the sessions, submit
   an op to a session). It reconnects after the daemon restarts; until then its requests
   fail with :class:`Unavailable`, which the page shows.
-- :class:`Follower`, one per browser stream of a session: its own client attached from
-  an event on, handing the events out in batches. When the tab stops reading, the queue
-  fills, the thread stops taking events and the daemon's lag handling applies (it stops
-  sending to this client and resumes from its journal later): a slow tab holds at most
-  :data:`QUEUE_BATCHES` batches here and never slows the session.
+- :class:`Follower`, one per session shown in any tab (:mod:`broker.web.hub` fans it out
+  to the tabs): its own client attached from an event on, handing the events out in
+  batches. When its reader stops, the queue fills, the thread stops taking events and
+  the daemon's lag handling applies (it stops sending to this client and resumes from
+  its journal later): it holds at most :data:`QUEUE_BATCHES` batches here and never
+  slows the session.
 - :class:`CommandRun`, one per command of the page's command box, as ``sluice run``.
 
 Nothing is kept here that the daemon does not have: a reload attaches again and replays.
@@ -217,7 +218,7 @@ class Follower:
     """One browser stream of one session, from event ``since`` on; see the module.
 
     :meth:`next` returns the next item: ``("attached", SessionInfo)`` first, then
-    ``("events", seq of the last, JSON array bytes)``, and at the end ``("gone", reason)``
+    ``("events", seq of the first, seq of the last, JSON array bytes)``, and at the end ``("gone", reason)``
     (the session is unknown or ended) or ``("unavailable", reason)`` (the daemon went away).
     """
 
@@ -256,7 +257,7 @@ class Follower:
                 batch = [event]
                 while len(batch) < BATCH_EVENTS and (event := session.next_event(0, interruptible=False)) is not None:
                     batch.append(event)
-                if not handoff.put(("events", _last_seq(batch), encode_events(batch))):
+                if not handoff.put(("events", batch[0].seq or 0, _last_seq(batch), encode_events(batch))):
                     return
         except SessionError as e:
             handoff.put(("gone", str(e)))
