@@ -12,6 +12,7 @@ one line; the HTTP checks of the guard run either way.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import select
@@ -194,7 +195,7 @@ def test_listen_elsewhere_needs_tls(fe) -> None:
 
 
 def test_a_detached_sessions_events_appear_live_and_a_reload_replays_them(
-        fe, server, work, page, web, artefacts) -> None:
+        fe, server, work, page, web, browser, artefacts) -> None:
     gate = threading.Event()
     server.script(response(call("shell", {"command": ["bash", "-c", "printf 'plain \\033[31mred\\033[0m\\n'"]}, "c1")),
                   gated(response(assistant("Said **hi**.\n\n- one\n- two")), gate))
@@ -215,6 +216,20 @@ def test_a_detached_sessions_events_appear_live_and_a_reload_replays_them(
     page.reload()
     page.wait_for_selector("#log .ev.turn:has-text('turn complete')")
     assert seqs(page) == before and page.inner_text("#log") == texts
+    # A second browser sees the same, and the daemon still has the web process attached
+    # once: the tabs share one attachment per session.
+    other = browser.new_context()
+    try:
+        second = other.new_page()
+        second.goto(web.url)
+        open_session(second, web, session_id)
+        second.wait_for_selector("#log .ev.turn:has-text('turn complete')")
+        assert seqs(second) == before and second.inner_text("#log") == texts
+        listed = [json.loads(line) for line in fe.run("sessions", "--json").stdout.splitlines()]
+        (info,) = [s for s in listed if s["id"] == session_id]
+        assert sum("(sluice web tab)" in f for f in info["frontends"]) == 1, info["frontends"]
+    finally:
+        other.close()
 
 
 def test_approve_in_the_browser_while_sluice_attach_asks_too(fe, server, work, page, web, artefacts) -> None:
