@@ -450,3 +450,22 @@ def test_a_long_session_opens_on_its_tail_and_earlier_events_come_on_demand(fe, 
     page.wait_for_selector("#log [data-seq='1']")
     assert page.locator("#log .ev.user .md").inner_text() == "a long one"
     assert page.get_attribute("#log", "data-gaps") == "0"
+
+
+def test_an_mcp_call_and_its_hostile_result_render_as_text(fe, server, work, page, web, tmp_path) -> None:
+    from tests.support.harness import SANDBOX_PYTHON
+
+    source = (Path(__file__).resolve().parents[1] / "support" / "fake_mcp_server.py").read_text()
+    with open(tmp_path / "fe-home" / "config.toml", "a") as config:
+        config.write(f"[mcp_servers.fake]\ncommand = \"{SANDBOX_PYTHON}\"\nargs = ['-c', '''{source}''']\n")
+    server.script(response(call("fake__echo", {"text": XSS}, "m1")), response(assistant("echoed")))
+    session_id = detached(fe, "--approval-policy", "never", "--sandbox", "read-only", "-C", str(work), "echo it")
+    open_session(page, web, session_id)
+    page.wait_for_selector("#log .ev.agent:has-text('echoed')")
+    calls = page.locator("#log .ev.mcp")
+    assert calls.first.locator(".label").inner_text().lower() == "mcp tool fake.echo"
+    shown = calls.all_inner_texts()
+    assert XSS.replace('"', '\\"') in shown[0] and "MCP CALL DONE" in shown[1].upper()
+    assert XSS.replace('"', '\\"') in shown[1]
+    assert page.evaluate("window.pwned") is None
+    assert page.locator("#log img, #log script, #log b, #log a").count() == 0
