@@ -8,7 +8,8 @@ route                                       what
 ``GET /api/sessions/stream``                server-sent events: the session list, on change
 ``POST /api/sessions``                      start a session (as ``sluice exec --detach``)
 ``GET /api/sessions/{id}/events``           server-sent events: a session's events, the tail
-                                            first (or from ``?since=N``, or ``Last-Event-ID``)
+                                            first (or from ``?since=N``, or ``Last-Event-ID``),
+                                            through the session's one hub (:mod:`.hub`)
 ``GET /api/sessions/{id}/range``            events ``?first=A&last=B`` (scrolling up)
 ``POST /api/sessions/{id}/input``           a follow-up message
 ``POST /api/sessions/{id}/interrupt``       interrupt the running turn

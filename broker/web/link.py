@@ -24,7 +24,9 @@ import asyncio
 import codecs
 import os
 import queue
+import select
 import threading
+import time
 from collections.abc import Callable
 
 from broker.client import Client, DaemonError, SessionError, SluiceError
@@ -209,8 +211,6 @@ def _settle(loop, future, result, error) -> None:
 
 
 def _wait_readable(fd: int, timeout: float) -> None:
-    import select
-
     select.select([fd], [], [], timeout)
 
 
@@ -279,8 +279,6 @@ def encode_events(events: list[Event]) -> bytes:
 def event_range(runtime: RuntimeDir, session_id: str, first: int, last: int, timeout: float = 15.0) -> bytes:
     """Events ``first`` to ``last`` of a session, as a JSON array (what the daemon still keeps
     of them): the page's earlier events, fetched as it scrolls up. Blocking: run in a thread."""
-    import time
-
     client = connect(runtime, "range")
     try:
         session = client.attach(session_id, since=first)
