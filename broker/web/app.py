@@ -125,14 +125,16 @@ class Web:
             raise BadRequest("the directory must be an absolute path to an existing directory")
         if not prompt.strip():
             raise BadRequest("the task is empty")
-        argv = [sys.executable, "-m", "broker", "exec", "--detach", "-C", cwd]
-        for key, flag, allowed in (("model", "-m", None), ("approval", "-a", APPROVAL_POLICIES),
-                                   ("sandbox", "-s", SANDBOX_MODES)):
+        # Every value joined to its option (--model=VALUE): a value starting with "-"
+        # stays a value, never an option of its own.
+        argv = [sys.executable, "-m", "broker", "exec", "--detach", f"--cd={cwd}"]
+        for key, flag, allowed in (("model", "--model", None), ("approval", "--approval-policy", APPROVAL_POLICIES),
+                                   ("sandbox", "--sandbox", SANDBOX_MODES)):
             value = _text(body, key)
             if value:
                 if allowed is not None and value not in allowed:
                     raise BadRequest(f"{key} must be one of {', '.join(allowed)}")
-                argv += [flag, value]
+                argv.append(f"{flag}={value}")
         argv.append("-")
         # `sluice exec --detach` itself: the configuration, the provider's key and the
         # commands' environment resolved exactly as on the command line, in this process's

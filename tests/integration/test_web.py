@@ -469,3 +469,13 @@ def test_an_mcp_call_and_its_hostile_result_render_as_text(fe, server, work, pag
     assert XSS.replace('"', '\\"') in shown[1]
     assert page.evaluate("window.pwned") is None
     assert page.locator("#log img, #log script, #log b, #log a").count() == 0
+
+
+def test_a_model_name_that_looks_like_an_option_stays_a_name(fe, server, work, page, web) -> None:
+    server.script(response(assistant("hi")))
+    page.goto(f"{web.base}/#/")
+    page.fill("#new input[name=cwd]", str(work))
+    page.fill("#new input[name=model]", "--help")
+    page.fill("#new textarea[name=prompt]", "hello")
+    page.click("#new button")
+    page.wait_for_selector("#log .ev.meta:has-text('model --help')")
