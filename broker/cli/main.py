@@ -246,6 +246,7 @@ def _parser(argv: list[str] = ()):
                  keys_args),
         "executor": ({"help": "run an executor here for a daemon on another host (see `sluice executor --help`)",
                       "add_help": False}, None),
+        "web": ({"help": "the daemon's sessions in a browser (see `sluice web --help`)", "add_help": False}, None),
     }
     from broker.wire.version import SLUICE_VERSION
 
@@ -281,6 +282,10 @@ def main(argv: list[str] | None = None) -> int:
             from broker.cli.keys import executor_main
 
             return executor_main(argv[1:])
+        if argv and argv[0] == "web":
+            from broker.web.serve import main as web_main
+
+            return web_main(argv[1:])
         if argv and argv[0] == "sandbox":
             # Its plain forms are read without argparse (see quick_args); the rest by the parser.
             from broker.cli.sandbox import quick_args, sandbox_main

@@ -20,7 +20,8 @@ PACKAGES = ("landlock_helper", "broker", "executor", "agent")
 
 # layer: (where, may import)
 LAYERS = {
-    "cli": ("broker.cli", {"daemon", "client", "agent", "executor", "net", "wire", "sandbox"}),
+    "cli": ("broker.cli", {"web", "daemon", "client", "agent", "executor", "net", "wire", "sandbox"}),
+    "web": ("broker.web", {"client", "net", "wire", "sandbox"}),
     "daemon": ("broker.daemon", {"net", "wire", "sandbox"}),
     "client": ("broker.client", {"net", "wire", "sandbox"}),
     "agent": ("agent", {"net", "wire", "sandbox"}),
