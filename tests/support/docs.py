@@ -16,7 +16,7 @@ and ``_``, spaces made ``-``; a repeated one gets ``-1``, ``-2``...
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -82,12 +82,12 @@ def blocks(path: Path) -> list[Block]:
             i += 1
         i += 1
         block = Block(page_name(path), start, info, "\n".join(body) + "\n")
-        previous = found[-1] if found else None
         if info == ("text", "output"):
-            between = lines[previous_end:start - 1] if previous else ["?"]
-            if previous is None or not previous.runnable or previous.output is not None or any(s.strip() for s in between):
+            previous = found[-1] if found else None
+            follows = previous is not None and previous.runnable and previous.output is None
+            if not follows or any(line.strip() for line in lines[previous_end:start - 1]):
                 raise ValueError(f"{block.id}: a text output block must follow a runnable block")
-            found[-1] = Block(previous.page, previous.line, previous.info, previous.body, block.body)
+            found[-1] = replace(previous, output=block.body)
         else:
             found.append(block)
         previous_end = i

@@ -44,3 +44,15 @@ def test_the_checker_finds_a_dangling_anchor(tmp_path) -> None:
     assert anchors(page) == {"a-title-here", "twice", "twice-1"}
     assert links(page) == ["#a-title-here"]
     assert blocks(page)[0].lang == "sh"
+
+
+def test_an_output_block_belongs_to_the_runnable_block_just_before_it(tmp_path) -> None:
+    page = tmp_path / "page.md"
+    page.write_text("```sh runnable exit=3\necho hi; exit 3\n```\n\n```text output\nhi\n```\n\n"
+                    "- indented:\n\n  ```sh synopsis\n  sluice run [--network]\n  ```\n")
+    (run, synopsis) = blocks(page)
+    assert (run.exit_status, run.body, run.output) == (3, "echo hi; exit 3\n", "hi\n")
+    assert synopsis.synopsis and synopsis.body == "sluice run [--network]\n"
+    page.write_text("```sh runnable\necho hi\n```\n\nIt prints:\n\n```text output\nhi\n```\n")
+    with pytest.raises(ValueError, match="must follow a runnable block"):
+        blocks(page)
