@@ -16,7 +16,7 @@ rules; never the daemon, the client library, the executor or the CLI.
   :mod:`agent.sse`), so sessions do not wait for each other (measured by
   tests/bench/bench_mcp_flood.py: the loop's median lag is the same under a flooding
   server as idle). A process per session would confine a crash of the agent itself, at
-  a process per session; the README's "The agent" section says why sluice has one.
+  a process per session; docs/agent.md says why sluice has one.
 - :mod:`broker.cli.exec` is a frontend, not part of the process: ``sluice exec``, which
   resolves the configuration (:mod:`agent.config`) on the caller's side and talks to the
   daemon through :mod:`broker.client` only.

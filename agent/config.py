@@ -496,7 +496,7 @@ def _build(path: Path | None, text: str, file_table: dict[str, Any], overrides: 
     roots = workspace.get("writable_roots", [])
     if not (isinstance(roots, list) and all(isinstance(r, str) for r in roots)):
         raise ConfigError(f"{where('sandbox_workspace_write', 'writable_roots')}: writable_roots must be a list of paths")
-    # ~/ is the caller's home directory (the README's ready list of tools' directories).
+    # ~/ is the caller's home directory (docs/sandbox.md's ready list of tools' directories).
     home = env.get("HOME", "")
     config.writable_roots = [home + r[1:] if home and (r == "~" or r.startswith("~/")) else r for r in roots]
     network = workspace.get("network_access", False)

@@ -198,7 +198,7 @@ def say_weak_limits() -> None:
     missing = [c for c in ("memory", "pids") if found.cgroup_for(c) is None]
     if missing:
         print_error(f"no {' or '.join(missing)} cgroup for this user here ({found.reason}): commands get no default "
-                    "memory or process limit, only rlimits when asked (--memory, --pids-limit); see the README's "
+                    "memory or process limit, only rlimits when asked (--memory, --pids-limit); see docs/faults.md, "
                     "\"Resources: limits per command\"")
 
 

@@ -27,7 +27,7 @@ from broker.wire.results import EXIT_NOT_RUNNING, EXIT_OK, EXIT_USAGE
 
 
 def bridge_main(args) -> int:
-    """JSON lines both ways; see the module docstring and the README's protocol section."""
+    """JSON lines both ways; see the module docstring and docs/protocol.md."""
     render = JsonRenderer()
     if args.since is not None and not args.session:
         print_error("error: --since goes with --session ID (a new session has nothing to replay)")

@@ -34,7 +34,7 @@ WINDOW = 8
 LINE_MAX = 4096
 # Directories under the home directory that hold one directory per tool.
 _PARENTS = (".cache", ".config", ".local/share", ".local/state")
-# The tools' own directories of the README's ready list, named even before they exist
+# The tools' own directories of docs/sandbox.md's ready list, named even before they exist
 # (anything else straight in the home directory only once it is a directory: a name like
 # nyc's ~/.node-spawn-wrap-PID-RANDOM is new each run, and no flag can allow it).
 TOOL_DIRS = (".npm", ".cargo", ".local", "go")
@@ -117,8 +117,8 @@ class HomeWrites:
         if not rel or len(parts) < depth or (depth == 1 and parts[0] not in TOOL_DIRS
                                              and not os.path.isdir(os.path.join(self.home, parts[0]))):
             return (f"the command could not write {self.path}: your home directory is read-only in the sandbox, and "
-                    "cannot be made writable; point the tool at a directory of its own there (see the README, "
-                    "'Home-writing tools') and allow that one with --writable DIR")
+                    "cannot be made writable; point the tool at a directory of its own there (see docs/sandbox.md, "
+                    "'Tools that write under your home') and allow that one with --writable DIR")
         tool_dir = os.path.join(self.home, *parts[:depth])
         short = "~/" + "/".join(parts[:depth])
         make = "" if os.path.isdir(tool_dir) else f" (make it first: mkdir -p {tool_dir})"

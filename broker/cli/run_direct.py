@@ -1,4 +1,5 @@
-"""The fast path of ``sluice run``: a direct run (:mod:`broker.wire.direct`).
+"""The fast path of ``sluice run``: a direct run (run.sock, described in docs/protocol.md,
+"Direct runs: run.sock"; its messages are :mod:`broker.wire.direct`'s).
 
 When the local daemon is running, ``sluice run`` hands it the command over run.sock, with
 pipes of its own as the command's stdout and stderr (and stdin, when the command reads

@@ -1,21 +1,14 @@
-"""run.sock: direct runs for local callers (:mod:`broker.wire.direct` has the protocol).
+"""run.sock: direct runs for local callers (docs/protocol.md, "Direct runs: run.sock",
+describes the protocol; :mod:`broker.wire.direct` has its messages).
 
 A caller on this host connects, sends one run with its own stdio as file descriptors,
-and gets its exit: the command writes to those fds itself, so a local ``sluice run``'s
-output never passes through a socket of ours (as fast as the pipe it was given), and the
-caller needs neither pyzmq nor msgspec. Everything else is the router's, as for any
-frontend: the queue, an executor's slot, timeouts, cancel, tree kill, notices, the
-daemon's shutdown.
-
-Who may connect: the runtime dir is the owner's alone (0700), each connection's peer is
-checked again (``SO_PEERCRED``: our uid, or root), and its run carries the runtime dir's
-token, as a hello on the broker socket does. Each connection is one
-frontend peer of the router (identity :data:`~broker.daemon.router.DIRECT` + a number)
-with at most one call; the connection's end is the peer's (its call is cancelled), and
-the peer's end (after the exit) closes the connection. The fds must be the ends of
-anonymous pipes, each in its direction (:func:`broker.wire.direct.refused`), or the run is
-refused with nothing kept; they belong to the call until the router hands them to an
-executor, and are closed with the connection otherwise.
+and gets its exit; everything else is the router's, as for any frontend. Each connection
+is one frontend peer of the router (identity :data:`~broker.daemon.router.DIRECT` + a
+number) with at most one call; the connection's end is the peer's (its call is
+cancelled), and the peer's end (after the exit) closes the connection. The fds must pass
+:func:`broker.wire.direct.refused`, or the run is refused with nothing kept; they belong
+to the call until the router hands them to an executor, and are closed with the
+connection otherwise.
 """
 
 from __future__ import annotations

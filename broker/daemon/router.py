@@ -89,7 +89,7 @@ SUSPEND_LIMIT_S = 3600.0
 # What the daemon keeps for one caller that does not read, at most (its unproven bytes
 # and its overflow but exit statuses, each message counted as
 # broker.daemon.receipts.MESSAGE_COST more): past it, output for that caller is counted
-# as lost, not kept. README: "under faults".
+# as lost, not kept. docs/faults.md: "under faults".
 CALLER_HOLD_BYTES = 48 * 1024 * 1024
 # Frames smaller than this are copied before they are held (see _kept).
 _COPY_BELOW = 4096

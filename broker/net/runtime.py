@@ -7,7 +7,7 @@ commands may write there (their ``/tmp``), and filling it must not fill the daem
 disk too. It holds:
 
 - ``broker.sock``: the broker's ROUTER endpoint (``ipc://``).
-- ``run.sock``: direct runs of a local ``sluice run`` (:mod:`broker.wire.direct`).
+- ``run.sock``: direct runs of a local ``sluice run`` (docs/protocol.md, :mod:`broker.wire.direct`).
 - ``token``: the auth token every peer presents in its HELLO (mode 0600).
 - ``daemon.lock``: flocked by the running daemon, so a second one refuses to start.
 - ``daemon.pid``: the running daemon's pid (for ``sluice daemon stop|status``).

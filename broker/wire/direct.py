@@ -2,37 +2,12 @@
 command writes to it with nobody in between. Stdlib only, so that the caller (a ``sluice
 run`` that must start fast) imports neither pyzmq nor msgspec.
 
-Two sockets carry it, both ``SOCK_SEQPACKET`` (one message per send, file descriptors
-with the first), both JSON:
-
-``run.sock`` in the runtime dir (:data:`SOCKET_NAME`), caller <-> daemon
-    The caller connects (the runtime dir is the owner's alone, and the daemon checks the
-    peer's uid too) and sends ``{"run": <RunRequest fields>, "call": ID, "name": NAME,
-    "token": <the runtime dir's token>}`` with its stdout and stderr, and its stdin when the command reads it, as fds
-    (:func:`stdio_names`: the run's ``stdio_null`` lists an output sent as no fd, which
-    the command gets as the sandbox's own /dev/null). ``{"cancel": true}`` cancels; closing the connection does too.
-    The daemon answers ``{"started": PID}``, ``{"notice": LINE}`` (a note that does not
-    end the call), and last ``{"exit": <ExitStatus fields, no captured output>}`` or
-    ``{"error": LINE}`` (the run was refused before it ran; with ``"fallback": true``
-    nothing ran and the broker socket may do it), and ``{"ping": true}`` every heartbeat
-    while the run is queued or running: a caller that hears nothing for
-    :data:`SILENT_LIMIT_S` gives up on the daemon. The request's ``stdio_fds`` is true:
-    the fds are the command's stdio.
-
-the executor's fd channel, daemon -> executor
-    A socketpair the daemon makes when it spawns an executor (``--fd-channel N``). Before
-    it sends a ``run`` whose ``stdio_fds`` is set, it sends ``{"call": ID}`` with the
-    fds here; a send on a unix socket is queued in the kernel before it returns, so they
-    are there when the run arrives.
-
-The fds are the ends of pipes the caller made for this run (it relays them to its own
-stdio, :mod:`landlock_helper.relay`), and the daemon and the executor each take nothing
-else (:func:`refused`): an anonymous pipe, stdout and stderr write-only ends, stdin a
-read-only end. A file, a device or a terminal would let the command change what the
-descriptor refers to (``fchmod`` on a file outside its writable roots, ioctls on a
-terminal), a named FIFO is a file on some disk, and a pipe's other end would let it
-read what it should write. The caller's own check is no boundary: any client of the
-same user may speak this protocol.
+What the two sockets of a direct run carry (``run.sock`` in the runtime dir, caller <->
+daemon, and the executor's fd channel, daemon -> executor), who may connect and why only
+the ends of anonymous pipes are taken is described once, in docs/protocol.md ("Direct
+runs: run.sock"). Here: the socket's name, a message sent and received with its fds
+(:func:`send`, :func:`receive`), which fds a run sends (:func:`stdio_names`) and the
+check the daemon and the executor each make of them (:func:`refused`).
 """
 
 from __future__ import annotations

@@ -246,7 +246,7 @@ def table(rows: Sequence[Row]) -> str:
 
 
 def markdown_table(rows: Sequence[Row]) -> str:
-    """The results as a Markdown table, the form the README shows them in."""
+    """The results as a Markdown table, the form docs/benchmarks.md shows them in."""
     lines = ["| " + " | ".join(COLUMNS) + " |", "|---|---:|---|---:|---:|---|---|---|"]
     for r in rows:
         holds = "-" if r.holds is None else ("yes" if r.holds else "**no**")
@@ -313,7 +313,7 @@ def parse_args(description: str | None, argv: list[str] | None = None) -> argpar
     p.add_argument("--quick", action="store_true",
                    help="smoke run: fewer iterations, 256 MiB instead of 1 GiB streamed")
     p.add_argument("--json", metavar="PATH", help="also write the rows as a JSON list to PATH")
-    p.add_argument("--markdown", action="store_true", help="print the table as Markdown (as in the README)")
+    p.add_argument("--markdown", action="store_true", help="print the table as Markdown (as in docs/benchmarks.md)")
     return p.parse_args(argv)
 
 

@@ -9,8 +9,8 @@ skipped with one line saying why, and the rows compared with it are left unjudge
 Each benchmark starts its own daemon (in a fresh runtime dir under /tmp) and stops it
 when done, also on error or Ctrl-C. A benchmark that fails outright gives a row that
 does not hold, and the others still run. ``--quick`` is a smoke run: fewer iterations,
-256 MiB streamed instead of 1 GiB. ``--markdown`` prints a table to paste into the
-README or docs/benchmarks.md, under a heading line with the date and ``nproc``.
+256 MiB streamed instead of 1 GiB. ``--markdown`` prints a table to paste into
+docs/benchmarks.md, under a heading line with the date and ``nproc``.
 """
 
 from __future__ import annotations

@@ -258,13 +258,13 @@ def test_ctrl_c_on_a_terminal_interrupts_the_turn_and_ctrl_d_detaches(dmn, fe, s
 # -- a script waiting for a detached task ---------------------------------------------------
 
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+SESSIONS_PAGE = Path(__file__).resolve().parents[2] / "docs" / "sessions.md"
 PATCH = "*** Begin Patch\n*** Add File: build.txt\n+passing\n*** End Patch"
 
 
-def readme_script() -> str:
-    """The README's example of a script waiting for a detached task, as written there."""
-    (line,) = [line for line in README.read_text().splitlines()
+def documented_script() -> str:
+    """docs/sessions.md's example of a script waiting for a detached task, as written there."""
+    (line,) = [line for line in SESSIONS_PAGE.read_text().splitlines()
                if line.startswith("id=$(sluice exec --detach") and "sluice attach" in line]
     return line
 
@@ -275,8 +275,8 @@ def run_script(fe: Frontends, script: str, work: Path) -> subprocess.CompletedPr
                           capture_output=True, text=True, timeout=45)
 
 
-def test_the_readmes_script_for_a_detached_task_runs_to_its_end(fe, server, work) -> None:
-    script = readme_script()
+def test_the_documented_script_for_a_detached_task_runs_to_its_end(fe, server, work) -> None:
+    script = documented_script()
     assert "--approval-policy never" in script  # a policy under which nothing waits
     server.script(response(call("apply_patch", {"input": PATCH}, "p1")), response(assistant("The build passes.")))
     p = run_script(fe, script.replace("sluice ", f"{' '.join(sluice_argv())} "), work)

@@ -466,7 +466,7 @@ def test_daemon_started_after_the_command_is_out_of_its_reach(daemon_factory, wo
 
 
 def test_danger_full_access_as_root_can_undo_the_cover(open_tmp, workdir):
-    """What the README says danger-full-access does not hide, shown: a root command in it
+    """What docs/sandbox.md says danger-full-access does not hide, shown: a root command in it
     keeps its capabilities and can unmount what covers a hidden directory."""
     if os.geteuid() != 0:
         pytest.skip("needs root")

@@ -38,7 +38,7 @@ SESSIONS = 400
 SESSIONS_NOFILE = 1_024
 # The daemon's descriptor limit, soft and hard: room for the flood below, but not for a
 # flood many times larger. (A flood that outruns the gate at a limit this low can still
-# exhaust it: libzmq accepts on its own thread; the README says so.)
+# exhaust it: libzmq accepts on its own thread; docs/faults.md says so.)
 DAEMON_NOFILE = 4_096
 
 

@@ -33,7 +33,7 @@ from tests.support.sessions import collect, configure_op
 
 pytestmark = pytest.mark.timeout(300)
 
-# What a stopped client may cost the daemon, at most (the README says so).
+# What a stopped client may cost the daemon, at most (docs/faults.md says so).
 CLIENT_BOUND = 64 * 1024 * 1024
 
 
