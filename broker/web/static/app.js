@@ -38,10 +38,12 @@ function age(seconds) {
   return seconds + "s";
 }
 
-// Typed text on one line for people: newlines and tabs as their control pictures, the
-// other control characters made visible, at most TYPED_SHOWN characters.
+// Typed text on one line for people, as sluice attach shows it: control characters as
+// escapes (\n, \x03), what visible() catches besides made visible, at most TYPED_SHOWN characters.
+const NAMED = { "\n": "\\n", "\t": "\\t", "\r": "\\r" };
 function typedText(text, omitted) {
-  const flat = visible(text.replace(/[\n\t]/g, (c) => String.fromCharCode(0x2400 + c.charCodeAt(0))));
+  const flat = visible(text.replace(/[\u0000-\u001f\u007f-\u009f]/g,
+    (c) => NAMED[c] || "\\x" + c.charCodeAt(0).toString(16).padStart(2, "0")));
   const more = Math.max(0, flat.length - TYPED_SHOWN) + (omitted || 0);
   return flat.slice(0, TYPED_SHOWN) + (more ? "\u2026 (+" + more + " characters)" : "");
 }
