@@ -38,6 +38,19 @@ def output_of(events: list, call_id: str) -> bytes:
     return b"".join(e.msg.chunk for e in events if tag(e) == "exec_command_output_delta" and e.msg.call_id == call_id)
 
 
+def until_output(session, call_id: str, needle: bytes, events: list = ()) -> list:
+    """``events`` and the session's next ones, until the output of ``call_id`` in them holds ``needle``."""
+    out = bytearray(output_of(list(events), call_id))
+    if needle in out:
+        return list(events)
+
+    def done(event) -> bool:
+        out.extend(output_of([event], call_id))
+        return needle in out
+
+    return [*events, *collect(session, done, timeout=30)]
+
+
 def test_a_frontend_types_a_line_into_a_python_repl_and_every_frontend_sees_it(
         dmn, server, tmp_path: Path, typist) -> None:
     server.script(
@@ -51,8 +64,7 @@ def test_a_frontend_types_a_line_into_a_python_repl_and_every_frontend_sees_it(
     session = owner.open_session(configure_op(server, str(tmp_path), unified_exec=CODEX))
     collect(session, "session_configured")
     session.submit(UserInput([TextInput("start python")]))
-    turn = collect(session, "task_complete")
-    assert b">>> " in output_of(turn, "c1")
+    until_output(session, "c1", b">>> ", collect(session, "task_complete"))  # the prompt may come after the turn
 
     # A frontend that has not attached cannot type: the daemon refuses it, and nothing
     # reaches the command or the other frontends.
@@ -68,7 +80,7 @@ def test_a_frontend_types_a_line_into_a_python_repl_and_every_frontend_sees_it(
     watcher = typist.attach(session.id, since=session.last_seq + 1)
     sub = watcher.submit(ExecCommandStdin("c1", "print(6*7)\n", by="someone else"))
     for frontend in (watcher, session):
-        seen = collect(frontend, lambda e: b"42" in output_of([e], "c1"))
+        seen = until_output(frontend, "c1", b"\n42")
         (typed,) = [e for e in seen if tag(e) == "exec_command_stdin_typed"]
         assert typed.id == sub and typed.seq is not None
         assert (typed.msg.call_id, typed.msg.stdin, typed.msg.by) == ("c1", "print(6*7)\n", f"{typist.peer_id} (typist)")
