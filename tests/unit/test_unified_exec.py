@@ -315,3 +315,37 @@ def test_a_person_types_by_call_id_in_order_and_is_told_when_it_cannot() -> None
         await manager.close_all()
 
     asyncio.run(main())
+
+
+def test_typing_never_waits_for_a_command_that_stopped_reading_and_keeps_its_order() -> None:
+    async def main() -> None:
+        runner = _FakeRunner()
+        manager = UnifiedExecManager(runner, lambda sub, msg: None, idle_timeout_s=0)
+        session, _ = await manager.open(["cat"], "/", SandboxPolicy.from_mode("read-only"), call_id="c", sub_id="s",
+                                        sandboxed=True)
+        process = runner.processes[0]
+        reading = asyncio.Event()
+        plain_write = process.write
+
+        async def stalled_write(data: bytes) -> bool:
+            await reading.wait()  # the command's stdin is full until it reads again
+            return await plain_write(data)
+
+        process.write = stalled_write
+        manager.type(session, b"first\n", lambda: None)  # returns at once: no submission waits on it
+        model = asyncio.ensure_future(manager.write(session, b"model\n"))
+        manager.type(session, b"second\n", lambda: None)
+        for _ in range(10):  # loop turns enough for each writer to reach the stalled stdin
+            await asyncio.sleep(0)
+        assert process.written == b"" and not model.done()
+        reading.set()
+        assert await model
+        for _ in range(100):
+            if len(process.written) == len(b"first\nmodel\nsecond\n"):
+                break
+            await asyncio.sleep(0.01)
+        # Each writer's input whole, in the order written.
+        assert process.written == b"first\nmodel\nsecond\n"
+        await manager.close_all()
+
+    asyncio.run(main())
