@@ -325,11 +325,15 @@ def test_typing_never_waits_for_a_command_that_stopped_reading_and_keeps_its_ord
                                         sandboxed=True)
         process = runner.processes[0]
         reading = asyncio.Event()
-        plain_write = process.write
 
         async def stalled_write(data: bytes) -> bool:
             await reading.wait()  # the command's stdin is full until it reads again
-            return await plain_write(data)
+            # Then it goes in a window at a time, as the runner sends it.
+            half = len(data) // 2
+            process.written += data[:half]
+            await asyncio.sleep(0)
+            process.written += data[half:]
+            return True
 
         process.write = stalled_write
         manager.type(session, b"first\n", lambda: None)  # returns at once: no submission waits on it
