@@ -186,6 +186,21 @@ def test_the_token_host_and_origin_are_required(web) -> None:
         assert anonymous.post(path, headers=good, json={"text": ""}).status_code == 403
 
 
+def test_typing_needs_the_request_token_and_names_a_session_a_command_and_text(web) -> None:
+    with httpx.Client(base_url=web.base, cookies={"sluice_web": web.token}) as authed:
+        csrf = re.search(r'name="sluice-csrf" content="([0-9a-f]{64})"', authed.get("/").text)[1]
+        good = {"origin": web.base, "x-sluice-csrf": csrf}
+        path = "/api/sessions/5b0a8c52-0000-4000-8000-000000000000/stdin"
+        typed = {"call_id": "c1", "text": "ls\n"}
+        assert authed.post(path, headers={"origin": web.base}, json=typed).status_code == 403
+        for body, status, message in (({"call_id": "c1", "text": ""}, 400, "nothing to type"),
+                                      ({"text": "ls\n"}, 400, "call_id names the command to type into"),
+                                      ({"call_id": "c1", "text": "x" * 65537}, 400, "at most 65536 characters"),
+                                      (typed, 404, "unknown session")):
+            answer = authed.post(path, headers=good, json=body)
+            assert answer.status_code == status and message in answer.json()["error"], (body, answer.text)
+
+
 def test_listen_elsewhere_needs_tls(fe) -> None:
     p = fe.run("web", "--listen", "0.0.0.0", "--port", "0")
     assert p.returncode == 2 and p.stderr.count("\n") == 1 and "--certfile and --keyfile" in p.stderr, p.stderr
