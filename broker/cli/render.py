@@ -913,8 +913,9 @@ class HumanRenderer(_Output):
             self.line(f"{msg.by} answered: {_DECISION_WORDS.get(msg.decision, str(msg.decision))}", "33")
 
     def _on_exec_command_stdin_typed(self, msg: ExecCommandStdinTypedEvent) -> None:
+        cut = f" (+{msg.omitted} characters not in the event)" if msg.omitted else ""
         self.line(f"{visible(msg.by, limit=60)} typed into {visible(msg.call_id, limit=40)}: "
-                  f"{visible(msg.stdin, limit=120)}" + (f" (+{msg.omitted} characters not in the event)" if msg.omitted else ""), "33")
+                  f"{visible(msg.stdin, limit=120)}{cut}", "33")
 
     def finish(self) -> None:
         self._flush_tokens()

@@ -5,8 +5,9 @@ is asyncio. So every client here lives in a thread of its own and meets the even
 through a bounded queue:
 
 - :class:`Control`, one per web process: the short requests (list the sessions, submit
-  an op to a session, type into a session's command as a frontend attached to it). It reconnects after the daemon restarts; until then its requests
-  fail with :class:`Unavailable`, which the page shows.
+  an op to a session, type into a session's command as a frontend attached to it). It
+  reconnects after the daemon restarts; until then its requests fail with
+  :class:`Unavailable`, which the page shows.
 - :class:`Follower`, one per session shown in any tab (:mod:`broker.web.hub` fans it out
   to the tabs): its own client attached from an event on, handing the events out in
   batches. When its reader stops, the queue fills, the thread stops taking events and
@@ -209,6 +210,7 @@ def _submit_attached(client: Client, session_id: str, op) -> str:
         return session.submit(op)
     finally:
         session.detach()
+        # detach() sends without blocking (it never raises); this one is sure to go.
         client.send_frames([wire.header(wire.DETACH, session=session_id)], block=True)
 
 

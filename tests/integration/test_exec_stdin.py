@@ -83,7 +83,8 @@ def test_a_frontend_types_a_line_into_a_python_repl_and_every_frontend_sees_it(
         seen = until_output(frontend, "c1", b"\n42")
         (typed,) = [e for e in seen if tag(e) == "exec_command_stdin_typed"]
         assert typed.id == sub and typed.seq is not None
-        assert (typed.msg.call_id, typed.msg.stdin, typed.msg.by) == ("c1", "print(6*7)\n", f"{typist.peer_id} (typist)")
+        msg = typed.msg
+        assert (msg.call_id, msg.stdin, msg.by) == ("c1", "print(6*7)\n", f"{typist.peer_id} (typist)")
         assert not any(tag(e) == "error" for e in seen)
         assert b"passer-by" not in output_of(seen, "c1")
 
