@@ -22,8 +22,8 @@ Behaviour (the seed's ``unified_exec/mod.rs``, and Codex's ``exec_command`` /
 - At most ``max_sessions`` (default :data:`DEFAULT_MAX_SESSIONS`) per agent session: opening
   one more first closes the one idle longest (sessions a call is using are not
   candidates), and :meth:`UnifiedExecManager.open` returns a note saying so for the model.
-- A session no call has used for ``idle_timeout_s`` (default :data:`DEFAULT_IDLE_TIMEOUT_S`;
-  0: never) is closed by a reaper task.
+- A session no call (and no person typing into it) has used for ``idle_timeout_s``
+  (default :data:`DEFAULT_IDLE_TIMEOUT_S`; 0: never) is closed by a reaper task.
 - A session's command runs with :data:`SESSION_ENV` added to the session's environment
   (:func:`session_env`): no colours, no pager, a plain terminal type, UTF-8.
 - Interrupting a turn cancels the call waiting on a session, never the session.
