@@ -441,6 +441,14 @@ def test_typing_into_an_interactive_session_is_explicit_and_every_frontend_sees_
             person.read_until(b"#<img src=x onerror=window.pwned=1>\\x1b]0;t\\x07\\n")
             page.screenshot(path=str(artefacts / "terminal-typing.png"))
 
+            # Reopened, the view is read-only again and still says who typed what.
+            page.click("#terminal-close")
+            page.locator("#log .ev.command .watch").first.click()
+            assert page.locator("#terminal-input").is_hidden()
+            assert page.inner_text("#terminal-title").endswith("(read-only)")
+            assert typed.count() == 3 and "(sluice web) typed into c1: print(6*7)\\n" in typed.first.inner_text()
+            page.click("#terminal-type")
+
             # The command gone, typing ends with it.
             page.fill("#terminal-line", "exit()")
             page.press("#terminal-line", "Enter")

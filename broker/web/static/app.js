@@ -243,7 +243,7 @@ class SessionView {
         box.firstChild.prepend(watch);
         box.append(out);
         this.calls.set(m.call_id, { box, out, ansi: new Ansi(out), decoder: new TextDecoder("utf-8") });
-        this.raw.set(m.call_id, { chunks: [], size: 0, command: shellJoin(m.command) });
+        this.raw.set(m.call_id, { chunks: [], size: 0, command: shellJoin(m.command), typed: [] });
         return box;
       }
       case "exec_command_output_delta": {
@@ -318,13 +318,14 @@ class SessionView {
       case "token_count":
         return this.block("tokens", "tokens: " + m.input_tokens + " in, " + m.output_tokens + " out, " + m.total_tokens + " total");
       case "exec_command_stdin_typed": {
-        const text = m.by + " typed into " + m.call_id + ": " + typedText(m.stdin, m.omitted);
-        if (this.terminal && this.terminal.callId === m.call_id) {
-          const lines = document.getElementById("terminal-typed");
-          lines.append(el("div", null, visible(text)));
-          while (lines.childElementCount > TYPED_LINES) lines.firstChild.remove();
+        const text = visible(m.by + " typed into " + m.call_id + ": " + typedText(m.stdin, m.omitted));
+        const raw = this.raw.get(m.call_id);
+        if (raw) {
+          raw.typed.push(text);
+          if (raw.typed.length > TYPED_LINES) raw.typed.shift();
         }
-        return this.block("typed", visible(text));
+        if (this.terminal && this.terminal.callId === m.call_id) this.showTyped(raw ? raw.typed : [text]);
+        return this.block("typed", text);
       }
       case "error":
         this.errors.set(event.id, m.message);
@@ -370,7 +371,7 @@ class SessionView {
     term.open(screen);
     for (const chunk of raw.chunks) term.write(chunk);
     this.terminal = { callId, term, typing: false, command: raw.command };
-    document.getElementById("terminal-typed").replaceChildren();
+    this.showTyped(raw.typed);
     document.getElementById("terminal-type").disabled = !this.calls.has(callId);
     this.setTyping(false);
   }
@@ -381,6 +382,11 @@ class SessionView {
     this.terminal.term.dispose();
     this.terminal = null;
     document.getElementById("terminal-panel").hidden = true;
+  }
+
+  // Who typed what into the command, the latest TYPED_LINES, under its terminal.
+  showTyped(lines) {
+    document.getElementById("terminal-typed").replaceChildren(...lines.map((text) => el("div", null, text)));
   }
 
   // Typing into the command is an explicit act: off whenever a terminal view opens.
