@@ -54,6 +54,12 @@ What each op does is Codex's ``submission_loop``:
 - ``shutdown`` aborts any task, kills the session's long-lived commands (unified exec,
   :mod:`agent.unified_exec`; an interrupt leaves them running), syncs and closes the
   rollout, then ``shutdown_complete``; later submissions get an ``error``.
+- ``exec_command_stdin`` (sluice's own) types into one of the session's running
+  interactive commands, by the call id its events carry: ``exec_command_stdin_typed``
+  (who typed what) to every frontend, then the text goes to the command's stdin as the
+  model's ``write_stdin`` would send it, without an approval (a person's act) and without
+  holding up later submissions; an unknown or ended command (or one without a terminal)
+  is an ``error`` and nothing is written.
 - ``add_to_history`` appends to ``history.jsonl``; ``get_history_entry_request`` answers
   ``get_history_entry_response``.
 
@@ -105,9 +111,10 @@ from agent.mcp.manager import McpManager
 from agent.model_client import DEFAULT_BACKOFF_BASE, ModelClient, reasoning_param
 from agent.rollout import RolloutError, RolloutRecorder, SavedSession, sessions_dir
 from agent.turn import run_compact_task, run_task
-from agent.unified_exec import UnifiedExecManager
+from agent.unified_exec import NotTypable, UnifiedExecManager
 from broker.wire.protocol import (
     NO_SESSION,
+    STDIN_TYPED_MAX,
     TURN_INTERRUPTED,
     AddToHistory,
     AskForApproval,
@@ -118,6 +125,8 @@ from broker.wire.protocol import (
     Event,
     EventMsg,
     ExecApproval,
+    ExecCommandStdin,
+    ExecCommandStdinTypedEvent,
     GetHistoryEntryRequest,
     GetHistoryEntryResponseEvent,
     InputItem,
@@ -353,7 +362,8 @@ class Session:
             await self._add_to_history(op.text)
         elif isinstance(op, GetHistoryEntryRequest):
             await self._get_history_entry(sub.id, op)
-        elif isinstance(op, Compact | Interrupt | UserInput | ExecApproval | PatchApproval) and self.config is None:
+        elif isinstance(op, Compact | Interrupt | UserInput | ExecApproval | PatchApproval | ExecCommandStdin) \
+                and self.config is None:
             self.error(sub.id, NO_SESSION)
         elif isinstance(op, UserInput):
             self._user_input(sub.id, op.items)
@@ -363,6 +373,8 @@ class Session:
             await self._approval(op.id, op.decision)
         elif isinstance(op, Compact):
             self._start_or_queue(AgentTask(sub.id, "compact", []))
+        elif isinstance(op, ExecCommandStdin):
+            self._type_into(sub.id, op)
         else:  # Shutdown
             await self._shutdown(sub.id)
 
@@ -373,6 +385,25 @@ class Session:
             task.input_messages.extend(input_texts(items))
             return
         self._start_or_queue(AgentTask(sub_id, "user", list(items)))
+
+    def _type_into(self, sub_id: str, op: ExecCommandStdin) -> None:
+        """A person types into a running command: announced to every frontend, then
+        written as the model's ``write_stdin`` writes (see :mod:`agent.unified_exec`)."""
+        if not op.stdin:
+            self.error(sub_id, f"nothing to type into command {op.call_id}")
+            return
+        if len(op.stdin) > STDIN_TYPED_MAX:
+            self.error(sub_id, f"{len(op.stdin)} characters are too many to type at once "
+                               f"(at most {STDIN_TYPED_MAX}); nothing was typed")
+            return
+        try:
+            session = self.unified_exec.typing_target(op.call_id)
+        except NotTypable as err:
+            self.error(sub_id, str(err))
+            return
+        self.send(sub_id, ExecCommandStdinTypedEvent.of(op))
+        self.unified_exec.type(session, op.stdin.encode(), lambda: self.error(
+            sub_id, f"command {op.call_id} ended before all that was typed was written"))
 
     def _start_or_queue(self, task: AgentTask) -> None:
         if self._task is None:

@@ -22,13 +22,22 @@ Behaviour (the seed's ``unified_exec/mod.rs``, and Codex's ``exec_command`` /
 - At most ``max_sessions`` (default :data:`DEFAULT_MAX_SESSIONS`) per agent session: opening
   one more first closes the one idle longest (sessions a call is using are not
   candidates), and :meth:`UnifiedExecManager.open` returns a note saying so for the model.
-- A session no call has used for ``idle_timeout_s`` (default :data:`DEFAULT_IDLE_TIMEOUT_S`;
-  0: never) is closed by a reaper task.
+- A session no call (and no person typing into it) has used for ``idle_timeout_s``
+  (default :data:`DEFAULT_IDLE_TIMEOUT_S`; 0: never) is closed by a reaper task.
 - A session's command runs with :data:`SESSION_ENV` added to the session's environment
   (:func:`session_env`): no colours, no pager, a plain terminal type, UTF-8.
 - Interrupting a turn cancels the call waiting on a session, never the session.
   :meth:`UnifiedExecManager.close_all` (the agent session's shutdown) kills every one and
   waits, bounded, for their trees to be reported dead.
+
+A person may type into a session too (the ``exec_command_stdin`` op, by the call id its
+events carry; :meth:`UnifiedExecManager.typing_target` and :meth:`~UnifiedExecManager.type`):
+the bytes go to its stdin exactly as a ``write_stdin`` call's do, under the same lock, so
+one writer's input is never cut into by another's, and never wait in the agent session's
+submission loop (a command that stopped reading holds up that input, not an interrupt).
+Codex has no convention for telling the model of input it did not type, so the model is
+told nothing apart: what the command prints in answer (with a terminal, the echo of what
+was typed too) is output like any other, read by the model's next call on that session.
 
 Events: ``exec_command_begin`` when a session's command starts, an
 ``exec_command_output_delta`` per chunk as it prints (between turns too), and
@@ -96,6 +105,15 @@ class UnknownSessionId(LookupError):
     def __init__(self, session_id: int) -> None:
         super().__init__(f"Unknown session id {session_id}")
         self.session_id = session_id
+
+
+class NotTypable(LookupError):
+    """A person's input cannot go to this command; ``str(e)`` says why, in one line."""
+
+
+# Call ids of sessions that ended, remembered (at most this many) to tell a person typing
+# into one that it has ended rather than that it never was.
+ENDED_KEPT = 256
 
 
 class OutputBuffer:
@@ -169,6 +187,8 @@ class ExecSession:
     busy: int = 0
     """Calls using it right now (it is not idle while any does)."""
     ended: asyncio.Event = field(default_factory=asyncio.Event)
+    input_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    """Held for each write to its stdin: one writer's input goes in whole."""
 
     @property
     def exited(self) -> bool:
@@ -213,6 +233,8 @@ class UnifiedExecManager:
         self._next_id = FIRST_SESSION_ID
         self._reaper: asyncio.Task[None] | None = None
         self._closing: set[ExecSession] = set()
+        self._ended_calls: collections.OrderedDict[str, None] = collections.OrderedDict()
+        self._typing: set[asyncio.Task[None]] = set()
         self.closed = False
 
     def configure(self, *, max_sessions: int, idle_timeout_s: float) -> None:
@@ -310,10 +332,39 @@ class UnifiedExecManager:
         assert session.process is not None
         session.busy += 1
         try:
-            return await session.process.write(data)
+            async with session.input_lock:
+                return await session.process.write(data)
         finally:
             session.busy -= 1
             session.touch()
+
+    def typing_target(self, call_id: str) -> ExecSession:
+        """The live session whose events carry ``call_id``, for a person to type into;
+        :class:`NotTypable` saying why when there is none or it takes no input."""
+        session = next((s for s in self.sessions.values() if s.call_id == call_id), None)
+        if session is None or session.exited:
+            if session is not None or call_id in self._ended_calls:
+                raise NotTypable(f"command {call_id} has ended; nothing was typed")
+            raise NotTypable(f"no interactive command of this session has call id {call_id!r}; "
+                             "only running exec_command / unified_exec sessions take input")
+        if session.process is None:
+            raise NotTypable(f"command {call_id} is still starting; nothing was typed")
+        if not session.process.tty:
+            raise NotTypable(f"command {call_id} has no stdin to type into (it runs without a terminal)")
+        return session
+
+    def type(self, session: ExecSession, data: bytes, on_lost: Callable[[], None]) -> None:
+        """Write a person's ``data`` to the session's stdin, after the input typed before it,
+        without waiting; ``on_lost()`` if the command ends before all of it is written."""
+        async def write() -> None:
+            if not await self.write(session, data):
+                on_lost()
+
+        # Tasks start in the order made and the lock queues them in that order: input
+        # typed in two ops goes in in the order typed.
+        task = asyncio.get_running_loop().create_task(write(), name=f"type-{session.call_id}")
+        self._typing.add(task)
+        task.add_done_callback(self._typing.discard)
 
     async def collect(self, session: ExecSession, timeout_s: float, sub_id: str | None = None) -> Collected:
         """The output the session prints within ``timeout_s`` (less if it exits), taken out
@@ -351,6 +402,9 @@ class UnifiedExecManager:
     def _on_exit(self, session: ExecSession, result: ExecResult) -> None:
         session.changed.set()
         session.ended.set()
+        self._ended_calls[session.call_id] = None
+        while len(self._ended_calls) > ENDED_KEPT:
+            self._ended_calls.popitem(last=False)
         self._closing.discard(session)
         self._end_event(session, result)
 
@@ -386,6 +440,8 @@ class UnifiedExecManager:
         """Kill every session (the agent session is going away) and wait, bounded, until
         each one's tree is reported dead. Nothing can be opened afterwards."""
         self.closed = True
+        for task in list(self._typing):
+            task.cancel()
         if self._reaper is not None:
             self._reaper.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -74,6 +74,7 @@ from broker.wire.protocol import (
     ExecCommandBeginEvent,
     ExecCommandEndEvent,
     ExecCommandOutputDeltaEvent,
+    ExecCommandStdinTypedEvent,
     FileChange,
     McpToolCallBeginEvent,
     McpToolCallEndEvent,
@@ -910,6 +911,11 @@ class HumanRenderer(_Output):
             self._approved(request, msg.decision)
         if not is_own(msg, self.me):
             self.line(f"{msg.by} answered: {_DECISION_WORDS.get(msg.decision, str(msg.decision))}", "33")
+
+    def _on_exec_command_stdin_typed(self, msg: ExecCommandStdinTypedEvent) -> None:
+        cut = f" (+{msg.omitted} characters not in the event)" if msg.omitted else ""
+        self.line(f"{visible(msg.by, limit=60)} typed into {visible(msg.call_id, limit=40)}: "
+                  f"{visible(msg.stdin, limit=120)}{cut}", "33")
 
     def finish(self) -> None:
         self._flush_tokens()

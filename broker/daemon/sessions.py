@@ -72,12 +72,19 @@ unanswered approval request waiting_for_approval. The first answer to an approva
 goes to the agent and every frontend gets an ``approval_resolved`` event naming who gave
 it; a later answer goes no further, and only its sender is told who was first.
 
+Typing into a running command (``exec_command_stdin``) is taken only from a frontend
+attached to the session (an earlier attach or submission; it does not attach by itself),
+and the daemon writes the sender's name into its ``by`` before the agent gets it, so the
+``exec_command_stdin_typed`` event every frontend sees names who typed, as
+``approval_resolved`` names who answered.
+
 What the broker itself reports about a session is an ``event`` whose body is a Codex
 ``Event`` with an ``error`` message, so a frontend shows it like any other error. Numbered
 events carry no ``corr``: a replay could not repeat one.
 
-Only heads are decoded (a submission's id, op type, ``cwd`` and approval fields; an
-event's id, type, ``call_id``, ``model`` and ``session_id``): the rest, the API key of a
+Only heads are decoded (a submission's id, op type, ``cwd`` and approval fields, and the
+whole of an ``exec_command_stdin``, to name its sender; an event's id, type, ``call_id``,
+``model`` and ``session_id``): the rest, the API key of a
 ``configure_session`` and every output chunk included, passes through as bytes.
 """
 
@@ -99,7 +106,17 @@ import zmq
 from broker.daemon.journal import Block, Journal, JournalSpace
 from broker.net.logging import Throttle
 from broker.wire import frames as wire
-from broker.wire.protocol import NO_SESSION, ApprovalResolvedEvent, ErrorEvent, Event, ReviewDecision, encode_msgpack
+from broker.wire.protocol import (
+    NO_SESSION,
+    ApprovalResolvedEvent,
+    ErrorEvent,
+    Event,
+    ProtocolError,
+    ReviewDecision,
+    Submission,
+    decode_submission_msgpack,
+    encode_msgpack,
+)
 from broker.wire.results import DAEMON_SHUTTING_DOWN
 
 if TYPE_CHECKING:
@@ -136,6 +153,7 @@ RECENTLY_CLOSED = 256
 _APPROVAL_ANSWERS = frozenset({"exec_approval", "patch_approval"})
 _APPROVAL_REQUESTS = frozenset({"exec_approval_request", "apply_patch_approval_request"})
 _TASK_ENDS = frozenset({"task_complete", "turn_aborted"})
+_TYPING = "exec_command_stdin"
 
 # The router's reasons for dropping a peer, as said of the agent.
 _AGENT_WHY = {"said bye": "left", "unreachable": "became unreachable"}
@@ -202,6 +220,17 @@ def error_event(sub_id: str, message: str) -> bytes:
 def approval_resolved_event(event_id: str, call_id: str, decision: str, by: str) -> bytes:
     """An ``approval_resolved`` event, as msgpack; ValueError if ``decision`` is not a ReviewDecision."""
     return encode_msgpack(Event(id=event_id, msg=ApprovalResolvedEvent(call_id, ReviewDecision(decision), by)))
+
+
+def typed_by(body, by: str):
+    """A frontend's ``exec_command_stdin`` with ``by`` naming who sent it (whatever the
+    frontend put there is replaced): the agent announces the typing under that name. A
+    body that does not decode goes as it came, for the agent to refuse."""
+    try:
+        submission = decode_submission_msgpack(body)
+    except ProtocolError:
+        return body
+    return encode_msgpack(Submission(submission.id, msgspec.structs.replace(submission.op, by=by)))
 
 
 def _gap_message(missing: int, first: int) -> str:
@@ -531,6 +560,13 @@ class Sessions:
             session.configure_id = submission.id
             created = True
             log.info("session created", session=session.id, frontend=peer.name)
+        if op.type == _TYPING:
+            # Typing into a running command is for a frontend that watches the session (it
+            # sees what the command prints, and who else types), not a passer-by.
+            if peer.identity not in session.subscriptions:
+                return self._tell(peer, head, submission.id,
+                                  f"attach to session {session.id} before typing into its commands")
+            body = typed_by(body, frontend_name(peer))
         self._flush(session)  # what it publishes before the answer reaches its frontends first
         if op.type == "configure_session" and op.cwd:
             session.cwd = op.cwd

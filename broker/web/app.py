@@ -14,6 +14,8 @@ route                                       what
 ``POST /api/sessions/{id}/input``           a follow-up message
 ``POST /api/sessions/{id}/interrupt``       interrupt the running turn
 ``POST /api/sessions/{id}/approval``        answer an approval request (first answer wins)
+``POST /api/sessions/{id}/stdin``           type into a running interactive command
+                                            (``exec_command_stdin``; every frontend sees it)
 ``POST /api/sessions/{id}/shutdown``        shut the session down
 ``POST /api/run``                           one sandboxed command, its output streamed back
                                             as JSON lines (``sluice run``)
@@ -46,7 +48,9 @@ from broker.web.guard import csrf_value
 from broker.web.hub import follow
 from broker.web.link import CommandRun, Control, Refused, Unavailable, event_range
 from broker.wire.protocol import (
+    STDIN_TYPED_MAX,
     ExecApproval,
+    ExecCommandStdin,
     Interrupt,
     PatchApproval,
     ReviewDecision,
@@ -227,6 +231,19 @@ class Web:
         await self.control.submit(request.path_params["id"], Shutdown())
         return JSONResponse({})
 
+    async def stdin(self, request: Request) -> Response:
+        """What a person types into a running command of the session's terminal view."""
+        body = await _json(request)
+        call_id, text = _text(body, "call_id"), _text(body, "text")
+        if not call_id:
+            raise BadRequest("call_id names the command to type into")
+        if not text:
+            raise BadRequest("nothing to type")
+        if len(text) > STDIN_TYPED_MAX:
+            raise BadRequest(f"at most {STDIN_TYPED_MAX} characters are typed at once")
+        sub_id = await self.control.type_into(request.path_params["id"], ExecCommandStdin(call_id, text))
+        return JSONResponse({"id": sub_id})
+
     async def approval(self, request: Request) -> Response:
         body = await _json(request)
         try:
@@ -343,6 +360,7 @@ def make_app(runtime: RuntimeDir, token: str) -> Starlette:
             Route("/api/sessions/{id}/input", web.input, methods=["POST"]),
             Route("/api/sessions/{id}/interrupt", web.interrupt, methods=["POST"]),
             Route("/api/sessions/{id}/approval", web.approval, methods=["POST"]),
+            Route("/api/sessions/{id}/stdin", web.stdin, methods=["POST"]),
             Route("/api/sessions/{id}/shutdown", web.shutdown, methods=["POST"]),
             Route("/api/run", web.run, methods=["POST"]),
             Mount("/static", app=StaticFiles(directory=str(STATIC)), name="static"),

@@ -5,8 +5,9 @@ is asyncio. So every client here lives in a thread of its own and meets the even
 through a bounded queue:
 
 - :class:`Control`, one per web process: the short requests (list the sessions, submit
-  an op to a session). It reconnects after the daemon restarts; until then its requests
-  fail with :class:`Unavailable`, which the page shows.
+  an op to a session, type into a session's command as a frontend attached to it). It
+  reconnects after the daemon restarts; until then its requests fail with
+  :class:`Unavailable`, which the page shows.
 - :class:`Follower`, one per session shown in any tab (:mod:`broker.web.hub` fans it out
   to the tabs): its own client attached from an event on, handing the events out in
   batches. When its reader stops, the queue fills, the thread stops taking events and
@@ -39,6 +40,8 @@ from broker.wire.protocol import Event, encode_json
 BATCH_EVENTS = 256
 QUEUE_BATCHES = 8
 CLIENT_NAME = "sluice web"
+# An attach asking for events past the head starts at the head (the daemon clamps it).
+AT_HEAD = 1 << 62
 
 
 class Unavailable(Exception):
@@ -128,6 +131,11 @@ class Control:
     async def submit(self, session_id: str, op) -> None:
         await self.call(lambda client: _submit_detached(client, session_id, op))
 
+    async def type_into(self, session_id: str, op) -> str:
+        """Submit an ``exec_command_stdin`` as a frontend attached to the session (the
+        daemon takes typing from no other); returns its submission id."""
+        return await self.call(lambda client: _submit_attached(client, session_id, op))
+
     def _wake(self) -> None:
         try:
             os.write(self._wake_w, b"x")
@@ -193,6 +201,17 @@ def _submit_detached(client: Client, session_id: str, op) -> None:
     session.submit(op)
     session.detach()
     client.send_frames([wire.header(wire.DETACH, session=session_id)], block=True)
+
+
+def _submit_attached(client: Client, session_id: str, op) -> str:
+    """Attach to a session at its head, submit ``op``, detach: its submission id."""
+    session = client.attach(session_id, since=AT_HEAD)
+    try:
+        return session.submit(op)
+    finally:
+        session.detach()
+        # detach() sends without blocking (it never raises); this one is sure to go.
+        client.send_frames([wire.header(wire.DETACH, session=session_id)], block=True)
 
 
 def _settle(loop, future, result, error) -> None:

@@ -161,6 +161,10 @@ publishes a numbered ``approval_resolved`` event (the request's id; ``call_id``,
 ``decision``, ``by`` = the answering frontend's name) to every attached frontend. A later
 answer to that request is not forwarded; only its sender gets an unnumbered ``error``
 naming who answered first. An answer matching no request is forwarded as it is.
+
+Typing: an ``exec_command_stdin`` is forwarded only from a frontend attached to the
+session (else only its sender gets an unnumbered ``error``), with its ``by`` set to that
+frontend's name, which the agent's ``exec_command_stdin_typed`` event then carries.
 """
 
 from __future__ import annotations

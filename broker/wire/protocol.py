@@ -41,7 +41,9 @@ deltas, ``token_count``, ``exec_command_output_delta``, the ``exec_command_end``
 ``duration`` and formatted output, ``turn_diff``, ``plan_update``, ``turn_aborted``,
 ``shutdown_complete``, and the ``Compact``/``Shutdown`` ops. Two fields are sluice's own,
 written only when set: ``Event.seq``, the per-session sequence number, and
-``ConfigureSession.api_key``, the provider key the frontend resolved.
+``ConfigureSession.api_key``, the provider key the frontend resolved. sluice's own
+messages (:class:`ExecCommandStdin`, :class:`ApprovalResolvedEvent`,
+:class:`ExecCommandStdinTypedEvent`) say so in their docstrings.
 """
 
 from __future__ import annotations
@@ -512,6 +514,31 @@ class Shutdown(_Op, tag="shutdown"):
     """Stop the session; the agent answers with ``shutdown_complete``."""
 
 
+# How much one exec_command_stdin may type (characters), and how much of it the
+# exec_command_stdin_typed event that announces it carries.
+STDIN_TYPED_MAX = 64 * 1024
+STDIN_TYPED_SHOWN = 1024
+
+
+class ExecCommandStdin(_Op, tag="exec_command_stdin", omit_defaults=True):
+    """sluice's own op, not Codex's: a person types into one of the session's running
+    interactive commands (an ``exec_command`` / ``unified_exec`` session), named by the
+    ``call_id`` of its ``exec_command_begin``.
+
+    The agent writes ``stdin`` to the command's stdin as the model's ``write_stdin`` would,
+    announcing it first to every frontend (``exec_command_stdin_typed``); an unknown or
+    ended command, or one without stdin, gets an ``error`` and nothing is written. Only a
+    frontend attached to the session may send it. No approval is asked: the command runs
+    already, and what a person types is the person's act (as with ``sluice run -i``)."""
+
+    call_id: str
+    stdin: str
+    """The text, exactly as it is written (a newline included if one is to be sent);
+    at most :data:`STDIN_TYPED_MAX` characters."""
+    by: str = ""
+    """Set by the daemon to the frontend that sent it; what a frontend puts here is replaced."""
+
+
 Op = (
     ConfigureSession
     | Interrupt
@@ -522,6 +549,7 @@ Op = (
     | GetHistoryEntryRequest
     | Compact
     | Shutdown
+    | ExecCommandStdin
 )
 
 
@@ -718,6 +746,26 @@ class ApprovalResolvedEvent(_EventMsg, tag="approval_resolved"):
     """The frontend that answered, e.g. ``frontend-7 (sluice attach)``."""
 
 
+class ExecCommandStdinTypedEvent(_EventMsg, tag="exec_command_stdin_typed", omit_defaults=True):
+    """sluice's own event, not Codex's: a frontend typed into the running command
+    ``call_id`` (an ``exec_command_stdin``), announced to every frontend before it is
+    written. Frontends show it to people as an escaped, bounded line: ``stdin`` is the
+    command's input, not text meant for a terminal."""
+
+    call_id: str
+    stdin: str
+    """What was typed: its first :data:`STDIN_TYPED_SHOWN` characters."""
+    by: str
+    """The frontend that typed it, e.g. ``frontend-7 (sluice web)``."""
+    omitted: int = 0
+    """How many characters after those were typed too."""
+
+    @classmethod
+    def of(cls, op: ExecCommandStdin) -> ExecCommandStdinTypedEvent:
+        shown = op.stdin[:STDIN_TYPED_SHOWN]
+        return cls(op.call_id, shown, op.by, len(op.stdin) - len(shown))
+
+
 EventMsg = (
     ErrorEvent
     | TaskStartedEvent
@@ -747,6 +795,7 @@ EventMsg = (
     | TurnAbortedEvent
     | ShutdownCompleteEvent
     | ApprovalResolvedEvent
+    | ExecCommandStdinTypedEvent
 )
 
 

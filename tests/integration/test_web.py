@@ -186,6 +186,21 @@ def test_the_token_host_and_origin_are_required(web) -> None:
         assert anonymous.post(path, headers=good, json={"text": ""}).status_code == 403
 
 
+def test_typing_needs_the_request_token_and_names_a_session_a_command_and_text(web) -> None:
+    with httpx.Client(base_url=web.base, cookies={"sluice_web": web.token}) as authed:
+        csrf = re.search(r'name="sluice-csrf" content="([0-9a-f]{64})"', authed.get("/").text)[1]
+        good = {"origin": web.base, "x-sluice-csrf": csrf}
+        path = "/api/sessions/5b0a8c52-0000-4000-8000-000000000000/stdin"
+        typed = {"call_id": "c1", "text": "ls\n"}
+        assert authed.post(path, headers={"origin": web.base}, json=typed).status_code == 403
+        for body, status, message in (({"call_id": "c1", "text": ""}, 400, "nothing to type"),
+                                      ({"text": "ls\n"}, 400, "call_id names the command to type into"),
+                                      ({"call_id": "c1", "text": "x" * 65537}, 400, "at most 65536 characters"),
+                                      (typed, 404, "unknown session")):
+            answer = authed.post(path, headers=good, json=body)
+            assert answer.status_code == status and message in answer.json()["error"], (body, answer.text)
+
+
 def test_listen_elsewhere_needs_tls(fe) -> None:
     p = fe.run("web", "--listen", "0.0.0.0", "--port", "0")
     assert p.returncode == 2 and p.stderr.count("\n") == 1 and "--certfile and --keyfile" in p.stderr, p.stderr
@@ -372,6 +387,80 @@ def test_an_interactive_session_in_a_read_only_terminal_view(fe, server, work, p
     page.locator("#terminal").click()
     page.keyboard.type("echo typed\n")
     assert requests == [] and "typed" not in "".join(page.evaluate(shown))
+
+
+def test_typing_into_an_interactive_session_is_explicit_and_every_frontend_sees_it(
+        dmn, fe, server, work, page, web, artefacts) -> None:
+    from broker.client import Client
+    from broker.wire.protocol import ExecCommandStdin, Shutdown
+    from tests.support.sessions import collect
+
+    server.script(response(call("exec_command", {"cmd": "python3 -q -i", "tty": True, "yield_time_ms": 1500}, "c1")),
+                  response(assistant("Started.")))
+    session_id = detached(fe, "-c", 'unified_exec="codex"', "--approval-policy", "never", "--sandbox", "read-only",
+                          "-C", str(work), "start python")
+
+    def on_screen(line: str) -> None:
+        """Wait until a row of the terminal reads ``line`` (a locator: the page's CSP
+        forbids the eval a polled JavaScript predicate needs)."""
+        row = re.compile(r"^\s*" + re.escape(line) + r"\s*$")
+        page.locator("#terminal .xterm-rows > div", has_text=row).first.wait_for()
+
+    with fe.on_pty("attach", session_id) as person:
+        person.read_until(b"Started.")
+        open_session(page, web, session_id)
+        page.wait_for_selector("#log .ev.agent:has-text('Started.')")
+        page.locator("#log .ev.command .watch").first.click()
+        on_screen(">>>")
+        # Read-only until typing is turned on, and then it says where input goes.
+        assert page.locator("#terminal-input").is_hidden()
+        assert page.inner_text("#terminal-title").endswith("(read-only)")
+        page.click("#terminal-type")
+        assert "what you send goes to the command's input" in page.inner_text("#terminal-input .banner")
+        assert page.inner_text("#terminal-title").endswith("(typing on: input goes to the command)")
+        page.fill("#terminal-line", "print(6*7)")
+        page.press("#terminal-line", "Enter")
+        on_screen("42")
+        page.locator("#log .ev.typed", has_text="(sluice web) typed into c1: print(6*7)\\n").wait_for()
+        person.read_until(b"(sluice web) typed into c1: print(6*7)\\n")
+
+        # Another frontend's typing shows under the terminal, and its effect in it.
+        other = Client.connect(dmn.runtime, autostart=False, name="elsewhere")
+        try:
+            attached = other.attach(session_id, since=0)
+            attached.submit(ExecCommandStdin("c1", "print('from' + ' elsewhere')\n"))
+            typed = page.locator("#terminal-typed div")
+            typed.filter(has_text="(elsewhere) typed into c1: print('from' + ' elsewhere')\\n").wait_for()
+            on_screen("from elsewhere")
+            person.read_until(b"(elsewhere) typed into c1: print('from' + ' elsewhere')\\n")
+            # What is typed is text wherever it is shown (a comment to Python).
+            attached.submit(ExecCommandStdin("c1", "#<img src=x onerror=window.pwned=1>\x1b]0;t\x07\n"))
+            typed.filter(has_text="#<img src=x onerror=window.pwned=1>\\x1b]0;t\\x07\\n").wait_for()
+            assert page.locator("#terminal-typed img, #log .ev.typed img").count() == 0
+            assert page.evaluate("window.pwned") is None
+            person.read_until(b"#<img src=x onerror=window.pwned=1>\\x1b]0;t\\x07\\n")
+            page.screenshot(path=str(artefacts / "terminal-typing.png"))
+
+            # Reopened, the view is read-only again and still says who typed what.
+            page.click("#terminal-close")
+            page.locator("#log .ev.command .watch").first.click()
+            assert page.locator("#terminal-input").is_hidden()
+            assert page.inner_text("#terminal-title").endswith("(read-only)")
+            assert typed.count() == 3 and "(sluice web) typed into c1: print(6*7)\\n" in typed.first.inner_text()
+            page.click("#terminal-type")
+
+            # The command gone, typing ends with it.
+            page.fill("#terminal-line", "exit()")
+            page.press("#terminal-line", "Enter")
+            page.wait_for_selector("#terminal-type:disabled")
+            assert page.locator("#terminal-input").is_hidden()
+            assert page.inner_text("#terminal-title").endswith("(ended)")
+            person.write(b"\x04")
+            assert person.wait() == 0
+            attached.submit(Shutdown())
+            collect(attached, "shutdown_complete")
+        finally:
+            other.close()
 
 
 def test_the_page_outlives_a_daemon_restart_and_a_web_server_restart(server, browser, tmp_path) -> None:

@@ -36,6 +36,8 @@ from broker.wire.protocol import (
     ExecCommandBeginEvent,
     ExecCommandEndEvent,
     ExecCommandOutputDeltaEvent,
+    ExecCommandStdin,
+    ExecCommandStdinTypedEvent,
     ExecOutputStream,
     GetHistoryEntryRequest,
     GetHistoryEntryResponseEvent,
@@ -52,6 +54,8 @@ from broker.wire.protocol import (
     PatchApproval,
     PlanItem,
     PlanUpdateEvent,
+    STDIN_TYPED_MAX,
+    STDIN_TYPED_SHOWN,
     ProtocolError,
     ReviewDecision,
     SessionConfiguredEvent,
@@ -181,6 +185,16 @@ SUBMISSIONS = {
     ),
     "compact": (Submission("7", Compact()), '{"id":"7","op":{"type":"compact"}}'),
     "shutdown": (Submission("8", Shutdown()), '{"id":"8","op":{"type":"shutdown"}}'),
+    # sluice's own: a person types into a running interactive command (``by`` is the daemon's to set).
+    "exec_command_stdin": (
+        Submission("9", ExecCommandStdin("call_3", "print(6*7)\n")),
+        '{"id":"9","op":{"type":"exec_command_stdin","call_id":"call_3","stdin":"print(6*7)\\n"}}',
+    ),
+    "exec_command_stdin_by": (
+        Submission("9", ExecCommandStdin("call_3", "\u0003", by="frontend-4 (sluice web)")),
+        '{"id":"9","op":{"type":"exec_command_stdin","call_id":"call_3","stdin":"\\u0003",'
+        '"by":"frontend-4 (sluice web)"}}',
+    ),
 }
 
 # (event message, the JSON of Event("1", msg) exactly as Codex writes it)
@@ -391,6 +405,14 @@ EVENTS = {
         ApprovalResolvedEvent("c1", ReviewDecision.APPROVED, "frontend-3 (sluice attach)"),
         '{"type":"approval_resolved","call_id":"c1","decision":"approved","by":"frontend-3 (sluice attach)"}',
     ),
+    "exec_command_stdin_typed": (
+        ExecCommandStdinTypedEvent("call_3", "print(6*7)\n", "frontend-4 (sluice web)"),
+        '{"type":"exec_command_stdin_typed","call_id":"call_3","stdin":"print(6*7)\\n","by":"frontend-4 (sluice web)"}',
+    ),
+    "exec_command_stdin_typed_cut": (
+        ExecCommandStdinTypedEvent("call_3", "x", "frontend-4", omitted=9),
+        '{"type":"exec_command_stdin_typed","call_id":"call_3","stdin":"x","by":"frontend-4","omitted":9}',
+    ),
 }
 
 
@@ -432,6 +454,15 @@ def test_every_op_and_event_type_is_pinned():
     msg_types = {type(m) for m, _ in EVENTS.values()}
     assert op_types == set(typing.get_args(Op))
     assert msg_types == set(typing.get_args(EventMsg))
+
+
+def test_a_typing_event_carries_a_bounded_part_of_what_was_typed():
+    small = ExecCommandStdinTypedEvent.of(ExecCommandStdin("c", "ls\n", by="frontend-2 (sluice attach)"))
+    assert small == ExecCommandStdinTypedEvent("c", "ls\n", "frontend-2 (sluice attach)")
+    typed = "\x1b]0;title\x07" + "y" * STDIN_TYPED_MAX
+    big = ExecCommandStdinTypedEvent.of(ExecCommandStdin("c", typed, by="f"))
+    assert big.stdin == typed[:STDIN_TYPED_SHOWN] and big.omitted == len(typed) - STDIN_TYPED_SHOWN
+    assert len(encode_json(Event("1", big))) < 2 * STDIN_TYPED_SHOWN  # a small message, whatever was typed
 
 
 def test_strings_are_escaped_like_serde_json():

@@ -36,6 +36,7 @@ from broker.wire.protocol import (
     ExecApprovalRequestEvent,
     ExecCommandBeginEvent,
     ExecCommandOutputDeltaEvent,
+    ExecCommandStdinTypedEvent,
     ExecOutputStream,
     McpToolCallBeginEvent,
     McpToolCallEndEvent,
@@ -191,6 +192,18 @@ def test_the_renderer_escapes_model_text_and_command_output(tmp_path) -> None:
     out, err = read()
     assert out == "\\x1b]52;c;ZXZpbA==\\x07hi\n"
     assert "\\x1b[2J\n" in err and "error: bad \\x1b[31m" in err and "\x1b" not in out + err
+
+
+def test_typing_into_a_command_is_one_escaped_bounded_line(tmp_path) -> None:
+    render, read = _renderer(tmp_path)
+    render.event(Event("5", ExecCommandStdinTypedEvent("call_3", "print(6*7)\n", "frontend-4 (sluice web)")))
+    render.event(Event("6", ExecCommandStdinTypedEvent("call_3", "\x1b]0;pwned\x07\x03" + "y" * 500, "f", omitted=7)))
+    _, err = read()
+    first, second = err.splitlines()
+    assert first == "frontend-4 (sluice web) typed into call_3: print(6*7)\\n"
+    assert second.startswith("f typed into call_3: \\x1b]0;pwned\\x07\\x03yyy") and second.endswith(
+        "... (400 more characters) (+7 characters not in the event)")
+    assert "\x1b" not in err
 
 
 def test_an_approved_command_is_marked_unsandboxed_when_it_runs(tmp_path) -> None:

@@ -24,6 +24,7 @@ from agent.tools import (
     truncate_to_tokens,
 )
 from agent.unified_exec import (
+    NotTypable,
     DEFAULT_TIMEOUT_MS,
     MAX_TIMEOUT_MS,
     OUTPUT_MAX_BYTES,
@@ -275,5 +276,80 @@ def test_the_manager_caps_reaps_forgets_and_closes() -> None:
             await open_one("e")
         tags = [type(m).__name__ for _, m in events]
         assert tags.count("ExecCommandBeginEvent") == 4 and tags.count("ExecCommandEndEvent") == 4
+
+    asyncio.run(main())
+
+
+def test_a_person_types_by_call_id_in_order_and_is_told_when_it_cannot() -> None:
+    async def main() -> None:
+        runner = _FakeRunner()
+        manager = UnifiedExecManager(runner, lambda sub, msg: None, idle_timeout_s=0)
+        policy = SandboxPolicy.from_mode("read-only")
+        repl, _ = await manager.open(["python3", "-i"], "/", policy, call_id="call_7", sub_id="s1", sandboxed=True)
+        piped, _ = await manager.open(["cat"], "/", policy, call_id="call_8", sub_id="s1", sandboxed=True)
+        runner.processes[1].tty = False  # exec_command without tty: its stdin is closed
+
+        assert manager.typing_target("call_7") is repl
+        lost = []
+        for line in (b"a = 6\n", b"print(a * 7)\n", b"\x03"):
+            manager.type(repl, line, lambda: lost.append(line))
+        for _ in range(100):
+            if runner.processes[0].written == b"a = 6\nprint(a * 7)\n\x03":
+                break
+            await asyncio.sleep(0.01)
+        assert runner.processes[0].written == b"a = 6\nprint(a * 7)\n\x03" and not lost
+        # It is the session's output like any other: the model's next call reads it.
+        assert (await manager.collect(repl, 0)).output == b"echo:a = 6\necho:print(a * 7)\necho:\x03"
+
+        with pytest.raises(NotTypable, match="call_8 has no stdin"):
+            manager.typing_target("call_8")
+        with pytest.raises(NotTypable, match="no interactive command of this session has call id 'call_9'"):
+            manager.typing_target("call_9")
+        runner.processes[0].end(ExecResult(exit_code=0))
+        with pytest.raises(NotTypable, match="command call_7 has ended"):
+            manager.typing_target("call_7")
+        await manager.collect(repl, 0)  # the model saw it exit: forgotten, and still said to have ended
+        assert 1000 not in manager.sessions
+        with pytest.raises(NotTypable, match="command call_7 has ended"):
+            manager.typing_target("call_7")
+        await manager.close_all()
+
+    asyncio.run(main())
+
+
+def test_typing_never_waits_for_a_command_that_stopped_reading_and_keeps_its_order() -> None:
+    async def main() -> None:
+        runner = _FakeRunner()
+        manager = UnifiedExecManager(runner, lambda sub, msg: None, idle_timeout_s=0)
+        session, _ = await manager.open(["cat"], "/", SandboxPolicy.from_mode("read-only"), call_id="c", sub_id="s",
+                                        sandboxed=True)
+        process = runner.processes[0]
+        reading = asyncio.Event()
+
+        async def stalled_write(data: bytes) -> bool:
+            await reading.wait()  # the command's stdin is full until it reads again
+            # Then it goes in a window at a time, as the runner sends it.
+            half = len(data) // 2
+            process.written += data[:half]
+            await asyncio.sleep(0)
+            process.written += data[half:]
+            return True
+
+        process.write = stalled_write
+        manager.type(session, b"first\n", lambda: None)  # returns at once: no submission waits on it
+        model = asyncio.ensure_future(manager.write(session, b"model\n"))
+        manager.type(session, b"second\n", lambda: None)
+        for _ in range(10):  # loop turns enough for each writer to reach the stalled stdin
+            await asyncio.sleep(0)
+        assert process.written == b"" and not model.done()
+        reading.set()
+        assert await model
+        for _ in range(100):
+            if len(process.written) == len(b"first\nmodel\nsecond\n"):
+                break
+            await asyncio.sleep(0.01)
+        # Each writer's input whole, in the order written.
+        assert process.written == b"first\nmodel\nsecond\n"
+        await manager.close_all()
 
     asyncio.run(main())

@@ -9,6 +9,11 @@ const CSRF = document.querySelector('meta[name="sluice-csrf"]').content;
 const PAGE_EVENTS = 4000;
 // A command's raw output kept for its terminal view, the newest bytes, at most.
 const TERMINAL_BYTES = 1 << 20;
+// What a typing event shows of the text typed (characters), and how many such lines the
+// terminal view keeps under the terminal.
+const TYPED_SHOWN = 200;
+const TYPED_LINES = 5;
+const KEYS = { "ctrl-c": "\u0003", "ctrl-d": "\u0004" };
 
 async function post(path, body) {
   const res = await fetch(path, {
@@ -31,6 +36,16 @@ function age(seconds) {
   seconds = Math.max(0, Math.floor(seconds));
   for (const [unit, size] of [["d", 86400], ["h", 3600], ["m", 60]]) if (seconds >= size) return Math.floor(seconds / size) + unit;
   return seconds + "s";
+}
+
+// Typed text on one line for people, as sluice attach shows it: control characters as
+// escapes (\n, \x03), what visible() catches besides made visible, at most TYPED_SHOWN characters.
+const NAMED = { "\n": "\\n", "\t": "\\t", "\r": "\\r" };
+function typedText(text, omitted) {
+  const flat = visible(text.replace(/[\u0000-\u001f\u007f-\u009f]/g,
+    (c) => NAMED[c] || "\\x" + c.charCodeAt(0).toString(16).padStart(2, "0")));
+  const more = Math.max(0, flat.length - TYPED_SHOWN) + (omitted || 0);
+  return flat.slice(0, TYPED_SHOWN) + (more ? "\u2026 (+" + more + " characters)" : "");
 }
 
 function fromBase64(text) {
@@ -85,7 +100,10 @@ class SessionView {
     this.calls = new Map(); // call_id -> {out, ansi: {1, 2}, decoder}
     this.approvals = new Map(); // call_id -> card
     this.raw = new Map(); // call_id -> {chunks: [Uint8Array], size, command}: for the terminal view
-    this.terminal = null; // {call_id, term} while the terminal view is open
+    this.terminal = null; // {callId, term, typing} while the terminal view is open
+    this.mine = new Set(); // submission ids of what this page typed: their errors show by the terminal
+    this.errors = new Map(); // the latest error events by submission id (one may come before its POST's answer)
+    this.sending = Promise.resolve(); // typed input goes out in order, one request at a time
     this.first = null; // the oldest seq on the page
     this.last = 0; // the newest seq received
     this.log.dataset.gaps = 0;
@@ -225,7 +243,7 @@ class SessionView {
         box.firstChild.prepend(watch);
         box.append(out);
         this.calls.set(m.call_id, { box, out, ansi: new Ansi(out), decoder: new TextDecoder("utf-8") });
-        this.raw.set(m.call_id, { chunks: [], size: 0, command: shellJoin(m.command) });
+        this.raw.set(m.call_id, { chunks: [], size: 0, command: shellJoin(m.command), typed: [] });
         return box;
       }
       case "exec_command_output_delta": {
@@ -242,6 +260,7 @@ class SessionView {
         return null;
       }
       case "exec_command_end": {
+        if (this.terminal && this.terminal.callId === m.call_id) this.terminalEnded();
         const call = this.calls.get(m.call_id);
         const secs = m.duration ? (m.duration.secs + m.duration.nanos / 1e9).toFixed(2) : "?";
         const end = el("div", "exit " + (m.exit_code === 0 ? "ok" : "failed"), "exit " + m.exit_code + " \u00b7 " + secs + " s");
@@ -298,7 +317,20 @@ class SessionView {
       }
       case "token_count":
         return this.block("tokens", "tokens: " + m.input_tokens + " in, " + m.output_tokens + " out, " + m.total_tokens + " total");
+      case "exec_command_stdin_typed": {
+        const text = visible(m.by + " typed into " + m.call_id + ": " + typedText(m.stdin, m.omitted));
+        const raw = this.raw.get(m.call_id);
+        if (raw) {
+          raw.typed.push(text);
+          if (raw.typed.length > TYPED_LINES) raw.typed.shift();
+        }
+        if (this.terminal && this.terminal.callId === m.call_id) this.showTyped(raw ? raw.typed : [text]);
+        return this.block("typed", text);
+      }
       case "error":
+        this.errors.set(event.id, m.message);
+        if (this.errors.size > 20) this.errors.delete(this.errors.keys().next().value);
+        if (this.mine.has(event.id)) this.typingError(m.message);
         return this.block("error", visible("error: " + m.message));
       case "background_event":
         return this.block("meta", visible(m.message));
@@ -322,14 +354,15 @@ class SessionView {
     if (this.terminal && this.terminal.callId === callId) this.terminal.term.write(bytes);
   }
 
-  // The command's output in a real terminal (xterm.js), read-only: what an interactive
-  // session (exec_command) draws, cursor movements and all, as a terminal shows it.
+  // The command's output in a real terminal (xterm.js): what an interactive session
+  // (exec_command) draws, cursor movements and all, as a terminal shows it. Read-only
+  // until the person turns typing on (the terminal's own keyboard stays off: input goes
+  // out a line at a time from the field below it, so every frontend sees it as sent).
   openTerminal(callId) {
     this.closeTerminal();
     const raw = this.raw.get(callId);
     if (!raw) return;
     const panel = document.getElementById("terminal-panel");
-    document.getElementById("terminal-title").textContent = visible("$ " + raw.command + "  (read-only)");
     const screen = document.getElementById("terminal");
     screen.replaceChildren();
     panel.hidden = false;
@@ -337,14 +370,64 @@ class SessionView {
                                 fontSize: 13, theme: { background: "#0f1419" } });
     term.open(screen);
     for (const chunk of raw.chunks) term.write(chunk);
-    this.terminal = { callId, term };
+    this.terminal = { callId, term, typing: false, command: raw.command };
+    this.showTyped(raw.typed);
+    document.getElementById("terminal-type").disabled = !this.calls.has(callId);
+    this.setTyping(false);
   }
 
   closeTerminal() {
     if (!this.terminal) return;
+    this.setTyping(false);
     this.terminal.term.dispose();
     this.terminal = null;
     document.getElementById("terminal-panel").hidden = true;
+  }
+
+  // Who typed what into the command, the latest TYPED_LINES, under its terminal.
+  showTyped(lines) {
+    document.getElementById("terminal-typed").replaceChildren(...lines.map((text) => el("div", null, text)));
+  }
+
+  // Typing into the command is an explicit act: off whenever a terminal view opens.
+  setTyping(on) {
+    const t = this.terminal;
+    if (!t) return;
+    t.typing = on;
+    const button = document.getElementById("terminal-type");
+    button.setAttribute("aria-pressed", String(on));
+    button.textContent = on ? "Stop typing" : "Type into this command";
+    document.getElementById("terminal-input").hidden = !on;
+    document.getElementById("terminal-note").textContent = "";
+    document.getElementById("terminal-title").textContent =
+      visible("$ " + t.command + (on ? "  (typing on: input goes to the command)" : "  (read-only)"));
+    if (on) document.getElementById("terminal-line").focus();
+  }
+
+  terminalEnded() {
+    this.setTyping(false);
+    document.getElementById("terminal-type").disabled = true;
+    document.getElementById("terminal-title").textContent = visible("$ " + this.terminal.command + "  (ended)");
+  }
+
+  // Sent in order: each request waits for the one before it.
+  type(text) {
+    const t = this.terminal;
+    if (!t || !t.typing || !text) return;
+    const path = `/api/sessions/${encodeURIComponent(this.id)}/stdin`;
+    this.sending = this.sending.then(async () => {
+      try {
+        const answer = await post(path, { call_id: t.callId, text });
+        this.mine.add(answer.id);
+        if (this.errors.has(answer.id)) this.typingError(this.errors.get(answer.id));
+      } catch (err) {
+        this.typingError(err.message);
+      }
+    });
+  }
+
+  typingError(message) {
+    if (this.terminal) document.getElementById("terminal-note").textContent = visible("not typed: " + message);
   }
 
   approvalCard(event) {
@@ -439,6 +522,18 @@ function wire() {
   });
   document.getElementById("run").addEventListener("submit", runCommand);
   document.getElementById("terminal-close").addEventListener("click", () => current && current.closeTerminal());
+  document.getElementById("terminal-type").addEventListener("click", () => {
+    if (current && current.terminal) current.setTyping(!current.terminal.typing);
+  });
+  document.getElementById("terminal-input").addEventListener("submit", (e) => {
+    e.preventDefault();
+    const line = document.getElementById("terminal-line");
+    if (current) current.type(line.value + "\n");
+    line.value = "";
+  });
+  for (const key of document.querySelectorAll("#terminal-input [data-key]")) {
+    key.addEventListener("click", () => current && current.type(KEYS[key.dataset.key]));
+  }
 }
 
 let running = null;
