@@ -58,16 +58,18 @@ KINDS = sorted(set(re.findall(r"^([a-z_]+) {2,}", wire.__doc__, re.M)) - {"kind"
 # broker.wire.frames: "Frame counts are strict"); other kinds are the daemon's own.
 BODY_FRAMES = {wire.HELLO: 1, wire.RUN: 1, wire.STARTED: 1, wire.OUT: 1, wire.EXIT: 1, wire.SUBMIT: 1, wire.EVENT: 1,
                wire.EVENTS: 1,
-               wire.ACK: 0, wire.IN: 1, wire.RESIZE: 1, wire.CANCEL: 0, wire.PING: 0, wire.PONG: 0, wire.BYE: 0, wire.CLOSED: 0, wire.SERVE: 0,
+               wire.ACK: 0, wire.IN: 1, wire.RESIZE: 1, wire.SIGNAL: 0, wire.CANCEL: 0, wire.PING: 0, wire.PONG: 0, wire.BYE: 0, wire.CLOSED: 0, wire.SERVE: 0,
                wire.ATTACH: 0, wire.DETACH: 0, wire.SESSIONS: 0, wire.STATUS: 0}
 # Per role: the kinds it may send, and those of them that are answered (pings with a pong,
 # requests with their result or an error; a second hello, an agent's events, closes and
 # serves, which only the daemon's own agent may send, with an error).
 MAY_SEND = {
-    wire.ROLE_FRONTEND: {wire.HELLO, wire.RUN, wire.ACK, wire.IN, wire.RESIZE, wire.CANCEL, wire.PING, wire.PONG, wire.BYE,
+    wire.ROLE_FRONTEND: {wire.HELLO, wire.RUN, wire.ACK, wire.IN, wire.RESIZE, wire.SIGNAL, wire.CANCEL, wire.PING,
+                         wire.PONG, wire.BYE,
                          wire.SUBMIT, wire.ATTACH, wire.DETACH, wire.SESSIONS, wire.STATUS},
     wire.ROLE_EXECUTOR: {wire.HELLO, wire.STARTED, wire.OUT, wire.EXIT, wire.ACK, wire.PING, wire.PONG, wire.BYE},
-    wire.ROLE_AGENT: {wire.HELLO, wire.RUN, wire.ACK, wire.IN, wire.RESIZE, wire.CANCEL, wire.PING, wire.PONG, wire.BYE,
+    wire.ROLE_AGENT: {wire.HELLO, wire.RUN, wire.ACK, wire.IN, wire.RESIZE, wire.SIGNAL, wire.CANCEL, wire.PING,
+                      wire.PONG, wire.BYE,
                       wire.EVENT, wire.CLOSED, wire.SERVE},
 }
 ANSWERED = {
