@@ -454,8 +454,12 @@ def test_pool_runs_commands_and_survives_its_zygote_dying(workdir):
             outcomes.append(p.wait(30).exit_code)
             p.close()
         assert outcomes == list(range(6))
+        old = psutil.Process(sp.zygote_pid)
+        warm = old.children(recursive=True)
         os.kill(sp.zygote_pid, signal.SIGKILL)
-        time.sleep(0.2)  # its warm sandboxes die with it (pdeathsig); let that happen
+        # Its warm sandboxes die with it (pdeathsig): once they have, the pool must notice.
+        gone, alive = psutil.wait_procs([old, *warm], timeout=30)
+        assert alive == [], alive
         # The pool notices, drops them, and gets new ones from a new zygote.
         for _ in range(4):
             p = sp.spawn(["true"], cwd=str(workdir), env=env, policy=pol, stdout=1, stderr=2)
