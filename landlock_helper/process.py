@@ -16,21 +16,20 @@ cgroups and exits; nobody waits for that.)
 from __future__ import annotations
 
 import os
-import select
 import signal
 import socket
 from typing import TYPE_CHECKING
 
 from landlock_helper import _libc, mounts
-from landlock_helper.outcome import PASSABLE_SIGNALS, Outcome, SandboxError
-from landlock_helper.sandbox_tree import PASS, kill_quietly, reap
+from landlock_helper.outcome import PASSABLE_SIGNALS, Outcome, SandboxError, readable, wait
+from landlock_helper.sandbox_tree import PASS, kill_quietly, pidfd, reap
 
 if TYPE_CHECKING:
     from landlock_helper.spawn import _Limited
 
 
 class SandboxedProcess:
-    """A running sandboxed command; see the module docstring for the process layout."""
+    """A running sandboxed command (its processes: :mod:`landlock_helper.sandbox_tree`)."""
 
     def __init__(self, sup_pid: int, init_pid: int, ctl: socket.socket, early: list[bytes], *,
                  reap: bool, plan: mounts.Plan | None = None, limited: _Limited | None = None,
@@ -39,10 +38,9 @@ class SandboxedProcess:
         self.init_pid = init_pid
         self._ctl = ctl
         self._lines = early
-        self._reap = reap  # the supervisor is our child (not a zygote's): we must wait for it
-        self._sup_fd: int | None = _pidfd(sup_pid)
-        self._init_fd: int | None = _pidfd(init_pid)
-        self._sup_done = False
+        self._reap = reap  # the supervisor is our child (not a zygote's), not waited for yet
+        self._sup_fd: int | None = pidfd(sup_pid)
+        self._init_fd: int | None = pidfd(init_pid)
         self._killed = False
         self._outcome: Outcome | None = None
         self._plan = plan
@@ -87,12 +85,8 @@ class SandboxedProcess:
         if self._outcome is not None:
             return
         self._killed = True
-        if self._cgroup:
-            # The supervisor ends by itself once the init is gone, after removing the cgroups.
-            if self._init_fd is not None:
-                _pidfd_signal(self._init_fd, signal.SIGKILL)
-            return
-        for fd in (self._init_fd, self._sup_fd):
+        # One with cgroups ends by itself once the init is gone, after removing them.
+        for fd in (self._init_fd,) if self._cgroup else (self._init_fd, self._sup_fd):
             if fd is not None:
                 _pidfd_signal(fd, signal.SIGKILL)
 
@@ -100,7 +94,7 @@ class SandboxedProcess:
         """The outcome once the whole tree is dead, else None. Never blocks."""
         if self._outcome is not None:
             return self._outcome
-        if not all(_readable(fd) for fd in self.done_fds):
+        if not all(readable(fd) for fd in self.done_fds):
             return None
         self._lines += _drain(self._ctl)
         outcome = _outcome(self._lines, self._killed)
@@ -117,15 +111,7 @@ class SandboxedProcess:
 
     def wait(self, timeout: float | None = None) -> Outcome | None:
         """Block until :meth:`poll` has an outcome (or ``timeout`` seconds pass)."""
-        while True:
-            outcome = self.poll()
-            if outcome is not None:
-                return outcome
-            poller = select.poll()
-            for fd in self.done_fds:
-                poller.register(fd, select.POLLIN)
-            if not poller.poll(None if timeout is None else timeout * 1000) and timeout is not None:
-                return self.poll()
+        return wait(self, timeout)
 
     def close(self) -> None:
         for fd in (self._sup_fd, self._init_fd, self._reported):
@@ -135,13 +121,13 @@ class SandboxedProcess:
         if self._ctl is not None:
             self._ctl.close()
             self._ctl = None  # type: ignore[assignment]
-        if self._reap and not self._sup_done:
+        if self._reap:
             # Never leave a zombie. Once the tree is dead the supervisor exits at once.
             if self._outcome is None:
                 _end_supervisor(self.pid, self._cgroup)
             else:
                 reap(self.pid)
-            self._sup_done = True
+            self._reap = False
 
     def __del__(self) -> None:
         if getattr(self, "_ctl", None) is not None:
@@ -183,13 +169,6 @@ def _outcome(lines: list[bytes], killed: bool) -> Outcome:
     return Outcome(exit_code, sig, error)
 
 
-def _pidfd(pid: int) -> int | None:
-    try:
-        return os.pidfd_open(pid)
-    except ProcessLookupError:
-        return None  # already gone: nothing of it is left to wait for
-
-
 def _end_supervisor(pid: int, cgroups: bool) -> None:
     """End a sandbox's supervisor that is our child, and reap it: killing one takes its
     tree with it (pdeathsig); one with cgroups ends the tree on SIGTERM and removes them
@@ -203,12 +182,6 @@ def _pidfd_signal(fd: int, sig: int) -> None:
         signal.pidfd_send_signal(fd, sig)
     except ProcessLookupError:
         pass
-
-
-def _readable(fd: int) -> bool:
-    poller = select.poll()  # not select(): a busy executor has fds above FD_SETSIZE
-    poller.register(fd, select.POLLIN)
-    return bool(poller.poll(0))
 
 
 def _drain(sock: socket.socket) -> list[bytes]:
@@ -226,16 +199,17 @@ def _drain(sock: socket.socket) -> list[bytes]:
 class Warm:
     """A sandbox whose command process is waiting for its spec."""
 
-    def __init__(self, sup_pid: int, ctl: socket.socket, *, reap: bool, cgroups: bool = False,
-                 reported: int | None = None, network: bool = False) -> None:
+    def __init__(self, sup_pid: int, ctl: socket.socket, reported: int | None = None, *, reap: bool,
+                 network: bool = False, init_pid: int | None = None) -> None:
         self.sup_pid = sup_pid
         self.network = network  # in the host's network namespace, for a command with network
         self.ctl = ctl
         self.reap = reap
-        self.cgroups = cgroups  # its supervisor makes cgroups (and ends on SIGTERM)
-        # With cgroups: a pipe's read end, at EOF once the supervisor has reported them.
+        # With cgroups (its supervisor makes them, and ends on SIGTERM): a pipe's read end,
+        # at EOF once the supervisor has reported them.
         self.reported = reported
-        self.init_pid: int | None = None
+        self.cgroups = reported is not None
+        self.init_pid = init_pid  # known at once when we forked it ourselves
         self.cgroup: str | None = None  # the name of the sandbox's cgroups, if it has some
         self.early: list[bytes] = []
 

@@ -15,11 +15,12 @@ Each is forked (never exec'd), so nothing is re-imported:
     Builds the filesystem view (:func:`landlock_helper.mounts.prepare`: /proc, a private
     /dev and /tmp, hidden paths, everything read-only), forks the command process, reaps
     everything, turns SIGTERM into "SIGTERM to every process in the namespace", and when
-    the command exits reports its wait status and exits. It also performs every ``connect`` of the command, through the seccomp
-    listener the command hands it before exec, refusing unix peers outside the sandbox
-    (:mod:`landlock_helper.unix_guard`). The kernel then SIGKILLs whatever is left in
-    the namespace (background jobs, setsid or double-forked escapees), and the init's
-    pidfd turns readable only after all of them are gone.
+    the command exits reports its wait status and exits. It also performs every
+    ``connect`` of the command, through the seccomp listener the command hands it before
+    exec, refusing unix peers outside the sandbox (:mod:`landlock_helper.unix_guard`).
+    The kernel then SIGKILLs whatever is left in the namespace (background jobs, setsid
+    or double-forked escapees), and the init's pidfd turns readable only after all of
+    them are gone.
 ``command``
     Joins the sandbox's cgroups, prepares its Landlock ruleset, then waits for the
     command's spec, whose rlimits it sets before exec. On receipt it
@@ -35,9 +36,10 @@ It unshares the PID and IPC (and network) namespaces (and enters the user namesp
 good, and its init unshares the mount namespace as it starts, so the caller keeps the
 host's view; the init dies with the caller as it would with a supervisor.
 
-Only the first lines of :func:`start_supervisor` and :func:`become_supervisor` run in the
-caller (or its zygote): they fork, and return it what it holds of the new sandbox (see
-:mod:`landlock_helper.spawn`). Every other line here runs in a forked child.
+What runs in the caller (or its zygote) stands above the line that says so: the forks
+that start a sandbox, which return the caller what it holds of it (see
+:mod:`landlock_helper.spawn`), and helpers of both sides. Everything below runs in a
+forked child.
 """
 
 from __future__ import annotations
@@ -57,7 +59,7 @@ import termios
 from typing import TYPE_CHECKING
 
 from landlock_helper import _libc, landlock, login_shell, mounts, namespaces, seccomp, unix_guard
-from landlock_helper.outcome import PASSABLE_SIGNALS, SandboxError
+from landlock_helper.outcome import PASSABLE_SIGNALS, SandboxError, readable
 from landlock_helper.policy import SandboxPolicy
 
 if TYPE_CHECKING:
@@ -131,18 +133,21 @@ def reap(pid: int) -> None:
         pass
 
 
+def pidfd(pid: int) -> int | None:
+    try:
+        return os.pidfd_open(pid)
+    except ProcessLookupError:
+        return None  # already gone: nothing of it is left to wait for
+
+
 def wait_pid(pid: int, timeout: float) -> None:
     """Wait up to ``timeout`` seconds for ``pid`` to end (not reaping it)."""
-    try:
-        fd = os.pidfd_open(pid)
-    except ProcessLookupError:
-        return  # already gone
-    try:
-        poller = select.poll()
-        poller.register(fd, select.POLLIN)
-        poller.poll(timeout * 1000)
-    finally:
-        os.close(fd)
+    fd = pidfd(pid)
+    if fd is not None:
+        try:
+            readable(fd, timeout)
+        finally:
+            os.close(fd)
 
 
 def fork_with_socket(sndbuf: int = 0) -> tuple[int, socket.socket, socket.socket]:
@@ -165,9 +170,7 @@ def start_supervisor(template: _Template) -> tuple[int, socket.socket, int | Non
     the sandbox's control socket, and with cgroups the read end of the pipe it closes
     once it has reported them."""
     _find_argv_area()
-    reported_r = reported_w = None
-    if template.cgroups:
-        reported_r, reported_w = os.pipe2(os.O_CLOEXEC)
+    reported_r, reported_w = os.pipe2(os.O_CLOEXEC) if template.cgroups else (None, None)
     parent = os.getpid()
     try:
         pid, mine, theirs = fork_with_socket(MAX_SPEC + 65536)
@@ -213,12 +216,17 @@ def child_main(fn, report_fd: int | None, *args) -> None:
         fn(*args)
     except BaseException as e:  # noqa: BLE001 - the child must report, then die
         if report_fd is not None:
-            try:
-                os.write(report_fd, f"X sandbox set-up failed: {describe(e)}".encode())
-            except Exception:
-                pass
+            _tell(report_fd, f"X sandbox set-up failed: {describe(e)}")
     finally:
         os._exit(1)
+
+
+def _tell(ctl: int, line: str) -> None:
+    """Say ``line`` to the caller on the control socket; it may be gone."""
+    try:
+        os.write(ctl, line.encode())
+    except OSError:
+        pass
 
 
 _RESET = tuple(int(s) for s in (*_FORWARDED, signal.SIGCHLD, signal.SIGPIPE, signal.SIGXFSZ, signal.SIGQUIT,
@@ -331,10 +339,7 @@ def _supervisor(template: _Template, parent: int, ctl: int, reported: int | None
         raise
     for fd in join_fds:
         os.close(fd)
-    try:
-        os.write(ctl, f"P {init}".encode())
-    except OSError:
-        pass  # discarded already: the sandbox ends as it sees the EOF
+    _tell(ctl, f"P {init}")  # (discarded already: the sandbox ends as it sees the EOF)
     if cgroup is None:
         os.close(ctl)
     reap(init)
@@ -342,10 +347,7 @@ def _supervisor(template: _Template, parent: int, ctl: int, reported: int | None
         # The whole tree is dead (the kernel waited for the namespace before the init
         # could be reaped): say which limits it hit, then remove the cgroups.
         counters = cgroup.counters()
-        try:
-            os.write(ctl, f"L {counters['oom_kill']} {counters['pids_max']}".encode())
-        except OSError:
-            pass
+        _tell(ctl, f"L {counters['oom_kill']} {counters['pids_max']}")
         os.close(ctl)
         if reported is not None:
             os.close(reported)  # the caller is done waiting; the rest is ours
@@ -382,7 +384,7 @@ def _init(template: _Template, ctl: int, join_fds: list[int]) -> None:
     # Not dumpable: nothing in the sandbox may read our memory or take our fds (the listener).
     _libc.prctl(_libc.PR_SET_DUMPABLE, 0)
     status = _reap_until(child, guard)
-    os.write(ctl, f"S {status}".encode())
+    _tell(ctl, f"S {status}")
     os._exit(0)
 
 
@@ -423,10 +425,7 @@ def _reap_until(main_child: int, guard: unix_guard.Guard) -> int:
                 elif signo != signal.SIGCHLD:
                     ending = True
             if ending:
-                try:
-                    os.kill(-1, signal.SIGTERM)  # everyone in this namespace except us
-                except ProcessLookupError:
-                    pass
+                kill_quietly(-1, signal.SIGTERM)  # everyone in this namespace except us
 
 
 def _pass_on(main_child: int, infos: bytes, at: int) -> None:
@@ -434,10 +433,7 @@ def _pass_on(main_child: int, infos: bytes, at: int) -> None:
     sig = int.from_bytes(infos[at + _libc.SIGNALFD_SSI_INT:at + _libc.SIGNALFD_SSI_INT + 4], sys.byteorder,
                          signed=True)
     if sig in PASSABLE_SIGNALS:
-        try:
-            os.killpg(main_child, sig)  # the command's own session and group (it called setsid)
-        except ProcessLookupError:
-            pass
+        kill_quietly(-main_child, sig)  # the command's own session and group (it called setsid)
 
 
 def _rehearse() -> None:
@@ -547,7 +543,7 @@ def _command(template: _Template, ctl: int, view: mounts.View | None, guard_end:
             msg = f"E {code} {what}: {argv[0]}"
         else:
             msg = f"E 126 sandbox {stage} failed: {describe(e)}"
-        os.write(ctl, msg.encode())
+        _tell(ctl, msg)
     except BaseException as e:  # noqa: BLE001
-        os.write(ctl, f"E 126 sandbox {stage} failed: {describe(e)}".encode())
+        _tell(ctl, f"E 126 sandbox {stage} failed: {describe(e)}")
     os._exit(127)

@@ -1,10 +1,8 @@
 """Spawn one command inside the sandbox, as a tree that can be killed whole: the caller's side.
 
-A sandbox is three processes, a supervisor, an init (pid 1 of a PID namespace of its own)
-and the command's, each forked (never exec'd) from the caller so nothing is re-imported;
-what they do is in :mod:`landlock_helper.sandbox_tree`, every line of which runs after
-the fork. This module and :mod:`landlock_helper.process` (the handles on a sandbox, and
-what it says on its control socket) run in the caller.
+A sandbox is three processes (supervisor, init, command), each forked from the caller:
+what they do is in :mod:`landlock_helper.sandbox_tree`. This module and
+:mod:`landlock_helper.process` (the handles on a sandbox) run in the caller.
 
 All of a sandbox's set-up up to "waits for the spec" happens before anyone asks for a
 command, so a sandbox can be *warm*: :class:`Spawner` keeps a few warm sandboxes per
@@ -25,8 +23,7 @@ import os
 import socket
 import sys
 import time
-from collections import namedtuple
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from landlock_helper import _libc, landlock, mounts, namespaces, seccomp, zygote
 from landlock_helper.outcome import SandboxError
@@ -44,22 +41,25 @@ FORK_BACKOFF_FIRST_S = 0.1
 FORK_BACKOFF_MAX_S = 5.0
 
 
-class _Template(namedtuple("_Template", "hidden_paths scratch netns as_root uid gid cap_last seccomp_progs cgroups",
-                           defaults=((),))):
+class _Template(NamedTuple):
     """What every sandbox of one caller shares, fixed before any is made (and read by its
-    processes after they fork).
+    processes after they fork). A named tuple, not a dataclass: see
+    :class:`landlock_helper.outcome.Outcome` for why."""
 
-    ``scratch``: the host dir that is /tmp inside; None: the host's view
-    (danger-full-access). ``netns``: a network namespace of the sandbox's own, for
-    commands without network (the usual shape, and every warm sandbox's); abstract unix
-    socket names live per network namespace: with it, the command's are its own in both
-    directions. ``seccomp_progs``: network allowed? -> compiled BPF program.
-    ``cgroups``: where each sandbox gets cgroups of its own for its command's limits (see
-    :mod:`landlock_helper.limits`); empty: no cgroups, rlimits only.
-
-    A named tuple, not a dataclass: see :class:`landlock_helper.outcome.Outcome` for why."""
-
-    __slots__ = ()
+    hidden_paths: tuple[str, ...]
+    scratch: str | None  # the host dir that is /tmp inside; None: the host's view (danger-full-access)
+    # A network namespace of the sandbox's own: for commands without network (the usual
+    # shape, and every warm sandbox's). Abstract unix socket names live per network
+    # namespace: with it, the command's are its own in both directions.
+    netns: bool
+    as_root: bool
+    uid: int
+    gid: int
+    cap_last: int
+    seccomp_progs: dict  # network allowed? -> compiled BPF program
+    # Where each sandbox gets cgroups of its own for its command's limits (see
+    # landlock_helper.limits); empty: no cgroups, rlimits only.
+    cgroups: tuple = ()
 
     @classmethod
     def make(cls, hidden_paths, *, restricted: bool = True, network: bool = False, cgroups: bool = False) -> _Template:
@@ -172,8 +172,7 @@ def _limited(asked: limits.Limits | None, template: _Template) -> _Limited | Non
 
 def _make_warm(template: _Template, *, reap: bool) -> Warm:
     """Fork a supervisor (and through it init and command) from this process."""
-    pid, ctl, reported = start_supervisor(template)
-    return Warm(pid, ctl, reap=reap, cgroups=bool(template.cgroups), reported=reported)
+    return Warm(*start_supervisor(template), reap=reap)
 
 
 def spawn(argv, *, cwd, env, policy: SandboxPolicy, stdout: int | None, stderr: int | None, stdin: int | None = None,
@@ -197,7 +196,7 @@ def spawn(argv, *, cwd, env, policy: SandboxPolicy, stdout: int | None, stderr: 
     ``one_shot=True`` (without ``limits``) is for a process that makes this one sandbox and
     forks nothing else afterwards: it becomes the sandbox's supervisor itself, so its
     PID and IPC namespaces (and, when not root, its user namespace) are the sandbox's
-    from now on; its mount namespace stays the host's (see the module docstring).
+    from now on; its mount namespace stays the host's (see :mod:`landlock_helper.sandbox_tree`).
     """
     if sys.platform == "darwin":  # pragma: no cover - exercised on macOS only
         from landlock_helper.darwin import spawn_seatbelt
@@ -219,16 +218,9 @@ def spawn(argv, *, cwd, env, policy: SandboxPolicy, stdout: int | None, stderr: 
     limited = _limited(limits, template)
     spec = _encode_spec(argv, cwd, env, policy, plan, mode, limited, builtin)
     if one_shot and limited is None:
-        return _supervise_here(template).start(spec, stdin, stdout, stderr, plan)
+        init, ctl = become_supervisor(template)  # no supervisor: the init is ours
+        return Warm(init, ctl, reap=True, init_pid=init).start(spec, stdin, stdout, stderr, plan)
     return _make_warm(template, reap=True).start(spec, stdin, stdout, stderr, plan, limited)
-
-
-def _supervise_here(template: _Template) -> Warm:
-    """``spawn(one_shot=True)``: this process is the sandbox's supervisor."""
-    init, ctl = become_supervisor(template)
-    warm = Warm(init, ctl, reap=True)
-    warm.init_pid = init  # it is ours: no supervisor to say who it is
-    return warm
 
 
 class Spawner:
@@ -276,7 +268,6 @@ class Spawner:
     def _start_zygote(self) -> None:
         self.zygote_pid, self._sock = zygote.start(self.template)
         self._sock.setblocking(False)
-        self._asked = []
         self._top_up()
 
     @property
@@ -304,13 +295,11 @@ class Spawner:
 
     def _restart_zygote(self) -> None:
         """The zygote died (killed by someone?), and its sandboxes with it (they die
-        with their parent): start over, from us as we are now. If that fork is refused,
-        there is no zygote until a later :meth:`spawn` or :meth:`refill` makes one."""
+        with their parent): start over, from us as we are now. If that fork is refused
+        (or forks were refused a moment ago), there is no zygote until a later
+        :meth:`spawn` or :meth:`refill` makes one."""
         self._stop_zygote()
-        try:
-            self._start_zygote()
-        except SandboxError as e:
-            self._failed(str(e))
+        self._ensure_zygote(now=False)
 
     def _stop_zygote(self) -> None:
         """Discard the ready sandboxes, and end the zygote and reap it."""
@@ -371,8 +360,8 @@ class Spawner:
                 continue
             ctl = socket.socket(fileno=fds[0])
             ctl.setblocking(True)
-            self._ready.append(Warm(int(msg[2:]), ctl, reap=False, cgroups=bool(self.template.cgroups),
-                                     reported=fds[1] if len(fds) > 1 else None, network=kind))
+            self._ready.append(Warm(int(msg[2:]), ctl, fds[1] if len(fds) > 1 else None, reap=False,
+                                    network=kind))
             self._recovered()
             block = False
         if self.failure is not None and time.monotonic() < self._retry_at:

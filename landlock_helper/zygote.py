@@ -65,12 +65,11 @@ def _zygote(template: _Template, parent: int, sock: socket.socket) -> None:
         _reap_children()
         for fd, _ in poller.poll():
             if fd == wake_r:
-                while True:
-                    try:
-                        if not os.read(wake_r, 4096):
-                            break
-                    except BlockingIOError:
-                        break
+                try:
+                    while os.read(wake_r, 4096):
+                        pass
+                except BlockingIOError:
+                    pass
                 continue
             try:
                 msg = sock.recv(64)
