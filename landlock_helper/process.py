@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 from landlock_helper import _libc, mounts
 from landlock_helper.outcome import PASSABLE_SIGNALS, Outcome, SandboxError, readable, wait
-from landlock_helper.sandbox_tree import PASS, kill_quietly, pidfd, reap
+from landlock_helper.sandbox_tree import PASS, kill_quietly, reap
 
 if TYPE_CHECKING:
     from landlock_helper.spawn import _Limited
@@ -39,8 +39,8 @@ class SandboxedProcess:
         self._ctl = ctl
         self._lines = early
         self._reap = reap  # the supervisor is our child (not a zygote's), not waited for yet
-        self._sup_fd: int | None = pidfd(sup_pid)
-        self._init_fd: int | None = pidfd(init_pid)
+        self._sup_fd: int | None = _pidfd(sup_pid)
+        self._init_fd: int | None = _pidfd(init_pid)
         self._killed = False
         self._outcome: Outcome | None = None
         self._plan = plan
@@ -167,6 +167,23 @@ def _outcome(lines: list[bytes], killed: bool) -> Outcome:
         if not killed:
             error = "the sandbox died without reporting the command's status"
     return Outcome(exit_code, sig, error)
+
+
+def _pidfd(pid: int) -> int | None:
+    try:
+        return os.pidfd_open(pid)
+    except ProcessLookupError:
+        return None  # already gone: nothing of it is left to wait for
+
+
+def wait_pid(pid: int, timeout: float) -> None:
+    """Wait up to ``timeout`` seconds for ``pid`` to end (not reaping it)."""
+    fd = _pidfd(pid)
+    if fd is not None:
+        try:
+            readable(fd, timeout)
+        finally:
+            os.close(fd)
 
 
 def _end_supervisor(pid: int, cgroups: bool) -> None:

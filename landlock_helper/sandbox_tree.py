@@ -59,7 +59,7 @@ import termios
 from typing import TYPE_CHECKING
 
 from landlock_helper import _libc, landlock, login_shell, mounts, namespaces, seccomp, unix_guard
-from landlock_helper.outcome import PASSABLE_SIGNALS, SandboxError, readable
+from landlock_helper.outcome import PASSABLE_SIGNALS, SandboxError
 from landlock_helper.policy import SandboxPolicy
 
 if TYPE_CHECKING:
@@ -85,7 +85,8 @@ CGROUP_REMOVE_S = 5.0
 BUILTINS = {"fileops": "landlock_helper.fileops"}
 
 _FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-# Queued to the init with a signal number as its value (:meth:`SandboxedProcess.signal_command`):
+# Queued to the init with a signal number as its value
+# (:meth:`landlock_helper.process.SandboxedProcess.signal_command`):
 # "send this to the command's process group", as a terminal sends Ctrl-C.
 PASS = signal.SIGRTMIN + 3
 _INIT_WAITED = {signal.SIGCHLD, PASS, *_FORWARDED}
@@ -131,23 +132,6 @@ def reap(pid: int) -> None:
         os.waitpid(pid, 0)
     except ChildProcessError:
         pass
-
-
-def pidfd(pid: int) -> int | None:
-    try:
-        return os.pidfd_open(pid)
-    except ProcessLookupError:
-        return None  # already gone: nothing of it is left to wait for
-
-
-def wait_pid(pid: int, timeout: float) -> None:
-    """Wait up to ``timeout`` seconds for ``pid`` to end (not reaping it)."""
-    fd = pidfd(pid)
-    if fd is not None:
-        try:
-            readable(fd, timeout)
-        finally:
-            os.close(fd)
 
 
 def fork_with_socket(sndbuf: int = 0) -> tuple[int, socket.socket, socket.socket]:

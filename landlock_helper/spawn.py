@@ -28,10 +28,10 @@ from typing import TYPE_CHECKING, NamedTuple
 from landlock_helper import _libc, landlock, mounts, namespaces, seccomp, zygote
 from landlock_helper.outcome import SandboxError
 from landlock_helper.policy import SandboxPolicy
-from landlock_helper.process import SandboxedProcess, Warm
+from landlock_helper.process import SandboxedProcess, Warm, wait_pid
 from landlock_helper.sandbox_tree import (BUILTINS, CGROUP_REMOVE_S, MAX_SPEC, STDIN_FD, STDIN_NULL, STDIN_TTY,
                                           become_supervisor, describe, kill_quietly, load_limits, reap,
-                                          start_supervisor, wait_pid)
+                                          start_supervisor)
 
 if TYPE_CHECKING:
     from landlock_helper import limits

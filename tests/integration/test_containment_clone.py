@@ -190,10 +190,12 @@ def test_a_kept_clone_changed_by_a_command_already_running_is_checked_again(as_u
     """A command started before the clone was checked has no read-only cover over it: what
     it plants there is found when it ends (the clone is not in what it started with)."""
     marker = tmp_path / "ran"
-    running = start_sandbox(f"read go && cd clone && git config core.fsmonitor 'touch {marker}' && echo planted",
-                            cwd=ws, user=as_user, nobody=nobody_env, stderr=subprocess.PIPE,
+    running = start_sandbox(f"echo started && read go && cd clone && git config core.fsmonitor 'touch {marker}' "
+                            "&& echo planted", cwd=ws, user=as_user, nobody=nobody_env, stderr=subprocess.PIPE,
                             env=_git_env("/nonexistent" if as_user == "nobody" else tmp_path, ws))
     try:
+        # Its sandbox is made (its view fixed) before the clone exists.
+        assert running.stdout.readline() == "started\n"
         r = _in_sandbox(f"git clone -q file://{ws}/upstream.git clone && echo cloned", ws, as_user, nobody_env,
                         tmp_path)
         assert "cloned" in r.stdout and _blocked(ws) == [], r.stderr
