@@ -11,18 +11,23 @@ import os
 import struct
 
 _libc = ctypes.CDLL(None, use_errno=True)
-_syscall = _libc.syscall
-_syscall.restype = ctypes.c_long
-_prctl = _libc.prctl
-_prctl.restype = ctypes.c_int
-_prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
-# A separate function object: argtypes are per object, and this one passes a pointer.
-_mount = _libc.mount
-_mount.restype = ctypes.c_int
-_mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
-_unshare = _libc.unshare
-_unshare.restype = ctypes.c_int
-_unshare.argtypes = [ctypes.c_int]
+
+
+def function(name: str, restype, *argtypes):
+    """libc's ``name``, declared with its C types: a function object of the caller's own
+    (ctypes keeps the types per object)."""
+    fn = _libc[name]
+    fn.restype = restype
+    if argtypes:
+        fn.argtypes = argtypes
+    return fn
+
+
+_syscall = function("syscall", ctypes.c_long)
+_prctl = function("prctl", ctypes.c_int, ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong)
+_mount = function("mount", ctypes.c_int, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong,
+                  ctypes.c_char_p)
+_unshare = function("unshare", ctypes.c_int, ctypes.c_int)
 
 MACHINE = os.uname().machine  # what platform.machine() says, without importing platform
 
@@ -135,39 +140,35 @@ def has(name: str) -> bool:
     return name in _GENERIC or (ARCH is not None and name in ARCH)
 
 
-def syscall(number: int, *args) -> int:
-    ret = _syscall(ctypes.c_long(number), *args)
+def check(ret: int, what: str = "") -> int:
+    """``ret``, what a libc call returned, or the OSError for its errno if it failed;
+    ``what``: the call, to name in the message."""
     if ret < 0:
         err = ctypes.get_errno()
-        raise OSError(err, os.strerror(err))
+        raise OSError(err, f"{what}: {os.strerror(err)}" if what else os.strerror(err))
     return ret
+
+
+def syscall(number: int, *args) -> int:
+    return check(_syscall(ctypes.c_long(number), *args))
 
 
 def prctl(option: int, arg2: int = 0, arg3: int = 0, arg4: int = 0, arg5: int = 0) -> int:
-    ret = _prctl(option, arg2, arg3, arg4, arg5)
-    if ret < 0:
-        err = ctypes.get_errno()
-        raise OSError(err, os.strerror(err))
-    return ret
+    return check(_prctl(option, arg2, arg3, arg4, arg5))
 
 
 
 def mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
-    ret = _mount(
+    check(_mount(
         source.encode() if source is not None else None,
         target.encode(),
         fstype.encode() if fstype is not None else None,
         flags,
         data.encode() if data is not None else None,
-    )
-    if ret < 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"mount {target}: {os.strerror(err)}")
+    ), f"mount {target}")
 
 
-_signalfd = _libc.signalfd
-_signalfd.restype = ctypes.c_int
-_signalfd.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
+_signalfd = function("signalfd", ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_int)
 SFD_NONBLOCK = os.O_NONBLOCK
 SFD_CLOEXEC = os.O_CLOEXEC
 SIGNALFD_SIGINFO_SIZE = 128
@@ -184,11 +185,7 @@ def signalfd(signals) -> int:
     bits = 8 * ctypes.sizeof(ctypes.c_ulong)
     for sig in signals:
         mask[(int(sig) - 1) // bits] |= 1 << ((int(sig) - 1) % bits)
-    fd = _signalfd(-1, ctypes.byref(mask), SFD_NONBLOCK | SFD_CLOEXEC)
-    if fd < 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"signalfd: {os.strerror(err)}")
-    return fd
+    return check(_signalfd(-1, ctypes.byref(mask), SFD_NONBLOCK | SFD_CLOEXEC), "signalfd")
 
 
 # siginfo_t for a queued signal (si_code SI_QUEUE): si_signo, si_errno, si_code, then
@@ -212,9 +209,7 @@ SIGNALFD_SSI_INT = 44
 
 
 def unshare(flags: int) -> None:
-    if _unshare(flags) < 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"unshare: {os.strerror(err)}")
+    check(_unshare(flags), "unshare")
 
 
 # prctl options

@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import fcntl
 import os
-import select
 import signal
 import termios
 
 from landlock_helper.login_shell import keep_path
-from landlock_helper.outcome import PASSABLE_SIGNALS, Outcome, SandboxError
+from landlock_helper.outcome import PASSABLE_SIGNALS, Outcome, SandboxError, readable, wait
 from landlock_helper.seatbelt import seatbelt_argv
 
 
@@ -57,7 +56,7 @@ class SeatbeltProcess:
                 return None
             self._status = status
             self._signal_group(signal.SIGKILL)  # what the command left behind dies with it
-        if not select.select((self._tree_fd,), (), (), 0)[0]:
+        if not readable(self._tree_fd):
             return None
         if os.WIFSIGNALED(self._status):
             self._outcome = Outcome(signal=os.WTERMSIG(self._status))
@@ -66,13 +65,9 @@ class SeatbeltProcess:
         return self._outcome
 
     def wait(self, timeout: float | None = None) -> Outcome | None:
-        while True:
-            outcome = self.poll()
-            if outcome is not None:
-                return outcome
-            ready, _, _ = select.select((self._tree_fd,), (), (), 0.05 if timeout is None else timeout)
-            if timeout is not None and not ready:
-                return self.poll()
+        # Looking again now and then: the tree's pipe stays open while what the command left
+        # runs on, and only poll() sees the command end (and ends what it left).
+        return wait(self, timeout, tick=0.05)
 
     def close(self) -> None:
         if self._tree_fd is not None:

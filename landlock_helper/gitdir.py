@@ -118,13 +118,17 @@ def _lstat(fd: int, name: str) -> os.stat_result | None:
         return None
 
 
+def _open(fd: int, name: str, flags: int, how: str = "") -> int:
+    try:
+        return os.open(name, flags, dir_fd=fd)
+    except OSError as e:
+        raise Refused(f"its {name} could not be opened{how} ({e.strerror})") from None
+
+
 def _entries(fd: int, name: str, budget: list[int]) -> list[tuple[str, str]]:
     """(name, "file" | "dir" | "link" | "other") of each entry of the directory ``name``
     in ``fd`` (never a link to one), at most ``budget[0]`` of them in all."""
-    try:
-        sub = os.open(name, _DIR, dir_fd=fd)
-    except OSError as e:
-        raise Refused(f"its {name} could not be opened as a directory ({e.strerror})") from None
+    sub = _open(fd, name, _DIR, " as a directory")
     entries = []
     try:
         with os.scandir(sub) as it:
@@ -141,10 +145,7 @@ def _entries(fd: int, name: str, budget: list[int]) -> list[tuple[str, str]]:
 
 
 def _read_config(fd: int, name: str) -> bytes:
-    try:
-        f = os.open(name, _FILE, dir_fd=fd)
-    except OSError as e:
-        raise Refused(f"its {name} could not be opened ({e.strerror})") from None
+    f = _open(fd, name, _FILE)
     try:
         st = os.fstat(f)
         if not stat.S_ISREG(st.st_mode):
@@ -204,10 +205,7 @@ def _check_modules(fd: int, name: str, depth: int, budget: list[int]) -> None:
     components (a submodule's name may have slashes); each is checked as a git directory."""
     if depth > MAX_DEPTH:
         raise Refused("its modules/ nest deeper than sluice looks")
-    try:
-        sub = os.open(name, _DIR, dir_fd=fd)
-    except OSError as e:
-        raise Refused(f"its {name} could not be opened as a directory ({e.strerror})") from None
+    sub = _open(fd, name, _DIR, " as a directory")
     try:
         if _lstat(sub, "HEAD") is not None:
             _check_gitdir(sub, module=True, budget=budget)

@@ -1,11 +1,12 @@
 """What a sandboxed process comes to: how it ended, or why the sandbox could not be made;
-and the signals its handle passes on to the command.
+the signals its handle passes on to the command, and how its handle waits for the end.
 
 Shared by the Linux sandbox (:mod:`landlock_helper.spawn`) and the macOS one
 (:mod:`landlock_helper.darwin`)."""
 
 from __future__ import annotations
 
+import select
 import signal
 from collections import namedtuple
 
@@ -32,3 +33,26 @@ class Outcome(namedtuple("Outcome", "exit_code signal error notes limit", defaul
     a millisecond at import, and every ``sluice sandbox`` imports these."""
 
     __slots__ = ()
+
+
+def readable(fd: int, timeout: float | None = 0.0) -> bool:
+    """Whether ``fd`` is readable, waiting up to ``timeout`` seconds (None: until it is)."""
+    poller = select.poll()  # not select(): a busy executor has fds above FD_SETSIZE
+    poller.register(fd, select.POLLIN)
+    return bool(poller.poll(None if timeout is None else timeout * 1000))
+
+
+def wait(handle, timeout: float | None, tick: float | None = None) -> Outcome | None:
+    """A process handle's ``wait``: block until its ``poll()`` has an outcome (or
+    ``timeout`` seconds pass), woken as its ``done_fds`` turn readable (and every
+    ``tick`` seconds, for a handle that must look again without that)."""
+    while True:
+        outcome = handle.poll()
+        if outcome is not None:
+            return outcome
+        poller = select.poll()
+        for fd in handle.done_fds:
+            poller.register(fd, select.POLLIN)
+        wait_s = tick if timeout is None else timeout
+        if not poller.poll(None if wait_s is None else wait_s * 1000) and timeout is not None:
+            return handle.poll()

@@ -209,11 +209,15 @@ _DEVICES = """\
 """
 
 
-def _spellings(path: str) -> list[str]:
-    """The path as given (normalised) and, when it differs, its resolved form."""
-    given = os.path.normpath(path)
-    real = os.path.realpath(given)
-    return [given] if real == given else [given, real]
+def _spellings(paths) -> list[str]:
+    """Each path as given (normalised) and, when it differs, its resolved form; each once."""
+    spellings: list[str] = []
+    for path in paths:
+        given = os.path.normpath(path)
+        for spelling in (given, os.path.realpath(given)):
+            if spelling not in spellings:
+                spellings.append(spelling)
+    return spellings
 
 
 class _Params:
@@ -284,11 +288,7 @@ def seatbelt_profile(
     sections.append(f"(allow mach-lookup\n{mach})\n")
     sections.append(_DEVICES)
 
-    roots: list[str] = []
-    for root in policy.writable_roots(cwd, env):
-        for spelling in _spellings(root):
-            if spelling not in roots:
-                roots.append(spelling)
+    roots = _spellings(policy.writable_roots(cwd, env))
     root_exprs = params.add("WRITABLE_ROOT", roots) if roots else []
 
     # -- reads ------------------------------------------------------------------------
@@ -316,11 +316,7 @@ def seatbelt_profile(
             "; Writes: beneath each writable root.\n"
             f"(allow file-write*\n{_filters('subpath', root_exprs)})\n"
         )
-        protected: list[str] = []
-        for path in policy.read_only_subpaths(cwd, env):
-            for spelling in _spellings(path):
-                if spelling not in protected:
-                    protected.append(spelling)
+        protected = _spellings(policy.read_only_subpaths(cwd, env))
         if protected:
             protected_exprs = params.add("READ_ONLY", protected)
             parents = _protected_parents(protected, roots)
@@ -360,12 +356,7 @@ def seatbelt_profile(
             f"(deny file-write*\n{_filters('literal', parent_exprs)})\n"
         )
     if hidden:
-        hidden_spellings: list[str] = []
-        for path in hidden:
-            for spelling in _spellings(path):
-                if spelling not in hidden_spellings:
-                    hidden_spellings.append(spelling)
-        exprs = params.add("HIDDEN", hidden_spellings)
+        exprs = params.add("HIDDEN", _spellings(hidden))
         sockets = "\n".join(f"  (local unix-socket (subpath {e}))" for e in exprs)
         remotes = "\n".join(f"  (remote unix-socket (subpath {e}))" for e in exprs)
         sections.append(

@@ -96,20 +96,12 @@ class _IoVec(ctypes.Structure):
     _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
 
 
-_c = ctypes.CDLL(None, use_errno=True)
-_ioctl = _c.ioctl
-_ioctl.restype = ctypes.c_int
-_ioctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p]
-_vm_readv = _c.process_vm_readv
-_vm_readv.restype = ctypes.c_ssize_t
-_vm_readv.argtypes = [ctypes.c_int, ctypes.POINTER(_IoVec), ctypes.c_ulong, ctypes.POINTER(_IoVec),
-                      ctypes.c_ulong, ctypes.c_ulong]
-_connect = _c.connect  # ctypes releases the GIL around it
-_connect.restype = ctypes.c_int
-_connect.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_uint32]
-_listen = _c.listen  # the backlog as given (Python's listen() clamps it)
-_listen.restype = ctypes.c_int
-_listen.argtypes = [ctypes.c_int, ctypes.c_int]
+_ioctl = _libc.function("ioctl", ctypes.c_int, ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p)
+_vm_readv = _libc.function("process_vm_readv", ctypes.c_ssize_t, ctypes.c_int, ctypes.POINTER(_IoVec), ctypes.c_ulong,
+                           ctypes.POINTER(_IoVec), ctypes.c_ulong, ctypes.c_ulong)
+_connect = _libc.function("connect", ctypes.c_int, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint32)  # without the GIL
+# The backlog as given (Python's listen() clamps it).
+_listen = _libc.function("listen", ctypes.c_int, ctypes.c_int, ctypes.c_int)
 
 MAX_SOCKADDR = 128  # sizeof(struct sockaddr_storage): the kernel refuses longer (EINVAL)
 _SUN_PATH = 2  # offsetof(struct sockaddr_un, sun_path)
@@ -123,13 +115,6 @@ def _start_thread(fn, *args) -> None:
     copied), and this module is loaded in the zygote every sandbox process is forked from.
     Nothing waits for these threads: the init ends with ``os._exit``."""
     _thread.start_new_thread(fn, args)
-
-
-def _check(ret: int) -> int:
-    if ret < 0:
-        err = ctypes.get_errno()
-        raise OSError(err, os.strerror(err))
-    return ret
 
 
 # --- the command's side -------------------------------------------------------------
@@ -366,7 +351,7 @@ class Guard:
         fresh.setblocking(blocking)  # the command's O_NONBLOCK, not ours
         cloexec = _cloexec(n.pid, fd)
         add = _AddFd(n.id, ADDFD_FLAG_SETFD, fresh.fileno(), fd, os.O_CLOEXEC if cloexec else 0)
-        _check(_ioctl(self._listener, NOTIF_ADDFD, ctypes.byref(add)))
+        _libc.check(_ioctl(self._listener, NOTIF_ADDFD, ctypes.byref(add)))
         self._answer(n.id, 0)
 
 
