@@ -8,7 +8,7 @@
 
 The frontend resolves everything in its own process, against its own environment: the
 configuration (flags, then ``-c`` overrides, then ``~/.sluice/config.toml``, then the
-defaults) and the model provider with its API key (:func:`agent.config.resolve_provider`),
+defaults) and the model provider with its API key (:func:`broker.cli.config.resolve_provider`),
 so a daemon started earlier from another shell uses this caller's settings; and the
 environment of the agent's commands, built from this process's under
 ``shell_environment_policy`` (secrets out, see :mod:`landlock_helper.env`) and sent with
@@ -44,10 +44,6 @@ agent or the daemon gone) or its conversation could not be recorded (the rollout
 under a full ``SLUICE_HOME``: one line, ``error: rollout: no space left on device: PATH``,
 and the task goes on to its end), 130 when interrupted, 2 for bad usage or configuration (a
 missing API key included: the message names the variable to set).
-
-This module lives in ``agent`` because it needs the agent's configuration (providers,
-``config.toml``); ``broker.cli.main`` hands ``sluice exec`` to it without importing anything
-else of the agent, and it reaches the daemon only through ``broker.client``.
 """
 
 from __future__ import annotations
@@ -59,7 +55,7 @@ import sys
 import time
 
 import broker.client as C
-from agent.config import ConfigError, default_config_path, load_config, resolve_provider
+from broker.cli.config import ConfigError, default_config_path, load_config, resolve_provider
 from agent.mcp.config import McpConfigError, parse_servers
 from broker.cli.attach import NoSuchSession, connect, no_session, resolve_session
 from broker.cli.base import (
