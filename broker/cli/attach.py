@@ -42,11 +42,18 @@ import msgspec
 
 from broker.cli.base import CliExit, connect_client, print_error, write_all
 from broker.cli.render import CodexJsonRenderer, HumanRenderer, JsonRenderer
-from broker.cli.session_loop import INPUT_JSON, INPUT_NONE, INPUT_TERMINAL, WATCHING, LineReader, SessionLoop
+from broker.cli.session_loop import (
+    INPUT_JSON,
+    INPUT_NONE,
+    INPUT_TERMINAL,
+    WATCHING,
+    LineReader,
+    SessionLoop,
+    shut_down,
+)
 from broker.cli.turns import isatty, tag_of
 from broker.client import DaemonError, SessionError, daemon_status
 from broker.wire import frames as wire
-from broker.wire.protocol import Shutdown
 from broker.wire.results import EXIT_FAILED, EXIT_NOT_RUNNING, EXIT_OK, EXIT_SLUICE, EXIT_USAGE
 
 if TYPE_CHECKING:
@@ -148,22 +155,15 @@ def close_main(args) -> int:
             info = resolve_session(client, args.id)
         except NoSuchSession as e:
             return no_session(e)
-        session = client.session(info.id)
-        sub_id = session.submit(Shutdown())
-        deadline = time.monotonic() + CLOSE_WAIT_S
-        while (remaining := deadline - time.monotonic()) > 0:
-            event = session.next_event(remaining, interruptible=False)
-            if event is None:
-                break
-            tag = tag_of(event)
-            if event.id == sub_id and tag == "shutdown_complete":
-                print_error(f"session {info.id} closed")
-                return EXIT_OK
-            if tag == "error" and event.id in (sub_id, ""):
-                print_error(f"error: session {info.id}: {event.msg.message}")
-                return EXIT_FAILED
-        print_error(f"error: session {info.id} did not close within {CLOSE_WAIT_S:g} s")
-        return EXIT_FAILED
+        event = shut_down(client.session(info.id), CLOSE_WAIT_S)
+        if event is None:
+            print_error(f"error: session {info.id} did not close within {CLOSE_WAIT_S:g} s")
+            return EXIT_FAILED
+        if tag_of(event) == "error":
+            print_error(f"error: session {info.id}: {event.msg.message}")
+            return EXIT_FAILED
+        print_error(f"session {info.id} closed")
+        return EXIT_OK
 
 
 def session_json(info: wire.SessionInfo) -> bytes:

@@ -15,8 +15,9 @@ environment of the agent's commands, built from this process's under
 the session, so the daemon and the executors never get the caller's secrets
 (``--env-report`` names what the commands will not get). Then it
 starts (or reuses) the daemon, opens a session (``configure_session``), submits PROMPT
-(``-`` reads it from stdin), renders the events (:mod:`broker.cli.render`) until the task
-ends, and shuts the session down (its rollout flushed). ``experimental_resume = "PATH"``
+(``-`` reads it from stdin), follows the session as ``sluice attach`` does (the one session
+loop, :mod:`broker.cli.session_loop`; the events rendered by :mod:`broker.cli.render`) until
+the task ends, and shuts the session down (its rollout flushed). ``experimental_resume = "PATH"``
 (``-c experimental_resume=PATH``) resumes the conversation of a rollout file, as in Codex
 (corrupt lines of it are skipped and said in one line; one that cannot be resumed is an
 error and exit 1, never a fresh conversation in its place).
@@ -52,7 +53,6 @@ import argparse
 import os
 import signal
 import sys
-import time
 
 import broker.client as C
 from agent.mcp.config import McpConfigError, parse_servers
@@ -68,12 +68,11 @@ from broker.cli.base import (
 )
 from broker.cli.config import ConfigError, default_config_path, load_config, resolve_provider
 from broker.cli.render import CodexJsonRenderer, HumanRenderer, JsonRenderer
-from broker.cli.session_loop import INPUT_ANSWERS, INPUT_NONE, SessionLoop
+from broker.cli.session_loop import INPUT_ANSWERS, INPUT_NONE, SessionLoop, shut_down
 from broker.cli.turns import isatty, rollout_failed, tag_of
 from broker.wire.protocol import (
     UNSET,
     ConfigureSession,
-    Shutdown,
     TextInput,
     UnifiedExecSettings,
     UserInput,
@@ -375,26 +374,11 @@ class _Exec:
 
     def _shutdown(self, *, wait: bool = True) -> None:
         """Shut the session down (rollout flushed); render what it says meanwhile."""
-        session = self.loop.session
-        try:
-            sub_id = session.submit(Shutdown())
-        except C.DaemonError:
-            return
-        if not wait:
-            return
-        deadline = time.monotonic() + SHUTDOWN_WAIT_S
-        while (remaining := deadline - time.monotonic()) > 0:
-            try:
-                event = session.next_event(remaining, interruptible=False)
-            except C.DaemonError:
-                return
-            except C.Interrupted:
-                return
-            if event is None:
-                return
+        def show(event) -> None:
             if self.args.json or rollout_failed(event):
                 self.loop.show(event)
-            if event.id == sub_id and tag_of(event) in ("shutdown_complete", "error"):
-                return
-            if event.id == "" and tag_of(event) == "error":
-                return
+
+        try:
+            shut_down(self.loop.session, SHUTDOWN_WAIT_S if wait else 0, show)
+        except C.DaemonError:
+            pass  # the daemon is gone, and the session with it

@@ -42,6 +42,7 @@ from broker.wire.protocol import (
     Event,
     ProtocolError,
     ReviewDecision,
+    Shutdown,
     TextInput,
     UserInput,
     decode_submission_json,
@@ -156,6 +157,25 @@ def parse_submission(line: bytes | None):
         raise ValueError(" ".join(str(e).split())) from None
 
 
+def shut_down(session: ClientSession, wait_s: float, show=None) -> Event | None:
+    """Submit ``shutdown`` and wait up to ``wait_s`` seconds for the session to say it has
+    shut down (its rollout flushed): ``shutdown_complete``, or an ``error`` for the
+    submission or for the whole session. That event; None if none came in time. ``show``
+    is called with every event meanwhile."""
+    sub_id = session.submit(Shutdown())
+    deadline = time.monotonic() + wait_s
+    while (remaining := deadline - time.monotonic()) > 0:
+        event = session.next_event(remaining, interruptible=False)
+        if event is None:
+            return None
+        if show is not None:
+            show(event)
+        tag = tag_of(event)
+        if (event.id == sub_id and tag == "shutdown_complete") or (tag == "error" and event.id in (sub_id, "")):
+            return event
+    return None
+
+
 # -- the loop -------------------------------------------------------------------------
 
 
@@ -163,9 +183,10 @@ class SessionLoop:
     """One frontend following one session: events out through ``render``, input in.
 
     ``input_mode``: :data:`INPUT_TERMINAL`, :data:`INPUT_ANSWERS`, :data:`INPUT_JSON` or
-    :data:`INPUT_NONE` (see the module docstring). ``until_idle``: return once the replay is over, the session idle,
-    nothing this frontend submitted still on its way and (JSON input) stdin at its end;
-    with ``turn_status`` the status is how the last turn ended, else 0. ``ctrl_c_interrupts``:
+    :data:`INPUT_NONE` (see the module docstring). ``until_idle``: return once the replay
+    is over, the session idle, nothing this frontend submitted still on its way and (JSON
+    input) stdin at its end; with ``turn_status`` the status is how the last turn ended,
+    else 0. ``ctrl_c_interrupts``:
     SIGINT interrupts a running turn (a second one within :data:`DOUBLE_CTRL_C_S`, or one
     while idle, detaches); otherwise any of SIGINT/SIGTERM/SIGHUP detaches at once.
     ``bad_input_events``: a bad JSON line is also answered with an ``error`` event on stdout.
