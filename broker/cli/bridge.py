@@ -10,7 +10,7 @@ import signal
 from broker.cli.attach import NoSuchSession, connect, daemon_gone, detach, no_session, resolve_session
 from broker.cli.base import CliExit, print_error
 from broker.cli.render import JsonRenderer
-from broker.cli.session_loop import INPUT_JSON, LineReader, SessionLoop, parse_submission
+from broker.cli.session_loop import INPUT_JSON, LineReader, SessionLoop, bad_line, parse_submission
 from broker.client import Client, DaemonError, SessionError
 from broker.wire.protocol import NO_SESSION, ConfigureSession, ErrorEvent, Event
 from broker.wire.results import EXIT_NOT_RUNNING, EXIT_OK, EXIT_USAGE
@@ -79,9 +79,7 @@ def _open_from_stdin(client: Client, reader: LineReader, render):
             try:
                 sub = parse_submission(line)
             except ValueError as e:
-                text = f"line {number}: {e}"
-                render.event(Event(id="", msg=ErrorEvent(text)))
-                print_error(f"error: {text}")
+                bad_line(number, str(e), render)
                 continue
             if not isinstance(sub.op, ConfigureSession):
                 render.event(Event(id=sub.id, msg=ErrorEvent(NO_SESSION)))

@@ -157,6 +157,15 @@ def parse_submission(line: bytes | None):
         raise ValueError(" ".join(str(e).split())) from None
 
 
+def bad_line(number: int, message: str, render=None) -> None:
+    """Say that input line ``number`` was not taken, and why: on stderr, and to ``render``
+    as an ``error`` event when given (a program reading stdout)."""
+    text = f"line {number}: {message}"
+    if render is not None:
+        render.event(Event(id="", msg=ErrorEvent(text)))
+    print_error(f"error: {text}")
+
+
 def shut_down(session: ClientSession, wait_s: float, show=None) -> Event | None:
     """Submit ``shutdown`` and wait up to ``wait_s`` seconds for the session to say it has
     shut down (its rollout flushed): ``shutdown_complete``, or an ``error`` for the
@@ -539,10 +548,7 @@ class SessionLoop:
             self._bad_line(number, str(e))
 
     def _bad_line(self, number: int, message: str) -> None:
-        text = f"line {number}: {message}"
-        if self.bad_input_events:
-            self.render.event(Event(id="", msg=ErrorEvent(text)))
-        print_error(f"error: {text}")
+        bad_line(number, message, self.render if self.bad_input_events else None)
 
     def submit(self, op, sub_id: str | None = None) -> str:
         """Submit ``op`` to the session, and follow until it has taken effect; its id."""
