@@ -47,7 +47,7 @@ from broker.wire.protocol import (
     UserInput,
     decode_submission_json,
 )
-from broker.wire.results import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_SIGNAL_BASE
+from broker.wire.results import EXIT_DAEMON_STOPPED, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_SIGNAL_BASE
 
 if TYPE_CHECKING:
     from broker.client import Client
@@ -59,6 +59,9 @@ DOUBLE_CTRL_C_S = 1.0
 # After the daemon said a session is gone: how long to watch for the connection dropping
 # too (the daemon stopping), which is exit 125 rather than 1.
 GONE_GRACE_S = 0.5
+# How long to wait for that after the daemon said it is stopping: more than the grace it
+# gives its agent and executors (broker.daemon.server.SHUTDOWN_GRACE_S, 3 s) before it closes.
+STOPPING_WAIT_S = 10.0
 # How often an attach that waits for another frontend to answer an approval looks whether
 # one is still attached.
 ANSWER_CHECK_S = 1.0
@@ -329,7 +332,7 @@ class SessionLoop:
         elif tag == "error" and not event.id and self.one_task:
             self.status = turn_end(event)
         elif tag == "error" and not event.id:
-            self._check_session_still_there()
+            self._check_session_still_there(event)
         if self.asking and self.render.fresh_line:
             # Something was shown below the question: ask again underneath.
             self.render.reprompt()
@@ -378,13 +381,15 @@ class SessionLoop:
         self.render.note("the session was shut down")
         self.status = EXIT_FAILED
 
-    def _check_session_still_there(self) -> None:
+    def _check_session_still_there(self, event: Event) -> None:
         """The daemon spoke about the session as a whole (the agent died, the daemon is
         stopping, an unreadable submission): go on only if the session still exists."""
-        if any(s.id == self.session.id for s in self.client.list_sessions().sessions):
+        stopping = turn_end(event) == EXIT_DAEMON_STOPPED
+        if not stopping and any(s.id == self.session.id for s in self.client.list_sessions().sessions):
             return
-        # A daemon that is stopping says so to every session, then closes the connection.
-        deadline = time.monotonic() + GONE_GRACE_S
+        # A daemon that is stopping says so to every session, then closes the connection:
+        # once its agent and executors have stopped, when it says so.
+        deadline = time.monotonic() + (STOPPING_WAIT_S if stopping else GONE_GRACE_S)
         while (remaining := deadline - time.monotonic()) > 0 and self.session.failure is None:
             self.client.poll(remaining)
         if self.session.failure is not None:
