@@ -17,7 +17,8 @@ rules; never the daemon, the client library, the executor or the CLI.
   tests/bench/bench_mcp_flood.py: the loop's median lag is the same under a flooding
   server as idle). A process per session would confine a crash of the agent itself, at
   a process per session; docs/agent.md says why sluice has one.
-- :mod:`broker.cli.exec` is a frontend, not part of the process: ``sluice exec``, which
-  resolves the configuration (:mod:`agent.config`) on the caller's side and talks to the
-  daemon through :mod:`broker.client` only.
+- The configuration (``config.toml``, profiles, ``-c`` overrides) is the frontends'
+  (:mod:`broker.cli.config`): ``sluice exec`` resolves it on the caller's side and sends
+  the result with ``configure_session``; the agent takes the provider from it
+  (:mod:`agent.provider`).
 """

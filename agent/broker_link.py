@@ -29,7 +29,7 @@ import zmq
 
 from broker.net import peer
 from broker.net.logging import Throttle
-from broker.net.runtime import RuntimeDir
+from broker.net.runtime import RuntimeDir, TokenError, read_token
 from broker.net.zloop import ZSocket
 from broker.wire import frames as wire
 
@@ -56,9 +56,8 @@ class Target:
 
     def read_token(self) -> str:
         try:
-            with open(self.token_path, encoding="ascii") as f:
-                return f.read().strip()
-        except (OSError, ValueError):
+            return read_token(self.token_path)
+        except TokenError:
             return ""
 
 

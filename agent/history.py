@@ -25,7 +25,7 @@ from pathlib import Path
 
 import msgspec
 
-from agent.config import sluice_home
+from broker.net.runtime import sluice_home
 from broker.wire.protocol import HistoryEntry
 
 HISTORY_FILENAME = "history.jsonl"
@@ -41,7 +41,7 @@ class HistoryError(OSError):
 
 
 def history_path(env: Mapping[str, str] | None = None, home: Path | None = None) -> Path:
-    return (home if home is not None else sluice_home(env)) / HISTORY_FILENAME
+    return (home if home is not None else Path(sluice_home(env))) / HISTORY_FILENAME
 
 
 def _lock(fd: int, kind: int) -> None:

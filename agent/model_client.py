@@ -82,7 +82,7 @@ import httpx
 import structlog
 
 from agent.chat_completions import ChatStreamAssembler, chat_messages, chat_tools
-from agent.config import ResolvedProvider
+from agent.provider import ResolvedProvider
 from agent.sse import ServerSentEvent, SSEDecoder, SSEError
 from broker.net.logging import Throttle
 from broker.wire.frames import one_line

@@ -47,8 +47,8 @@ from typing import Any
 
 import structlog
 
-from agent.config import sluice_home
 from agent.items import CALL_TYPES, OUTPUT_TYPES
+from broker.net.runtime import sluice_home
 from broker.wire.protocol import ROLLOUT_ERROR_PREFIX
 
 log = structlog.get_logger("agent.rollout")
@@ -98,7 +98,7 @@ class SavedSession:
 
 
 def sessions_dir(env: Mapping[str, str] | None = None, home: Path | None = None) -> Path:
-    return (home if home is not None else sluice_home(env)) / SESSIONS_SUBDIR
+    return (home if home is not None else Path(sluice_home(env))) / SESSIONS_SUBDIR
 
 
 def rollout_path(session_id: uuid.UUID, when: dt.datetime, root: Path) -> Path:

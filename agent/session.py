@@ -92,7 +92,7 @@ import structlog
 
 from agent import history as message_history
 from agent.apply_patch import TurnDiffTracker
-from agent.config import OPENAI_DEFAULT_BASE_URL, ResolvedProvider, sluice_home
+from agent.provider import OPENAI_DEFAULT_BASE_URL, ResolvedProvider
 from agent.exec_runner import CommandRunner
 from agent.instructions import (
     PROJECT_DOC_TIMEOUT_MS,
@@ -112,6 +112,7 @@ from agent.model_client import DEFAULT_BACKOFF_BASE, ModelClient, reasoning_para
 from agent.rollout import RolloutError, RolloutRecorder, SavedSession, sessions_dir
 from agent.turn import run_compact_task, run_task
 from agent.unified_exec import NotTypable, UnifiedExecManager
+from broker.net.runtime import sluice_home
 from broker.wire.protocol import (
     NO_SESSION,
     STDIN_TYPED_MAX,
@@ -217,7 +218,7 @@ class Session:
         self._emit = emit
         self.runner = runner
         self.env = dict(os.environ if env is None else env)
-        self.home = home if home is not None else sluice_home(self.env)
+        self.home = home if home is not None else Path(sluice_home(self.env))
         self.http_client = http_client
         self.backoff_base = backoff_base
         self.show_raw_agent_reasoning = show_raw_agent_reasoning

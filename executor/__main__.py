@@ -20,6 +20,7 @@ import signal
 import socket
 import sys
 
+from broker.net.runtime import TokenError, read_token
 from executor.errors import StartupError
 
 PR_SET_PDEATHSIG = 1
@@ -73,20 +74,6 @@ def parse_args(argv: list[str] | None = None, prog: str = "python -m executor") 
         if not args.token_file:
             raise _UsageError(f"--connect {args.connect} needs --token-file PATH")
     return args
-
-
-def read_token(path: str) -> str:
-    # The token comes only from a file: argv and the environment are visible to others.
-    try:
-        with open(path, encoding="ascii") as f:
-            token = f.read().strip()
-    except OSError as e:
-        raise StartupError(f"cannot read token file {path}: {e.strerror}") from None
-    except ValueError:
-        raise StartupError(f"token file {path} is not ASCII text") from None
-    if not token:
-        raise StartupError(f"token file {path} is empty")
-    return token
 
 
 def die_with_parent() -> None:
@@ -164,7 +151,10 @@ def main(argv: list[str] | None = None, prog: str = "python -m executor", error_
             token = ""
         else:
             link = None
-            token = read_token(args.token_file)
+            try:
+                token = read_token(args.token_file)
+            except TokenError as e:
+                raise StartupError(str(e)) from None
     except StartupError as e:
         if spawner is not None:
             spawner.close()

@@ -232,14 +232,19 @@ class ConfigError(ValueError):
     """A key of config.toml that a command reads holds what it may not (one line)."""
 
 
+def config_path(env=None) -> str:
+    """``$SLUICE_HOME/config.toml`` (``env``: the environment to read, default ours)."""
+    from broker.net.runtime import sluice_home
+
+    return os.path.join(sluice_home(env), "config.toml")
+
+
 def read_config(word: bytes) -> tuple[str, dict]:
     """``$SLUICE_HOME/config.toml``, parsed, and its path: for the few keys ``sluice run``
     and ``sluice sandbox`` read. An empty table when the file cannot be read or never
     mentions ``word`` (then it is not parsed: these commands' start-up is timed). Raises
     :class:`ConfigError` when it is not TOML."""
-    from broker.net.runtime import sluice_home
-
-    path = os.path.join(sluice_home(), "config.toml")
+    path = config_path()
     try:
         with open(path, "rb") as f:
             data = f.read()

@@ -1,26 +1,16 @@
 """``sluice bridge``: Codex Submissions in on stdin, Events out on stdout, one JSON object
 per line, for editors and scripts in any language. Without ``--session`` the first
 submission must be ``configure_session``; at the end of stdin the bridge exits once the
-session is idle. It is an attachment (:mod:`broker.cli.attach`) whose input is JSON."""
+session is idle. It follows the session with the session loop (:mod:`broker.cli.session_loop`), its input JSON."""
 
 from __future__ import annotations
 
 import signal
 
-from broker.cli.attach import (
-    INPUT_JSON,
-    Attachment,
-    LineReader,
-    NoSuchSession,
-    connect,
-    daemon_gone,
-    detach,
-    no_session,
-    parse_submission,
-    resolve_session,
-)
+from broker.cli.attach import NoSuchSession, connect, daemon_gone, detach, no_session, resolve_session
 from broker.cli.base import CliExit, print_error
 from broker.cli.render import JsonRenderer
+from broker.cli.session_loop import INPUT_JSON, LineReader, SessionLoop, bad_line, parse_submission
 from broker.client import Client, DaemonError, SessionError
 from broker.wire.protocol import NO_SESSION, ConfigureSession, ErrorEvent, Event
 from broker.wire.results import EXIT_NOT_RUNNING, EXIT_OK, EXIT_USAGE
@@ -60,13 +50,13 @@ def bridge_main(args) -> int:
                     return EXIT_OK  # stdin ended before any session was asked for
                 session, configured = opened
             with client.catch_signals((signal.SIGINT, signal.SIGTERM, signal.SIGHUP)):
-                attachment = Attachment(client, session, render, input_mode=INPUT_JSON, until_idle=True,
+                loop = SessionLoop(client, session, render, input_mode=INPUT_JSON, until_idle=True,
                                         turn_status=False, ctrl_c_interrupts=False, bad_input_events=True,
                                         reader=reader)
                 if configured is not None:
-                    attachment.expect(configured, "configure_session")  # its session_configured is to come
+                    loop.expect(configured, "configure_session")  # its session_configured is to come
                 try:
-                    return attachment.run()
+                    return loop.run()
                 finally:
                     detach(session)
         except DaemonError as e:
@@ -89,9 +79,7 @@ def _open_from_stdin(client: Client, reader: LineReader, render):
             try:
                 sub = parse_submission(line)
             except ValueError as e:
-                text = f"line {number}: {e}"
-                render.event(Event(id="", msg=ErrorEvent(text)))
-                print_error(f"error: {text}")
+                bad_line(number, str(e), render)
                 continue
             if not isinstance(sub.op, ConfigureSession):
                 render.event(Event(id=sub.id, msg=ErrorEvent(NO_SESSION)))

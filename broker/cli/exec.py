@@ -8,15 +8,16 @@
 
 The frontend resolves everything in its own process, against its own environment: the
 configuration (flags, then ``-c`` overrides, then ``~/.sluice/config.toml``, then the
-defaults) and the model provider with its API key (:func:`agent.config.resolve_provider`),
+defaults) and the model provider with its API key (:func:`broker.cli.config.resolve_provider`),
 so a daemon started earlier from another shell uses this caller's settings; and the
 environment of the agent's commands, built from this process's under
 ``shell_environment_policy`` (secrets out, see :mod:`landlock_helper.env`) and sent with
 the session, so the daemon and the executors never get the caller's secrets
 (``--env-report`` names what the commands will not get). Then it
 starts (or reuses) the daemon, opens a session (``configure_session``), submits PROMPT
-(``-`` reads it from stdin), renders the events (:mod:`broker.cli.render`) until the task
-ends, and shuts the session down (its rollout flushed). ``experimental_resume = "PATH"``
+(``-`` reads it from stdin), follows the session as ``sluice attach`` does (the one session
+loop, :mod:`broker.cli.session_loop`; the events rendered by :mod:`broker.cli.render`) until
+the task ends, and shuts the session down (its rollout flushed). ``experimental_resume = "PATH"``
 (``-c experimental_resume=PATH``) resumes the conversation of a rollout file, as in Codex
 (corrupt lines of it are skipped and said in one line; one that cannot be resumed is an
 error and exit 1, never a fresh conversation in its place).
@@ -44,10 +45,6 @@ agent or the daemon gone) or its conversation could not be recorded (the rollout
 under a full ``SLUICE_HOME``: one line, ``error: rollout: no space left on device: PATH``,
 and the task goes on to its end), 130 when interrupted, 2 for bad usage or configuration (a
 missing API key included: the message names the variable to set).
-
-This module lives in ``agent`` because it needs the agent's configuration (providers,
-``config.toml``); ``broker.cli.main`` hands ``sluice exec`` to it without importing anything
-else of the agent, and it reaches the daemon only through ``broker.client``.
 """
 
 from __future__ import annotations
@@ -56,10 +53,8 @@ import argparse
 import os
 import signal
 import sys
-import time
 
 import broker.client as C
-from agent.config import ConfigError, default_config_path, load_config, resolve_provider
 from agent.mcp.config import McpConfigError, parse_servers
 from broker.cli.attach import NoSuchSession, connect, no_session, resolve_session
 from broker.cli.base import (
@@ -71,20 +66,13 @@ from broker.cli.base import (
     take_json_format,
     write_all,
 )
-from broker.cli.render import (
-    CodexJsonRenderer,
-    HumanRenderer,
-    JsonRenderer,
-    describe_approval,
-    parse_approval_answer,
-    wants_full_view,
-)
-from broker.cli.turns import APPROVAL_REQUESTS, approval_answer, isatty, rollout_failed, tag_of, turn_end
+from broker.cli.config import ConfigError, default_config_path, load_config, resolve_provider
+from broker.cli.render import CodexJsonRenderer, HumanRenderer, JsonRenderer
+from broker.cli.session_loop import INPUT_ANSWERS, INPUT_NONE, SessionLoop, shut_down
+from broker.cli.turns import isatty, rollout_failed, tag_of
 from broker.wire.protocol import (
     UNSET,
     ConfigureSession,
-    ReviewDecision,
-    Shutdown,
     TextInput,
     UnifiedExecSettings,
     UserInput,
@@ -267,7 +255,8 @@ def _env_report(commands_env) -> None:
 
 
 class _Exec:
-    """One run: connect, open (or join) the session, submit, render until the task ends."""
+    """One run: connect, open (or join) the session, submit, follow it with the session
+    loop until the task ends, shut down the session it opened."""
 
     def __init__(self, args, op, header: dict[str, str], *, show_reasoning: bool = True) -> None:
         self.args = args
@@ -278,13 +267,7 @@ class _Exec:
             self.render = CodexJsonRenderer() if args.json_format == "codex" else JsonRenderer()
         else:
             self.render = HumanRenderer(header, show_reasoning=show_reasoning, verbose=args.verbose)
-        self.interrupted = False
-        self.session = None
-        self.task_id = ""
-        # Our answers to approvals: what the daemon says about them is no turn's end.
-        self.answers: set[str] = set()
-        self.can_ask = isatty(0)
-        self.unrecorded = False  # the agent said the rollout can no longer be written
+        self.loop: SessionLoop | None = None
 
     def run(self, prompt: str) -> int:
         if self.op is None:
@@ -311,167 +294,69 @@ class _Exec:
         return EXIT_FAILED
 
     def _run(self, client, prompt: str) -> int:
+        info = None
         if self.op is None:
             try:
-                session_id = self._resolve(client, self.args.session)
+                info = resolve_session(client, self.args.session)
             except NoSuchSession as e:
                 return no_session(e, self.render)
-            self.session = client.session(session_id)
+            session = client.session(info.id)
             if isinstance(self.render, CodexJsonRenderer):
-                self.render.thread(session_id)  # followed from here: no session_configured comes
+                self.render.thread(info.id)  # followed from here: no session_configured comes
         else:
-            self.session = client.open_session(self.op, sub_id="0")
+            session = client.open_session(self.op, sub_id="0")
+        input_mode = INPUT_ANSWERS if isatty(0) else INPUT_NONE
+        loop = self.loop = SessionLoop(client, session, self.render, input_mode=input_mode, until_idle=True,
+                                       one_task=True, info=info)
+        loop.cwd = loop.cwd or self.cwd
+        if self.op is not None:
             code = self._wait_configured()
             if code is not None:
                 self._shutdown()
                 return code
         if isinstance(self.render, HumanRenderer):
             self.render.own_inputs.append(prompt)
-        self.task_id = self.session.submit(UserInput([TextInput(prompt)]))
+        loop.submit(UserInput([TextInput(prompt)]))
         if self.args.detach:
             return self._detach(client)
-        code = None
-        while code is None:
-            try:
-                event = self.session.next_event(self.render.tick_interval)
-            except C.Interrupted as e:
-                if e.signum == signal.SIGINT and self.can_ask:
-                    self.render.echoed(False)  # after the ^C the terminal showed
-                if self.interrupted:
-                    self.render.note("interrupted again: leaving")
-                    self._shutdown(wait=False)
-                    return EXIT_INTERRUPTED
-                self.interrupted = True
-                self.render.interrupt_noted = True
-                self.render.note("interrupting (Ctrl-C again to leave at once)")
-                self.session.interrupt()
-                continue
-            if event is None:
-                self.render.tick()
-                continue
-            code = self._on_event(event)
+        code = loop.run()
+        if code == EXIT_INTERRUPTED and not loop.interrupted:
+            code = EXIT_FAILED  # aborted, and not by us
+        if code == EXIT_OK:
+            self._write_last_message(loop.view.last_message)
         if self.op is not None:
-            self._shutdown()
-        if code == EXIT_OK and self.unrecorded:
+            self._shutdown(wait=not loop.left_on_signal)
+        if code == EXIT_OK and loop.unrecorded:
             code = EXIT_FAILED  # done, but not recorded: the caller must know
         return code
-
-    def _resolve(self, client, text: str) -> str:
-        """The id of the session ``--session`` names (an id or a unique prefix);
-        :class:`NoSuchSession` if none."""
-        info = resolve_session(client, text)
-        self.cwd = self.cwd or info.cwd
-        return info.id
 
     def _detach(self, client) -> int:
         """Leave the task to the daemon once it has it; the session id on stdout."""
         # The daemon answers in the order it is asked: once it has listed its sessions it
         # has taken the submission too (closing the socket could otherwise drop it).
         client.list_sessions()
-        write_all(1, f"{self.session.id}\n".encode())
+        session_id = self.loop.session.id
+        write_all(1, f"{session_id}\n".encode())
         if not self.args.json:
-            self.render.note(f"the task goes on in the daemon; `sluice attach {self.session.id[:8]}` follows it")
+            self.render.note(f"the task goes on in the daemon; `sluice attach {session_id[:8]}` follows it")
         return EXIT_OK
 
     def _wait_configured(self) -> int | None:
         while True:
             try:
-                event = self.session.next_event(CONFIGURE_WAIT_S)
+                event = self.loop.session.next_event(CONFIGURE_WAIT_S)
             except C.Interrupted:
-                self.interrupted = True
                 return EXIT_INTERRUPTED
             if event is None:
                 self.render.error(f"the agent did not configure the session within {CONFIGURE_WAIT_S:g} s")
                 return EXIT_FAILED
             if not self.args.detach or tag_of(event) == "error":
-                self._render(event)
+                self.loop.show(event)
             tag = tag_of(event)
             if tag == "session_configured":
                 return None
             if tag == "error" and not rollout_failed(event):
                 return EXIT_FAILED
-
-    def _render(self, event) -> None:
-        self.render.event(event)
-        if rollout_failed(event) and not self.unrecorded:
-            self.unrecorded = True
-            if self.args.json:  # the event is on stdout; the one line for a person on stderr
-                print_error(f"error: {event.msg.message}")
-
-    def _on_event(self, event) -> int | None:
-        """Render ``event``; the exit code once the task is over, else None."""
-        self._render(event)
-        tag = tag_of(event)
-        ours = event.id == self.task_id or (self.op is None and event.id not in ("", *self.answers))
-        if tag in APPROVAL_REQUESTS:
-            self._approve(event)
-            return None
-        if not (ours or (tag == "error" and event.id == "")):
-            return None
-        code = turn_end(event)  # None for the interruption notice: turn_aborted follows
-        if code == EXIT_OK:
-            self._write_last_message(event.msg.last_agent_message)
-        elif code == EXIT_INTERRUPTED and not self.interrupted:
-            code = EXIT_FAILED  # aborted, and not by us
-        return code
-
-    # -- approvals ----------------------------------------------------------------------
-
-    def _approve(self, event) -> None:
-        what = describe_approval(event.msg, self.cwd)
-        if not self.can_ask:
-            self.render.note(f"denied: the agent asked to {what}, and there is no terminal to ask")
-            self.render.note_once("run on a terminal, or choose --approval-policy / --sandbox to avoid asking")
-            decision = ReviewDecision.DENIED
-        else:
-            decision = self._ask(event)
-            if decision is None:
-                return  # another frontend answered first
-        self.answers.add(self.session.submit(approval_answer(event, decision)))
-
-    def _ask(self, event):
-        """The decision typed at the terminal; None if another frontend answered first."""
-        call_id = event.msg.call_id
-        self.render.ask_approval(event.msg, self.cwd)
-        held = []
-        buffered = b""
-        try:
-            while True:
-                while b"\n" not in buffered:
-                    got = self.session.next_event(fds=[0])
-                    if got is None:
-                        continue
-                    if not isinstance(got, int):
-                        if tag_of(got) == "approval_resolved" and got.msg.call_id == call_id:
-                            self.render.event(got)  # who answered, and what
-                            return None
-                        held.append(got)  # shown once the question is answered
-                        continue
-                    data = os.read(0, 4096)
-                    if not data:
-                        self.render.note("end of input: denied")
-                        return ReviewDecision.DENIED
-                    buffered += data
-                answer, _, buffered = buffered.partition(b"\n")
-                self.render.echoed(True)
-                text = answer.decode("utf-8", "replace")
-                if wants_full_view(text):
-                    self.render.ask_approval(event.msg, self.cwd, full=True)
-                    continue
-                decision = parse_approval_answer(text)
-                if decision is not None:
-                    self.render.answered(event.msg, decision)
-                    return decision
-                self.render.reprompt()
-        except C.Interrupted:
-            self.interrupted = True
-            self.session.interrupt()
-            self.render.interrupt_noted = True
-            self.render.note("interrupting")
-            return ReviewDecision.ABORT
-        finally:
-            # Events that came meanwhile go back in front, in order.
-            self.session.events.extendleft(reversed(held))
 
     # -- ending -------------------------------------------------------------------------
 
@@ -489,25 +374,11 @@ class _Exec:
 
     def _shutdown(self, *, wait: bool = True) -> None:
         """Shut the session down (rollout flushed); render what it says meanwhile."""
-        try:
-            sub_id = self.session.submit(Shutdown())
-        except C.DaemonError:
-            return
-        if not wait:
-            return
-        deadline = time.monotonic() + SHUTDOWN_WAIT_S
-        while (remaining := deadline - time.monotonic()) > 0:
-            try:
-                event = self.session.next_event(remaining, interruptible=False)
-            except C.DaemonError:
-                return
-            except C.Interrupted:
-                return
-            if event is None:
-                return
+        def show(event) -> None:
             if self.args.json or rollout_failed(event):
-                self._render(event)
-            if event.id == sub_id and tag_of(event) in ("shutdown_complete", "error"):
-                return
-            if event.id == "" and tag_of(event) == "error":
-                return
+                self.loop.show(event)
+
+        try:
+            shut_down(self.loop.session, SHUTDOWN_WAIT_S if wait else 0, show)
+        except C.DaemonError:
+            pass  # the daemon is gone, and the session with it

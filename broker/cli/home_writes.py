@@ -23,6 +23,7 @@ import collections
 import os
 import re
 
+from broker.cli.base import config_path
 from landlock_helper.policy import PROTECTED_SUBDIRS, is_beneath
 
 # What libc, Node, Python, Rust and Go print for a write the sandbox refused (Node's
@@ -52,7 +53,9 @@ class HomeWrites:
         self.writable = [os.path.realpath(r) for r in writable]
         # Never to be allowed, so never named: sluice's home (hidden: reading it is refused
         # too) and a repository's .git or .sluice.
-        self.never = os.path.realpath(_sluice_home())
+        from broker.net.runtime import sluice_home  # here: a `sluice run` start-up seldom needs it
+
+        self.never = os.path.realpath(sluice_home())
         # The home directory, or a path in it, up to where a message would end it.
         self._paths = re.compile(rb"(?<![\w.-])" + re.escape(os.fsencode(self.home))
                                  + rb"(?:/[^\s'\"`,;:)\]]*|(?![\w.-]))") if self.home else None
@@ -124,14 +127,4 @@ class HomeWrites:
         make = "" if os.path.isdir(tool_dir) else f" (make it first: mkdir -p {tool_dir})"
         return (f"the command could not write {self.path} (your home directory is read-only in the sandbox): "
                 f"allow {short} with --writable {tool_dir}{make}, or for every run with "
-                f'writable_roots = ["{short}"] in [sandbox_workspace_write] of {_config_path()}')
-
-
-def _sluice_home() -> str:
-    from broker.net.runtime import sluice_home
-
-    return sluice_home()
-
-
-def _config_path() -> str:
-    return os.path.join(_sluice_home(), "config.toml")
+                f'writable_roots = ["{short}"] in [sandbox_workspace_write] of {config_path()}')

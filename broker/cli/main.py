@@ -5,8 +5,8 @@ once it is chosen, so ``sluice run`` loads only the client (zmq, msgspec, the wi
 the policy) and its start-up stays small next to the command it runs: :mod:`.run`,
 :mod:`.sandbox` (landlock_helper's command line), :mod:`.daemon`, :mod:`.keys` (``keys``,
 ``daemon --listen``, ``executor``), :mod:`.attach` (``sessions``, ``attach``),
-:mod:`.bridge`, :mod:`.mcp`, and :mod:`.exec`, which gets its arguments unparsed (it needs the agent's
-configuration).
+:mod:`.bridge`, :mod:`.mcp`, and :mod:`.exec`, which gets its arguments unparsed (it has its
+own, with the configuration's ``-c`` overrides: :mod:`.config`).
 
 Exit codes of ``sluice run``: the command's own exit code; 124 when it timed out;
 128+N when it was killed by signal N; 130 / 143 / 129 when sluice itself got SIGINT /

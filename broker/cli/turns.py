@@ -1,11 +1,13 @@
 """What the events of a session say, for every frontend command alike (exec, attach,
-bridge): an event's type, whether it ends a turn and with what exit status, the answer
-to an approval request, and whether a descriptor is a terminal to ask on."""
+bridge): an event's type, whether it ends a turn and with what exit status, the session's
+state as its events tell it (:class:`SessionView`), the answer to an approval request,
+and whether a descriptor is a terminal to ask on."""
 
 from __future__ import annotations
 
 import os
 
+from broker.wire import frames as wire
 from broker.wire.protocol import (
     TURN_INTERRUPTED,
     Event,
@@ -66,3 +68,53 @@ def isatty(fd: int) -> bool:
         return os.isatty(fd)
     except OSError:
         return False
+
+
+class SessionView:
+    """A session's state as its events tell it: whether a turn runs and which, how the last
+    one ended, which approval requests wait for an answer."""
+
+    def __init__(self, info: wire.SessionInfo) -> None:
+        self.running = info.state != wire.STATE_IDLE
+        # The running (or last) turn's submission id; None until an event names it.
+        self.turn: str | None = None
+        # How the last turn ended, as an exit status: 0 completed, 1 failed, 130 aborted.
+        self.outcome: int | None = None
+        # call_id -> the request event, for approvals nobody has answered yet.
+        self.requests: dict[str, Event] = {}
+        # What the agent said last in the last turn that completed.
+        self.last_message: str | None = None
+
+    def update(self, event: Event) -> None:
+        tag = tag_of(event)
+        if tag == "task_started":
+            self.running, self.turn, self.outcome = True, event.id, None
+            return
+        if tag in APPROVAL_REQUESTS:
+            self.requests[event.msg.call_id] = event
+        elif tag == "approval_resolved":
+            self.requests.pop(event.msg.call_id, None)
+        elif tag == "shutdown_complete":
+            self._ended(self.outcome)
+            return
+        if not self.running:
+            return
+        if tag == "task_complete":
+            self.last_message = event.msg.last_agent_message
+        if self.turn is None:
+            if tag in ("task_complete", "turn_aborted"):
+                self._ended(turn_end(event))
+            elif tag in TURN_EVENTS and event.id:
+                self.turn = event.id
+            return
+        if event.id != self.turn:
+            return
+        outcome = turn_end(event)
+        if outcome is not None:
+            self._ended(outcome)
+
+    def _ended(self, outcome: int | None) -> None:
+        self.running = False
+        self.outcome = outcome
+        # What an ended turn asked can no longer be answered.
+        self.requests.clear()

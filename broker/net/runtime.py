@@ -77,12 +77,34 @@ def with_source_root(env: dict[str, str]) -> dict[str, str]:
     return env
 
 
-def sluice_home() -> str:
-    """``$SLUICE_HOME``, else ``~/.sluice``: config, sessions (rollouts), history, keys."""
-    explicit = os.environ.get("SLUICE_HOME")
+def sluice_home(env: Mapping[str, str] | None = None) -> str:
+    """``$SLUICE_HOME``, else ``~/.sluice``: config, sessions (rollouts), history, keys.
+    ``env`` (default ``os.environ``) is the environment to take both from."""
+    env = os.environ if env is None else env
+    explicit = env.get("SLUICE_HOME")
     if explicit:
         return os.path.abspath(os.path.expanduser(explicit))
-    return os.path.join(os.path.expanduser("~"), ".sluice")
+    return os.path.join(env.get("HOME") or os.path.expanduser("~"), ".sluice")
+
+
+def read_token(path: str) -> str:
+    """The token in the file ``path`` (a token comes only from a file: argv and the
+    environment are visible to others). :class:`TokenError`, one line, if the file cannot
+    be read, is not ASCII or is empty."""
+    try:
+        with open(path, encoding="ascii") as f:
+            token = f.read().strip()
+    except OSError as e:
+        raise TokenError(f"cannot read token file {path}: {e.strerror}") from None
+    except ValueError:
+        raise TokenError(f"token file {path} is not ASCII text") from None
+    if not token:
+        raise TokenError(f"token file {path} is empty")
+    return token
+
+
+class TokenError(ValueError):
+    """A token file that gives no token; ``str()`` is one line."""
 
 
 def ensure_sluice_home() -> str | None:

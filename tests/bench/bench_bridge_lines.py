@@ -5,7 +5,7 @@ of 40 MiB on its stdin; the figure is the time from the first byte written to it
 on stdout (Codex's "no session" error for that id): reading the line, decoding its JSON,
 writing the event. Median of 3 (quick: 10 MiB, median of 2).
 
-``line-reader-40m``: :class:`broker.cli.attach.LineReader` alone reading such a line from
+``line-reader-40m``: :class:`broker.cli.session_loop.LineReader` alone reading such a line from
 a pipe in this process; its baseline is the reader as it was before, which appended every
 read to one growing buffer (copying the line once per 64 KiB read: quadratic).
 No targets.
@@ -21,7 +21,7 @@ import time
 
 from common import Daemon, MiB, Row, Stats, bench_main, log, ratio
 
-from broker.cli.attach import MAX_LINE, LineReader
+from broker.cli.session_loop import MAX_LINE, LineReader
 from tests.support.harness import sluice_argv
 
 

@@ -62,7 +62,8 @@ def test_python_dash_m_broker_is_the_same_command(module_daemon, tmp_path):
 # What a plain `sluice run` must not load: its start-up is most of a short command's time.
 NOT_FOR_RUN = (
     "broker.cli.keys", "broker.cli.exec", "broker.cli.attach", "broker.cli.bridge", "broker.cli.mcp",
-    "broker.cli.sandbox", "broker.cli.daemon", "broker.cli.render", "broker.cli.turns",
+    "broker.cli.sandbox", "broker.cli.daemon", "broker.cli.render", "broker.cli.turns", "broker.cli.session_loop",
+    "broker.cli.config",
     "broker.daemon", "agent", "executor", "broker.wire.protocol", "broker.net.keys", "broker.net.logging",
     "landlock_helper.spawn", "landlock_helper._libc", "ctypes", "secrets", "asyncio", "psutil", "structlog",
     "httpx", "tomllib",

@@ -14,7 +14,7 @@ import subprocess
 
 import pytest
 
-from broker.cli.attach import MAX_LINE
+from broker.cli.session_loop import MAX_LINE
 from broker.wire.protocol import TextInput, UserInput
 from tests.support.fake_model import assistant, response, user_item
 from tests.support.frontends import Frontends, configure_op, json_events, submission_line, tag

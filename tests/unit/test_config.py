@@ -8,13 +8,15 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from agent.config import (
+from agent.provider import (
     DEFAULT_REQUEST_MAX_RETRIES,
     DEFAULT_STREAM_IDLE_TIMEOUT_MS,
     DEFAULT_STREAM_MAX_RETRIES,
-    ConfigError,
     ResolvedProvider,
     Secret,
+)
+from broker.cli.config import (
+    ConfigError,
     default_config_path,
     load_config,
     parse_override,

@@ -12,7 +12,7 @@ import time
 import msgspec
 import pytest
 
-from agent.config import ConfigError, load_config
+from broker.cli.config import ConfigError, load_config
 from broker.client import UsageError, make_request
 from broker.wire import frames as wire
 from broker.wire.protocol import AskForApproval, ConfigureSession, ModelProviderInfo, encode_json

@@ -21,7 +21,7 @@ from structlog.testing import capture_logs
 import agent.sse
 
 from agent.chat_completions import ChatStreamAssembler, chat_messages, chat_tools
-from agent.config import ResolvedProvider
+from agent.provider import ResolvedProvider
 from agent.model_client import (
     Completed,
     Created,

@@ -12,7 +12,7 @@ import asyncio
 
 import pytest
 
-from agent.config import ConfigError, load_config
+from broker.cli.config import ConfigError, load_config
 from agent.model_client import reasoning_param
 from broker.wire.protocol import (
     ConfigureSession,

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from agent.config import ConfigError, load_config
+from broker.cli.config import ConfigError, load_config
 from agent.exec_runner import CommandRunner, ExecResult, InteractiveProcess
 from agent.tools import (
     ArgumentError,

@@ -2,7 +2,7 @@
 
 Frames (:func:`broker.wire.frames.decode_header`, :func:`~broker.wire.frames.decode`), the
 protocol's submissions and events (a :class:`~broker.wire.protocol.ProtocolError` is a
-WireError), and the lines a bridge reads (:class:`broker.cli.attach.LineReader`): bodies
+WireError), and the lines a bridge reads (:class:`broker.cli.session_loop.LineReader`): bodies
 nested deeper than the stack, strings that are not UTF-8, huge declared sizes, a
 dec_hook that fails, lines past the limit.
 """
@@ -15,8 +15,8 @@ import threading
 import msgspec
 import pytest
 
-from broker.cli import attach
-from broker.cli.attach import LineReader, parse_submission
+from broker.cli import session_loop
+from broker.cli.session_loop import LineReader, parse_submission
 from broker.wire import frames as wire
 from broker.wire.protocol import (
     ProtocolError,
@@ -191,14 +191,14 @@ def test_lines_are_numbered_across_reads_empty_ones_included() -> None:
 
 
 def test_a_line_past_the_limit_is_none_and_skipped_to_its_newline(monkeypatch) -> None:
-    monkeypatch.setattr(attach, "MAX_LINE", 10)
+    monkeypatch.setattr(session_loop, "MAX_LINE", 10)
     lines = read_all([b"short\n", b"x" * 6, b"y" * 6, b"z" * 30, b"zz\nafter\n", b"1234567890\n", b"12345678901"])
     assert lines == [(1, b"short"), (2, None), (3, b"after"), (4, b"1234567890"), (5, None)]
     assert read_all([b"x" * 11 + b"\nok"]) == [(1, None), (2, b"ok")]
 
 
 def test_a_line_past_the_limit_is_reported_before_its_end_arrives(monkeypatch) -> None:
-    monkeypatch.setattr(attach, "MAX_LINE", 10)
+    monkeypatch.setattr(session_loop, "MAX_LINE", 10)
     r, w = os.pipe()
     try:
         reader = LineReader(r)

@@ -44,7 +44,7 @@ class Policy:
     """What every command gets, fixed when the server starts: from flags and config.toml."""
 
     def __init__(self, args) -> None:
-        from agent.config import ConfigError, load_config
+        from broker.cli.config import ConfigError, load_config
 
         try:
             config = load_config()

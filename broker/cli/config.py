@@ -1,4 +1,6 @@
-"""sluice's configuration: ``~/.sluice/config.toml``, flag overrides, model providers.
+"""The frontends' configuration: ``~/.sluice/config.toml``, profiles, ``-c`` overrides,
+model providers. ``sluice exec`` (and ``sluice mcp``, for its policy) read it in their own
+process; the agent gets only what they resolved (:mod:`agent.provider`).
 
 The file has Codex's ``config.toml`` shape. ``$SLUICE_HOME`` relocates ``~/.sluice``::
 
@@ -60,8 +62,8 @@ file's tables and a TOML value (``-c model_providers.ollama.base_url="http://gpu
 The frontend resolves the provider with :func:`resolve_provider` in its own process,
 against its own environment: the base URL, the headers taken from environment
 variables and the API key are fixed there, so a daemon started earlier from another
-shell uses the caller's settings. The key travels as a :class:`Secret`, which never
-shows itself in ``repr``, ``str`` or log output.
+shell uses the caller's settings. The key travels as a :class:`~agent.provider.Secret`,
+which never shows itself in ``repr``, ``str`` or log output.
 
 ``unified_exec`` chooses the tools the model gets for long-lived commands (a shell, a
 REPL, a dev server): ``off`` offers only ``shell``; ``seed`` (the default) adds the seed's
@@ -88,10 +90,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlencode
 
 import msgspec
 
+from agent.provider import OPENAI_DEFAULT_BASE_URL, ConfigError, ResolvedProvider, Secret, with_defaults
+from broker.cli.base import config_path
 from broker.wire.protocol import (
     UNIFIED_EXEC_TOOLS,
     AskForApproval,
@@ -106,66 +109,16 @@ from landlock_helper.env import INHERIT_CHOICES, ShellEnvironmentPolicy
 from landlock_helper.limits import LimitError, Limits, from_table
 from landlock_helper.policy import MODES, SandboxPolicy
 
-CONFIG_FILE_NAME = "config.toml"
 DEFAULT_MODEL = "gpt-5"
 DEFAULT_MODEL_PROVIDER = "openai"
 DEFAULT_APPROVAL_POLICY = AskForApproval.ON_REQUEST
 DEFAULT_SANDBOX_MODE = "read-only"
 _UNIFIED_EXEC_DEFAULTS = UnifiedExecSettings()
-OPENAI_DEFAULT_BASE_URL = "https://api.openai.com/v1"
 OLLAMA_DEFAULT_BASE_URL = "http://localhost:11434/v1"
-
-# Codex's defaults and ceilings for the per-provider retry settings.
-DEFAULT_REQUEST_MAX_RETRIES = 4
-DEFAULT_STREAM_MAX_RETRIES = 10
-DEFAULT_STREAM_IDLE_TIMEOUT_MS = 300_000
-MAX_RETRIES_CEILING = 100
-
-
-class ConfigError(Exception):
-    """A configuration mistake; ``str()`` is one line saying what is wrong and where."""
-
-
-class Secret:
-    """A string that does not show itself: ``repr`` and ``str`` say ``'********'``.
-
-    ``reveal()`` gives the value, for the one place that needs it (the HTTP header).
-    """
-
-    __slots__ = ("_value",)
-
-    def __init__(self, value: str) -> None:
-        self._value = value
-
-    def reveal(self) -> str:
-        return self._value
-
-    def __repr__(self) -> str:
-        return "Secret('********')"
-
-    __str__ = __repr__
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Secret) and other._value == self._value
-
-    def __hash__(self) -> int:
-        return hash(self._value)
-
-
-# -- where things live ----------------------------------------------------------------
-
-
-def sluice_home(env: Mapping[str, str] | None = None) -> Path:
-    """``$SLUICE_HOME``, else ``~/.sluice`` (home from ``$HOME`` in ``env``)."""
-    env = os.environ if env is None else env
-    if env.get("SLUICE_HOME"):
-        return Path(env["SLUICE_HOME"]).expanduser()
-    home = env.get("HOME") or str(Path.home())
-    return Path(home) / ".sluice"
 
 
 def default_config_path(env: Mapping[str, str] | None = None) -> Path:
-    return sluice_home(env) / CONFIG_FILE_NAME
+    return Path(config_path(env))
 
 
 # -- providers ------------------------------------------------------------------------
@@ -192,104 +145,6 @@ def built_in_providers(env: Mapping[str, str] | None = None) -> dict[str, ModelP
             wire_api=WireApi.CHAT,
         ),
     }
-
-
-class ResolvedProvider:
-    """A provider ready to use: every default filled in, headers and key read from the
-    caller's environment.
-
-    ``info`` is self-contained (``env_http_headers`` already folded into
-    ``http_headers``, the retry settings set) and safe to send and to record; the key
-    is kept apart as a :class:`Secret` and is never part of ``info``, ``repr`` or ``str``.
-    """
-
-    __slots__ = ("id", "info", "api_key")
-
-    def __init__(self, id: str, info: ModelProviderInfo, api_key: Secret | str | None = None) -> None:
-        if not info.base_url:
-            raise ConfigError(f"model provider '{id}' has no base_url")
-        self.id = id
-        self.info = info
-        self.api_key = Secret(api_key) if isinstance(api_key, str) else api_key
-
-    @classmethod
-    def from_info(cls, info: ModelProviderInfo, api_key: Secret | str | None = None, *, id: str | None = None) -> ResolvedProvider:
-        """The receiving side: an already-resolved provider (from ``configure_session``)
-        plus the key that came with it; any unset retry setting gets its default."""
-        return cls(id or info.name, _with_defaults(info), api_key)
-
-    @property
-    def name(self) -> str:
-        return self.info.name
-
-    @property
-    def base_url(self) -> str:
-        assert self.info.base_url is not None
-        return self.info.base_url.rstrip("/")
-
-    @property
-    def wire_api(self) -> WireApi:
-        return WireApi(self.info.wire_api)
-
-    @property
-    def request_max_retries(self) -> int:
-        return _effective(self.info.request_max_retries, DEFAULT_REQUEST_MAX_RETRIES)
-
-    @property
-    def stream_max_retries(self) -> int:
-        return _effective(self.info.stream_max_retries, DEFAULT_STREAM_MAX_RETRIES)
-
-    @property
-    def stream_idle_timeout(self) -> float:
-        """Seconds."""
-        ms = self.info.stream_idle_timeout_ms
-        return (DEFAULT_STREAM_IDLE_TIMEOUT_MS if ms is None else ms) / 1000.0
-
-    def url(self, path: str) -> str:
-        """``{base_url}/{path}`` plus the provider's query parameters."""
-        url = f"{self.base_url}/{path.lstrip('/')}"
-        if self.info.query_params:
-            url += ("&" if "?" in url else "?") + urlencode(self.info.query_params)
-        return url
-
-    def headers(self) -> dict[str, str]:
-        """The provider's own headers plus ``Authorization`` when there is a key."""
-        headers = dict(self.info.http_headers or {})
-        if self.api_key is not None:
-            headers["Authorization"] = f"Bearer {self.api_key.reveal()}"
-        return headers
-
-    def __repr__(self) -> str:
-        key = "set" if self.api_key is not None else "none"
-        return (
-            f"ResolvedProvider(id={self.id!r}, name={self.name!r}, base_url={self.info.base_url!r}, "
-            f"wire_api={str(self.info.wire_api)!r}, api_key=<{key}>)"
-        )
-
-    __str__ = __repr__
-
-    def __eq__(self, other: object) -> bool:
-        return (
-            isinstance(other, ResolvedProvider)
-            and (self.id, self.info, self.api_key) == (other.id, other.info, other.api_key)
-        )
-
-    __hash__ = None  # type: ignore[assignment]
-
-
-def _effective(value: int | None, default: int) -> int:
-    return min(default if value is None else value, MAX_RETRIES_CEILING)
-
-
-def _with_defaults(info: ModelProviderInfo) -> ModelProviderInfo:
-    return msgspec.structs.replace(
-        info,
-        request_max_retries=_effective(info.request_max_retries, DEFAULT_REQUEST_MAX_RETRIES),
-        stream_max_retries=_effective(info.stream_max_retries, DEFAULT_STREAM_MAX_RETRIES),
-        stream_idle_timeout_ms=(
-            DEFAULT_STREAM_IDLE_TIMEOUT_MS if info.stream_idle_timeout_ms is None else info.stream_idle_timeout_ms
-        ),
-    )
 
 
 # -- overrides ------------------------------------------------------------------------
@@ -699,4 +554,4 @@ def resolve_provider(
         if value:
             headers[header] = value
     resolved = msgspec.structs.replace(info, http_headers=headers or None, env_http_headers=None)
-    return ResolvedProvider(provider_id, _with_defaults(resolved), api_key)
+    return ResolvedProvider(provider_id, with_defaults(resolved), api_key)
