@@ -42,7 +42,7 @@ import errno
 import os
 import signal
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 
 import msgspec
 import zmq
@@ -246,55 +246,17 @@ class Client:
 
     # -- submitting ---------------------------------------------------------------------
 
-    def submit(
-        self,
-        argv: Iterable[str],
-        *,
-        cwd: str | None = None,
-        sandbox: str = "workspace-write",
-        writable: Iterable[str] = (),
-        readable: Iterable[str] = (),
-        network: bool = False,
-        env: Mapping[str, str] | None = None,
-        env_passthrough: Iterable[str] = (),
-        timeout_ms: int | None = None,
-        capture_limit: int = wire.DEFAULT_CAPTURE_LIMIT,
-        on_output: OutputCallback | None = None,
-        on_started: StartedCallback | None = None,
-        memory: int | str | None = None,
-        pids_limit: int | str | None = None,
-        file_size: int | str | None = None,
-        cpu_time: int | str | None = None,
-        stdin: bool = False,
-        tty: wire.Winsize | tuple[int, int] | None = None,
-        interactive: bool = False,
-    ) -> Call:
-        """Send a command to the daemon and return at once; see :func:`make_request`
-        (``memory="512M"``, ``pids_limit=256``, ``file_size="1G"``, ``cpu_time=60``: the
+    def submit(self, argv: Iterable[str], *, on_output: OutputCallback | None = None,
+               on_started: StartedCallback | None = None, **args) -> Call:
+        """Send a command to the daemon and return at once; ``args`` as for
+        :func:`make_request` (their names and defaults: :class:`broker.wire.run_args.RunArgs`;
+        ``memory="512M"``, ``pids_limit=256``, ``file_size="1G"``, ``cpu_time=60``: the
         command's resource limits; ``result.limit`` says which one it hit; ``stdin=True``:
         feed its stdin with :meth:`write_stdin` and :meth:`close_stdin`; ``tty=(rows,
         cols)``: a pty in the sandbox is its terminal, all its output comes as stream 1,
         :meth:`resize` changes its size; ``interactive=True``: it waits for input and
         takes no executor slot)."""
-        request = make_request(
-            argv,
-            cwd=cwd,
-            sandbox=sandbox,
-            writable=writable,
-            readable=readable,
-            network=network,
-            env=env,
-            env_passthrough=env_passthrough,
-            timeout_ms=timeout_ms,
-            capture_limit=capture_limit,
-            memory=memory,
-            pids_limit=pids_limit,
-            file_size=file_size,
-            cpu_time=cpu_time,
-            stdin=stdin,
-            tty=tty,
-            interactive=interactive,
-        )
+        request = make_request(argv, **args)
         return self.submit_request(request, on_output=on_output, on_started=on_started)
 
     # -- a command's stdin --------------------------------------------------------------
