@@ -53,6 +53,7 @@ from broker.client.handshake import hello
 from broker.client.requests import make_request, winsize
 from broker.client.sessions import ClientSession, SessionTable, attach, list_sessions, open_session
 from broker.net import peer
+from broker.net.calls import CallTable, PeerCall, error_message
 from broker.net.runtime import RuntimeDir
 from broker.wire import frames as wire
 from broker.wire.results import new_call_id
@@ -86,54 +87,40 @@ OutputCallback = Callable[["Call", int, memoryview], object]
 StartedCallback = Callable[["Call"], object]
 
 
-class Call:
+class Call(PeerCall):
     """One submitted command. ``pid`` is set once the executor has started it.
 
     ``notes``: what the daemon said about the call that does not end it (one line each,
     e.g. that it waits for an executor being restarted); ``on_notice(call, note)``, if
     set, is called with each as it comes."""
 
-    __slots__ = (
-        "call_id",
-        "argv",
-        "request",
-        "on_output",
-        "on_started",
-        "on_notice",
-        "notes",
-        "_stdin_unacked",
-        "_stdin_closed",
-        "_resize_pending",
-        "pid",
-        "executor",
-        "result",
-        "failure",
-        "_unacked_bytes",
-        "_unacked_chunks",
-        "_output_held",
-    )
+    __slots__ = ("argv", "on_output", "on_started", "on_notice", "notes", "result", "failure")
 
     def __init__(self, call_id, argv, request, on_output, on_started) -> None:
-        self.call_id: str = call_id
+        super().__init__(call_id, request)
         self.argv: list[str] = argv
-        self.request: wire.RunRequest = request
         self.on_output: OutputCallback | None = on_output
         self.on_started: StartedCallback | None = on_started
         self.on_notice: Callable[[Call, str], object] | None = None
         self.notes: list[str] = []
-        # Stdin sent and not yet acked by the executor; True once end of file was sent.
-        self._stdin_unacked = 0
-        self._stdin_closed = not request.stdin
-        # A window size asked for before the command started, sent once it has.
-        self._resize_pending: wire.Winsize | None = None
-        self.pid: int | None = None
-        self.executor: str = ""
         self.result: Result | None = None
         self.failure: DaemonError | None = None
-        self._unacked_bytes = 0
-        self._unacked_chunks = 0
-        # Its output is not acknowledged meanwhile (Client.hold_output).
-        self._output_held = False
+
+    def output(self, stream: int, chunk: memoryview) -> None:
+        if self.on_output is not None:
+            self.on_output(self, stream, chunk)
+
+    def began(self) -> None:
+        if self.on_started is not None:
+            self.on_started(self)
+
+    def noted(self, note: str) -> None:
+        self.notes.append(note)
+        if self.on_notice is not None:
+            self.on_notice(self, note)
+
+    def ended(self, status: wire.ExitStatus) -> None:
+        self.result = Result(call_id=self.call_id, argv=self.argv, **msgspec.structs.asdict(status))
 
     @property
     def started(self) -> bool:
@@ -165,7 +152,7 @@ class Client:
         self.started_daemon: int | None = None
         self.heartbeat_s = welcome.heartbeat_s if welcome.heartbeat_s > 0 else 1.0
         self._sock = sock
-        self._calls: dict[str, Call] = {}
+        self._calls = CallTable(lambda parts: self.send_frames(parts, block=False))
         self._broken: DaemonError | None = None
         self._liveness = peer.Liveness()
         self._signals: collections.deque[int] = collections.deque()
@@ -265,28 +252,23 @@ class Client:
         """How many bytes of stdin :meth:`write_stdin` takes for ``call`` now: 0 before the
         command started, after end of file, or while a window's worth is unacknowledged
         (the executor acks as the command reads)."""
-        if call._stdin_closed or not call.started or call.done:
-            return 0
-        return max(0, wire.STDIN_WINDOW_BYTES - call._stdin_unacked)
+        return self._calls.stdin_room(call) if call.started else 0
 
     def write_stdin(self, call: Call, data) -> int:
         """Send the start of ``data`` to ``call``'s stdin, as much as :meth:`stdin_room`
         allows; returns how many bytes went (pump and call again for the rest)."""
-        if call._stdin_closed:
+        if call.stdin_closed:
             raise UsageError("stdin of this call is closed (or was not asked for: submit with stdin=True)")
         n = min(len(data), self.stdin_room(call))
         if n:
-            self.send_frames([wire.header(wire.IN, call.call_id), bytes(memoryview(data)[:n])], block=True)
-            call._stdin_unacked += n
+            self.send_frames(self._calls.stdin(call, memoryview(data)[:n]), block=True)
         return n
 
     def close_stdin(self, call: Call) -> None:
         """End of file on ``call``'s stdin (after what was written)."""
-        if call._stdin_closed:
-            return
-        call._stdin_closed = True
-        if not call.done:
-            self.send_frames([wire.header(wire.IN, call.call_id), b""], block=True)
+        parts = self._calls.close_stdin(call)
+        if parts is not None:
+            self.send_frames(parts, block=True)
 
     def resize(self, call: Call, rows: int, cols: int) -> None:
         """Change the window size of ``call``'s terminal (a call submitted with ``tty``);
@@ -296,12 +278,9 @@ class Client:
         size = winsize(rows, cols)
         if call.request.tty is None:
             raise UsageError("this call has no terminal to resize (submit it with tty=(rows, cols))")
-        if call.done:
-            return
-        if not call.started:
-            call._resize_pending = size
-            return
-        self.send_frames([wire.header(wire.RESIZE, call.call_id), wire.encode(size)], block=True)
+        parts = self._calls.resize(call, size)
+        if parts is not None:
+            self.send_frames(parts, block=True)
 
     def signal_command(self, call: Call, signum: int) -> None:
         """Send ``signum`` to ``call``'s command's process group, as a terminal sends Ctrl-C
@@ -347,17 +326,17 @@ class Client:
         ``on_output`` that keeps a chunk its destination cannot take yet. The executor
         stops the command once a window of output (:data:`~broker.wire.frames.WINDOW_BYTES`)
         is unacknowledged, so what is held stays within about that."""
-        call._output_held = True
+        call.output_held = True
 
     def release_output(self, call: Call) -> None:
         """Acknowledge the output :meth:`hold_output` held back, and every chunk as its
         callback returns again."""
-        if not call._output_held:
+        if not call.output_held:
             return
-        call._output_held = False
-        if not call.done and (call._unacked_bytes or call._unacked_chunks):
+        parts = self._calls.release(call)
+        if parts is not None:
             # Blocking: with the window full, nothing else would bring the ack that resumes it.
-            self._ack(call, block=True)
+            self.send_frames(parts, block=True)
 
     def submit_request(
         self,
@@ -370,10 +349,13 @@ class Client:
         """Submit an already validated :class:`wire.RunRequest` (from :func:`make_request`)."""
         self.check_usable()
         call = Call(call_id or new_call_id(), list(request.argv), request, on_output, on_started)
-        if call.call_id in self._calls:
+        if call.call_id in self._calls.calls:
             raise UsageError(f"call id {call.call_id} is already in flight")
-        self.send_frames([wire.header(wire.RUN, call.call_id), wire.encode(request)], block=True)
-        self._calls[call.call_id] = call
+        try:
+            self.send_frames(self._calls.run(call), block=True)
+        except BaseException:
+            self._calls.calls.pop(call.call_id, None)
+            raise
         return call
 
     def cancel(self, call: Call) -> None:
@@ -550,7 +532,7 @@ class Client:
 
     @property
     def in_flight(self) -> list[Call]:
-        return list(self._calls.values())
+        return list(self._calls.calls.values())
 
     # -- signals ------------------------------------------------------------------------
 
@@ -592,8 +574,8 @@ class Client:
             return
         self._closed = True
         if self._broken is None:
-            for call in list(self._calls.values()):
-                self.send_frames([wire.header(wire.CANCEL, call.call_id)], block=False)
+            for call_id in list(self._calls.calls):
+                self.send_frames([wire.header(wire.CANCEL, call_id)], block=False)
             self.send_frames([wire.header(wire.BYE)], block=False)
         with contextlib.suppress(zmq.ZMQError):
             self._sock.disable_monitor()
@@ -650,7 +632,7 @@ class Client:
         n = self._drain()
         if n:
             return n
-        watching = bool(self._calls or self._sessions)
+        watching = bool(self._calls.calls or self._sessions)
         if watching:
             # Wake at least once per heartbeat while calls are in flight, to notice a dead daemon.
             hb = self.heartbeat_s
@@ -704,64 +686,10 @@ class Client:
             h = wire.decode_header(frames[0].buffer)
         except wire.WireError:
             return
+        if self._calls.receive(h, frames):
+            return
         kind = h.kind
-        if kind == wire.OUT:
-            call = self._calls.get(h.corr)
-            if call is None or len(frames) < 2:
-                return
-            chunk = frames[1].buffer
-            size = len(chunk)
-            call._unacked_bytes += size
-            call._unacked_chunks += 1
-            cb = call.on_output
-            try:
-                if cb is not None and size:
-                    cb(call, h.stream, chunk)
-            finally:
-                if not call._output_held and (call._unacked_bytes >= wire.ACK_EVERY_BYTES
-                                              or call._unacked_chunks >= wire.ACK_EVERY_CHUNKS):
-                    self._ack(call)
-        elif kind == wire.EXIT:
-            call = self._calls.pop(h.corr, None)
-            if call is None or len(frames) < 2:
-                return
-            try:
-                st = wire.decode(wire.EXIT, frames[1].buffer)
-            except wire.WireError as e:
-                call.result = Result(call_id=call.call_id, argv=call.argv, error=f"unreadable exit status: {e}")
-                return
-            call.result = Result(call_id=call.call_id, argv=call.argv, **msgspec.structs.asdict(st))
-        elif kind == wire.STARTED:
-            call = self._calls.get(h.corr)
-            if call is None or len(frames) < 2:
-                return
-            try:
-                st = wire.decode(wire.STARTED, frames[1].buffer)
-            except wire.WireError:
-                return
-            call.pid = st.pid
-            call.executor = st.executor
-            if call._resize_pending is not None:
-                size, call._resize_pending = call._resize_pending, None
-                self.send_frames([wire.header(wire.RESIZE, call.call_id), wire.encode(size)], block=False)
-            if call.on_started is not None:
-                call.on_started(call)
-        elif kind == wire.ACK:  # stdin the command has read
-            call = self._calls.get(h.corr)
-            if call is not None:
-                call._stdin_unacked = max(0, call._stdin_unacked - h.n)
-        elif kind == wire.NOTICE:
-            call = self._calls.get(h.corr)
-            if call is None or len(frames) < 2:
-                return
-            try:
-                note = wire.decode(wire.NOTICE, frames[1].buffer).message
-            except wire.WireError:
-                return
-            call.notes.append(note)
-            if call.on_notice is not None:
-                call.on_notice(call, note)
-        elif kind == wire.EVENTS:
+        if kind == wire.EVENTS:
             if len(frames) >= 2 and self._sessions is not None:
                 self._sessions.on_events(h, frames[1].buffer)
         elif kind == wire.EVENT:
@@ -783,14 +711,8 @@ class Client:
             # The nonce echoed: proof for the daemon that everything before the ping arrived.
             self.send_frames([wire.header(wire.PONG, h.corr)], block=False)
         elif kind == wire.ERROR:
-            message = "the daemon reported an error"
-            if len(frames) >= 2:
-                with contextlib.suppress(wire.WireError):
-                    message = wire.decode(wire.ERROR, frames[1].buffer).message
-            call = self._calls.pop(h.corr, None) if h.corr else None
-            if call is not None:
-                call.result = Result(call_id=call.call_id, argv=call.argv, error=message)
-            elif h.corr in self._asked:
+            message = error_message(frames)
+            if h.corr in self._asked:
                 self._asked[h.corr] = message
             elif h.corr:
                 # A session request of ours, e.g. refused by a daemon too old to know it.
@@ -800,13 +722,6 @@ class Client:
                 # Not about one call: the daemon no longer knows us (e.g. it restarted).
                 self._break(DaemonError(f"the daemon reported: {wire.one_line(message)}"))
         # pong, welcome and anything newer: nothing to do beyond the liveness stamp.
-
-    def _ack(self, call: Call, *, block: bool = False) -> None:
-        # Acks are increments: bytes and chunks consumed since the previous ack.
-        hdr = wire.header(wire.ACK, call.call_id, n=call._unacked_bytes, seq=call._unacked_chunks)
-        if self.send_frames([hdr], block=block):
-            call._unacked_bytes = 0
-            call._unacked_chunks = 0
 
     def _on_monitor(self) -> None:
         from zmq.utils.monitor import recv_monitor_message
@@ -826,7 +741,7 @@ class Client:
         if waiting:
             # Its calls' callers hear it (``sluice run`` prints notices): a stall of the
             # daemon is waited out, and said, not taken for its death.
-            for call in list(self._calls.values()):
+            for call in list(self._calls.calls.values()):
                 if call.on_notice is not None:
                     call.on_notice(call, waiting)
         due = self._liveness.check(self.heartbeat_s, self.runtime.socket_path if self.runtime else None)
@@ -843,7 +758,7 @@ class Client:
             self._sessions.broken(error)
 
     def _fail_all(self, error: DaemonError) -> None:
-        calls, self._calls = self._calls, {}
+        calls, self._calls.calls = self._calls.calls, {}
         for call in calls.values():
             call.failure = error
 
