@@ -15,7 +15,7 @@ kills the command's process tree; its ``run`` then returns with ``aborted`` set.
 Cancelling the task awaiting ``run`` cancels the command as well (and re-raises at once,
 without waiting for the executor to confirm).
 
-:class:`BrokerRunner` sends each command to the daemon over a :class:`~agent.broker_link.BrokerLink`
+:class:`BrokerRunner` sends each command to the daemon over a :class:`~broker.net.link.PeerLink`
 (role ``agent``): the broker queues it for a free executor, which runs it in the sandbox
 of ``sandbox_policy`` (a policy that allows everything runs it unsandboxed). Output is
 acknowledged as ``on_output`` returns, so a slow consumer slows only its own command.
@@ -56,8 +56,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 import msgspec
 import structlog
 
-from agent.broker_link import BrokerLink, LinkError
 from broker.net.calls import CallTable, PeerCall
+from broker.net.link import LinkError, PeerLink
 from broker.net.runtime import RuntimeDir
 from broker.wire import frames as wire
 from broker.wire.protocol import ExecOutputStream, SandboxPolicy
@@ -356,7 +356,7 @@ class BrokerRunner(CommandRunner):
 
     def __init__(
         self,
-        link: BrokerLink,
+        link: PeerLink,
         *,
         env: Mapping[str, str] | None = None,
         capture_limit: int = wire.DEFAULT_CAPTURE_LIMIT,
@@ -377,7 +377,7 @@ class BrokerRunner(CommandRunner):
     @classmethod
     async def connect(cls, runtime: RuntimeDir | None = None, *, timeout: float = 10.0, **kwargs) -> BrokerRunner:
         """A runner with its own link to the daemon of ``runtime`` (closed by :meth:`aclose`)."""
-        link = await BrokerLink.connect(runtime, timeout=timeout)
+        link = await PeerLink.connect(runtime, timeout=timeout)
         return cls(link, owns_link=True, **kwargs)
 
     @property
