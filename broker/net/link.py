@@ -106,7 +106,7 @@ class PeerLink:
         self.socket_path = socket_path
         self.watch_disconnect = watch_disconnect
         self.hwm = (sndhwm, rcvhwm)
-        self.ctx = ctx or zmq.Context.instance()
+        self.ctx = ctx  # None: the process's shared one
         self.peer_id = ""
         self.heartbeat_s = 1.0
         self.joined = False  # welcomed on the current socket
@@ -175,6 +175,7 @@ class PeerLink:
 
     def _connect(self, token: str) -> None:
         """A fresh DEALER to the daemon, and our hello on it."""
+        self.ctx = self.ctx or zmq.Context.instance()
         sock = peer.dealer(self.ctx, sndhwm=self.hwm[0], rcvhwm=self.hwm[1], remote=self.remote)
         monitored = (zmq.EVENT_DISCONNECTED if self.watch_disconnect else 0) | (
             peer.HANDSHAKE_FAILED_EVENTS if self.remote is not None else 0)
@@ -189,7 +190,7 @@ class PeerLink:
             pair.setsockopt(zmq.LINGER, 0)
             pair.connect(address)
             self._monitor = ZSocket(pair, self._on_monitor)
-        self.zs = ZSocket(sock, self._on_message)
+        self.zs = ZSocket(sock, self.receive)
         try:
             sock.connect(self.endpoint)
         except zmq.ZMQError as e:
@@ -259,7 +260,8 @@ class PeerLink:
         """Hand every message of ``kind`` to ``handler(header, frames)``."""
         self._handlers[kind] = handler
 
-    def _on_message(self, frames: list[zmq.Frame]) -> None:
+    def receive(self, frames: list[zmq.Frame]) -> None:
+        """Take one message from the daemon (the socket hands each here)."""
         self.liveness.heard()
         try:
             head = wire.decode_header(frames[0].buffer)
@@ -280,13 +282,14 @@ class PeerLink:
             if not self.send(pong):
                 self._queue(pong, first=True)
             return
-        if kind == wire.ERROR and not head.corr:
+        if kind == wire.ERROR:
             message = error_message(frames)
-            if message == peer.HELLO_FIRST:
-                return self.lost("the daemon no longer knows this peer")
-            if self.on_refused is not None:
-                return self.on_refused(message)
-            return self.give_up(f"the daemon reported: {wire.one_line(message)}")
+            if self.rejoin and message == peer.HELLO_FIRST:  # whatever it answered: it dropped us, or restarted
+                return self.lost(f"the daemon no longer knows this {self.role}")
+            if not head.corr:  # about no call
+                if self.on_refused is not None:
+                    return self.on_refused(message)
+                return self.give_up(f"the daemon reported: {wire.one_line(message)}")
         handler = self._handlers.get(kind)
         if handler is None:
             return
