@@ -56,7 +56,8 @@ async def serve(endpoint: str, token_file: str, name: str) -> int:
 
     from agent.exec_runner import BrokerRunner
     from agent.host import SessionHost
-    from broker.net.link import LinkError, PeerLink, Target
+    from broker.net.aiolink import PeerLink, Target
+    from broker.net.link import LinkError
 
     log = structlog.get_logger("agent")
     target = Target(endpoint, token_file)

@@ -15,7 +15,7 @@ kills the command's process tree; its ``run`` then returns with ``aborted`` set.
 Cancelling the task awaiting ``run`` cancels the command as well (and re-raises at once,
 without waiting for the executor to confirm).
 
-:class:`BrokerRunner` sends each command to the daemon over a :class:`~broker.net.link.PeerLink`
+:class:`BrokerRunner` sends each command to the daemon over a :class:`~broker.net.aiolink.PeerLink`
 (role ``agent``): the broker queues it for a free executor, which runs it in the sandbox
 of ``sandbox_policy`` (a policy that allows everything runs it unsandboxed). Output is
 acknowledged as ``on_output`` returns, so a slow consumer slows only its own command.
@@ -57,7 +57,8 @@ import msgspec
 import structlog
 
 from broker.net.calls import CallTable, PeerCall
-from broker.net.link import LinkError, PeerLink
+from broker.net.aiolink import PeerLink
+from broker.net.link import LinkError
 from broker.net.runtime import RuntimeDir
 from broker.wire import frames as wire
 from broker.wire.protocol import ExecOutputStream, SandboxPolicy

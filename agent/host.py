@@ -27,7 +27,8 @@ import zmq
 
 from agent.exec_runner import CommandRunner
 from agent.session import Session
-from broker.net.link import LinkError, PeerLink
+from broker.net.aiolink import PeerLink
+from broker.net.link import LinkError
 from broker.wire import frames as wire
 from broker.wire.protocol import (
     ConfigureSession,

@@ -4,7 +4,7 @@ Everything happens on one thread: the zmq socket (via :class:`broker.net.zloop.Z
 every call's pipes and done_fds (``loop.add_reader``), timers and signals. Nothing here
 blocks, so a cancel is acted on as soon as it arrives, whatever else is streaming.
 
-It joins the broker over a :class:`broker.net.link.PeerLink`, which keeps the rules every
+It joins the broker over a :class:`broker.net.aiolink.PeerLink`, which keeps the rules every
 peer follows: it pings a broker that has been quiet for a heartbeat, says that it waits,
 and gives the broker up only after :data:`broker.net.peer.PATIENCE_HEARTBEATS` heartbeats
 of unanswered pings, far longer than the broker waits for it: a stalled daemon finds its
@@ -29,7 +29,8 @@ import time
 import structlog
 import zmq
 
-from broker.net.link import LinkError, PeerLink
+from broker.net.aiolink import PeerLink
+from broker.net.link import LinkError
 from broker.net.logging import Throttle
 from broker.net.runtime import published_hidden
 from broker.wire import direct

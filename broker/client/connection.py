@@ -52,8 +52,8 @@ from broker.client.errors import DaemonError, Interrupted, UsageError
 from broker.client.handshake import hello
 from broker.client.requests import make_request, winsize
 from broker.client.sessions import ClientSession, SessionTable, attach, list_sessions, open_session
-from broker.net import peer
 from broker.net.calls import CallTable, PeerCall, error_message
+from broker.net.link import Link
 from broker.net.runtime import RuntimeDir
 from broker.wire import frames as wire
 from broker.wire.results import new_call_id
@@ -141,7 +141,8 @@ class Call(PeerCall):
 class Client:
     """A frontend connection to the daemon. Not thread-safe; use one per thread."""
 
-    def __init__(self, sock: zmq.Socket, runtime: RuntimeDir | None, welcome: wire.Welcome, remote=None) -> None:
+    def __init__(self, sock: zmq.Socket, runtime: RuntimeDir | None, welcome: wire.Welcome, remote=None,
+                 name: str = "client") -> None:
         # The local daemon's runtime dir; None when connected to ``remote`` (broker.net.keys.Remote).
         self.runtime = runtime
         self.remote = remote
@@ -152,9 +153,20 @@ class Client:
         self.started_daemon: int | None = None
         self.heartbeat_s = welcome.heartbeat_s if welcome.heartbeat_s > 0 else 1.0
         self._sock = sock
-        self._calls = CallTable(lambda parts: self.send_frames(parts, block=False))
+        self._calls = CallTable(self._send_now)
+        # The link's rules (pings, liveness, an error about no call); this client is its blocking shell.
+        self.link = Link(self._send_now, role=wire.ROLE_FRONTEND, name=name,
+                         socket_path=runtime.socket_path if runtime else None)
+        self.link.welcomed(welcome)
+        self.link.on_broken.append(lambda error: self._break(DaemonError(str(error))))
+        self.link.on_waiting = self._say_waiting
+        for kind in (wire.OUT, wire.EXIT, wire.STARTED, wire.ACK, wire.NOTICE):
+            self.link.on(kind, self._calls.receive)
+        for kind in (wire.EVENTS, wire.EVENT, wire.ATTACHED, wire.LAGGED, wire.SESSIONS):
+            self.link.on(kind, self._on_session_news)
+        self.link.on(wire.STATUS, self._on_status)
+        self.link.on(wire.ERROR, self._on_error)
         self._broken: DaemonError | None = None
-        self._liveness = peer.Liveness()
         self._signals: collections.deque[int] = collections.deque()
         self._wake_r = -1
         self._poller = zmq.Poller()
@@ -205,7 +217,7 @@ class Client:
     def _remote_handshake(cls, remote, deadline: float, name: str) -> Client:
         sock, outcome = hello(remote.endpoint, "", deadline, name, remote)
         if isinstance(outcome, wire.Welcome):
-            return cls(sock, None, outcome, remote)
+            return cls(sock, None, outcome, remote, name)
         sock.close(linger=0)
         if outcome is None:
             raise DaemonError(
@@ -222,7 +234,7 @@ class Client:
             sent_token = token
             sock, outcome = hello(runtime.endpoint, token, deadline, name)
             if isinstance(outcome, wire.Welcome):
-                return cls(sock, runtime, outcome)
+                return cls(sock, runtime, outcome, name=name)
             sock.close(linger=0)
             if outcome is None:
                 raise DaemonError(f"the daemon in {runtime.path} did not answer within the timeout; see {runtime.log_path}")
@@ -657,12 +669,12 @@ class Client:
         self._ready_fds = tuple(ready)
         n = self._drain()
         if watching and not n:
-            self._check_alive()
+            self.link.tick()
         return n
 
     def _drain(self) -> int:
         sock = self._sock
-        handle = self._handle
+        handle = self.link.receive
         n = 0
         while n < DRAIN_BATCH:
             try:
@@ -677,51 +689,44 @@ class Client:
                 break
             n += 1
             handle(frames)
-        if n:
-            self._liveness.heard()
         return n
 
-    def _handle(self, frames: list[zmq.Frame]) -> None:
-        try:
-            h = wire.decode_header(frames[0].buffer)
-        except wire.WireError:
+    def _send_now(self, parts: list[bytes]) -> bool:
+        return self.send_frames(parts, block=False)
+
+    def _on_session_news(self, h: wire.Header, frames: list[zmq.Frame]) -> None:
+        sessions = self._sessions
+        if sessions is None:
             return
+        body = frames[1].buffer if len(frames) >= 2 else None
+        kind = h.kind
+        if kind == wire.ATTACHED:
+            sessions.on_attached(h, body)
+        elif kind == wire.LAGGED:
+            sessions.on_lagged(h)
+        elif body is None:
+            return
+        elif kind == wire.EVENTS:
+            sessions.on_events(h, body)
+        elif kind == wire.EVENT:
+            sessions.on_event(h, body)
+        else:
+            sessions.on_sessions(h, body)
+
+    def _on_status(self, h: wire.Header, frames: list[zmq.Frame]) -> None:
+        if h.corr in self._asked and len(frames) >= 2:
+            self._asked[h.corr] = frames[1].bytes
+
+    def _on_error(self, h: wire.Header, frames: list[zmq.Frame]) -> None:
+        """An error about one request of ours (one about none is the link's)."""
         if self._calls.receive(h, frames):
             return
-        kind = h.kind
-        if kind == wire.EVENTS:
-            if len(frames) >= 2 and self._sessions is not None:
-                self._sessions.on_events(h, frames[1].buffer)
-        elif kind == wire.EVENT:
-            if len(frames) >= 2 and self._sessions is not None:
-                self._sessions.on_event(h, frames[1].buffer)
-        elif kind == wire.ATTACHED:
-            if self._sessions is not None:
-                self._sessions.on_attached(h, frames[1].buffer if len(frames) >= 2 else None)
-        elif kind == wire.LAGGED:
-            if self._sessions is not None:
-                self._sessions.on_lagged(h)
-        elif kind == wire.SESSIONS:
-            if len(frames) >= 2 and self._sessions is not None:
-                self._sessions.on_sessions(h, frames[1].buffer)
-        elif kind == wire.STATUS:
-            if h.corr in self._asked and len(frames) >= 2:
-                self._asked[h.corr] = frames[1].bytes
-        elif kind == wire.PING:
-            # The nonce echoed: proof for the daemon that everything before the ping arrived.
-            self.send_frames([wire.header(wire.PONG, h.corr)], block=False)
-        elif kind == wire.ERROR:
-            message = error_message(frames)
-            if h.corr in self._asked:
-                self._asked[h.corr] = message
-            elif h.corr:
-                # A session request of ours, e.g. refused by a daemon too old to know it.
-                if self._sessions is not None:
-                    self._sessions.refuse(h.corr, message)
-            else:
-                # Not about one call: the daemon no longer knows us (e.g. it restarted).
-                self._break(DaemonError(f"the daemon reported: {wire.one_line(message)}"))
-        # pong, welcome and anything newer: nothing to do beyond the liveness stamp.
+        message = error_message(frames)
+        if h.corr in self._asked:
+            self._asked[h.corr] = message
+        elif self._sessions is not None:
+            # A session request of ours, e.g. refused by a daemon too old to know it.
+            self._sessions.refuse(h.corr, message)
 
     def _on_monitor(self) -> None:
         from zmq.utils.monitor import recv_monitor_message
@@ -733,22 +738,14 @@ class Client:
                 return
             except zmq.ZMQError:
                 return
-            if event["event"] == zmq.EVENT_DISCONNECTED:
-                self._break(DaemonError("lost the connection to the daemon (it exited or was stopped)"))
+            self.link.monitor_event(event["event"], self.remote.endpoint if self.remote else self.runtime.endpoint)
 
-    def _check_alive(self) -> None:
-        waiting = self._liveness.waiting(self.heartbeat_s)
-        if waiting:
-            # Its calls' callers hear it (``sluice run`` prints notices): a stall of the
-            # daemon is waited out, and said, not taken for its death.
-            for call in list(self._calls.calls.values()):
-                if call.on_notice is not None:
-                    call.on_notice(call, waiting)
-        due = self._liveness.check(self.heartbeat_s, self.runtime.socket_path if self.runtime else None)
-        if due == peer.PING:
-            self.send_frames([wire.header(wire.PING)], block=False)
-        elif due is not None:
-            self._break(DaemonError(due))
+    def _say_waiting(self, line: str) -> None:
+        # Its calls' callers hear it (``sluice run`` prints notices): a stall of the
+        # daemon is waited out, and said, not taken for its death.
+        for call in list(self._calls.calls.values()):
+            if call.on_notice is not None:
+                call.on_notice(call, line)
 
     def _break(self, error: DaemonError) -> None:
         if self._broken is None:

@@ -9,7 +9,8 @@ import random
 import pytest
 
 from agent.exec_runner import BrokerRunner, ExecResult, HeadTailBuffer
-from broker.net.link import LinkError, PeerLink
+from broker.net.aiolink import PeerLink
+from broker.net.link import LinkError
 from broker.wire.protocol import ExecOutputStream
 from landlock_helper.policy import SandboxPolicy
 from tests.support.harness import live_processes
