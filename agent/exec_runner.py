@@ -328,17 +328,17 @@ class _BrokerProcess(InteractiveProcess):
         return await self._runner._write_stdin(self._running, data)
 
     def close_stdin(self) -> None:
-        self._runner._send_soon(self._runner.calls.close_stdin(self._running))
+        self._runner._put(self._runner.calls.close_stdin(self._running))
 
     def resize(self, rows: int, cols: int) -> None:
         if self.tty:
-            self._runner._send_soon(self._runner.calls.resize(self._running, wire.Winsize(rows, cols)))
+            self._runner._put(self._runner.calls.resize(self._running, wire.Winsize(rows, cols)))
 
     def hold_output(self, held: bool) -> None:
         if held:
             self._running.output_held = True
         else:
-            self._runner._send_soon(self._runner.calls.release(self._running))
+            self._runner._put(self._runner.calls.release(self._running))
 
     async def cancel(self) -> None:
         if not self.done:
@@ -370,7 +370,6 @@ class BrokerRunner(CommandRunner):
         self.aggregate_limit = aggregate_limit
         self._owns_link = owns_link
         self.calls = CallTable(link.send)
-        self._senders: set[asyncio.Task[None]] = set()
         for kind in (wire.OUT, wire.STARTED, wire.EXIT, wire.ERROR, wire.ACK, wire.NOTICE):
             link.on(kind, self.calls.receive)
         link.on_broken.append(self._on_broken)
@@ -404,20 +403,16 @@ class BrokerRunner(CommandRunner):
             raise ValueError(f"call id {call_id} is already running")
         if self.link.broken is not None:
             return ExecResult(error=str(self.link.broken))
-        passthrough = list(env_passthrough)
-        request = wire.RunRequest(
-            argv=list(argv),
-            cwd=cwd,
-            sandbox=sandbox_policy,
-            # Filtered before it is sent: the executor may be on another host.
-            env=filter_env(self.env if env is None else env, passthrough),
-            env_passthrough=passthrough,
-            timeout_ms=timeout_ms,
-            capture_limit=self.capture_limit,
-            sandbox_cwd=sandbox_cwd or cwd,
-            limits=limits,
-        )
+        request = self._request(argv, cwd, sandbox_policy, env, env_passthrough, sandbox_cwd, timeout_ms=timeout_ms,
+                                capture_limit=self.capture_limit, limits=limits)
         return await self._run(call_id, request, on_output)
+
+    def _request(self, argv, cwd, policy, env, env_passthrough, sandbox_cwd, **fields) -> wire.RunRequest:
+        passthrough = list(env_passthrough)
+        # The environment is filtered before it is sent: the executor may be on another host.
+        return wire.RunRequest(argv=list(argv), cwd=cwd, sandbox=policy, env_passthrough=passthrough,
+                               env=filter_env(self.env if env is None else env, passthrough),
+                               sandbox_cwd=sandbox_cwd or cwd, **fields)
 
     async def run_fileops(
         self,
@@ -478,23 +473,11 @@ class BrokerRunner(CommandRunner):
         call_id = call_id or new_call_id()
         if call_id in self.calls.calls:
             raise ValueError(f"call id {call_id} is already running")
-        passthrough = list(env_passthrough)
-        request = wire.RunRequest(
-            argv=list(argv),
-            cwd=cwd,
-            sandbox=sandbox_policy,
-            env=filter_env(self.env if env is None else env, passthrough),
-            env_passthrough=passthrough,
-            timeout_ms=None,
+        request = self._request(
+            argv, cwd, sandbox_policy, env, env_passthrough, sandbox_cwd, timeout_ms=None, limits=limits,
             # The caller keeps what it needs of the output as it streams.
             capture_limit=min(self.capture_limit, INTERACTIVE_CAPTURE_LIMIT),
-            sandbox_cwd=sandbox_cwd or cwd,
-            limits=limits,
-            stdin=stdin,
-            tty=tty,
-            interactive=True,
-            fileops=b"" if fileops else None,
-        )
+            stdin=stdin, tty=tty, interactive=True, fileops=b"" if fileops else None)
         running = _Running(self, call_id, request, on_output, on_exit=on_exit)
         process = _BrokerProcess(self, running, tty is not None)
         if self.link.broken is not None:
@@ -540,23 +523,13 @@ class BrokerRunner(CommandRunner):
         if call_id in self.calls.calls:
             self._send_cancel(call_id)
 
-    def _send_soon(self, parts: list[bytes] | None) -> None:
-        """Send now, or (the queue being full) as soon as the link takes it."""
-        if parts is None or self.link.send(parts) or self.link.broken is not None:
-            return
-        task = asyncio.get_running_loop().create_task(self._send_later(parts))
-        self._senders.add(task)
-        task.add_done_callback(self._senders.discard)
-
-    async def _send_later(self, parts: list[bytes]) -> None:
-        try:
-            await self.link.send_wait(parts)
-        except LinkError as err:
-            log.warning("could not send", kind=wire.decode_header(parts[0]).kind, error=str(err))
+    def _put(self, parts: list[bytes] | None) -> None:
+        """Send now, or in order once the link takes it."""
+        if parts is not None:
+            self.link.put(parts)
 
     def _send_cancel(self, call_id: str) -> None:
-        if not self.link.send([wire.header(wire.CANCEL, call_id)]):
-            log.warning("could not send cancel", call_id=call_id)
+        self.link.put([wire.header(wire.CANCEL, call_id)])
 
     async def aclose(self) -> None:
         for call_id in list(self.calls.calls):

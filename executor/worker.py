@@ -105,11 +105,6 @@ class Worker:
             self.link.on(kind, handler)
 
     @property
-    def joined(self) -> bool:
-        """Welcomed by the broker on the current socket."""
-        return self.link.joined
-
-    @property
     def congested(self) -> bool:
         """True while the socket refuses sends: every call stops reading its pipes."""
         return self.link.congested
@@ -216,7 +211,7 @@ class Worker:
             self._joining.cancel()
             return
         # A broker we are not joined to (a remote one we are rejoining) is owed no bye.
-        self._stop(0, "executor shutting down", bye=self.joined)
+        self._stop(0, "executor shutting down", bye=self.link.joined)
 
     def _broker_lost(self, error: LinkError) -> None:
         if error.refused is not None:  # nothing will change by trying again
@@ -320,7 +315,7 @@ class Worker:
         """Why this executor does not take ``req`` now (None: it does)."""
         if self._stopping is not None:
             return "executor shutting down"
-        if not self.joined:
+        if not self.link.joined:
             return "executor not ready"
         interactive = sum(1 for call in self.calls.values() if call.req.interactive)
         if req.interactive:

@@ -1,23 +1,13 @@
-"""One peer's link to the daemon on an asyncio loop: the agent's and every executor's, the
-asyncio shell of :class:`broker.net.link.Link` (which holds the rules every peer follows).
+"""The asyncio shell of :class:`broker.net.link.Link`: the agent's and every executor's link.
 
-``await link.join()`` connects a DEALER (:func:`broker.net.peer.dealer`), says hello (the
-role, the auth token or, over tcp, the CurveZMQ key, the name, an executor's slots) and
-waits for the welcome; a refusal, silence past the timeout or a CurveZMQ handshake the
-daemon refuses raise :class:`LinkError`, one line for a person. A daemon that just
-restarted may have replaced the token under us: a refusal is retried while the token
-changes. From then on every message is handed to the handler registered for its kind
-(:meth:`PeerLink.on`), from the event loop, with the frames as they came.
-
-The link keeps itself alive by those rules (:mod:`broker.net.peer`): it
-answers ``ping`` (ahead of anything queued), pings a quiet daemon, says that it waits, and
-gives the daemon up after the patience, when the socket file is gone, when the socket
-disconnects (``watch_disconnect``), or at once when the daemon says it no longer knows us
-(:data:`~broker.net.peer.HELLO_FIRST`). Given up, a link that ``rejoin``\\ s (a remote
-executor: it outlives its broker) calls ``on_lost`` and joins again on a fresh socket,
-saying hello every :data:`REJOIN_EVERY_S` until welcomed; any other breaks: every
-``on_broken`` callback is called once with a :class:`LinkError`. Any other error about no
-call goes to ``on_refused`` (by default the link breaks).
+``await link.join()`` connects a DEALER, says hello and returns the welcome; a refusal,
+silence past the timeout or a CurveZMQ handshake the daemon refuses raise
+:class:`~broker.net.link.LinkError`, one line for a person (a refusal is retried while the
+token changes: a daemon that just restarted has a new one). Handlers run from the event
+loop with the frames as they came; a heartbeat timer runs the link's rules. A link given
+up breaks (``on_broken``), unless it rejoins (``rejoin``: a remote executor outlives its
+broker): then ``on_lost`` hears why, and it joins again on a fresh socket, saying hello
+every :data:`REJOIN_EVERY_S` until welcomed (``on_joined``).
 
 Sends never block the loop: :meth:`~PeerLink.send` sends now or says it could not,
 :meth:`~PeerLink.send_wait` waits for room (bounded), :meth:`~PeerLink.put` keeps the
@@ -30,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import itertools
 import os
 import time
 from collections.abc import Callable
@@ -58,7 +47,6 @@ RECONNECT_IVL_MAX_MS = 2000
 CONNECT_TIMEOUT_MS = 2000
 BACKLOG_RETRY_MIN_S = 0.001
 BACKLOG_RETRY_MAX_S = 0.05
-_monitor_ids = itertools.count(1)
 
 class Target:
     """Where the daemon is: an endpoint and the file holding its auth token, with the
@@ -161,13 +149,7 @@ class PeerLink(Link):
             sock.setsockopt(zmq.RECONNECT_IVL_MAX, RECONNECT_IVL_MAX_MS)
             sock.setsockopt(zmq.CONNECT_TIMEOUT, CONNECT_TIMEOUT_MS)
         if monitored:
-            # Before connecting, so no handshake outcome is missed.
-            address = f"inproc://sluice-link-monitor-{os.getpid()}-{next(_monitor_ids)}"
-            sock.monitor(address, monitored)
-            pair = self.ctx.socket(zmq.PAIR)
-            pair.setsockopt(zmq.LINGER, 0)
-            pair.connect(address)
-            self._monitor = ZSocket(pair, self._on_monitor)
+            self._monitor = ZSocket(peer.monitor(sock, monitored), self._on_monitor)
         self.zs = ZSocket(sock, self.receive)
         try:
             sock.connect(self.endpoint)

@@ -15,6 +15,7 @@ them from a blocking poller, the agent and the executors from their asyncio loop
 
 from __future__ import annotations
 
+import itertools
 import os
 import time
 
@@ -36,6 +37,7 @@ HELLO_FIRST = "send hello first"
 HANDSHAKE_FAILED_EVENTS = (
     zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
 )
+_monitor_ids = itertools.count(1)
 
 
 def dealer(ctx: zmq.Context, *, sndhwm: int, rcvhwm: int, remote=None) -> zmq.Socket:
@@ -50,6 +52,17 @@ def dealer(ctx: zmq.Context, *, sndhwm: int, rcvhwm: int, remote=None) -> zmq.So
     if remote is not None:
         remote.apply(sock)
     return sock
+
+
+def monitor(sock: zmq.Socket, events: int) -> zmq.Socket:
+    """A PAIR socket that receives ``sock``'s monitor ``events``; made before ``sock``
+    connects, so that no handshake outcome is missed."""
+    address = f"inproc://sluice-monitor-{os.getpid()}-{next(_monitor_ids)}"
+    sock.monitor(address, events)
+    pair = sock.context.socket(zmq.PAIR)
+    pair.setsockopt(zmq.LINGER, 0)
+    pair.connect(address)
+    return pair
 
 
 def hello(role: str, token: str, name: str, *, slots: int = 0) -> list[bytes]:
