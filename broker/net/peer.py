@@ -9,8 +9,10 @@ been quiet for a heartbeat, says so when the daemon has been quiet for
 unanswered for :data:`PATIENCE_HEARTBEATS` heartbeats (:class:`Liveness`). The daemon side
 of the same rules is :mod:`broker.daemon.router`.
 
-Sans-io: the pieces here build and read messages and keep the clock; the client drives
-them from a blocking poller, the agent and the executors from their asyncio loops.
+Sans-io: the pieces here build and read messages and keep the clock;
+:class:`broker.net.link.Link` applies them, one link for every peer, driven by the client
+from a blocking poller and by the agent and the executors from their asyncio loops
+(:mod:`broker.net.aiolink`).
 """
 
 from __future__ import annotations
