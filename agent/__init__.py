@@ -8,7 +8,7 @@ rules; never the daemon, the client library, the executor or the CLI.
 
 - :mod:`agent.__main__`: the process the daemon spawns; :mod:`agent.host` keeps one
   :class:`agent.session.Session` per session id the broker names, over one
-  :class:`agent.broker_link.BrokerLink` shared with the
+  :class:`broker.net.aiolink.PeerLink` shared with the
   :class:`agent.exec_runner.BrokerRunner` that runs the commands.
 - One process hosts every session of the daemon, on one event loop: sessions mostly
   wait (the model, commands, MCP servers), and what the loop spends on one session's

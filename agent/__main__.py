@@ -54,16 +54,17 @@ async def serve(endpoint: str, token_file: str, name: str) -> int:
     # dies while the agent starts must not leave it loading.
     import structlog
 
-    from agent.broker_link import BrokerLink, LinkError, Target
     from agent.exec_runner import BrokerRunner
     from agent.host import SessionHost
+    from broker.net.aiolink import PeerLink, Target
+    from broker.net.link import LinkError
 
     log = structlog.get_logger("agent")
     target = Target(endpoint, token_file)
     if not target.read_token():
         return fail(f"cannot read the token file {token_file}")
     try:
-        link = await BrokerLink.connect(target, name=name)
+        link = await PeerLink.connect(target, name=name)
     except LinkError as err:
         return fail(str(err))
     stop = asyncio.Event()

@@ -15,7 +15,7 @@ kills the command's process tree; its ``run`` then returns with ``aborted`` set.
 Cancelling the task awaiting ``run`` cancels the command as well (and re-raises at once,
 without waiting for the executor to confirm).
 
-:class:`BrokerRunner` sends each command to the daemon over a :class:`~agent.broker_link.BrokerLink`
+:class:`BrokerRunner` sends each command to the daemon over a :class:`~broker.net.aiolink.PeerLink`
 (role ``agent``): the broker queues it for a free executor, which runs it in the sandbox
 of ``sandbox_policy`` (a policy that allows everything runs it unsandboxed). Output is
 acknowledged as ``on_output`` returns, so a slow consumer slows only its own command.
@@ -52,13 +52,13 @@ import abc
 import asyncio
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
 
 import msgspec
 import structlog
-import zmq
 
-from agent.broker_link import BrokerLink, LinkError
+from broker.net.calls import CallTable, PeerCall
+from broker.net.aiolink import PeerLink
+from broker.net.link import LinkError
 from broker.net.runtime import RuntimeDir
 from broker.wire import frames as wire
 from broker.wire.protocol import ExecOutputStream, SandboxPolicy
@@ -265,28 +265,41 @@ class InteractiveProcess(abc.ABC):
         """How it ended, once it has."""
 
 
-@dataclass(slots=True, eq=False)
-class _Running:
-    call_id: str
-    on_output: OutputCallback | None
-    future: asyncio.Future[ExecResult]
-    aggregated: HeadTailBuffer
-    pid: int | None = None
-    unacked_bytes: int = 0
-    unacked_chunks: int = 0
-    # Interactive runs only.
-    interactive: bool = False
-    started: asyncio.Future[None] | None = None
-    on_exit: ExitCallback | None = None
-    stdin_unacked: int = 0
-    stdin_closed: bool = False
-    stdin_room: asyncio.Event | None = None
-    output_held: bool = False
+class _Running(PeerCall):
+    """A run of a :class:`BrokerRunner`: the news of it goes to futures."""
 
+    __slots__ = ("runner", "on_output", "future", "aggregated", "interactive", "started", "on_exit", "room")
 
-def _ack(running: _Running) -> bytes:
-    """The acknowledgement of the output of ``running`` not acknowledged yet."""
-    return wire.header(wire.ACK, running.call_id, n=running.unacked_bytes, seq=running.unacked_chunks)
+    def __init__(self, runner: BrokerRunner, call_id: str, request: wire.RunRequest,
+                 on_output: OutputCallback | None, *, on_exit: ExitCallback | None = None) -> None:
+        super().__init__(call_id, request)
+        loop = asyncio.get_running_loop()
+        self.runner = runner
+        self.on_output = on_output
+        self.future: asyncio.Future[ExecResult] = loop.create_future()
+        self.aggregated = HeadTailBuffer(runner.aggregate_limit)
+        # Interactive runs only.
+        self.interactive = request.interactive
+        self.started: asyncio.Future[None] | None = loop.create_future() if self.interactive else None
+        self.on_exit = on_exit
+        self.room = asyncio.Event() if self.interactive else None
+
+    def output(self, stream: int, chunk: memoryview) -> None:
+        data = bytes(chunk)
+        self.aggregated.write(data)
+        if self.on_output is not None:
+            self.on_output(_STREAMS.get(stream, ExecOutputStream.STDOUT), data)
+
+    def began(self) -> None:
+        if self.started is not None and not self.started.done():
+            self.started.set_result(None)
+
+    def stdin_taken(self) -> None:
+        if self.room is not None:
+            self.room.set()
+
+    def ended(self, status: wire.ExitStatus) -> None:
+        self.runner._finish(self, ExecResult(**msgspec.structs.asdict(status)))
 
 
 class _BrokerProcess(InteractiveProcess):
@@ -315,23 +328,17 @@ class _BrokerProcess(InteractiveProcess):
         return await self._runner._write_stdin(self._running, data)
 
     def close_stdin(self) -> None:
-        running = self._running
-        if running.stdin_closed or running.future.done():
-            return
-        running.stdin_closed = True
-        self._runner._send_soon([wire.header(wire.IN, running.call_id), b""])
+        self._runner._put(self._runner.calls.close_stdin(self._running))
 
     def resize(self, rows: int, cols: int) -> None:
-        if self.tty and not self.done:
-            body = wire.encode(wire.Winsize(rows, cols))
-            self._runner._send_soon([wire.header(wire.RESIZE, self.call_id), body])
+        if self.tty:
+            self._runner._put(self._runner.calls.resize(self._running, wire.Winsize(rows, cols)))
 
     def hold_output(self, held: bool) -> None:
-        running = self._running
-        running.output_held = held
-        if not held and running.unacked_bytes and not self.done:
-            self._runner._send_soon([_ack(running)])
-            running.unacked_bytes = running.unacked_chunks = 0
+        if held:
+            self._running.output_held = True
+        else:
+            self._runner._put(self._runner.calls.release(self._running))
 
     async def cancel(self) -> None:
         if not self.done:
@@ -350,7 +357,7 @@ class BrokerRunner(CommandRunner):
 
     def __init__(
         self,
-        link: BrokerLink,
+        link: PeerLink,
         *,
         env: Mapping[str, str] | None = None,
         capture_limit: int = wire.DEFAULT_CAPTURE_LIMIT,
@@ -362,24 +369,20 @@ class BrokerRunner(CommandRunner):
         self.capture_limit = capture_limit
         self.aggregate_limit = aggregate_limit
         self._owns_link = owns_link
-        self._running: dict[str, _Running] = {}
-        self._senders: set[asyncio.Task[None]] = set()
-        link.on(wire.OUT, self._on_out)
-        link.on(wire.STARTED, self._on_started)
-        link.on(wire.EXIT, self._on_exit)
-        link.on(wire.ERROR, self._on_error)
-        link.on(wire.ACK, self._on_stdin_ack)
+        self.calls = CallTable(link.send)
+        for kind in (wire.OUT, wire.STARTED, wire.EXIT, wire.ERROR, wire.ACK, wire.NOTICE):
+            link.on(kind, self.calls.receive)
         link.on_broken.append(self._on_broken)
 
     @classmethod
     async def connect(cls, runtime: RuntimeDir | None = None, *, timeout: float = 10.0, **kwargs) -> BrokerRunner:
         """A runner with its own link to the daemon of ``runtime`` (closed by :meth:`aclose`)."""
-        link = await BrokerLink.connect(runtime, timeout=timeout)
+        link = await PeerLink.connect(runtime, timeout=timeout)
         return cls(link, owns_link=True, **kwargs)
 
     @property
     def running(self) -> list[str]:
-        return list(self._running)
+        return list(self.calls.calls)
 
     async def run(
         self,
@@ -396,24 +399,20 @@ class BrokerRunner(CommandRunner):
         limits: Limits | None = None,
     ) -> ExecResult:
         call_id = call_id or new_call_id()
-        if call_id in self._running:
+        if call_id in self.calls.calls:
             raise ValueError(f"call id {call_id} is already running")
         if self.link.broken is not None:
             return ExecResult(error=str(self.link.broken))
-        passthrough = list(env_passthrough)
-        request = wire.RunRequest(
-            argv=list(argv),
-            cwd=cwd,
-            sandbox=sandbox_policy,
-            # Filtered before it is sent: the executor may be on another host.
-            env=filter_env(self.env if env is None else env, passthrough),
-            env_passthrough=passthrough,
-            timeout_ms=timeout_ms,
-            capture_limit=self.capture_limit,
-            sandbox_cwd=sandbox_cwd or cwd,
-            limits=limits,
-        )
+        request = self._request(argv, cwd, sandbox_policy, env, env_passthrough, sandbox_cwd, timeout_ms=timeout_ms,
+                                capture_limit=self.capture_limit, limits=limits)
         return await self._run(call_id, request, on_output)
+
+    def _request(self, argv, cwd, policy, env, env_passthrough, sandbox_cwd, **fields) -> wire.RunRequest:
+        passthrough = list(env_passthrough)
+        # The environment is filtered before it is sent: the executor may be on another host.
+        return wire.RunRequest(argv=list(argv), cwd=cwd, sandbox=policy, env_passthrough=passthrough,
+                               env=filter_env(self.env if env is None else env, passthrough),
+                               sandbox_cwd=sandbox_cwd or cwd, **fields)
 
     async def run_fileops(
         self,
@@ -441,20 +440,18 @@ class BrokerRunner(CommandRunner):
         return msgspec.structs.replace(result, stdout=bytes(out), stderr=bytes(err))
 
     async def _run(self, call_id: str, request: wire.RunRequest, on_output: OutputCallback | None) -> ExecResult:
-        future: asyncio.Future[ExecResult] = asyncio.get_running_loop().create_future()
-        running = _Running(call_id, on_output, future, HeadTailBuffer(self.aggregate_limit))
-        self._running[call_id] = running
+        running = _Running(self, call_id, request, on_output)
         try:
-            await self.link.send_wait([wire.header(wire.RUN, call_id), wire.encode(request)])
+            await self.link.send_wait(self.calls.run(running))
             # Shielded: a cancelled caller must not cancel the future the handlers resolve.
-            return await asyncio.shield(future)
+            return await asyncio.shield(running.future)
         except LinkError as err:
             return ExecResult(error=str(err))
         except asyncio.CancelledError:
             self._send_cancel(call_id)
             raise
         finally:
-            self._running.pop(call_id, None)
+            self.calls.calls.pop(call_id, None)
 
     async def start_interactive(
         self,
@@ -474,56 +471,39 @@ class BrokerRunner(CommandRunner):
         fileops: bool = False,
     ) -> InteractiveProcess:
         call_id = call_id or new_call_id()
-        if call_id in self._running:
+        if call_id in self.calls.calls:
             raise ValueError(f"call id {call_id} is already running")
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[ExecResult] = loop.create_future()
-        running = _Running(call_id, on_output, future, HeadTailBuffer(self.aggregate_limit), interactive=True,
-                           started=loop.create_future(), on_exit=on_exit, stdin_room=asyncio.Event())
-        running.stdin_closed = not stdin
+        request = self._request(
+            argv, cwd, sandbox_policy, env, env_passthrough, sandbox_cwd, timeout_ms=None, limits=limits,
+            # The caller keeps what it needs of the output as it streams.
+            capture_limit=min(self.capture_limit, INTERACTIVE_CAPTURE_LIMIT),
+            stdin=stdin, tty=tty, interactive=True, fileops=b"" if fileops else None)
+        running = _Running(self, call_id, request, on_output, on_exit=on_exit)
         process = _BrokerProcess(self, running, tty is not None)
         if self.link.broken is not None:
             self._finish(running, ExecResult(error=str(self.link.broken)))
             return process
-        passthrough = list(env_passthrough)
-        request = wire.RunRequest(
-            argv=list(argv),
-            cwd=cwd,
-            sandbox=sandbox_policy,
-            env=filter_env(self.env if env is None else env, passthrough),
-            env_passthrough=passthrough,
-            timeout_ms=None,
-            # The caller keeps what it needs of the output as it streams.
-            capture_limit=min(self.capture_limit, INTERACTIVE_CAPTURE_LIMIT),
-            sandbox_cwd=sandbox_cwd or cwd,
-            limits=limits,
-            stdin=stdin,
-            tty=tty,
-            interactive=True,
-            fileops=b"" if fileops else None,
-        )
-        self._running[call_id] = running
         try:
-            await self.link.send_wait([wire.header(wire.RUN, call_id), wire.encode(request)])
+            await self.link.send_wait(self.calls.run(running))
             assert running.started is not None
-            await asyncio.wait([running.started, future], return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait([running.started, running.future], return_when=asyncio.FIRST_COMPLETED)
         except LinkError as err:
             self._finish(running, ExecResult(error=str(err)))
         except asyncio.CancelledError:
             # Nobody will ever know its id: it must not outlive the cancelled caller.
             self._send_cancel(call_id)
-            self._running.pop(call_id, None)
+            self.calls.calls.pop(call_id, None)
             raise
         return process
 
     async def _write_stdin(self, running: _Running, data: bytes) -> bool:
         view = memoryview(data)
-        room_event = running.stdin_room
+        room_event = running.room
         assert room_event is not None
         while view:
             if running.future.done() or running.stdin_closed:
                 return False
-            room = wire.STDIN_WINDOW_BYTES - running.stdin_unacked
+            room = self.calls.stdin_room(running)
             if room <= 0:
                 room_event.clear()
                 waiter = asyncio.ensure_future(room_event.wait())
@@ -532,122 +512,48 @@ class BrokerRunner(CommandRunner):
                 finally:
                     waiter.cancel()
                 continue
-            n = min(room, len(view))
             try:
-                await self.link.send_wait([wire.header(wire.IN, running.call_id), bytes(view[:n])])
+                await self.link.send_wait(self.calls.stdin(running, view[:room]))
             except LinkError:
                 return False
-            running.stdin_unacked += n
-            view = view[n:]
+            view = view[room:]
         return True
 
     async def cancel(self, call_id: str) -> None:
-        if call_id in self._running:
+        if call_id in self.calls.calls:
             self._send_cancel(call_id)
 
-    def _send_soon(self, parts: list[bytes]) -> None:
-        """Send now, or (the queue being full) as soon as the link takes it."""
-        if self.link.send(parts) or self.link.broken is not None:
-            return
-        task = asyncio.get_running_loop().create_task(self._send_later(parts))
-        self._senders.add(task)
-        task.add_done_callback(self._senders.discard)
-
-    async def _send_later(self, parts: list[bytes]) -> None:
-        try:
-            await self.link.send_wait(parts)
-        except LinkError as err:
-            log.warning("could not send", kind=wire.decode_header(parts[0]).kind, error=str(err))
+    def _put(self, parts: list[bytes] | None) -> None:
+        """Send now, or in order once the link takes it."""
+        if parts is not None:
+            self.link.put(parts)
 
     def _send_cancel(self, call_id: str) -> None:
-        if not self.link.send([wire.header(wire.CANCEL, call_id)]):
-            log.warning("could not send cancel", call_id=call_id)
+        self.link.put([wire.header(wire.CANCEL, call_id)])
 
     async def aclose(self) -> None:
-        for call_id in list(self._running):
+        for call_id in list(self.calls.calls):
             self._send_cancel(call_id)
         if self._owns_link:
             await self.link.aclose()
 
-    # -- messages from the broker -----------------------------------------------------
-
-    def _on_out(self, head: wire.Header, frames: list[zmq.Frame]) -> None:
-        running = self._running.get(head.corr)
-        if running is None or len(frames) < 2:
-            return
-        chunk = frames[1].bytes
-        running.unacked_bytes += len(chunk)
-        running.unacked_chunks += 1
-        try:
-            if chunk:
-                running.aggregated.write(chunk)
-                if running.on_output is not None:
-                    running.on_output(_STREAMS.get(head.stream, ExecOutputStream.STDOUT), chunk)
-        finally:
-            if not running.output_held and (running.unacked_bytes >= wire.ACK_EVERY_BYTES
-                                            or running.unacked_chunks >= wire.ACK_EVERY_CHUNKS):
-                if self.link.send([_ack(running)]):
-                    running.unacked_bytes = running.unacked_chunks = 0
-
-    def _on_started(self, head: wire.Header, frames: list[zmq.Frame]) -> None:
-        running = self._running.get(head.corr)
-        if running is None or len(frames) < 2:
-            return
-        try:
-            running.pid = wire.decode(wire.STARTED, frames[1].buffer).pid
-        except wire.WireError:
-            pass
-        if running.started is not None and not running.started.done():
-            running.started.set_result(None)
-
-    def _on_stdin_ack(self, head: wire.Header, frames: list[zmq.Frame]) -> None:
-        # The executor has written ``n`` more bytes of the call's stdin to the command.
-        running = self._running.get(head.corr)
-        if running is None or running.stdin_room is None:
-            return
-        running.stdin_unacked = max(0, running.stdin_unacked - head.n)
-        running.stdin_room.set()
-
-    def _on_exit(self, head: wire.Header, frames: list[zmq.Frame]) -> None:
-        running = self._running.get(head.corr)
-        if running is None or running.future.done() or len(frames) < 2:
-            return
-        try:
-            status = wire.decode(wire.EXIT, frames[1].buffer)
-        except wire.WireError as err:
-            self._finish(running, ExecResult(error=f"unreadable exit status: {err}"))
-            return
-        result = ExecResult(**msgspec.structs.asdict(status))
-        self._finish(running, result)
-
-    def _on_error(self, head: wire.Header, frames: list[zmq.Frame]) -> None:
-        running = self._running.get(head.corr)
-        if running is None or running.future.done():
-            return
-        message = "the daemon reported an error"
-        if len(frames) > 1:
-            try:
-                message = wire.decode(wire.ERROR, frames[1].buffer).message
-            except wire.WireError:
-                pass
-        self._finish(running, ExecResult(error=message))
-
     def _on_broken(self, error: LinkError) -> None:
-        for running in list(self._running.values()):
-            if not running.future.done():
-                self._finish(running, ExecResult(error=str(error)))
+        for running in list(self.calls.calls.values()):
+            self._finish(running, ExecResult(error=str(error)))
 
     def _finish(self, running: _Running, result: ExecResult) -> None:
+        if running.future.done():
+            return
         result = msgspec.structs.replace(result, aggregated=running.aggregated.getvalue(),
                                          aggregated_omitted=running.aggregated.omitted)
         running.future.set_result(result)
         if not running.interactive:
             return
         # Nobody awaits run() for it: it leaves the table here.
-        if self._running.get(running.call_id) is running:
-            del self._running[running.call_id]
-        if running.stdin_room is not None:
-            running.stdin_room.set()
+        if self.calls.calls.get(running.call_id) is running:
+            del self.calls.calls[running.call_id]
+        if running.room is not None:
+            running.room.set()
         if running.on_exit is not None:
             try:
                 running.on_exit(result)

@@ -25,9 +25,10 @@ from collections.abc import Callable
 import structlog
 import zmq
 
-from agent.broker_link import BrokerLink, LinkError
 from agent.exec_runner import CommandRunner
 from agent.session import Session
+from broker.net.aiolink import PeerLink
+from broker.net.link import LinkError
 from broker.wire import frames as wire
 from broker.wire.protocol import (
     ConfigureSession,
@@ -52,7 +53,7 @@ CLOSE_GRACE_S = 2.0
 class Outbox:
     """Ordered, non-blocking delivery of messages over ``link`` (see the module docstring)."""
 
-    def __init__(self, link: BrokerLink, limit: int = OUTBOX_LIMIT) -> None:
+    def __init__(self, link: PeerLink, limit: int = OUTBOX_LIMIT) -> None:
         self.link = link
         self.limit = limit
         self.dropped = 0
@@ -115,7 +116,7 @@ class SessionHost:
 
     def __init__(
         self,
-        link: BrokerLink,
+        link: PeerLink,
         runner: CommandRunner,
         *,
         make_session: SessionFactory | None = None,

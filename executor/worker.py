@@ -4,36 +4,35 @@ Everything happens on one thread: the zmq socket (via :class:`broker.net.zloop.Z
 every call's pipes and done_fds (``loop.add_reader``), timers and signals. Nothing here
 blocks, so a cancel is acted on as soon as it arrives, whatever else is streaming.
 
-Like every peer, an executor pings a broker that has been quiet for a heartbeat, says
-that it waits, and gives the broker up only after :data:`broker.net.peer.PATIENCE_HEARTBEATS`
-heartbeats of unanswered pings, far longer than the broker waits for it: a stalled daemon
-finds its commands running when it resumes. A local executor (spawned by the daemon, ipc
-and a token) then exits. A remote one (``remote``: tcp and CurveZMQ) outlives its broker:
-after that patience, or at once when the broker answers "send hello first" (it dropped
-us, or restarted), it kills every command it runs (the broker has failed or will fail
-those calls: nothing is re-run) and joins again, on a fresh socket, until it is
+It joins the broker over a :class:`broker.net.aiolink.PeerLink`, which keeps the rules every
+peer follows: it pings a broker that has been quiet for a heartbeat, says that it waits,
+and gives the broker up only after :data:`broker.net.peer.PATIENCE_HEARTBEATS` heartbeats
+of unanswered pings, far longer than the broker waits for it: a stalled daemon finds its
+commands running when it resumes. A local executor (spawned by the daemon, ipc and a
+token) then exits. A remote one (``remote``: tcp and CurveZMQ) outlives its broker: after
+that patience, or at once when the broker answers "send hello first" (it dropped us, or
+restarted), it kills every command it runs (the broker has failed or will fail those
+calls: nothing is re-run) and the link joins again, on a fresh socket, until it is
 welcomed; its pings make a broker that forgot it say so within a heartbeat or two. A
 CurveZMQ handshake the daemon refuses is a one-line error at start-up, and a logged
-error (and retries) later.
+error (and retries) later. What the socket cannot take yet waits in the link's backlog,
+in order, and every call stops reading its pipes meanwhile.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
-import itertools
 import signal
 import socket
 import time
 
 import structlog
 import zmq
-from zmq.utils.monitor import parse_monitor_message
 
-from broker.net import peer
+from broker.net.aiolink import PeerLink
+from broker.net.link import LinkError
 from broker.net.logging import Throttle
 from broker.net.runtime import published_hidden
-from broker.net.zloop import ZSocket
 from broker.wire import direct
 from broker.wire import frames as wire
 from executor.call import Call
@@ -43,7 +42,7 @@ from landlock_helper import limits
 log = structlog.get_logger("executor")
 
 WELCOME_TIMEOUT_S = 10.0
-# Bounded queues on the socket; past SNDHWM output waits in our backlog and the
+# Bounded queues on the socket; past SNDHWM output waits in the link's backlog and the
 # pipes stop being read, so memory stays bounded and nothing is dropped.
 SNDHWM = 10_000
 RCVHWM = 10_000
@@ -51,22 +50,12 @@ RCVHWM = 10_000
 SHUTDOWN_DEADLINE_S = 5.0
 # At a clean exit, how long queued exits and the bye may take to leave.
 FINAL_LINGER_MS = 1000
-BACKLOG_RETRY_MIN_S = 0.001
-BACKLOG_RETRY_MAX_S = 0.05
-# While (re)joining: a fresh connection and hello this often until welcomed.
-REJOIN_EVERY_S = 5.0
-# tcp reconnects back off to this, and a connect() that hangs (SYNs into a dead link)
-# is abandoned after this, so a host whose network comes back is seen within seconds.
-RECONNECT_IVL_MAX_MS = 2000
-CONNECT_TIMEOUT_MS = 2000
-_monitor_ids = itertools.count(1)
 
 
 class Worker:
     def __init__(self, endpoint: str, token: str, *, name: str, slots: int, hidden_paths: tuple[str, ...] = (),
                  spawner=None, remote=None, fd_channel: socket.socket | None = None) -> None:
         self.endpoint = endpoint
-        self.token = token
         # A broker.net.keys.Remote: join over tcp with CurveZMQ, and rejoin instead of exiting.
         self.remote = remote
         self.name = name
@@ -85,30 +74,25 @@ class Worker:
         self.calls: dict[str, Call] = {}
         # Calls of a broker we lost: being killed, reporting to nobody.
         self.orphans: set[Call] = set()
-        # Welcomed by the broker on the current socket.
-        self.joined = False
-        # True while the socket refuses sends: every call stops reading its pipes.
-        self.congested = False
         self.loop: asyncio.AbstractEventLoop = None  # type: ignore[assignment]
         self.ctx: zmq.Context | None = None
-        self.sock: zmq.Socket | None = None
-        self.zs: ZSocket | None = None
-        self._monitor: ZSocket | None = None
-        self._retry: asyncio.TimerHandle | None = None
-        self._attempts = 0
         self._throttle = Throttle(log)
-        self.heartbeat_s = 1.0
-        # Remote executors give up on a silent broker by the rule every peer follows.
-        self._liveness = peer.Liveness()
         self.exit_linger_ms = 0
-        self._backlog: collections.deque = collections.deque()
-        self._backlog_delay = BACKLOG_RETRY_MIN_S
-        self._welcome: asyncio.Future | None = None
+        self._joining: asyncio.Future | None = None
         self._stopped: asyncio.Future | None = None
         self._stopping: tuple[int, bool] | None = None  # (exit code, say bye)
         self._give_up_at = 0.0
         self._bye_sent = False
-        self._handlers = {
+        self.link = PeerLink(endpoint, role=wire.ROLE_EXECUTOR, name=name, token=lambda: token, slots=slots,
+                             remote=remote, rejoin=remote is not None, sndhwm=SNDHWM, rcvhwm=RCVHWM)
+        # Sent now, or in order once the socket takes it.
+        self.send = self.link.put
+        self.link.on_broken.append(self._broker_lost)
+        self.link.on_lost = self._rejoining
+        self.link.on_joined = self._joined_again
+        self.link.on_refused = self._reported
+        self.link.on_congested = self._set_congested
+        for kind, handler in {
             wire.RUN: self._on_run,
             wire.ACK: self._on_ack,
             wire.IN: self._on_stdin,
@@ -116,33 +100,37 @@ class Worker:
             wire.SIGNAL: self._on_signal,
             wire.CANCEL: self._on_cancel,
             wire.HOLD: self._on_hold,
-            wire.PING: self._on_ping,
-            wire.PONG: _ignore,
-            wire.WELCOME: self._on_welcome,
             wire.ERROR: self._on_error,
-        }
+        }.items():
+            self.link.on(kind, handler)
+
+    @property
+    def congested(self) -> bool:
+        """True while the socket refuses sends: every call stops reading its pipes."""
+        return self.link.congested
 
     # -- lifecycle ------------------------------------------------------------------------
 
     async def run(self) -> int:
         """Join the broker, serve until told to stop; returns the process exit code."""
         self.loop = asyncio.get_running_loop()
-        self._welcome = self.loop.create_future()
         self._stopped = self.loop.create_future()
-        self.ctx = zmq.Context()
+        self.ctx = self.link.ctx = zmq.Context()
         if self.spawner is not None:
             self._refill_spawner()
         for sig in (signal.SIGTERM, signal.SIGINT):
             self.loop.add_signal_handler(sig, self.shutdown)
-        self._connect()
+        # A remote executor waits for its broker as long as it takes (it may start first).
+        self._joining = asyncio.ensure_future(self.link.join(None if self.remote else WELCOME_TIMEOUT_S,
+                                                             where=f"the broker at {self.endpoint}"))
         try:
-            # A remote executor waits for its broker as long as it takes (it may start first).
-            welcome = await asyncio.wait_for(self._welcome, None if self.remote else WELCOME_TIMEOUT_S)
-        except TimeoutError:
-            raise StartupError(f"no answer from the broker at {self.endpoint} within {WELCOME_TIMEOUT_S:g} s") from None
-        if welcome is None:  # told to stop while waiting
+            welcome = await self._joining
+        except asyncio.CancelledError:  # told to stop while waiting
             return 0
-        self.loop.call_later(self.heartbeat_s, self._check_heartbeat)
+        except LinkError as e:
+            if e.refused is not None:
+                raise StartupError(f"the broker refused this executor: {wire.one_line(e.refused)}") from None
+            raise StartupError(str(e)) from None
         # What an executor killed before us left (it could not remove its commands' cgroups).
         limits.sweep_stale()
         # Found once, here: what enforces each command's resource limits on this host.
@@ -151,72 +139,18 @@ class Worker:
                  default_limits=limits.defaults().describe())
         return await self._stopped
 
-    def _connect(self) -> None:
-        """A fresh DEALER to the broker, and our hello on it."""
-        sock = peer.dealer(self.ctx, sndhwm=SNDHWM, rcvhwm=RCVHWM, remote=self.remote)
-        if self.remote is not None:
-            sock.setsockopt(zmq.RECONNECT_IVL_MAX, RECONNECT_IVL_MAX_MS)
-            sock.setsockopt(zmq.CONNECT_TIMEOUT, CONNECT_TIMEOUT_MS)
-            # Before connecting, so no handshake outcome is missed.
-            address = f"inproc://executor-monitor-{next(_monitor_ids)}"
-            sock.monitor(address, peer.HANDSHAKE_FAILED_EVENTS)
-            pair = self.ctx.socket(zmq.PAIR)
-            pair.setsockopt(zmq.LINGER, 0)
-            pair.connect(address)
-            self._monitor = ZSocket(pair, self._on_monitor, self.loop)
-        try:
-            sock.connect(self.endpoint)
-        except zmq.ZMQError as e:
-            sock.close(linger=0)
-            raise StartupError(f"cannot connect to {self.endpoint}: {e.strerror}") from None
-        self.sock = sock
-        self.zs = ZSocket(sock, self._on_message, self.loop)
-        self.send(peer.hello(wire.ROLE_EXECUTOR, self.token, self.name, slots=self.slots))
-        if self.remote is not None:
-            self._retry = self.loop.call_later(REJOIN_EVERY_S, self._join_again)
-
-    def _disconnect(self) -> None:
-        """Drop the socket and whatever was still queued for it."""
-        if self._retry is not None:
-            self._retry.cancel()
-            self._retry = None
-        if self._monitor is not None:
-            try:
-                self.sock.disable_monitor()
-            except zmq.ZMQError:
-                pass
-            self._monitor.close()
-            self._monitor = None
-        if self.zs is not None:
-            self.zs.close()
-        self.zs = None
-        self.sock = None
-        self._backlog.clear()
-        self.congested = False
-
-    def _join_again(self) -> None:
-        """No welcome yet on this socket: start over on a fresh one."""
-        self._retry = None
-        if self.joined or self._stopping is not None:
-            return
-        self._attempts += 1
-        if self._attempts & (self._attempts - 1) == 0:  # 1, 2, 4, 8, ...: a long outage stays readable
-            log.info("no answer from the broker yet; still trying", broker=self.endpoint, attempts=self._attempts)
-        self._disconnect()
-        self._connect()
-
-    def _rejoin(self, why: str) -> None:
-        """Remote only: let go of this broker (killing what it asked us to run) and join again."""
+    def _rejoining(self, why: str) -> None:
+        """Remote only: let go of this broker (killing what it asked us to run); the link joins again."""
         log.warning("lost the broker; cancelling its commands and joining again", why=why, broker=self.endpoint,
                     cancelled=len(self.calls))
-        self.joined = False
         calls = list(self.calls.values())
         self.calls.clear()
         for call in calls:
             self.orphans.add(call)
             call.abandon("executor lost its broker")
-        self._disconnect()
-        self._connect()
+
+    def _joined_again(self, welcome: wire.Welcome) -> None:
+        log.info("joined the broker again", name=self.name, peer_id=welcome.peer_id, broker=self.endpoint)
 
     def spawn(self, argv, **kw):
         """Start a sandboxed command (see landlock_helper.spawn.spawn); raises SandboxError.
@@ -255,12 +189,6 @@ class Worker:
     def close(self) -> None:
         """Release the socket; after a clean stop, give queued exits and the bye a moment."""
         limits.sweep_stale()
-        if self._retry is not None:
-            self._retry.cancel()
-            self._retry = None
-        if self._monitor is not None:
-            self._monitor.close()
-            self._monitor = None
         if self.spawner is not None:
             if self._spawner_fd is not None and self.loop is not None and not self.loop.is_closed():
                 self.loop.remove_reader(self._spawner_fd)
@@ -272,23 +200,26 @@ class Worker:
         if self.fd_channel is not None:
             self.fd_channel.close()
             self.fd_channel = None
-        if self.sock is not None:
-            self.sock.close(linger=self.exit_linger_ms)
-            self.sock = None
+        self.link.close(self.exit_linger_ms)
         if self.ctx is not None:
             self.ctx.term()
             self.ctx = None
 
     def shutdown(self) -> None:
         """SIGTERM/SIGINT: kill every command, report each, say bye, exit 0."""
-        if self._welcome is not None and not self._welcome.done():
-            self._welcome.set_result(None)
+        if self._joining is not None and not self._joining.done():
+            self._joining.cancel()
             return
         # A broker we are not joined to (a remote one we are rejoining) is owed no bye.
-        self._stop(0, "executor shutting down", bye=self.joined)
+        self._stop(0, "executor shutting down", bye=self.link.joined)
 
-    def _broker_lost(self) -> None:
-        log.error("no word from the broker; presuming it gone", silent_s=round(self._liveness.silence(), 1))
+    def _broker_lost(self, error: LinkError) -> None:
+        if error.refused is not None:  # nothing will change by trying again
+            message = f"the broker refused this executor: {wire.one_line(error.refused)}"
+            log.error(message)
+            return self._stop(2, message, bye=False)
+        log.error("no word from the broker; presuming it gone", why=str(error),
+                  silent_s=round(self.link.liveness.silence(), 1))
         self._stop(1, "executor lost its broker", bye=False)
 
     def _stop(self, code: int, reason: str, *, bye: bool) -> None:
@@ -296,9 +227,6 @@ class Worker:
             return
         self._stopping = (code, bye)
         self._give_up_at = time.monotonic() + SHUTDOWN_DEADLINE_S
-        if self._retry is not None:
-            self._retry.cancel()
-            self._retry = None
         for call in list(self.calls.values()):
             call.abort(reason)
         # Orphans are being killed already; they too must be gone before we exit.
@@ -320,7 +248,7 @@ class Worker:
             self._bye_sent = True
             self.send(wire.message(wire.BYE))
             self.exit_linger_ms = FINAL_LINGER_MS
-        if self._backlog and time.monotonic() < self._give_up_at:
+        if self.link.backlog and time.monotonic() < self._give_up_at:
             # The last exits and the bye are still queued here, not yet in zmq's hands.
             self.loop.call_later(0.01, self._stopped_now)
             return
@@ -335,138 +263,22 @@ class Worker:
         if self._stopping is not None and not self.calls and not self.orphans:
             self._stopped_now()
 
-    def _check_heartbeat(self) -> None:
-        if self._stopping is not None:
-            return
-        if self.joined:
-            # The rule every peer follows: ping a quiet broker, say that we wait, give it up
-            # after the patience (broker.wire.liveness). A broker that dropped us (or
-            # restarted) answers the ping with "send hello first".
-            due = self._liveness.check(self.heartbeat_s)
-            waiting = self._liveness.waiting(self.heartbeat_s)
-            if waiting:
-                log.warning(waiting, calls=len(self.calls))
-            if due == peer.PING:
-                self.send([wire.header(wire.PING)])
-            elif due is not None and self.remote is None:
-                self._broker_lost()
-                return
-            elif due is not None:
-                self._rejoin(f"no word from the broker for {self._liveness.silence():.1f} s")
-        self.loop.call_later(self.heartbeat_s, self._check_heartbeat)
-
-    # -- sending ------------------------------------------------------------------------
-
-    def send(self, parts) -> None:
-        """Send now, or queue in order behind earlier messages while the socket is full."""
-        if self._backlog:
-            self._backlog.append(parts)
-            return
-        try:
-            self.zs.send(parts)
-        except zmq.Again:
-            self._backlog.append(parts)
-            self._set_congested(True)
-            self._backlog_delay = BACKLOG_RETRY_MIN_S
-            self.loop.call_later(self._backlog_delay, self._flush_backlog)
-        except zmq.ZMQError as e:
-            log.warning("send failed", error=e.strerror)
-
-    def _flush_backlog(self) -> None:
-        backlog = self._backlog
-        while backlog:
-            try:
-                self.zs.send(backlog[0])
-            except zmq.Again:
-                self._backlog_delay = min(self._backlog_delay * 2, BACKLOG_RETRY_MAX_S)
-                self.loop.call_later(self._backlog_delay, self._flush_backlog)
-                return
-            except zmq.ZMQError as e:
-                log.warning("send failed", error=e.strerror)
-            backlog.popleft()
-        self._set_congested(False)
-
     def _set_congested(self, congested: bool) -> None:
-        self.congested = congested
         for call in self.calls.values():
             call.update_readers()
 
     # -- receiving ----------------------------------------------------------------------
-
-    def _on_message(self, frames: list[zmq.Frame]) -> None:
-        self._liveness.heard()
-        try:
-            h = wire.decode_header(frames[0].buffer)
-        except wire.WireError as e:
-            self._throttle("warning", "dropped a bad message", error=str(e))
-            return
-        handler = self._handlers.get(h.kind)
-        if handler is None:
-            self._throttle("warning", "dropped a message of unexpected kind", kind=wire.one_line(h.kind, 80))
-            return
-        try:
-            handler(h, frames)
-        except wire.WireError as e:
-            self._throttle("warning", "dropped a bad message", kind=h.kind, corr=wire.one_line(h.corr, 80), error=str(e))
-        except Exception:
-            # A bug handling one message must not take every running command down.
-            log.exception("failed to handle a message", kind=h.kind, corr=h.corr)
 
     def _body(self, kind: str, frames):
         if len(frames) < 2:
             raise wire.WireError(f"{kind} without a body")
         return wire.decode(kind, frames[1].buffer)
 
-    def _on_welcome(self, h: wire.Header, frames) -> None:
-        welcome = self._body(wire.WELCOME, frames)
-        if self.joined:
-            return
-        if welcome.version != wire.PROTOCOL_VERSION:
-            return self._fatal(
-                f"the broker speaks protocol {welcome.version}, this executor {wire.PROTOCOL_VERSION}; upgrade one of them"
-            )
-        self.joined = True
-        self._attempts = 0
-        if self._retry is not None:
-            self._retry.cancel()
-            self._retry = None
-        if welcome.heartbeat_s > 0:
-            self.heartbeat_s = welcome.heartbeat_s
-        self._liveness.heard()
-        if not self._welcome.done():
-            self._welcome.set_result(welcome)
-        else:
-            log.info("joined the broker again", name=self.name, peer_id=welcome.peer_id, broker=self.endpoint)
-
     def _on_error(self, h: wire.Header, frames) -> None:
-        err = self._body(wire.ERROR, frames)
-        if not self.joined:
-            return self._fatal(f"the broker refused this executor: {wire.one_line(err.message)}")
-        if self.remote is not None and err.message == peer.HELLO_FIRST:
-            return self._rejoin("the broker no longer knows this executor")
-        log.warning("broker reported an error", corr=h.corr, message=err.message)
+        self._reported(self._body(wire.ERROR, frames).message, h.corr)
 
-    def _fatal(self, message: str) -> None:
-        """Nothing will change by trying again: exit 2 with ``message``."""
-        if not self._welcome.done():
-            self._welcome.set_exception(StartupError(message))
-            return
-        log.error(message)
-        self._stop(2, message, bye=False)
-
-    def _on_monitor(self, frames) -> None:
-        try:
-            event = parse_monitor_message([f.bytes for f in frames])["event"]
-        except (RuntimeError, ValueError):
-            return
-        why = peer.handshake_refusal(event, self.endpoint)
-        if why is None:
-            return
-        if not self._welcome.done():
-            # At start-up a person is watching: a refusal is a mistake to fix, not to wait out.
-            self._welcome.set_exception(StartupError(why))
-            return
-        self._throttle("error", "cannot join the broker; still trying", why=why)
+    def _reported(self, message: str, corr: str = "") -> None:
+        log.warning("broker reported an error", corr=corr, message=message)
 
     def _on_run(self, h: wire.Header, frames) -> None:
         corr = h.corr
@@ -503,7 +315,7 @@ class Worker:
         """Why this executor does not take ``req`` now (None: it does)."""
         if self._stopping is not None:
             return "executor shutting down"
-        if not self.joined:
+        if not self.link.joined:
             return "executor not ready"
         interactive = sum(1 for call in self.calls.values() if call.req.interactive)
         if req.interactive:
@@ -574,15 +386,3 @@ class Worker:
         call = self.calls.get(h.corr)
         if call is not None:  # unknown: it may have just finished
             call.cancel()
-
-    def _on_ping(self, h: wire.Header, frames) -> None:
-        # Ahead of output waiting in the backlog: a busy executor is not a hung one.
-        pong = [wire.header(wire.PONG, h.corr, seq=h.seq)]
-        if self._backlog:
-            self._backlog.appendleft(pong)  # a refused send took no part of its message
-        else:
-            self.send(pong)
-
-
-def _ignore(h, frames) -> None:
-    pass

@@ -42,7 +42,7 @@ import errno
 import os
 import signal
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 
 import msgspec
 import zmq
@@ -52,7 +52,8 @@ from broker.client.errors import DaemonError, Interrupted, UsageError
 from broker.client.handshake import hello
 from broker.client.requests import make_request, winsize
 from broker.client.sessions import ClientSession, SessionTable, attach, list_sessions, open_session
-from broker.net import peer
+from broker.net.calls import CallTable, PeerCall, error_message
+from broker.net.link import Link
 from broker.net.runtime import RuntimeDir
 from broker.wire import frames as wire
 from broker.wire.results import new_call_id
@@ -86,54 +87,40 @@ OutputCallback = Callable[["Call", int, memoryview], object]
 StartedCallback = Callable[["Call"], object]
 
 
-class Call:
+class Call(PeerCall):
     """One submitted command. ``pid`` is set once the executor has started it.
 
     ``notes``: what the daemon said about the call that does not end it (one line each,
     e.g. that it waits for an executor being restarted); ``on_notice(call, note)``, if
     set, is called with each as it comes."""
 
-    __slots__ = (
-        "call_id",
-        "argv",
-        "request",
-        "on_output",
-        "on_started",
-        "on_notice",
-        "notes",
-        "_stdin_unacked",
-        "_stdin_closed",
-        "_resize_pending",
-        "pid",
-        "executor",
-        "result",
-        "failure",
-        "_unacked_bytes",
-        "_unacked_chunks",
-        "_output_held",
-    )
+    __slots__ = ("argv", "on_output", "on_started", "on_notice", "notes", "result", "failure")
 
     def __init__(self, call_id, argv, request, on_output, on_started) -> None:
-        self.call_id: str = call_id
+        super().__init__(call_id, request)
         self.argv: list[str] = argv
-        self.request: wire.RunRequest = request
         self.on_output: OutputCallback | None = on_output
         self.on_started: StartedCallback | None = on_started
         self.on_notice: Callable[[Call, str], object] | None = None
         self.notes: list[str] = []
-        # Stdin sent and not yet acked by the executor; True once end of file was sent.
-        self._stdin_unacked = 0
-        self._stdin_closed = not request.stdin
-        # A window size asked for before the command started, sent once it has.
-        self._resize_pending: wire.Winsize | None = None
-        self.pid: int | None = None
-        self.executor: str = ""
         self.result: Result | None = None
         self.failure: DaemonError | None = None
-        self._unacked_bytes = 0
-        self._unacked_chunks = 0
-        # Its output is not acknowledged meanwhile (Client.hold_output).
-        self._output_held = False
+
+    def output(self, stream: int, chunk: memoryview) -> None:
+        if self.on_output is not None:
+            self.on_output(self, stream, chunk)
+
+    def began(self) -> None:
+        if self.on_started is not None:
+            self.on_started(self)
+
+    def noted(self, note: str) -> None:
+        self.notes.append(note)
+        if self.on_notice is not None:
+            self.on_notice(self, note)
+
+    def ended(self, status: wire.ExitStatus) -> None:
+        self.result = Result(call_id=self.call_id, argv=self.argv, **msgspec.structs.asdict(status))
 
     @property
     def started(self) -> bool:
@@ -154,7 +141,8 @@ class Call:
 class Client:
     """A frontend connection to the daemon. Not thread-safe; use one per thread."""
 
-    def __init__(self, sock: zmq.Socket, runtime: RuntimeDir | None, welcome: wire.Welcome, remote=None) -> None:
+    def __init__(self, sock: zmq.Socket, runtime: RuntimeDir | None, welcome: wire.Welcome, remote=None,
+                 name: str = "client") -> None:
         # The local daemon's runtime dir; None when connected to ``remote`` (broker.net.keys.Remote).
         self.runtime = runtime
         self.remote = remote
@@ -165,9 +153,20 @@ class Client:
         self.started_daemon: int | None = None
         self.heartbeat_s = welcome.heartbeat_s if welcome.heartbeat_s > 0 else 1.0
         self._sock = sock
-        self._calls: dict[str, Call] = {}
+        self._calls = CallTable(self._send_now)
+        # The link's rules (pings, liveness, an error about no call); this client is its blocking shell.
+        self.link = Link(self._send_now, role=wire.ROLE_FRONTEND, name=name,
+                         socket_path=runtime.socket_path if runtime else None)
+        self.link.welcomed(welcome)
+        self.link.on_broken.append(lambda error: self._break(DaemonError(str(error))))
+        self.link.on_waiting = self._say_waiting
+        for kind in (wire.OUT, wire.EXIT, wire.STARTED, wire.ACK, wire.NOTICE):
+            self.link.on(kind, self._calls.receive)
+        for kind in (wire.EVENTS, wire.EVENT, wire.ATTACHED, wire.LAGGED, wire.SESSIONS):
+            self.link.on(kind, self._on_session_news)
+        self.link.on(wire.STATUS, self._on_status)
+        self.link.on(wire.ERROR, self._on_error)
         self._broken: DaemonError | None = None
-        self._liveness = peer.Liveness()
         self._signals: collections.deque[int] = collections.deque()
         self._wake_r = -1
         self._poller = zmq.Poller()
@@ -218,7 +217,7 @@ class Client:
     def _remote_handshake(cls, remote, deadline: float, name: str) -> Client:
         sock, outcome = hello(remote.endpoint, "", deadline, name, remote)
         if isinstance(outcome, wire.Welcome):
-            return cls(sock, None, outcome, remote)
+            return cls(sock, None, outcome, remote, name)
         sock.close(linger=0)
         if outcome is None:
             raise DaemonError(
@@ -235,7 +234,7 @@ class Client:
             sent_token = token
             sock, outcome = hello(runtime.endpoint, token, deadline, name)
             if isinstance(outcome, wire.Welcome):
-                return cls(sock, runtime, outcome)
+                return cls(sock, runtime, outcome, name=name)
             sock.close(linger=0)
             if outcome is None:
                 raise DaemonError(f"the daemon in {runtime.path} did not answer within the timeout; see {runtime.log_path}")
@@ -246,55 +245,17 @@ class Client:
 
     # -- submitting ---------------------------------------------------------------------
 
-    def submit(
-        self,
-        argv: Iterable[str],
-        *,
-        cwd: str | None = None,
-        sandbox: str = "workspace-write",
-        writable: Iterable[str] = (),
-        readable: Iterable[str] = (),
-        network: bool = False,
-        env: Mapping[str, str] | None = None,
-        env_passthrough: Iterable[str] = (),
-        timeout_ms: int | None = None,
-        capture_limit: int = wire.DEFAULT_CAPTURE_LIMIT,
-        on_output: OutputCallback | None = None,
-        on_started: StartedCallback | None = None,
-        memory: int | str | None = None,
-        pids_limit: int | str | None = None,
-        file_size: int | str | None = None,
-        cpu_time: int | str | None = None,
-        stdin: bool = False,
-        tty: wire.Winsize | tuple[int, int] | None = None,
-        interactive: bool = False,
-    ) -> Call:
-        """Send a command to the daemon and return at once; see :func:`make_request`
-        (``memory="512M"``, ``pids_limit=256``, ``file_size="1G"``, ``cpu_time=60``: the
+    def submit(self, argv: Iterable[str], *, on_output: OutputCallback | None = None,
+               on_started: StartedCallback | None = None, **args) -> Call:
+        """Send a command to the daemon and return at once; ``args`` as for
+        :func:`make_request` (their names and defaults: :class:`broker.wire.run_args.RunArgs`;
+        ``memory="512M"``, ``pids_limit=256``, ``file_size="1G"``, ``cpu_time=60``: the
         command's resource limits; ``result.limit`` says which one it hit; ``stdin=True``:
         feed its stdin with :meth:`write_stdin` and :meth:`close_stdin`; ``tty=(rows,
         cols)``: a pty in the sandbox is its terminal, all its output comes as stream 1,
         :meth:`resize` changes its size; ``interactive=True``: it waits for input and
         takes no executor slot)."""
-        request = make_request(
-            argv,
-            cwd=cwd,
-            sandbox=sandbox,
-            writable=writable,
-            readable=readable,
-            network=network,
-            env=env,
-            env_passthrough=env_passthrough,
-            timeout_ms=timeout_ms,
-            capture_limit=capture_limit,
-            memory=memory,
-            pids_limit=pids_limit,
-            file_size=file_size,
-            cpu_time=cpu_time,
-            stdin=stdin,
-            tty=tty,
-            interactive=interactive,
-        )
+        request = make_request(argv, **args)
         return self.submit_request(request, on_output=on_output, on_started=on_started)
 
     # -- a command's stdin --------------------------------------------------------------
@@ -303,28 +264,23 @@ class Client:
         """How many bytes of stdin :meth:`write_stdin` takes for ``call`` now: 0 before the
         command started, after end of file, or while a window's worth is unacknowledged
         (the executor acks as the command reads)."""
-        if call._stdin_closed or not call.started or call.done:
-            return 0
-        return max(0, wire.STDIN_WINDOW_BYTES - call._stdin_unacked)
+        return self._calls.stdin_room(call) if call.started else 0
 
     def write_stdin(self, call: Call, data) -> int:
         """Send the start of ``data`` to ``call``'s stdin, as much as :meth:`stdin_room`
         allows; returns how many bytes went (pump and call again for the rest)."""
-        if call._stdin_closed:
+        if call.stdin_closed:
             raise UsageError("stdin of this call is closed (or was not asked for: submit with stdin=True)")
         n = min(len(data), self.stdin_room(call))
         if n:
-            self.send_frames([wire.header(wire.IN, call.call_id), bytes(memoryview(data)[:n])], block=True)
-            call._stdin_unacked += n
+            self.send_frames(self._calls.stdin(call, memoryview(data)[:n]), block=True)
         return n
 
     def close_stdin(self, call: Call) -> None:
         """End of file on ``call``'s stdin (after what was written)."""
-        if call._stdin_closed:
-            return
-        call._stdin_closed = True
-        if not call.done:
-            self.send_frames([wire.header(wire.IN, call.call_id), b""], block=True)
+        parts = self._calls.close_stdin(call)
+        if parts is not None:
+            self.send_frames(parts, block=True)
 
     def resize(self, call: Call, rows: int, cols: int) -> None:
         """Change the window size of ``call``'s terminal (a call submitted with ``tty``);
@@ -334,12 +290,9 @@ class Client:
         size = winsize(rows, cols)
         if call.request.tty is None:
             raise UsageError("this call has no terminal to resize (submit it with tty=(rows, cols))")
-        if call.done:
-            return
-        if not call.started:
-            call._resize_pending = size
-            return
-        self.send_frames([wire.header(wire.RESIZE, call.call_id), wire.encode(size)], block=True)
+        parts = self._calls.resize(call, size)
+        if parts is not None:
+            self.send_frames(parts, block=True)
 
     def signal_command(self, call: Call, signum: int) -> None:
         """Send ``signum`` to ``call``'s command's process group, as a terminal sends Ctrl-C
@@ -385,17 +338,17 @@ class Client:
         ``on_output`` that keeps a chunk its destination cannot take yet. The executor
         stops the command once a window of output (:data:`~broker.wire.frames.WINDOW_BYTES`)
         is unacknowledged, so what is held stays within about that."""
-        call._output_held = True
+        call.output_held = True
 
     def release_output(self, call: Call) -> None:
         """Acknowledge the output :meth:`hold_output` held back, and every chunk as its
         callback returns again."""
-        if not call._output_held:
+        if not call.output_held:
             return
-        call._output_held = False
-        if not call.done and (call._unacked_bytes or call._unacked_chunks):
+        parts = self._calls.release(call)
+        if parts is not None:
             # Blocking: with the window full, nothing else would bring the ack that resumes it.
-            self._ack(call, block=True)
+            self.send_frames(parts, block=True)
 
     def submit_request(
         self,
@@ -408,10 +361,13 @@ class Client:
         """Submit an already validated :class:`wire.RunRequest` (from :func:`make_request`)."""
         self.check_usable()
         call = Call(call_id or new_call_id(), list(request.argv), request, on_output, on_started)
-        if call.call_id in self._calls:
+        if call.call_id in self._calls.calls:
             raise UsageError(f"call id {call.call_id} is already in flight")
-        self.send_frames([wire.header(wire.RUN, call.call_id), wire.encode(request)], block=True)
-        self._calls[call.call_id] = call
+        try:
+            self.send_frames(self._calls.run(call), block=True)
+        except BaseException:
+            self._calls.calls.pop(call.call_id, None)
+            raise
         return call
 
     def cancel(self, call: Call) -> None:
@@ -588,7 +544,7 @@ class Client:
 
     @property
     def in_flight(self) -> list[Call]:
-        return list(self._calls.values())
+        return list(self._calls.calls.values())
 
     # -- signals ------------------------------------------------------------------------
 
@@ -630,8 +586,8 @@ class Client:
             return
         self._closed = True
         if self._broken is None:
-            for call in list(self._calls.values()):
-                self.send_frames([wire.header(wire.CANCEL, call.call_id)], block=False)
+            for call_id in list(self._calls.calls):
+                self.send_frames([wire.header(wire.CANCEL, call_id)], block=False)
             self.send_frames([wire.header(wire.BYE)], block=False)
         with contextlib.suppress(zmq.ZMQError):
             self._sock.disable_monitor()
@@ -688,7 +644,7 @@ class Client:
         n = self._drain()
         if n:
             return n
-        watching = bool(self._calls or self._sessions)
+        watching = bool(self._calls.calls or self._sessions)
         if watching:
             # Wake at least once per heartbeat while calls are in flight, to notice a dead daemon.
             hb = self.heartbeat_s
@@ -713,12 +669,12 @@ class Client:
         self._ready_fds = tuple(ready)
         n = self._drain()
         if watching and not n:
-            self._check_alive()
+            self.link.tick()
         return n
 
     def _drain(self) -> int:
         sock = self._sock
-        handle = self._handle
+        handle = self.link.receive
         n = 0
         while n < DRAIN_BATCH:
             try:
@@ -733,118 +689,44 @@ class Client:
                 break
             n += 1
             handle(frames)
-        if n:
-            self._liveness.heard()
         return n
 
-    def _handle(self, frames: list[zmq.Frame]) -> None:
-        try:
-            h = wire.decode_header(frames[0].buffer)
-        except wire.WireError:
-            return
-        kind = h.kind
-        if kind == wire.OUT:
-            call = self._calls.get(h.corr)
-            if call is None or len(frames) < 2:
-                return
-            chunk = frames[1].buffer
-            size = len(chunk)
-            call._unacked_bytes += size
-            call._unacked_chunks += 1
-            cb = call.on_output
-            try:
-                if cb is not None and size:
-                    cb(call, h.stream, chunk)
-            finally:
-                if not call._output_held and (call._unacked_bytes >= wire.ACK_EVERY_BYTES
-                                              or call._unacked_chunks >= wire.ACK_EVERY_CHUNKS):
-                    self._ack(call)
-        elif kind == wire.EXIT:
-            call = self._calls.pop(h.corr, None)
-            if call is None or len(frames) < 2:
-                return
-            try:
-                st = wire.decode(wire.EXIT, frames[1].buffer)
-            except wire.WireError as e:
-                call.result = Result(call_id=call.call_id, argv=call.argv, error=f"unreadable exit status: {e}")
-                return
-            call.result = Result(call_id=call.call_id, argv=call.argv, **msgspec.structs.asdict(st))
-        elif kind == wire.STARTED:
-            call = self._calls.get(h.corr)
-            if call is None or len(frames) < 2:
-                return
-            try:
-                st = wire.decode(wire.STARTED, frames[1].buffer)
-            except wire.WireError:
-                return
-            call.pid = st.pid
-            call.executor = st.executor
-            if call._resize_pending is not None:
-                size, call._resize_pending = call._resize_pending, None
-                self.send_frames([wire.header(wire.RESIZE, call.call_id), wire.encode(size)], block=False)
-            if call.on_started is not None:
-                call.on_started(call)
-        elif kind == wire.ACK:  # stdin the command has read
-            call = self._calls.get(h.corr)
-            if call is not None:
-                call._stdin_unacked = max(0, call._stdin_unacked - h.n)
-        elif kind == wire.NOTICE:
-            call = self._calls.get(h.corr)
-            if call is None or len(frames) < 2:
-                return
-            try:
-                note = wire.decode(wire.NOTICE, frames[1].buffer).message
-            except wire.WireError:
-                return
-            call.notes.append(note)
-            if call.on_notice is not None:
-                call.on_notice(call, note)
-        elif kind == wire.EVENTS:
-            if len(frames) >= 2 and self._sessions is not None:
-                self._sessions.on_events(h, frames[1].buffer)
-        elif kind == wire.EVENT:
-            if len(frames) >= 2 and self._sessions is not None:
-                self._sessions.on_event(h, frames[1].buffer)
-        elif kind == wire.ATTACHED:
-            if self._sessions is not None:
-                self._sessions.on_attached(h, frames[1].buffer if len(frames) >= 2 else None)
-        elif kind == wire.LAGGED:
-            if self._sessions is not None:
-                self._sessions.on_lagged(h)
-        elif kind == wire.SESSIONS:
-            if len(frames) >= 2 and self._sessions is not None:
-                self._sessions.on_sessions(h, frames[1].buffer)
-        elif kind == wire.STATUS:
-            if h.corr in self._asked and len(frames) >= 2:
-                self._asked[h.corr] = frames[1].bytes
-        elif kind == wire.PING:
-            # The nonce echoed: proof for the daemon that everything before the ping arrived.
-            self.send_frames([wire.header(wire.PONG, h.corr)], block=False)
-        elif kind == wire.ERROR:
-            message = "the daemon reported an error"
-            if len(frames) >= 2:
-                with contextlib.suppress(wire.WireError):
-                    message = wire.decode(wire.ERROR, frames[1].buffer).message
-            call = self._calls.pop(h.corr, None) if h.corr else None
-            if call is not None:
-                call.result = Result(call_id=call.call_id, argv=call.argv, error=message)
-            elif h.corr in self._asked:
-                self._asked[h.corr] = message
-            elif h.corr:
-                # A session request of ours, e.g. refused by a daemon too old to know it.
-                if self._sessions is not None:
-                    self._sessions.refuse(h.corr, message)
-            else:
-                # Not about one call: the daemon no longer knows us (e.g. it restarted).
-                self._break(DaemonError(f"the daemon reported: {wire.one_line(message)}"))
-        # pong, welcome and anything newer: nothing to do beyond the liveness stamp.
+    def _send_now(self, parts: list[bytes]) -> bool:
+        return self.send_frames(parts, block=False)
 
-    def _ack(self, call: Call, *, block: bool = False) -> None:
-        # Acks are increments: bytes and chunks consumed since the previous ack.
-        hdr = wire.header(wire.ACK, call.call_id, n=call._unacked_bytes, seq=call._unacked_chunks)
-        if self.send_frames([hdr], block=block):
-            call._unacked_bytes = 0
-            call._unacked_chunks = 0
+    def _on_session_news(self, h: wire.Header, frames: list[zmq.Frame]) -> None:
+        sessions = self._sessions
+        if sessions is None:
+            return
+        body = frames[1].buffer if len(frames) >= 2 else None
+        kind = h.kind
+        if kind == wire.ATTACHED:
+            sessions.on_attached(h, body)
+        elif kind == wire.LAGGED:
+            sessions.on_lagged(h)
+        elif body is None:
+            return
+        elif kind == wire.EVENTS:
+            sessions.on_events(h, body)
+        elif kind == wire.EVENT:
+            sessions.on_event(h, body)
+        else:
+            sessions.on_sessions(h, body)
+
+    def _on_status(self, h: wire.Header, frames: list[zmq.Frame]) -> None:
+        if h.corr in self._asked and len(frames) >= 2:
+            self._asked[h.corr] = frames[1].bytes
+
+    def _on_error(self, h: wire.Header, frames: list[zmq.Frame]) -> None:
+        """An error about one request of ours (one about none is the link's)."""
+        if self._calls.receive(h, frames):
+            return
+        message = error_message(frames)
+        if h.corr in self._asked:
+            self._asked[h.corr] = message
+        elif self._sessions is not None:
+            # A session request of ours, e.g. refused by a daemon too old to know it.
+            self._sessions.refuse(h.corr, message)
 
     def _on_monitor(self) -> None:
         from zmq.utils.monitor import recv_monitor_message
@@ -856,22 +738,14 @@ class Client:
                 return
             except zmq.ZMQError:
                 return
-            if event["event"] == zmq.EVENT_DISCONNECTED:
-                self._break(DaemonError("lost the connection to the daemon (it exited or was stopped)"))
+            self.link.monitor_event(event["event"], self.remote.endpoint if self.remote else self.runtime.endpoint)
 
-    def _check_alive(self) -> None:
-        waiting = self._liveness.waiting(self.heartbeat_s)
-        if waiting:
-            # Its calls' callers hear it (``sluice run`` prints notices): a stall of the
-            # daemon is waited out, and said, not taken for its death.
-            for call in list(self._calls.values()):
-                if call.on_notice is not None:
-                    call.on_notice(call, waiting)
-        due = self._liveness.check(self.heartbeat_s, self.runtime.socket_path if self.runtime else None)
-        if due == peer.PING:
-            self.send_frames([wire.header(wire.PING)], block=False)
-        elif due is not None:
-            self._break(DaemonError(due))
+    def _say_waiting(self, line: str) -> None:
+        # Its calls' callers hear it (``sluice run`` prints notices): a stall of the
+        # daemon is waited out, and said, not taken for its death.
+        for call in list(self._calls.calls.values()):
+            if call.on_notice is not None:
+                call.on_notice(call, line)
 
     def _break(self, error: DaemonError) -> None:
         if self._broken is None:
@@ -881,7 +755,7 @@ class Client:
             self._sessions.broken(error)
 
     def _fail_all(self, error: DaemonError) -> None:
-        calls, self._calls = self._calls, {}
+        calls, self._calls.calls = self._calls.calls, {}
         for call in calls.values():
             call.failure = error
 

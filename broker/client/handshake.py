@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import itertools
-import os
 import time
 
 import zmq
@@ -20,39 +18,20 @@ REFUSED_FOR_S = 1.0
 _MONITORED = peer.HANDSHAKE_FAILED_EVENTS | zmq.EVENT_CONNECTED | zmq.EVENT_CONNECT_RETRIED
 
 
-def _new_socket(endpoint: str, remote=None, monitor: str | None = None) -> zmq.Socket:
-    # Flow-control windows bound what is in flight per call; the queues bound it per client.
-    sock = peer.dealer(zmq.Context.instance(), sndhwm=1 << 16, rcvhwm=1 << 20, remote=remote)
-    if monitor is not None:
-        # Before connecting, so no handshake outcome is missed.
-        sock.monitor(monitor, _MONITORED)
-    sock.setsockopt(zmq.SNDTIMEO, SEND_TIMEOUT_MS)
-    sock.connect(endpoint)
-    return sock
-
-
-_monitor_ids = itertools.count(1)
-
-
 def hello(endpoint: str, token: str, deadline: float, name: str = "client", remote=None):
     """(socket, Welcome) on success, (socket, message) if refused, (socket, None) on timeout.
 
     Over tcp a CurveZMQ handshake the daemon refuses raises :class:`DaemonError` at once:
     libzmq would otherwise retry it quietly until the deadline.
     """
+    # Flow-control windows bound what is in flight per call; the queues bound it per client.
+    sock = peer.dealer(zmq.Context.instance(), sndhwm=1 << 16, rcvhwm=1 << 20, remote=remote)
+    sock.setsockopt(zmq.SNDTIMEO, SEND_TIMEOUT_MS)
     monitor = None
-    address = f"inproc://sluice-hello-monitor-{os.getpid()}-{next(_monitor_ids)}" if remote is not None else None
-    if address is not None:
-        monitor = zmq.Context.instance().socket(zmq.PAIR)
-        monitor.setsockopt(zmq.LINGER, 0)
-        monitor.connect(address)
     try:
-        sock = _new_socket(endpoint, remote, address)
-    except BaseException:
-        if monitor is not None:
-            monitor.close(linger=0)
-        raise
-    try:
+        if remote is not None:
+            monitor = peer.monitor(sock, _MONITORED)
+        sock.connect(endpoint)
         return _await_welcome(sock, monitor, endpoint, token, deadline, name)
     except BaseException:
         sock.close(linger=0)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 
 from broker.client.errors import UsageError
 from broker.wire import frames as wire
@@ -12,29 +12,10 @@ from landlock_helper.limits import Limits
 __all__ = ["MAX_CAPTURE_LIMIT", "make_request", "winsize"]
 
 
-def make_request(
-    argv: Iterable[str],
-    *,
-    cwd: str | None = None,
-    sandbox: str = "workspace-write",
-    writable: Iterable[str] = (),
-    readable: Iterable[str] = (),
-    network: bool = False,
-    env: Mapping[str, str] | None = None,
-    env_passthrough: Iterable[str] = (),
-    timeout_ms: int | None = None,
-    capture_limit: int = wire.DEFAULT_CAPTURE_LIMIT,
-    check_paths: bool = True,
-    memory: int | str | None = None,
-    pids_limit: int | str | None = None,
-    file_size: int | str | None = None,
-    cpu_time: int | str | None = None,
-    limits: Limits | None = None,
-    stdin: bool = False,
-    tty: wire.Winsize | tuple[int, int] | None = None,
-    interactive: bool = False,
-) -> wire.RunRequest:
-    """Validate the arguments of :meth:`Client.submit`; raises :class:`UsageError`.
+def make_request(argv: Iterable[str], *, check_paths: bool = True, limits: Limits | None = None,
+                 **args) -> wire.RunRequest:
+    """Validate the arguments of :meth:`Client.submit` (the names and defaults of ``args``:
+    :class:`broker.wire.run_args.RunArgs`); raises :class:`UsageError`.
 
     ``readable``: directories shown read-only inside at their own path, for those in the
     host's /tmp, which the sandbox's own /tmp covers (a virtual environment, a tool).
@@ -66,13 +47,9 @@ def make_request(
     an editor): it takes none of an executor's slots, so it never holds up other
     commands (an executor hosts a bounded number of them).
     """
+    tty = args.pop("tty", None)
     try:
-        fields = check_run(
-            argv, cwd=cwd, sandbox=sandbox, writable=writable, readable=readable, network=network, env=env,
-            env_passthrough=env_passthrough, timeout_ms=timeout_ms, capture_limit=capture_limit,
-            check_paths=check_paths, memory=memory, pids_limit=pids_limit, file_size=file_size,
-            cpu_time=cpu_time, limits=limits, stdin=stdin, interactive=interactive,
-        )
+        fields = check_run(argv, check_paths=check_paths, limits=limits, **args)
     except RunArgsError as e:
         raise UsageError(str(e)) from None
     return wire.RunRequest(**fields, tty=_winsize(tty))

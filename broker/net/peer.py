@@ -9,12 +9,15 @@ been quiet for a heartbeat, says so when the daemon has been quiet for
 unanswered for :data:`PATIENCE_HEARTBEATS` heartbeats (:class:`Liveness`). The daemon side
 of the same rules is :mod:`broker.daemon.router`.
 
-Sans-io: the pieces here build and read messages and keep the clock; the client drives
-them from a blocking poller, the agent and the executors from their asyncio loops.
+Sans-io: the pieces here build and read messages and keep the clock;
+:class:`broker.net.link.Link` applies them, one link for every peer, driven by the client
+from a blocking poller and by the agent and the executors from their asyncio loops
+(:mod:`broker.net.aiolink`).
 """
 
 from __future__ import annotations
 
+import itertools
 import os
 import time
 
@@ -36,6 +39,7 @@ HELLO_FIRST = "send hello first"
 HANDSHAKE_FAILED_EVENTS = (
     zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
 )
+_monitor_ids = itertools.count(1)
 
 
 def dealer(ctx: zmq.Context, *, sndhwm: int, rcvhwm: int, remote=None) -> zmq.Socket:
@@ -50,6 +54,17 @@ def dealer(ctx: zmq.Context, *, sndhwm: int, rcvhwm: int, remote=None) -> zmq.So
     if remote is not None:
         remote.apply(sock)
     return sock
+
+
+def monitor(sock: zmq.Socket, events: int) -> zmq.Socket:
+    """A PAIR socket that receives ``sock``'s monitor ``events``; made before ``sock``
+    connects, so that no handshake outcome is missed."""
+    address = f"inproc://sluice-monitor-{os.getpid()}-{next(_monitor_ids)}"
+    sock.monitor(address, events)
+    pair = sock.context.socket(zmq.PAIR)
+    pair.setsockopt(zmq.LINGER, 0)
+    pair.connect(address)
+    return pair
 
 
 def hello(role: str, token: str, name: str, *, slots: int = 0) -> list[bytes]:

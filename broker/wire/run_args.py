@@ -1,5 +1,5 @@
-"""Checking the arguments of a run before anything is sent: the one place they are
-checked, for :func:`broker.client.make_request` and for a direct ``sluice run``
+"""The arguments of a run, declared (:class:`RunArgs`) and checked before anything is
+sent in one place, for :func:`broker.client.make_request` and for a direct ``sluice run``
 (:mod:`broker.wire.direct`). Stdlib only (the sandbox's policy, environment and limit
 types are), so the fast path of ``sluice run`` can use it without pyzmq or msgspec."""
 
@@ -25,29 +25,36 @@ class RunArgsError(ValueError):
     """A bad argument of a run (unknown mode, missing cwd, relative writable path, ...)."""
 
 
-def check_run(
-    argv: Iterable[str],
-    *,
-    cwd: str | None = None,
-    sandbox: str = "workspace-write",
-    writable: Iterable[str] = (),
-    readable: Iterable[str] = (),
-    network: bool = False,
-    env: Mapping[str, str] | None = None,
-    env_passthrough: Iterable[str] = (),
-    timeout_ms: int | None = None,
-    capture_limit: int = DEFAULT_CAPTURE_LIMIT,
-    check_paths: bool = True,
-    memory: int | str | None = None,
-    pids_limit: int | str | None = None,
-    file_size: int | str | None = None,
-    cpu_time: int | str | None = None,
-    limits: Limits | None = None,
-    stdin: bool = False,
-    interactive: bool = False,
-) -> dict:
-    """The fields of a ``RunRequest`` (all but ``tty``) from a caller's arguments, as
-    :func:`broker.client.make_request` documents them; raises :class:`RunArgsError`."""
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RunArgs:
+    """The arguments of a run after its command, as a caller gives them: declared here
+    once for :meth:`broker.client.Client.submit`, :func:`broker.client.make_request` and
+    :func:`check_run` (what each means: :func:`broker.client.make_request`). ``tty`` is
+    the client's to check (a window size is a wire type); :func:`check_run` leaves it."""
+
+    cwd: str | None = None
+    sandbox: str = "workspace-write"
+    writable: Iterable[str] = ()
+    readable: Iterable[str] = ()
+    network: bool = False
+    env: Mapping[str, str] | None = None
+    env_passthrough: Iterable[str] = ()
+    timeout_ms: int | None = None
+    capture_limit: int = DEFAULT_CAPTURE_LIMIT
+    memory: int | str | None = None
+    pids_limit: int | str | None = None
+    file_size: int | str | None = None
+    cpu_time: int | str | None = None
+    stdin: bool = False
+    tty: object = None  # a broker.wire.frames.Winsize or (rows, columns)
+    interactive: bool = False
+
+
+def check_run(argv: Iterable[str], *, check_paths: bool = True, limits: Limits | None = None, **args) -> dict:
+    """The fields of a ``RunRequest`` (all but ``tty``) from a caller's arguments
+    (:class:`RunArgs`), as :func:`broker.client.make_request` documents them; raises
+    :class:`RunArgsError`."""
+    r = RunArgs(**args)
     if isinstance(argv, (str, bytes)):
         raise RunArgsError("the command must be a list of arguments, not a string")
     argv = list(argv)
@@ -58,6 +65,7 @@ def check_run(
     if not argv[0]:
         raise RunArgsError("the command name is empty")
 
+    cwd = r.cwd
     if cwd is None:
         try:
             cwd = os.getcwd()
@@ -69,7 +77,7 @@ def check_run(
         raise RunArgsError(f"working directory {cwd} {what}")
 
     roots = []
-    for path in writable:
+    for path in r.writable:
         if not isinstance(path, str) or not os.path.isabs(path):
             raise RunArgsError(f"writable path must be absolute: {path!r}")
         if check_paths and not os.path.exists(path):
@@ -77,7 +85,7 @@ def check_run(
         roots.append(path)
 
     shown = []
-    for path in readable:
+    for path in r.readable:
         if not isinstance(path, str) or not os.path.isabs(path):
             raise RunArgsError(f"readable path must be absolute: {path!r}")
         if check_paths and not os.path.isdir(path):
@@ -86,42 +94,43 @@ def check_run(
         shown.append(os.path.normpath(path))
 
     try:
-        policy = SandboxPolicy.from_mode(sandbox, writable_roots=roots, network=network)
+        policy = SandboxPolicy.from_mode(r.sandbox, writable_roots=roots, network=r.network)
     except PolicyError as e:
         raise RunArgsError(str(e)) from None
 
+    timeout_ms, capture_limit = r.timeout_ms, r.capture_limit
     if timeout_ms is not None:
         if isinstance(timeout_ms, bool) or not isinstance(timeout_ms, int) or timeout_ms <= 0:
             raise RunArgsError(f"timeout must be a positive number of milliseconds, got {timeout_ms!r}")
     if isinstance(capture_limit, bool) or not isinstance(capture_limit, int) or not 0 <= capture_limit <= MAX_CAPTURE_LIMIT:
         raise RunArgsError(f"capture limit must be between 0 and {MAX_CAPTURE_LIMIT} bytes, got {capture_limit!r}")
 
-    passthrough = list(env_passthrough)
+    passthrough = list(r.env_passthrough)
     for name in passthrough:
         if not isinstance(name, str) or not name or "=" in name:
             raise RunArgsError(f"not an environment variable name: {name!r}")
-    if env is not None and not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+    if r.env is not None and not all(isinstance(k, str) and isinstance(v, str) for k, v in r.env.items()):
         raise RunArgsError("the environment must map names to strings")
     # Filtered here, before it leaves this process: the daemon and the executor (maybe on
     # another host) never see the caller's secrets, only what the command may have.
-    env, _ = split_env(os.environ if env is None else env, passthrough)
+    env, _ = split_env(os.environ if r.env is None else r.env, passthrough)
     if check_paths:
         _check_roots(policy, cwd, env)
 
     try:
         asked = Limits(
-            memory=None if memory is None else parse_size(memory, "memory"),
-            pids=None if pids_limit is None else parse_count(pids_limit, "pids limit"),
-            file_size=None if file_size is None else parse_size(file_size, "file size"),
-            cpu_time=None if cpu_time is None else parse_duration(cpu_time, "CPU time"),
+            memory=None if r.memory is None else parse_size(r.memory, "memory"),
+            pids=None if r.pids_limit is None else parse_count(r.pids_limit, "pids limit"),
+            file_size=None if r.file_size is None else parse_size(r.file_size, "file size"),
+            cpu_time=None if r.cpu_time is None else parse_duration(r.cpu_time, "CPU time"),
         )
     except LimitError as e:
         raise RunArgsError(str(e)) from None
     if limits is not None and not isinstance(limits, Limits):
         raise RunArgsError(f"limits must be a landlock_helper.limits.Limits, got {type(limits).__name__}")
     asked = (limits or Limits()).merged(asked)
-    if not isinstance(interactive, bool):
-        raise RunArgsError(f"interactive must be True or False, got {interactive!r}")
+    if not isinstance(r.interactive, bool):
+        raise RunArgsError(f"interactive must be True or False, got {r.interactive!r}")
 
     return {
         "argv": argv,
@@ -133,8 +142,8 @@ def check_run(
         "timeout_ms": timeout_ms,
         "capture_limit": capture_limit,
         "limits": None if asked == Limits() else asked,
-        "stdin": bool(stdin),
-        "interactive": interactive,
+        "stdin": bool(r.stdin),
+        "interactive": r.interactive,
     }
 
 

@@ -8,8 +8,9 @@ import random
 
 import pytest
 
-from agent.broker_link import BrokerLink, LinkError
 from agent.exec_runner import BrokerRunner, ExecResult, HeadTailBuffer
+from broker.net.aiolink import PeerLink
+from broker.net.link import LinkError
 from broker.wire.protocol import ExecOutputStream
 from landlock_helper.policy import SandboxPolicy
 from tests.support.harness import live_processes
@@ -115,7 +116,7 @@ def test_link_refuses_without_daemon(tmp_path) -> None:
 
     async def main() -> None:
         with pytest.raises(LinkError, match="no daemon is running"):
-            await BrokerLink.connect(RuntimeDir(str(tmp_path)))
+            await PeerLink.connect(RuntimeDir(str(tmp_path)))
 
     asyncio.run(main())
 

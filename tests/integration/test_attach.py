@@ -161,7 +161,7 @@ def test_a_frontend_that_was_stopped_itself_keeps_its_connection(dmn, server, fr
     client = frontends("sleeper")
     session = open_configured(client, server, tmp_path)
     # As after SIGSTOP / SIGCONT: the last message is long ago and nothing is queued yet.
-    client._liveness.last_heard -= 30
+    client.link.liveness.last_heard -= 30
     client.poll(0)
     assert session_info(client, session.id).frontends == [f"{client.peer_id} (sleeper)"]
 

@@ -678,8 +678,7 @@ def test_send_backlog_keeps_order_and_pauses_reading():
 
     async def scenario():
         w = Worker("ipc:///nonexistent", "t", name="n", slots=1)
-        w.loop = asyncio.get_running_loop()
-        w.zs = _FullSocket(refusals=3)
+        w.link.zs = _FullSocket(refusals=3)
         call = w.calls["c"] = _Reader()
         for i in range(5):
             w.send([b"%d" % i])
@@ -689,6 +688,6 @@ def test_send_backlog_keeps_order_and_pauses_reading():
                 break
             await asyncio.sleep(0.005)
         assert not w.congested and call.updates == 2
-        assert w.zs.sent == [[b"%d" % i] for i in range(5)]
+        assert w.link.zs.sent == [[b"%d" % i] for i in range(5)]
 
     asyncio.run(scenario())

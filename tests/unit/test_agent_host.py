@@ -31,7 +31,7 @@ pytestmark = pytest.mark.timeout(10)
 
 
 class FakeLink:
-    """Takes what is sent unless ``full``; ``handlers`` as BrokerLink.on registers them."""
+    """Takes what is sent unless ``full``; ``handlers`` as PeerLink.on registers them."""
 
     def __init__(self) -> None:
         self.sent: list[list[bytes]] = []
