@@ -183,6 +183,11 @@ def _parser(argv: list[str] = ()):
 
         add_keys_args(keys)
 
+    def ray_args(ray) -> None:
+        from broker.cli.cluster import add_ray_args
+
+        add_ray_args(ray)
+
     # Each command: its name, how it is listed and introduced, and its options (None: it
     # is listed for --help only, as main() hands it over before parsing).
     commands = {
@@ -225,6 +230,10 @@ def _parser(argv: list[str] = ()):
                  keys_args),
         "executor": ({"help": "run an executor here for a daemon on another host (see `sluice executor --help`)",
                       "add_help": False}, None),
+        "ray": ({"help": "sluice on a Ray cluster: up, status, down (needs the ray extra)",
+                 "description": "up: start the daemon and an executor on every node of the Ray cluster, keys "
+                                "handed out through Ray; status: executors by node; down: revoke the keys and "
+                                "stop it all. Frontends on the cluster then use --ray."}, ray_args),
     }
     from broker.wire.version import SLUICE_VERSION
 
@@ -297,6 +306,10 @@ def main(argv: list[str] | None = None) -> int:
             from broker.cli.keys import keys_main
 
             return keys_main(args)
+        if args.subcommand == "ray":
+            from broker.cli.cluster import ray_main
+
+            return ray_main(args)
         parser.print_help(sys.stderr)
         return EXIT_USAGE
     except CliExit as e:

@@ -62,7 +62,7 @@ def run_main(args) -> int:
             network=args.network,
             env_passthrough=args.env,
             timeout_ms=args.timeout_ms,
-            check_paths=not args.connect,
+            check_paths=not (args.connect or args.ray),
             memory=args.memory,
             pids_limit=args.pids_limit,
             file_size=args.file_size,
@@ -80,7 +80,7 @@ def run_main(args) -> int:
     except ConfigError as e:
         return fail(str(e), EXIT_USAGE)
 
-    if not (args.tty or args.interactive or args.json or args.via_broker or args.connect or args.server_key or args.key):
+    if not (args.tty or args.interactive or args.json or args.via_broker or args.connect or args.ray or args.server_key or args.key):
         run = DirectRun(fields, screen=relay_filter(guards))
         if run.start():
             code = _direct(run, command, args)
