@@ -123,6 +123,16 @@ class Controller:
                     raise RuntimeError(f"the daemon did not answer within {timeout:g} s") from None
                 time.sleep(0.2)
 
+    def _daemon_running(self) -> bool:
+        """Whether the daemon runs; once it exited, why is kept for :meth:`status`."""
+        if self._daemon is None:
+            return False
+        if self._daemon.poll() is None:
+            return True
+        if not self._daemon_exit:
+            self._daemon_exit = f"the daemon exited with status {self._daemon.returncode}; `sluice ray up` restarts it"
+        return False
+
     def restart(self) -> dict:
         """Start the daemon again if it died (``sluice ray up`` on a cluster where sluice is up)."""
         with self._lock:
@@ -156,8 +166,7 @@ class Controller:
                 print(f"sluice ray controller: {type(e).__name__}: {e}", flush=True)
 
     def _tick(self) -> None:
-        if self._daemon is not None and self._daemon.poll() is not None and not self._daemon_exit:
-            self._daemon_exit = f"the daemon exited with status {self._daemon.returncode}; `sluice ray up` restarts it"
+        if not self._daemon_running():
             self._close_client()
         self._place()
         if self._client is None:
@@ -225,7 +234,7 @@ class Controller:
             request = self._scaler.current
             return {
                 "endpoint": self.endpoint, "node_id": self.node_id, "ip": self.ip,
-                "daemon": {"running": self._daemon is not None and self._daemon.poll() is None,
+                "daemon": {"running": self._daemon_running(),
                            "pid": self._daemon.pid if self._daemon else None, "exit": self._daemon_exit},
                 "nodes": nodes, "queued": info.queued if info else 0, "lost": list(self._lost),
                 "scaling": asdict(request) if request else None,
