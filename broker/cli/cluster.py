@@ -69,6 +69,7 @@ def _seconds(text: str) -> float:
 def _ray():
     try:
         import broker.ray
+        import broker.ray.cluster  # noqa: F401 - imports Ray itself: fails here without the extra
     except ImportError:
         raise CliExit(fail(NO_RAY, EXIT_USAGE)) from None
     return broker.ray

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -21,83 +20,36 @@ import types
 import psutil
 import pytest
 
-# Read by Ray when it is imported: without it, Ray replaces a loopback address given to
-# ray.init with the machine's outward one ("remotely reachable"), where nothing of this
-# one-machine cluster listens. Only Ray reads it.
-os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
-ray = pytest.importorskip("ray", reason="needs the ray extra (pip install '.[ray]')")
+try:
+    # First: it sets what Ray reads as it is imported, then imports it.
+    from tests.support.ray_cluster import LOOPBACK, ClusterStartError, simulated_cluster
+except ImportError as e:
+    pytest.skip(f"needs the ray extra (pip install '.[ray]'): {e}", allow_module_level=True)
 
-from ray.cluster_utils import Cluster  # noqa: E402
+import ray  # noqa: E402
 
 import broker.ray as sluice_ray  # noqa: E402
 from broker.client import Client, DaemonError  # noqa: E402
 from broker.ray.names import NAMESPACE, executor_name  # noqa: E402
-from tests.support.harness import ROOT, short_tempdir  # noqa: E402
+from tests.support.harness import ROOT  # noqa: E402
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(240)]
 
-LOOPBACK = "127.0.0.1"
-NODE = {"num_cpus": 1, "node_ip_address": LOOPBACK, "include_dashboard": False}
 SLOTS_PER_NODE = 2  # --slots-per-cpu 2, one CPU a node
-
-
-class Sim:
-    """The module's cluster: its nodes, its private dirs, and the environment it runs with."""
-
-    def __init__(self, cluster: Cluster, base: str) -> None:
-        self.cluster = cluster
-        self.base = base
-        self.home = os.path.join(base, "home")
-        # Node ids of the nodes the tests removed.
-        self.removed: list[str] = []
-
-    @property
-    def address(self) -> str:
-        return self.cluster.address
-
-    def node_ids(self) -> list[str]:
-        return [n.node_id for n in self.cluster.list_all_nodes()]
-
-    def executors(self) -> dict[str, str]:
-        """node id -> the name its executor has."""
-        return {node_id: executor_name(LOOPBACK, node_id) for node_id in self.node_ids()}
 
 
 @pytest.fixture(scope="module")
 def sim():
-    base = short_tempdir("sl-ray-")
-    saved = dict(os.environ)
-    os.environ.update({
-        # Ray's sessions, sockets and address file here, not in /tmp/ray (shared by every Ray user).
-        "RAY_TMPDIR": base,
-        "RAY_USAGE_STATS_ENABLED": "0",
-        "SLUICE_HOME": os.path.join(base, "home"),
-        "SLUICE_RUNTIME_DIR": os.path.join(base, "rt"),
-        # The actors' processes import sluice (and the test helpers) from this checkout.
-        "PYTHONPATH": ROOT + (os.pathsep + saved["PYTHONPATH"] if saved.get("PYTHONPATH") else ""),
-    })
-    cluster = None
     try:
-        try:
-            cluster = Cluster(initialize_head=True, head_node_args=NODE)
-            for _ in range(2):
-                cluster.add_node(**NODE)
-            ray.init(address=cluster.address, _node_ip_address=LOOPBACK, namespace="sluice-tests",
-                     log_to_driver=False)
-        except Exception as e:  # noqa: BLE001 - whatever keeps Ray from starting here
-            pytest.skip(f"a Ray cluster cannot start on this machine: {type(e).__name__}: {e}")
-        yield Sim(cluster, base)
-    finally:
-        if ray.is_initialized():
-            try:
-                sluice_ray.down(timeout=60)
-            finally:
-                ray.shutdown()
-        if cluster is not None:
-            cluster.shutdown()
-        os.environ.clear()
-        os.environ.update(saved)
-        shutil.rmtree(base, ignore_errors=True)
+        with simulated_cluster(3) as sim:
+            yield sim
+    except ClusterStartError as e:
+        pytest.skip(f"a Ray cluster cannot start on this machine: {e}")
+
+
+def executors(sim) -> dict[str, str]:
+    """node id -> the name its executor has."""
+    return {node_id: executor_name(LOOPBACK, node_id) for node_id in sim.node_ids()}
 
 
 def sluice(*args: str, timeout: float = 180.0) -> subprocess.CompletedProcess:
@@ -138,7 +90,7 @@ def test_ray_up_places_an_executor_on_every_node(sim):
     status = sluice_ray.status()
     assert status["node_id"] == head
     assert status["endpoint"].startswith(f"tcp://{LOOPBACK}:"), status["endpoint"]
-    assert {n["executor"] for n in joined(status).values()} == set(sim.executors().values())
+    assert {n["executor"] for n in joined(status).values()} == set(executors(sim).values())
     assert all(n["slots"] == SLOTS_PER_NODE for n in status["nodes"])
     # One actor per node, by name: a second placement of the same node is refused by Ray.
     names = {a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if a["namespace"] == NAMESPACE}
@@ -146,7 +98,7 @@ def test_ray_up_places_an_executor_on_every_node(sim):
 
     shown = sluice("ray", "status", "--address", sim.address)
     assert shown.returncode == 0, shown.stderr
-    for name in sim.executors().values():
+    for name in executors(sim).values():
         assert name in shown.stdout and "joined" in shown.stdout
     as_json = json.loads(sluice("ray", "status", "--address", sim.address, "--json").stdout)
     assert as_json["endpoint"] == status["endpoint"]
@@ -173,7 +125,7 @@ def test_commands_spread_over_the_nodes_and_each_result_names_its_node(sim):
     with sluice_ray.connect() as client:
         ran = run_spread(client, ["sh", "-c", "sleep 1; echo ran"], 3 * SLOTS_PER_NODE)
     assert all(r.returncode == 0 and r.stdout == b"ran\n" for _, r in ran)
-    assert {executor for executor, _ in ran} == set(sim.executors().values())
+    assert {executor for executor, _ in ran} == set(executors(sim).values())
 
 
 def test_sluice_run_with_ray_needs_no_key(sim, tmp_path):
@@ -198,7 +150,7 @@ def test_the_sandbox_holds_on_every_node(sim, tmp_path):
                                 sandbox="danger-full-access", wait_timeout=60)
         assert unconfined.returncode == 0 and (outside / "unconfined").exists()
         ran = run_spread(client, ["sh", "-c", script], 3 * SLOTS_PER_NODE, cwd=str(workspace))
-    assert {executor for executor, _ in ran} == set(sim.executors().values())
+    assert {executor for executor, _ in ran} == set(executors(sim).values())
     assert all(r.returncode == 0 for _, r in ran), [(e, r) for e, r in ran if r.returncode]
     assert sorted(p.name for p in outside.iterdir()) == ["unconfined"]
     assert len(list(workspace.glob("inside-*"))) == 3 * SLOTS_PER_NODE
@@ -300,7 +252,7 @@ def test_a_thousand_commands_from_twenty_ray_tasks(sim):
     assert outputs == sorted(f"{t}-{i}\n".encode() for t in range(20) for i in range(50))
     assert all(code == 0 for task in results for _, code, _ in task)
     used = {executor for task in results for executor, _, _ in task}
-    assert used == set(sim.executors().values())
+    assert used == set(executors(sim).values())
     print(f"\n1000 commands from 20 Ray tasks in {elapsed:.1f} s ({1000 / elapsed:.0f}/s); "
           f"daemon CPU {router_ms:.2f} ms a command")
 
@@ -333,7 +285,7 @@ def test_an_agent_session_driven_from_a_ray_task(sim, server, tmp_path):
 
 
 def test_a_node_that_joins_gets_an_executor_within_10_s(sim):
-    node = sim.cluster.add_node(**NODE)
+    node = sim.add_node()
     joined_at = time.monotonic()
     wait_for(lambda: node.node_id in joined(sluice_ray.status()), 10, "an executor on the new node", 0.1)
     print(f"executor joined {time.monotonic() - joined_at:.1f} s after the node")
