@@ -42,6 +42,8 @@ from broker.ray.node import NodeExecutor
 from broker.ray.scaling import Scaler
 
 TICK_S = 1.0
+# Nodes lost, the latest, that status lists.
+LOST_KEPT = 100
 _EXECUTOR = ray.remote(NodeExecutor)
 
 
@@ -84,7 +86,8 @@ class Controller:
                                        (self._allow_executors, self._executor_pair)):
             os.makedirs(directory, mode=0o700)
             write_key_file(os.path.join(directory, "ray.key"), public)
-        self.endpoint = f"tcp://{self.ip}:{self.settings.port or _free_port(self.ip)}"
+        host = f"[{self.ip}]" if ":" in self.ip else self.ip
+        self.endpoint = f"tcp://{host}:{self.settings.port or _free_port(self.ip)}"
         self._lock = threading.Lock()
         self._daemon = None
         self._daemon_exit = ""
@@ -191,6 +194,7 @@ class Controller:
                 placed = self._placed.pop(node_id)
                 self._lost.append({"node_id": node_id, "ip": placed["ip"], "at": now,
                                    "executor": executor_name(placed["ip"], node_id)})
+                del self._lost[:-LOST_KEPT]
                 with contextlib.suppress(Exception):
                     ray.kill(placed["actor"], no_restart=True)
         limit = self.settings.max_executors

@@ -35,16 +35,17 @@ import broker.ray  # noqa: E402
 
 
 @ray.remote(num_cpus=0.25)
-def frontend(per_task: int, in_flight: int) -> tuple[int, int]:
-    """Run ``per_task`` `true`s, ``in_flight`` at a time; (succeeded, failed)."""
+def frontend(per_task: int, in_flight: int) -> tuple[int, int, str]:
+    """Run ``per_task`` `true`s, ``in_flight`` at a time; (succeeded, failed, the first failure)."""
     import broker.ray
 
     ok = failed = submitted = 0
+    first_failure = ""
     with broker.ray.connect(timeout=60) as client:
         pending = []
         while submitted < per_task or pending:
             while submitted < per_task and len(pending) < in_flight:
-                pending.append(client.submit(["true"], cwd="/"))
+                pending.append(client.submit(["true"], cwd="/", sandbox="read-only"))
                 submitted += 1
             client.poll(1.0)
             still = []
@@ -54,10 +55,11 @@ def frontend(per_task: int, in_flight: int) -> tuple[int, int]:
                         ok += 1
                     else:
                         failed += 1
+                        first_failure = first_failure or repr(call.failure or call.result)
                 else:
                     still.append(call)
             pending = still
-    return ok, failed
+    return ok, failed, first_failure
 
 
 def cpu(processes: list[psutil.Process]) -> float:
@@ -107,6 +109,10 @@ def main() -> int:
     print(f"  daemon CPU: {daemon_cpu * 1000 / total:.2f} ms a command -> ceiling {total / daemon_cpu:.0f} "
           f"commands/s on one core")
     print(f"  executors' CPU (sandboxes included): {executors_cpu * 1000 / total:.2f} ms a command")
+    for _, _, failure in results:
+        if failure:
+            print(f"  first failure: {failure}")
+            break
     return 1 if failed else 0
 
 

@@ -228,6 +228,33 @@ def test_a_dead_daemon_is_reported_and_ray_up_restarts_it(sim):
         assert client.run(["echo", "again"], wait_timeout=60).stdout == b"again\n"
 
 
+# -- executors crashing -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("what", ["the executor actor", "the executor process"])
+def test_ray_restarts_a_crashed_executor_on_its_node(sim, what):
+    node_id = next(n for n in sim.node_ids() if n != sim.cluster.head_node.node_id)
+    actor = ray.get_actor(f"executor-{node_id}", namespace=NAMESPACE)
+    before = ray.get(actor.describe.remote(), timeout=60)
+    assert before["node_id"] == node_id and before["running"]
+    victim = psutil.Process(before["pid"])
+    (victim.parent() if what == "the executor actor" else victim).kill()
+
+    def rejoined():
+        try:
+            now = ray.get(actor.describe.remote(), timeout=5)
+        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+            return None  # being restarted
+        return now["pid"] != before["pid"] and node_id in joined(sluice_ray.status()) and now
+
+    after = wait_for(rejoined, 60, f"{what} restarted and joined again")
+    assert after["node_id"] == node_id and after["name"] == before["name"]
+    assert not psutil.pid_exists(before["pid"]) or psutil.Process(before["pid"]).status() == psutil.STATUS_ZOMBIE
+    with sluice_ray.connect() as client:
+        ran = run_spread(client, ["sh", "-c", "sleep 1; echo ran"], 3 * SLOTS_PER_NODE)
+    assert before["name"] in {executor for executor, _ in ran}
+
+
 # -- many clients ----------------------------------------------------------------------------
 
 
