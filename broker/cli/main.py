@@ -1,12 +1,12 @@
-"""The ``sluice`` command line: run, exec, sessions, attach, bridge, mcp, sandbox, daemon, keys, executor.
+"""The ``sluice`` command line: run, exec, sessions, attach, bridge, mcp, sandbox, daemon, keys, executor, ray.
 
 This module parses and dispatches; each command lives in a module of its own, imported
 once it is chosen, so ``sluice run`` loads only the client (zmq, msgspec, the wire and
 the policy) and its start-up stays small next to the command it runs: :mod:`.run`,
 :mod:`.sandbox` (landlock_helper's command line), :mod:`.daemon`, :mod:`.keys` (``keys``,
 ``daemon --listen``, ``executor``), :mod:`.attach` (``sessions``, ``attach``),
-:mod:`.bridge`, :mod:`.mcp`, and :mod:`.exec`, which gets its arguments unparsed (it needs the agent's
-configuration).
+:mod:`.bridge`, :mod:`.mcp`, :mod:`.cluster` (``ray``: sluice on a Ray cluster), and :mod:`.exec`, which
+gets its arguments unparsed (it needs the agent's configuration).
 
 Exit codes of ``sluice run``: the command's own exit code; 124 when it timed out;
 128+N when it was killed by signal N; 130 / 143 / 129 when sluice itself got SIGINT /

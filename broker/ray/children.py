@@ -49,9 +49,10 @@ def remove_dir(path: str) -> None:
 def spawn_bound(args: list[str], *, death_signal: int = signal.SIGTERM, env: dict[str, str] | None = None
                 ) -> subprocess.Popen:
     """Start ``python -m broker ARGS`` (the ``sluice`` command of this installation) so
-    that it gets ``death_signal`` when this process dies. Its output goes where ours
-    goes (the actor's log in Ray's log dir)."""
-    env = with_source_root(without_secrets() if env is None else env)
+    that it gets ``death_signal`` when this process dies; ``env``: variables set on top
+    of ours, less any secret. Its output goes where ours goes (the actor's log in Ray's
+    log dir)."""
+    env = with_source_root({**without_secrets(), **(env or {})})
     argv = [sys.executable, "-c", _LAUNCHER, str(os.getpid()), str(int(death_signal)),
             sys.executable, "-m", "broker", *args]
     return subprocess.Popen(argv, stdin=subprocess.DEVNULL, env=env, cwd="/", close_fds=True)

@@ -107,7 +107,7 @@ class Controller:
     def _start_daemon(self, timeout: float = 60.0) -> None:
         """Start the daemon and wait until it answers; on a restart it listens where the
         first one did, so executors and frontends find it again by themselves."""
-        env = dict(os.environ, SLUICE_RUNTIME_DIR=self.runtime.path)
+        env = {"SLUICE_RUNTIME_DIR": self.runtime.path}
         self._daemon = spawn_bound(
             ["daemon", "--executors", "0", "--listen", self.endpoint, "--key", self._key,
              "--allow", self._allow, "--allow-executors", self._allow_executors], env=env)
