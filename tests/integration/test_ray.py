@@ -187,6 +187,25 @@ def test_a_command_without_network_cannot_reach_ray(sim):
 # -- scaling -------------------------------------------------------------------------------
 
 
+def cpus_asked_of_ray() -> int:
+    """The CPUs the standing request_resources asks for, as Ray stores it for its
+    autoscaler (the v1 autoscaler reads a KV entry, v2 the GCS's cluster constraints)."""
+    from ray.autoscaler.v2.utils import is_autoscaler_v2
+
+    if is_autoscaler_v2():
+        from ray.autoscaler.v2.sdk import get_cluster_resource_state
+        from ray.experimental.internal_kv import internal_kv_get_gcs_client
+
+        state = get_cluster_resource_state(internal_kv_get_gcs_client())
+        return sum(int(b.resources_bundle.get("CPU", 0)) for c in state.cluster_resource_constraints
+                   for r in c.resource_requests for b in [r.request] * r.count)
+    from ray._private.ray_constants import AUTOSCALER_RESOURCE_REQUEST_CHANNEL
+    from ray.experimental.internal_kv import _internal_kv_get
+
+    stored = _internal_kv_get(AUTOSCALER_RESOURCE_REQUEST_CHANNEL)
+    return sum(int(b.get("CPU", 0)) for b in json.loads(stored)) if stored else 0
+
+
 def test_waiting_commands_ask_the_autoscaler_for_cpus_and_idle_gives_them_back(sim):
     capacity = 3 * SLOTS_PER_NODE
     with sluice_ray.connect() as client:
@@ -198,10 +217,12 @@ def test_waiting_commands_ask_the_autoscaler_for_cpus_and_idle_gives_them_back(s
         assert "waited more than 2 s for a free slot" in scaling["why"]
         shown = sluice("ray", "status", "--address", sim.address)
         assert "autoscaler: asked for 5 CPU(s) in all" in shown.stdout
+        assert cpus_asked_of_ray() == 5
         assert all(r.returncode == 0 for r in client.wait_all(calls, 120))
     released = wait_for(lambda: (s := sluice_ray.status()["scaling"]) and s["cpus"] == 0 and s, 30,
                         "the request withdrawn once idle")
     assert "released" in released["why"]
+    assert cpus_asked_of_ray() == 0
 
 
 # -- the daemon dying ----------------------------------------------------------------------
