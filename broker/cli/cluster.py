@@ -8,8 +8,9 @@ pays for it, and without the extra each says so in one line.
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 
-from broker.cli.base import NO_RAY, CliExit, fail
+from broker.cli.base import NO_RAY, CliExit, fail, print_error
 from broker.wire.results import EXIT_NOT_RUNNING, EXIT_SLUICE, EXIT_USAGE
 
 
@@ -84,8 +85,11 @@ def ray_main(args) -> int:
                                     max_cpus=args.max_cpus)
             if args.max_executors is not None and args.min_executors > args.max_executors:
                 return fail("--min-executors is more than --max-executors", EXIT_USAGE)
-            print(describe(ray.up(args.address, node=args.node, settings=settings,
-                                  min_executors=args.min_executors)), flush=True)
+            current = ray.up(args.address, node=args.node, settings=settings, min_executors=args.min_executors)
+            if current["settings"] != asdict(settings):
+                print_error("note: sluice is up already on this cluster, with the settings it was started with "
+                            "(kept); `sluice ray down` first to change them")
+            print(describe(current), flush=True)
             return 0
         if args.ray_action == "status":
             try:

@@ -238,6 +238,7 @@ class Controller:
             request = self._scaler.current
             return {
                 "endpoint": self.endpoint, "node_id": self.node_id, "ip": self.ip,
+                "settings": asdict(self.settings),
                 "daemon": {"running": self._daemon_running(),
                            "pid": self._daemon.pid if self._daemon else None, "exit": self._daemon_exit},
                 "nodes": nodes, "queued": info.queued if info else 0, "lost": list(self._lost),

@@ -243,6 +243,8 @@ def test_a_dead_daemon_is_reported_and_ray_up_restarts_it(sim):
     assert shown.returncode == 3 and "daemon NOT running" in shown.stdout
     up = sluice("ray", "up", "--address", sim.address, "--min-executors", "3")
     assert up.returncode == 0, up.stderr
+    # Other settings than the running ones (the defaults): kept, and said so.
+    assert "with the settings it was started with (kept)" in up.stderr
     after = sluice_ray.status()
     assert after["endpoint"] == status["endpoint"] and after["daemon"]["pid"] != status["daemon"]["pid"]
     with sluice_ray.connect() as client:
