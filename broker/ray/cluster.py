@@ -90,6 +90,8 @@ def up(address: str | None = None, *, node: str | None = None, settings: Setting
         controller = ray.get_actor(CONTROLLER, namespace=NAMESPACE)
         _call(controller.restart, timeout, "the restart")
     except ValueError:
+        # Executors of a controller that died hold its keys and endpoint: not to be reused.
+        _remove_executor_actors()
         controller = _CONTROLLER.options(
             name=CONTROLLER, namespace=NAMESPACE, lifetime="detached", max_restarts=0, num_cpus=0,
             max_concurrency=8, scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=_node(node), soft=False),
@@ -131,12 +133,28 @@ def down(address: str | None = None, timeout: float = 120.0) -> bool:
         with contextlib.suppress(RayError):
             _call(controller.down, timeout, "down")
         ray.kill(controller, no_restart=True)
-    for actor in ray.util.list_named_actors(all_namespaces=True):
-        if actor["namespace"] == NAMESPACE and actor["name"].startswith("executor-"):
-            was_up = True
-            with contextlib.suppress(Exception):
-                ray.kill(ray.get_actor(actor["name"], namespace=NAMESPACE), no_restart=True)
-    return was_up
+    return _remove_executor_actors() or was_up
+
+
+def _executor_actors() -> list[str]:
+    return [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
+            if a["namespace"] == NAMESPACE and a["name"].startswith("executor-")]
+
+
+def _remove_executor_actors(timeout: float = 30.0) -> bool:
+    """Kill every executor actor of sluice on the cluster and wait until their names are
+    free (a new controller placing one under a name still taken would get the dying one);
+    whether there was one."""
+    names = _executor_actors()
+    for name in names:
+        with contextlib.suppress(Exception):
+            ray.kill(ray.get_actor(name, namespace=NAMESPACE), no_restart=True)
+    deadline = time.monotonic() + timeout
+    while names and _executor_actors():
+        if time.monotonic() > deadline:
+            raise RayError(f"executor actors still there {timeout:g} s after they were killed: {_executor_actors()}")
+        time.sleep(0.2)
+    return bool(names)
 
 
 def remote(address: str | None = None, timeout: float = 30.0) -> Remote:

@@ -331,6 +331,31 @@ def test_an_agent_session_driven_from_a_ray_task(sim, server, tmp_path):
     assert tags[-1] == "task_complete"
 
 
+def test_a_dead_controller_takes_its_daemon_along_and_ray_up_starts_afresh(sim):
+    before = sluice_ray.status()
+    old_remote = sluice_ray.remote()
+    daemon = psutil.Process(before["daemon"]["pid"])
+    ray.kill(ray.get_actor("controller", namespace=NAMESPACE), no_restart=True)
+    # Its daemon is its child, bound to it: it stops too.
+    try:
+        daemon.wait(30)
+    except psutil.TimeoutExpired:
+        pytest.fail("the daemon outlived its controller")
+    gone = sluice("ray", "status", "--address", sim.address)
+    assert gone.returncode == 3 and "sluice ray up" in gone.stderr
+    head = sim.cluster.head_node.node_id
+    up = sluice("ray", "up", "--address", sim.address, "--node", head, "--min-executors", str(len(sim.node_ids())),
+                "--slots-per-cpu", str(SLOTS_PER_NODE), "--scale-after", "2", "--release-after", "3")
+    assert up.returncode == 0, up.stderr
+    after = sluice_ray.status()
+    assert set(joined(after)) == set(sim.node_ids())
+    new_remote = sluice_ray.remote()
+    assert new_remote.public != old_remote.public and new_remote.server_public != old_remote.server_public
+    with sluice_ray.connect() as client:
+        ran = run_spread(client, ["sh", "-c", "sleep 1; echo ran"], 3 * SLOTS_PER_NODE)
+    assert {executor for executor, _ in ran} == set(executors(sim).values())
+
+
 # -- nodes coming and going ------------------------------------------------------------------
 
 
