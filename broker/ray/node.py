@@ -42,8 +42,8 @@ class NodeExecutor:
         temp_dir = _ray_temp_dir(context)
         if temp_dir:
             argv += ["--hide", temp_dir]
-        # SIGTERM when this actor dies: the executor kills its commands and says goodbye,
-        # so the daemon fails them at once, naming this executor (and so this node).
+        # SIGTERM when this actor dies: the executor kills its commands and its connection
+        # closes, so the daemon fails them at once, naming this executor (and so this node).
         self.proc = spawn_bound(argv, death_signal=signal.SIGTERM)
         threading.Thread(target=self._watch, name="sluice-executor-watch", daemon=True).start()
 
