@@ -68,6 +68,9 @@ def take_json_format(argv: list[str]) -> tuple[list[str], str]:
     return out, chosen
 
 
+NO_RAY = "this needs Ray: install sluice with the ray extra (pip install 'sluice[ray]')"
+
+
 def add_connect_args(parser) -> None:
     """``--connect tcp://HOST:PORT --server-key FILE --key FILE``: a remote daemon (CurveZMQ)."""
     parser.add_argument("--connect", metavar="tcp://HOST:PORT", default=None,
@@ -75,11 +78,26 @@ def add_connect_args(parser) -> None:
     parser.add_argument("--server-key", metavar="FILE", default=None, help="with --connect: the daemon's public key file")
     parser.add_argument("--key", metavar="FILE", default=None,
                         help="with --connect: your key pair (NAME.key_secret from `sluice keys new NAME`)")
+    parser.add_argument("--ray", action="store_true",
+                        help="the daemon of the Ray cluster this machine is part of (`sluice ray up`), with keys "
+                             "from the cluster (needs the ray extra)")
 
 
 def remote_from_args(args):
-    """The :class:`broker.net.keys.Remote` that ``--connect/--server-key/--key`` name, or None
-    for the local daemon. Mistakes are printed as one line and raised as :class:`CliExit`."""
+    """The :class:`broker.net.keys.Remote` that ``--connect/--server-key/--key`` name, the
+    Ray cluster's daemon with ``--ray``, or None for the local daemon. Mistakes are printed
+    as one line and raised as :class:`CliExit`."""
+    if getattr(args, "ray", False):
+        if args.connect or args.server_key or args.key:
+            raise CliExit(fail("--ray and --connect are two ways to reach a daemon: use one", EXIT_USAGE))
+        try:
+            from broker.ray import cluster
+        except ImportError:
+            raise CliExit(fail(NO_RAY, EXIT_USAGE)) from None
+        try:
+            return cluster.remote()
+        except cluster.RayError as e:
+            raise CliExit(fail(str(e), EXIT_SLUICE)) from None
     if getattr(args, "connect", None):
         from broker.net.keys import KeyFileError, Remote
 

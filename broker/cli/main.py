@@ -1,12 +1,13 @@
-"""The ``sluice`` command line: run, exec, sessions, attach, bridge, mcp, sandbox, daemon, keys, executor.
+"""The ``sluice`` command line: run, exec, sessions, attach, bridge, mcp, sandbox, daemon, keys, executor, ray.
 
 This module parses and dispatches; each command lives in a module of its own, imported
 once it is chosen, so ``sluice run`` loads only the client (zmq, msgspec, the wire and
 the policy) and its start-up stays small next to the command it runs: :mod:`.run`,
 :mod:`.sandbox` (landlock_helper's command line), :mod:`.daemon`, :mod:`.keys` (``keys``,
 ``daemon --listen``, ``executor``), :mod:`.attach` (``sessions``, ``attach``),
-:mod:`.bridge`, :mod:`.mcp`, and :mod:`.exec`, which gets its arguments unparsed (it has its
-own, with the configuration's ``-c`` overrides: :mod:`.config`).
+:mod:`.bridge`, :mod:`.mcp`, :mod:`.cluster` (``ray``: sluice on a Ray cluster), and :mod:`.exec`,
+which gets its arguments unparsed (it has its own, with the configuration's ``-c`` overrides:
+:mod:`.config`).
 
 Exit codes of ``sluice run``: the command's own exit code; 124 when it timed out;
 128+N when it was killed by signal N; 130 / 143 / 129 when sluice itself got SIGINT /
@@ -202,6 +203,11 @@ def _parser(argv: list[str] = ()):
 
         add_keys_args(keys)
 
+    def ray_args(ray) -> None:
+        from broker.cli.cluster import add_ray_args
+
+        add_ray_args(ray)
+
     # Each command: its name, how it is listed and introduced, and its options (None: it
     # is listed for --help only, as main() hands it over before parsing).
     commands = {
@@ -247,6 +253,10 @@ def _parser(argv: list[str] = ()):
         "executor": ({"help": "run an executor here for a daemon on another host (see `sluice executor --help`)",
                       "add_help": False}, None),
         "web": ({"help": "the daemon's sessions in a browser (see `sluice web --help`)", "add_help": False}, None),
+        "ray": ({"help": "sluice on a Ray cluster: up, status, down (needs the ray extra)",
+                 "description": "up: start the daemon and an executor on every node of the Ray cluster, keys "
+                                "handed out through Ray; status: executors by node; down: revoke the keys and "
+                                "stop it all. Frontends on the cluster then use --ray."}, ray_args),
     }
     from broker.wire.version import SLUICE_VERSION
 
@@ -327,6 +337,10 @@ def main(argv: list[str] | None = None) -> int:
             from broker.cli.keys import keys_main
 
             return keys_main(args)
+        if args.subcommand == "ray":
+            from broker.cli.cluster import ray_main
+
+            return ray_main(args)
         parser.print_help(sys.stderr)
         return EXIT_USAGE
     except CliExit as e:

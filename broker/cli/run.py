@@ -82,7 +82,7 @@ def run_main(args) -> int:
             network=args.network,
             env_passthrough=args.env,
             timeout_ms=args.timeout_ms,
-            check_paths=not args.connect,
+            check_paths=not (args.connect or args.ray),
             memory=args.memory,
             pids_limit=args.pids_limit,
             file_size=args.file_size,
@@ -108,7 +108,7 @@ def run_main(args) -> int:
     watch = HomeWrites(writable=policy.writable_roots(fields["cwd"], fields["env"])) \
         if is_terminal(2) and not (args.tty or args.json or policy.full_write) else None
 
-    if not (args.tty or args.interactive or args.json or args.via_broker or args.connect or args.server_key or args.key):
+    if not (args.tty or args.interactive or args.json or args.via_broker or args.connect or args.ray or args.server_key or args.key):
         screen = relay_filter(guards)
         run = DirectRun(fields, screen=watch.screen(screen) if watch else screen)
         if run.start():

@@ -15,11 +15,13 @@ cannot be talked to by an impostor) and its own key pair (``--key FILE``, the
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 from dataclasses import dataclass
 
-__all__ = ["KeyFileError", "Remote", "default_keys_dir", "load_public_key", "load_secret_key", "new_key_pair"]
+__all__ = ["KeyFileError", "Remote", "default_keys_dir", "load_public_key", "load_secret_key", "new_key_pair",
+           "write_key_file"]
 
 # A key file is a few hundred bytes; anything much bigger is not one.
 _MAX_KEY_FILE = 64 * 1024
@@ -117,6 +119,28 @@ def new_key_pair(directory: str, name: str) -> tuple[str, str]:
     os.chmod(secret_path, 0o600)
     os.chmod(public_path, 0o644)
     return public_path, secret_path
+
+
+def write_key_file(path: str, public: bytes, secret: bytes | None = None) -> None:
+    """Write a key file in ZeroMQ's certificate format for keys held in memory (Z85):
+    a ``.key`` with ``public`` alone (mode 0644), or, with ``secret``, a ``.key_secret``
+    (mode 0600 from its creation, never readable by others even for an instant).
+    Replaces what is there."""
+    lines = ["#   ZeroMQ CURVE certificate written by sluice", "metadata", "curve",
+             f'    public-key = "{public.decode("ascii")}"']
+    if secret is not None:
+        lines.append(f'    secret-key = "{secret.decode("ascii")}"')
+    partial = f"{path}.{os.getpid()}.partial"
+    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW,
+                 0o600 if secret is not None else 0o644)
+    try:
+        with os.fdopen(fd, "w", encoding="ascii") as f:
+            f.write("\n".join(lines) + "\n")
+        os.replace(partial, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(partial)
+        raise
 
 
 @dataclass(frozen=True)

@@ -20,8 +20,11 @@ PACKAGES = ("landlock_helper", "broker", "executor", "agent")
 
 # layer: (where, may import)
 LAYERS = {
-    "cli": ("broker.cli", {"web", "daemon", "client", "agent", "executor", "net", "wire", "sandbox"}),
+    "cli": ("broker.cli", {"web", "ray", "daemon", "client", "agent", "executor", "net", "wire", "sandbox"}),
     "web": ("broker.web", {"client", "net", "wire", "sandbox"}),
+    # sluice on a Ray cluster: actors that run the daemon and executors as processes, and
+    # the client library reaching them.
+    "ray": ("broker.ray", {"client", "net", "wire", "sandbox"}),
     "daemon": ("broker.daemon", {"net", "wire", "sandbox"}),
     "client": ("broker.client", {"net", "wire", "sandbox"}),
     "agent": ("agent", {"net", "wire", "sandbox"}),
