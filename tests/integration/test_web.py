@@ -27,7 +27,7 @@ import pytest
 
 from tests.support.fake_model import assistant, call, gated, response
 from tests.support.frontends import Frontends
-from tests.support.harness import daemons, short_tempdir
+from tests.support.harness import daemons, short_tempdir, wait_for
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -376,7 +376,9 @@ def test_an_interactive_session_in_a_read_only_terminal_view(fe, server, work, p
     page.wait_for_selector("#log .ev.agent:has-text('Started.')")
     page.locator("#log .ev.command .watch").first.click()
     shown = "[...document.querySelectorAll('#terminal .xterm-rows > div')].map(r => r.textContent.trimEnd())"
-    page.wait_for_function(f"{shown}.includes('ready')")
+    # Polled from here: a predicate Playwright polls in the page is compiled with eval,
+    # which the page's Content-Security-Policy (rightly) refuses.
+    wait_for(lambda: "ready" in page.evaluate(shown), timeout=30, what="the terminal view to show 'ready'")
     lines = page.evaluate(shown)
     assert "Xb" in lines and "ab" not in lines, lines
     assert page.locator("#log .ev.command .output").inner_text().splitlines()[-3:] == ["ab", "X", "ready"]
