@@ -77,14 +77,15 @@ def _ray():
 
 
 def ray_main(args) -> int:
+    # A mistake in the flags is said as such, with or without the extra.
+    if args.ray_action == "up" and args.max_executors is not None and args.min_executors > args.max_executors:
+        return fail("--min-executors is more than --max-executors", EXIT_USAGE)
     ray = _ray()
     try:
         if args.ray_action == "up":
             settings = ray.Settings(slots_per_cpu=args.slots_per_cpu, max_executors=args.max_executors,
                                     scale_after_s=args.scale_after, release_after_s=args.release_after,
                                     max_cpus=args.max_cpus)
-            if args.max_executors is not None and args.min_executors > args.max_executors:
-                return fail("--min-executors is more than --max-executors", EXIT_USAGE)
             current = ray.up(args.address, node=args.node, settings=settings, min_executors=args.min_executors)
             if current["settings"] != asdict(settings):
                 print_error("note: sluice is up already on this cluster, with the settings it was started with "
