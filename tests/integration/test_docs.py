@@ -40,6 +40,7 @@ UNMARKED = {
     "docs/cli.md": 1,  # -t and -i: a person at a terminal
     "docs/mcp-server.md": 1,  # `claude mcp add`: Claude Code
     "docs/network.md": 1,  # a daemon on one host, frontends and executors on others
+    "docs/ray.md": 1,  # a Ray cluster of several hosts
     "docs/web.md": 1,  # a reverse proxy (Caddy) in front of sluice web
 }
 
