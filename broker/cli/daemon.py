@@ -45,7 +45,7 @@ def daemon_main(args) -> int:
         try:
             return serve(runtime, executors=capped_executors(args.executors), log_json=True if args.log_json else None,
                          listen=listen, suspend_limit_s=args.suspend_limit, executor_wait_s=args.executor_wait,
-                         journal_limit=args.journal_limit)
+                         heartbeat_s=args.heartbeat, journal_limit=args.journal_limit)
         except DaemonAlreadyRunning as e:
             return fail(str(e) or f"a daemon is already running in {runtime.path}", 1)
         except (RuntimeDirError, ListenError) as e:
@@ -90,12 +90,9 @@ def daemon_main(args) -> int:
         extra += ["--executors", str(executors)]
     if args.log_json:
         extra.append("--log-json")
-    if args.suspend_limit is not None:
-        extra += ["--suspend-limit", f"{args.suspend_limit:g}"]
-    if args.executor_wait is not None:
-        extra += ["--executor-wait", f"{args.executor_wait:g}"]
-    if args.journal_limit is not None:
-        extra += ["--journal-limit", str(args.journal_limit)]
+    for flag, value in _tunables(args):
+        if value is not None:
+            extra += [flag, str(value)]
     extra += listen_argv(args)
     try:
         pid = C.start_daemon(runtime, args=extra)
@@ -104,6 +101,13 @@ def daemon_main(args) -> int:
     print(f"sluice: daemon started (pid {pid}, socket {runtime.socket_path})", flush=True)
     say_weak_limits()
     return 0
+
+
+def _tunables(args) -> tuple[tuple[str, object], ...]:
+    """The flags ``daemon start`` hands on to the daemon it starts, with their values
+    (None: not given)."""
+    return (("--suspend-limit", args.suspend_limit), ("--executor-wait", args.executor_wait),
+            ("--heartbeat", args.heartbeat), ("--journal-limit", args.journal_limit))
 
 
 def _count(n: int, noun: str) -> str:
@@ -125,9 +129,7 @@ def _not_applied(runtime: RuntimeDir, args) -> str:
     """What ``daemon start``'s flags ask of a daemon that is already running and that it
     does not have (it runs as it was started): "" when nothing, else the words for it,
     e.g. ``it runs 4 executors; --executors 20 is not applied``."""
-    given = [flag for flag, value in (("--log-json", args.log_json), ("--suspend-limit", args.suspend_limit),
-                                      ("--executor-wait", args.executor_wait),
-                                      ("--journal-limit", args.journal_limit)) if value]
+    given = [flag for flag, value in (("--log-json", args.log_json), *_tunables(args)) if value]
     if args.executors is None and not args.listen and not given:
         return ""
     try:

@@ -179,6 +179,19 @@ def _parser(argv: list[str] = ()):
         daemon.add_argument("--executor-wait", metavar="SECONDS", type=seconds, default=None,
                             help="how long a command waits while no executor is connected before it fails (default: 30)")
 
+        def heartbeat(text: str) -> float:
+            try:
+                value = float(text)
+            except ValueError:
+                raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+            if not 0.1 <= value <= 10:  # also refuses nan and inf
+                raise argparse.ArgumentTypeError(f"must be from 0.1 to 10 seconds, got {text}")
+            return value
+
+        daemon.add_argument("--heartbeat", metavar="SECONDS", type=heartbeat, default=None,
+                            help="how often the daemon pings its peers; a peer silent for 10 heartbeats is given up "
+                                 "and its commands fail (default: 1)")
+
         def journal_size(text: str) -> int:
             from landlock_helper.limits import LimitError, parse_size
 

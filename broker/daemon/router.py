@@ -58,6 +58,7 @@ it says ``serve``, and it is pinged like an executor: one that stops answering i
 from __future__ import annotations
 
 import hmac
+import math
 import os
 import time
 from collections import OrderedDict, deque
@@ -72,7 +73,7 @@ from broker.daemon.listener import ALLOW_FLAGS, ROLES_PROPERTY
 from broker.daemon.receipts import MESSAGE_COST, Receipts
 from broker.daemon.sessions import Sessions
 from broker.net.logging import Throttle
-from broker.net.peer import DEAD_AFTER_HEARTBEATS, HEARTBEAT_S, HELLO_FIRST
+from broker.net.peer import DEAD_AFTER_HEARTBEATS, FRONTEND_SILENCE_S, HEARTBEAT_S, HELLO_FIRST
 from broker.wire import frames as wire
 from broker.wire import version
 from broker.wire.results import DAEMON_SHUTTING_DOWN, DAEMON_STOPPED
@@ -401,6 +402,8 @@ class Router:
         self.agent_supervisor = agent_supervisor
         self.sessions = Sessions(self, agent_supervisor)
         self.heartbeat_s = heartbeat_s
+        # Heartbeats a frontend with calls in flight may be silent (see liveness.FRONTEND_SILENCE_S).
+        self.frontend_beats = max(DEAD_AFTER_HEARTBEATS, math.ceil(FRONTEND_SILENCE_S / heartbeat_s))
         self.gate: Gate = gate or _NoGate()
         self.suspend_limit_s = suspend_limit_s
         self.executor_wait_s = executor_wait_s
@@ -915,7 +918,7 @@ class Router:
             if caller is agent:
                 continue
             if caller.calls:
-                if tick - caller.seen > DEAD_AFTER_HEARTBEATS:
+                if tick - caller.seen > self.frontend_beats:
                     if not self._suspended(caller, tick):
                         self.drop_caller(caller, "stopped answering pings")
                         continue

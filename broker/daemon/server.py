@@ -109,12 +109,14 @@ class DaemonAlreadyRunning(RuntimeError):
 
 def serve(runtime: RuntimeDir, *, executors: int | None = None, log_json: bool | None = None, listen=None,
           suspend_limit_s: float | None = None, executor_wait_s: float | None = None,
-          journal_limit: int | None = None) -> int:
+          heartbeat_s: float | None = None, journal_limit: int | None = None) -> int:
     """Run the daemon in the foreground until SIGTERM/SIGINT; returns the exit code.
 
     ``executors=None`` spawns one executor per CPU; ``0`` spawns none (executors may
     still connect on their own). ``listen`` (a :class:`broker.daemon.listener.Listen`) also accepts
-    peers over tcp. ``journal_limit``: bytes the session journals hold together (None:
+    peers over tcp. ``heartbeat_s``: how often peers are pinged (None:
+    :data:`broker.wire.liveness.HEARTBEAT_S`); one silent for
+    :data:`~broker.wire.liveness.DEAD_AFTER_HEARTBEATS` of them is given up. ``journal_limit``: bytes the session journals hold together (None:
     :func:`broker.daemon.journal.default_limit`). Raises :class:`DaemonAlreadyRunning` or :class:`RuntimeDirError`
     before serving if the runtime dir is taken or unusable, :class:`broker.daemon.listener.ListenError`
     if the tcp endpoint cannot be bound.
@@ -150,6 +152,8 @@ def serve(runtime: RuntimeDir, *, executors: int | None = None, log_json: bool |
             daemon = _Daemon(runtime, dir_fd, executors, listen, fd_limit, suspend_limit_s)
             if executor_wait_s is not None:
                 daemon.executor_wait_s = executor_wait_s
+            if heartbeat_s is not None:
+                daemon.heartbeat_s = heartbeat_s
             daemon.journal_limit = journal_limit
             daemon.log_path = runtime.log_path if log_file is not None else "stderr"
             try:
@@ -248,6 +252,7 @@ class _Daemon:
         self.token = ""
         self.log_path = "stderr"
         self.executor_wait_s = EXECUTOR_WAIT_S
+        self.heartbeat_s = HEARTBEAT_S
         self.journal_limit: int | None = None
 
     def bind(self) -> None:
@@ -337,7 +342,7 @@ class _Daemon:
             if role not in listen.allow_dirs:
                 log.info(f"no {role} allow-list: no {role} can connect over tcp", role=role)
         self.zap = ZapHandler(self.ctx, lists)
-        sock = listener_socket(self.ctx, listen, heartbeat_s=HEARTBEAT_S, missed=DEAD_AFTER_HEARTBEATS)
+        sock = listener_socket(self.ctx, listen, heartbeat_s=self.heartbeat_s, missed=DEAD_AFTER_HEARTBEATS)
         _router_options(sock)
         self.tcp = sock
         self.tcp_endpoint = bind_listener(sock, listen.endpoint)
@@ -350,7 +355,7 @@ class _Daemon:
 
         gate = ConnectionGate(self.fd_limit)
         router = Router(self.token, defer=loop.call_soon, gate=gate, suspend_limit_s=self.suspend_limit_s,
-                        executor_wait_s=self.executor_wait_s)
+                        executor_wait_s=self.executor_wait_s, heartbeat_s=self.heartbeat_s)
         pool = ExecutorPool(self.runtime, self.executors, router.executor_died, loop, hide=self._hidden())
         router.supervisor = pool
         router.about = dict(socket=self.runtime.endpoint, listen=self.tcp_endpoint, log=self.log_path,
@@ -422,7 +427,7 @@ class _Daemon:
         dry = [s.ran_dry for s in inputs]
         refused = trimmed = 0
         while True:
-            await asyncio.sleep(HEARTBEAT_S)
+            await asyncio.sleep(self.heartbeat_s)
             # Caught up: every socket was read dry since the last heartbeat, or is not behind.
             now = [s.ran_dry for s in inputs]
             caught_up = all(n != d or not s.behind for s, n, d in zip(inputs, now, dry, strict=True))

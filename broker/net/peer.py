@@ -30,6 +30,7 @@ from broker.wire import version
 # The liveness timeouts, one ordered set (see broker.wire.liveness).
 HEARTBEAT_S = liveness.HEARTBEAT_S
 DEAD_AFTER_HEARTBEATS = liveness.DEAD_AFTER_HEARTBEATS
+FRONTEND_SILENCE_S = liveness.FRONTEND_SILENCE_S
 WAITING_SAID_AFTER = liveness.WAITING_SAID_AFTER
 PATIENCE_HEARTBEATS = liveness.PATIENCE_HEARTBEATS
 # What the daemon answers a peer it does not know (it restarted, or dropped the peer).

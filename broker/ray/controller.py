@@ -42,6 +42,9 @@ from broker.ray.node import NodeExecutor
 from broker.ray.scaling import Scaler
 
 TICK_S = 1.0
+# The daemon's heartbeat here: a host that powers off closes no connection, so only the
+# heartbeat notices it; ten silent heartbeats (4.5 s) fail its commands, within 5 s.
+HEARTBEAT_S = 0.45
 # Nodes lost, the latest, that status lists.
 LOST_KEPT = 100
 _EXECUTOR = ray.remote(NodeExecutor)
@@ -109,7 +112,7 @@ class Controller:
         first one did, so executors and frontends find it again by themselves."""
         env = {"SLUICE_RUNTIME_DIR": self.runtime.path}
         self._daemon = spawn_bound(
-            ["daemon", "--executors", "0", "--listen", self.endpoint, "--key", self._key,
+            ["daemon", "--executors", "0", "--heartbeat", str(HEARTBEAT_S), "--listen", self.endpoint, "--key", self._key,
              "--allow", self._allow, "--allow-executors", self._allow_executors], env=env)
         self._daemon_exit = ""
         deadline = time.monotonic() + timeout

@@ -6,6 +6,7 @@ and ``sluice executor --help`` without internal flags. Real processes throughout
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import select
@@ -263,6 +264,31 @@ def test_a_run_without_executors_says_it_waits_and_then_fails(daemon_factory, sl
         assert len(rest) == 1 and rest[0].startswith("sluice: error: no executor joined the daemon within 3 s")
         assert 2.5 < time.monotonic() - started < 10
     finally:
+        reap(proc)
+
+
+@pytest.mark.timeout(60)
+def test_a_faster_heartbeat_gives_a_silent_executor_up_sooner(daemon_factory, sluice) -> None:
+    """``--heartbeat 0.3``: an executor that stops answering (SIGSTOP: alive, connected,
+    silent, as a host that powered off) fails its command after 10 heartbeats, 3 s."""
+    daemon = daemon_factory.start(executors=1, args=["--heartbeat", "0.3"])
+    wait_for(lambda: len(daemon.executor_pids()) == 1, timeout=30, what="the executor")
+    [executor] = daemon.executor_pids()
+    proc = subprocess.Popen([*sluice, "run", "--", "sh", "-c", "echo up; sleep 30"], env=daemon.env_for_children(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert select.select([proc.stdout], [], [], 30)[0] and proc.stdout.readline() == b"up\n"
+        os.kill(executor, signal.SIGSTOP)
+        stopped = time.monotonic()
+        assert proc.wait(20) == 125
+        given_up = time.monotonic() - stopped
+        lines = proc.stderr.read().decode().splitlines()
+        assert lines == ["sluice: error: executor exec-1 stopped responding (no heartbeat for 3 s) while running "
+                         "this command; the command was not re-run"], lines
+        assert 2 < given_up < 10, given_up
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(executor, signal.SIGCONT)
         reap(proc)
 
 

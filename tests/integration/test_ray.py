@@ -9,6 +9,7 @@ extra; skipped without it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -364,6 +365,43 @@ def test_a_node_that_joins_gets_an_executor_within_10_s(sim):
     joined_at = time.monotonic()
     wait_for(lambda: node.node_id in joined(sluice_ray.status()), 10, "an executor on the new node", 0.1)
     print(f"executor joined {time.monotonic() - joined_at:.1f} s after the node")
+
+
+def test_a_host_that_powers_off_fails_its_commands_within_5_s_and_the_rest_complete(sim):
+    """A powered-off host closes no connection: its executor and commands are frozen
+    (SIGSTOP, the whole tree, Ray's processes left alone) and only the daemon's heartbeat
+    can notice. Thawed, the executor joins again."""
+    driver = ray.get_runtime_context().get_node_id()
+    head = sim.cluster.head_node.node_id
+    node_id = next(n for n in sim.node_ids() if n not in (driver, head))
+    name = executor_name(LOOPBACK, node_id)
+    described = ray.get(ray.get_actor(f"executor-{node_id}", namespace=NAMESPACE).describe.remote(), timeout=60)
+    executor = psutil.Process(described["pid"])
+    with sluice_ray.connect() as client:
+        running = [client.submit(["sh", "-c", "sleep 8; echo done"]) for _ in range(3 * SLOTS_PER_NODE)]
+        wait_for(lambda: client.poll(0.1) >= 0 and all(c.started for c in running), 60, "every slot busy")
+        on_host = [c for c in running if c.executor == name]
+        assert on_host
+        frozen = [executor, *executor.children(recursive=True)]
+        for proc in frozen:
+            proc.send_signal(signal.SIGSTOP)
+        off = time.monotonic()
+        try:
+            for call in on_host:
+                result = client.wait(call, max(0.0, off + 5 - time.monotonic()))
+                assert result.error and name in result.error and "not re-run" in result.error, result
+            print(f"commands on the frozen host failed {time.monotonic() - off:.1f} s after it froze")
+            for call in [c for c in running if c not in on_host]:
+                result = client.wait(call, 60)
+                assert result.returncode == 0 and result.stdout == b"done\n", (call.executor, result)
+        finally:
+            for proc in frozen:
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    proc.send_signal(signal.SIGCONT)
+    wait_for(lambda: node_id in joined(sluice_ray.status()), 60, "the thawed executor joined again")
+    with sluice_ray.connect() as client:
+        ran = run_spread(client, ["sh", "-c", "sleep 1; echo ran"], 3 * SLOTS_PER_NODE)
+    assert name in {executor for executor, _ in ran}
 
 
 def test_a_node_removed_mid_command_fails_its_commands_within_5_s_and_the_rest_complete(sim):

@@ -1,7 +1,8 @@
 """What a command queued while no executor is connected is told, by the router alone
 (no processes): at once when none is coming, only after a grace when the daemon's own
 executors are on their way (a daemon just started by this very command, on a busy
-machine), and then that they are still starting."""
+machine), and then that they are still starting; and how long its silent frontend is
+waited for."""
 
 from __future__ import annotations
 
@@ -49,8 +50,8 @@ class _Executors:
         return "no"
 
 
-def _queued_run(starting: bool) -> tuple[R.Router, _Transport, bytes]:
-    router = R.Router(TOKEN, defer=lambda fn: fn(), supervisor=_Executors(starting))
+def _queued_run(starting: bool, **router_kw) -> tuple[R.Router, _Transport, bytes]:
+    router = R.Router(TOKEN, defer=lambda fn: fn(), supervisor=_Executors(starting), **router_kw)
     transport = router.transport = _Transport()
     frontend = b"\x00\x00\x00\x00\x01"
     hello = wire.Hello(role=wire.ROLE_FRONTEND, token=TOKEN, pid=1, name="sluice run")
@@ -82,3 +83,25 @@ def test_while_its_executors_start_the_command_waits_in_silence_then_is_told_the
     for _ in range(2):
         router.heartbeat()
     assert _notices(transport, frontend) == [R.STILL_STARTING]  # once
+
+
+def test_a_faster_heartbeat_keeps_a_silent_frontends_allowance_in_seconds():
+    """``--heartbeat 0.45`` (for executors on hosts that can power off) must not cut a
+    library caller's 10 s: it answers pings only while it waits on its client."""
+    router, transport, frontend = _queued_run(starting=False, heartbeat_s=0.45)
+    beats = 23  # ceil(10 s / 0.45 s)
+    assert router.frontend_beats == beats
+    for _ in range(beats):
+        router.heartbeat()
+    assert frontend in router.callers
+    router.heartbeat()
+    assert frontend not in router.callers
+
+
+def test_at_the_default_heartbeat_a_silent_frontend_is_given_up_after_ten():
+    router, transport, frontend = _queued_run(starting=False)
+    for _ in range(R.DEAD_AFTER_HEARTBEATS):
+        router.heartbeat()
+    assert frontend in router.callers
+    router.heartbeat()
+    assert frontend not in router.callers
