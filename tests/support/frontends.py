@@ -4,6 +4,10 @@
 SLUICE_HOME whose ``config.toml`` points the ``fake`` provider at a scripted model
 (:class:`tests.fake_model.FakeModelServer`), its key in ``$FAKE_KEY``.
 
+:func:`dmn`, :func:`work` and :func:`fe` are the fixtures of modules of such tests
+(offered to every test by tests/conftest.py; a module that needs another daemon or
+workspace defines its own of that name).
+
 :class:`OnPty` is one such process with a pseudo-terminal as its controlling terminal, so
 ``^C`` and ``^D`` typed at the master reach it as they would from a person (the line
 discipline turns ``^C`` into SIGINT for its process group, ``^D`` into end of input).
@@ -20,6 +24,8 @@ import termios
 import time
 from pathlib import Path
 
+import pytest
+
 from broker.wire.protocol import (
     AskForApproval,
     ConfigureSession,
@@ -31,7 +37,7 @@ from broker.wire.protocol import (
 )
 from landlock_helper.policy import SandboxPolicy
 from tests.support.fake_model import tag
-from tests.support.harness import sluice_argv, subprocess_env
+from tests.support.harness import daemons, short_tempdir, sluice_argv, subprocess_env
 
 KEY = "sk-frontends-test-7d1e40b2"
 
@@ -177,3 +183,28 @@ class OnPty:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+# -- fixtures ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def dmn():
+    """The daemon of a module of frontend tests: two executors, and a sluice home of the
+    module's own, so that its sessions and rollouts stay apart from other modules'."""
+    with daemons() as factory:
+        yield factory.start(executors=2, env={"SLUICE_HOME": short_tempdir("sl-fe-home-")})
+
+
+@pytest.fixture
+def work(tmp_path) -> Path:
+    """An empty workspace of the test's own."""
+    path = tmp_path / "work"
+    path.mkdir()
+    return path
+
+
+@pytest.fixture
+def fe(dmn, server, tmp_path) -> Frontends:
+    """The command line against ``dmn`` and the scripted model ``server``."""
+    return Frontends(dmn.runtime, server, tmp_path / "fe-home")
