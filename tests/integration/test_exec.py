@@ -41,7 +41,7 @@ from tests.support.fake_model import (
     user_item,
 )
 from tests.support.frontends import json_events
-from tests.support.harness import daemons, live_processes, reap, short_tempdir, sluice_argv, subprocess_env
+from tests.support.harness import daemons, live_processes, reap, short_tempdir, sluice_argv, subprocess_env, wait_for
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -121,10 +121,6 @@ def read_until(fd: int, needle: bytes, timeout: float = 20.0, seen: bytearray | 
             raise AssertionError(f"EOF before {needle!r} in {bytes(buf)[-2000:]!r}")
         buf += data
     return bytes(buf)
-
-
-def agent_pids(handle) -> list[int]:
-    return [p.pid for p in handle.descendants() if p.cmdline()[1:3] == ["-m", "agent"]]
 
 
 # -- a task end to end ------------------------------------------------------------------
@@ -333,11 +329,8 @@ def test_second_ctrl_c_leaves_at_once(dmn, fe, server, work) -> None:
     proc = fe.popen("--approval-policy", "never", "-C", str(work), "take your time")
     pid = None
     try:
-        for _ in range(1000):
-            if server.requests:
-                break
-            time.sleep(0.01)
-        (pid,) = agent_pids(dmn)
+        wait_for(lambda: server.requests, what="the model's first request")
+        (pid,) = dmn.agent_pids()
         os.kill(pid, signal.SIGSTOP)  # an agent that does not answer the interrupt
         proc.send_signal(signal.SIGINT)
         read_until(proc.stderr.fileno(), b"Ctrl-C again to leave")
@@ -469,11 +462,8 @@ def test_agent_killed_mid_turn_is_an_error_and_the_next_exec_works(daemon_factor
         fe = Frontend(handle.runtime, server, tmp_path / "fe-home")
         proc = fe.popen("--approval-policy", "never", "-C", str(work), "hang on")
         try:
-            for _ in range(1000):
-                if server.requests:
-                    break
-                time.sleep(0.01)
-            (pid,) = agent_pids(handle)
+            wait_for(lambda: server.requests, what="the model's first request")
+            (pid,) = handle.agent_pids()
             os.kill(pid, signal.SIGKILL)
             assert proc.wait(20) == 1
             stderr = proc.stderr.read().decode()
