@@ -40,7 +40,7 @@ from tests.support.fake_model import (
     tag,
     user_item,
 )
-from tests.support.frontends import json_events
+from tests.support.frontends import Frontends, json_events
 from tests.support.harness import daemons, live_processes, reap, short_tempdir, sluice_argv, subprocess_env, wait_for
 
 pytestmark = pytest.mark.timeout(60)
@@ -70,29 +70,17 @@ def work(tmp_path) -> Path:
     return path
 
 
-class Frontend:
-    """How ``sluice exec`` is run in these tests: its own SLUICE_HOME with a config.toml."""
+class Frontend(Frontends):
+    """``sluice exec`` as these tests run it: this module's key, stdin empty."""
 
-    def __init__(self, runtime, server: FakeModelServer, home: Path, wire_api: str = "responses",
-                 extra_config: str = "") -> None:
-        home.mkdir(parents=True, exist_ok=True)
-        (home / "config.toml").write_text(
-            f'model = "test-model"\nmodel_provider = "fake"\n{extra_config}\n'
-            f'[model_providers.fake]\nname = "scripted"\nbase_url = "{server.base_url}"\n'
-            f'env_key = "FAKE_KEY"\nwire_api = "{wire_api}"\n')
-        self.env = subprocess_env(runtime, SLUICE_HOME=str(home), FAKE_KEY=KEY)
-        self.env.pop("OPENAI_API_KEY", None)
+    def __init__(self, runtime, server: FakeModelServer, home: Path, **config: str) -> None:
+        super().__init__(runtime, server, home, key=KEY, **config)
 
     def argv(self, *args: str) -> list[str]:
-        return [*sluice_argv(), "exec", *args]
-
-    def run(self, *args: str, input: str | None = None, timeout: float = 30) -> subprocess.CompletedProcess:
-        return subprocess.run(self.argv(*args), env=self.env, input=input if input is not None else "",
-                              capture_output=True, text=True, timeout=timeout)
+        return super().argv("exec", *args)
 
     def popen(self, *args: str) -> subprocess.Popen:
-        return subprocess.Popen(self.argv(*args), env=self.env, stdin=subprocess.DEVNULL,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        return super().popen(*args, stdin=subprocess.DEVNULL)
 
 
 @pytest.fixture

@@ -92,15 +92,18 @@ class JsonLines:
 
 
 class Frontends:
-    """How the frontends are run in these tests: one SLUICE_HOME with a config.toml."""
+    """How the frontends are run in these tests: one SLUICE_HOME with a config.toml (the
+    scripted model's provider, speaking ``wire_api``, plus ``extra_config``), its key
+    ``key`` in ``$FAKE_KEY``."""
 
-    def __init__(self, runtime, server, home: Path) -> None:
+    def __init__(self, runtime, server, home: Path, *, key: str = KEY, wire_api: str = "responses",
+                 extra_config: str = "") -> None:
         home.mkdir(parents=True, exist_ok=True)
         (home / "config.toml").write_text(
-            'model = "test-model"\nmodel_provider = "fake"\n'
+            f'model = "test-model"\nmodel_provider = "fake"\n{extra_config}\n'
             f'[model_providers.fake]\nname = "scripted"\nbase_url = "{server.base_url}"\n'
-            'env_key = "FAKE_KEY"\nwire_api = "responses"\n')
-        self.env = subprocess_env(runtime, SLUICE_HOME=str(home), FAKE_KEY=KEY, NO_COLOR="1")
+            f'env_key = "FAKE_KEY"\nwire_api = "{wire_api}"\n')
+        self.env = subprocess_env(runtime, SLUICE_HOME=str(home), FAKE_KEY=key, NO_COLOR="1")
         self.env.pop("OPENAI_API_KEY", None)
 
     def argv(self, *args: str) -> list[str]:
