@@ -52,6 +52,7 @@ import abc
 import asyncio
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import TypedDict, Unpack
 
 import msgspec
 import structlog
@@ -150,67 +151,49 @@ class ExecResult(wire.ExitStatus, frozen=True, kw_only=True):
     aggregated_omitted: int = 0
 
 
+class SandboxOptions(TypedDict, total=False):
+    """Options of every run (:class:`CommandRunner`): ``sandbox_cwd`` (default: ``cwd``),
+    the directory the policy's ``disk-write-cwd`` makes writable; ``limits``, the run's
+    resource limits (None: the executor's defaults; the result's ``limit`` says which it hit)."""
+
+    sandbox_cwd: str | None
+    limits: Limits | None
+
+
+class CommandOptions(SandboxOptions, total=False):
+    """Options of a command, besides :class:`SandboxOptions`: ``call_id`` (default: a new
+    one) names it for :meth:`CommandRunner.cancel`; ``env`` (default: the runner's) loses
+    its secrets before it goes anywhere, except the names in ``env_passthrough``."""
+
+    call_id: str | None
+    env: Mapping[str, str] | None
+    env_passthrough: Iterable[str]
+
+
 class CommandRunner(abc.ABC):
     """Runs commands for a session (see the module docstring)."""
 
     @abc.abstractmethod
-    async def run(
-        self,
-        argv: Sequence[str],
-        cwd: str,
-        sandbox_policy: SandboxPolicy,
-        timeout_ms: int | None,
-        on_output: OutputCallback | None = None,
-        *,
-        call_id: str | None = None,
-        env: Mapping[str, str] | None = None,
-        sandbox_cwd: str | None = None,
-        env_passthrough: Iterable[str] = (),
-        limits: Limits | None = None,
-    ) -> ExecResult:
-        """Run ``argv`` in ``cwd`` under ``sandbox_policy`` (its ``disk-write-cwd`` being
-        ``sandbox_cwd``, default ``cwd``) and return how it ended.
-
-        ``env`` (default: the runner's) loses its secrets before it goes anywhere, except
-        the names in ``env_passthrough``. ``limits``: the command's resource limits
-        (None: the executor's defaults); the result's ``limit`` says which it hit."""
+    async def run(self, argv: Sequence[str], cwd: str, sandbox_policy: SandboxPolicy, timeout_ms: int | None,
+                  on_output: OutputCallback | None = None, **options: Unpack[CommandOptions]) -> ExecResult:
+        """Run ``argv`` in ``cwd`` under ``sandbox_policy`` (:class:`CommandOptions`) and
+        return how it ended."""
 
     @abc.abstractmethod
     async def cancel(self, call_id: str) -> None:
         """Kill the command ``call_id`` (and its whole tree) if it is still running."""
 
-    async def run_fileops(
-        self,
-        batch: bytes,
-        cwd: str,
-        sandbox_policy: SandboxPolicy,
-        timeout_ms: int | None,
-        *,
-        sandbox_cwd: str | None = None,
-        limits: Limits | None = None,
-    ) -> ExecResult:
+    async def run_fileops(self, batch: bytes, cwd: str, sandbox_policy: SandboxPolicy, timeout_ms: int | None,
+                          **options: Unpack[SandboxOptions]) -> ExecResult:
         """Carry out ``batch`` (:mod:`landlock_helper.fileops`) in the sandbox of
         ``sandbox_policy``, exactly as a command of that policy would be run; the result's
         ``stdout`` is the whole answer, its ``stderr`` what the sandbox said besides."""
         raise NotImplementedError(f"{type(self).__name__} cannot run file operations")
 
-    async def start_interactive(
-        self,
-        argv: Sequence[str],
-        cwd: str,
-        sandbox_policy: SandboxPolicy,
-        on_output: OutputCallback | None = None,
-        *,
-        tty: wire.Winsize | None = None,
-        stdin: bool = True,
-        on_exit: ExitCallback | None = None,
-        call_id: str | None = None,
-        env: Mapping[str, str] | None = None,
-        sandbox_cwd: str | None = None,
-        env_passthrough: Iterable[str] = (),
-        limits: Limits | None = None,
-        fileops: bool = False,
-    ) -> InteractiveProcess:
+    async def start_interactive(self, argv: Sequence[str], cwd: str, sandbox_policy: SandboxPolicy,
+                                on_output: OutputCallback | None = None, *, tty: wire.Winsize | None = None,
+                                stdin: bool = True, on_exit: ExitCallback | None = None, fileops: bool = False,
+                                **options: Unpack[CommandOptions]) -> InteractiveProcess:
         """Start a long-lived command whose stdin stays open (see the module docstring);
         ``fileops``: the sandbox's file-operation builtin instead of ``argv``, which takes
         one batch after another on its stdin (:mod:`landlock_helper.fileops`)."""
@@ -384,53 +367,36 @@ class BrokerRunner(CommandRunner):
     def running(self) -> list[str]:
         return list(self.calls.calls)
 
-    async def run(
-        self,
-        argv: Sequence[str],
-        cwd: str,
-        sandbox_policy: SandboxPolicy,
-        timeout_ms: int | None,
-        on_output: OutputCallback | None = None,
-        *,
-        call_id: str | None = None,
-        env: Mapping[str, str] | None = None,
-        sandbox_cwd: str | None = None,
-        env_passthrough: Iterable[str] = (),
-        limits: Limits | None = None,
-    ) -> ExecResult:
+    async def run(self, argv: Sequence[str], cwd: str, sandbox_policy: SandboxPolicy, timeout_ms: int | None,
+                  on_output: OutputCallback | None = None, **options: Unpack[CommandOptions]) -> ExecResult:
+        call_id = self._new_call_id(options.pop("call_id", None))
+        if self.link.broken is not None:
+            return ExecResult(error=str(self.link.broken))
+        request = self._request(argv, cwd, sandbox_policy, timeout_ms=timeout_ms, capture_limit=self.capture_limit,
+                                **options)
+        return await self._run(call_id, request, on_output)
+
+    def _new_call_id(self, call_id: str | None) -> str:
         call_id = call_id or new_call_id()
         if call_id in self.calls.calls:
             raise ValueError(f"call id {call_id} is already running")
-        if self.link.broken is not None:
-            return ExecResult(error=str(self.link.broken))
-        request = self._request(argv, cwd, sandbox_policy, env, env_passthrough, sandbox_cwd, timeout_ms=timeout_ms,
-                                capture_limit=self.capture_limit, limits=limits)
-        return await self._run(call_id, request, on_output)
+        return call_id
 
-    def _request(self, argv, cwd, policy, env, env_passthrough, sandbox_cwd, **fields) -> wire.RunRequest:
+    def _request(self, argv, cwd, policy, *, env=None, env_passthrough=(), sandbox_cwd=None,
+                 **fields) -> wire.RunRequest:
         passthrough = list(env_passthrough)
         # The environment is filtered before it is sent: the executor may be on another host.
         return wire.RunRequest(argv=list(argv), cwd=cwd, sandbox=policy, env_passthrough=passthrough,
                                env=filter_env(self.env if env is None else env, passthrough),
                                sandbox_cwd=sandbox_cwd or cwd, **fields)
 
-    async def run_fileops(
-        self,
-        batch: bytes,
-        cwd: str,
-        sandbox_policy: SandboxPolicy,
-        timeout_ms: int | None,
-        *,
-        sandbox_cwd: str | None = None,
-        limits: Limits | None = None,
-    ) -> ExecResult:
+    async def run_fileops(self, batch: bytes, cwd: str, sandbox_policy: SandboxPolicy, timeout_ms: int | None,
+                          **options: Unpack[SandboxOptions]) -> ExecResult:
         if self.link.broken is not None:
             return ExecResult(error=str(self.link.broken))
-        request = wire.RunRequest(
-            argv=[fileops.PROGRAM], cwd=cwd, sandbox=sandbox_policy, env={}, timeout_ms=timeout_ms,
-            # All of the answer is gathered here as it streams; the executor keeps no copy.
-            capture_limit=0, sandbox_cwd=sandbox_cwd or cwd, limits=limits, fileops=batch,
-        )
+        # All of the answer is gathered here as it streams; the executor keeps no copy.
+        request = self._request([fileops.PROGRAM], cwd, sandbox_policy, env={}, timeout_ms=timeout_ms,
+                                capture_limit=0, fileops=batch, **options)
         out, err = bytearray(), bytearray()
 
         def gather(stream: ExecOutputStream, chunk: bytes) -> None:
@@ -453,31 +419,16 @@ class BrokerRunner(CommandRunner):
         finally:
             self.calls.calls.pop(call_id, None)
 
-    async def start_interactive(
-        self,
-        argv: Sequence[str],
-        cwd: str,
-        sandbox_policy: SandboxPolicy,
-        on_output: OutputCallback | None = None,
-        *,
-        tty: wire.Winsize | None = None,
-        stdin: bool = True,
-        on_exit: ExitCallback | None = None,
-        call_id: str | None = None,
-        env: Mapping[str, str] | None = None,
-        sandbox_cwd: str | None = None,
-        env_passthrough: Iterable[str] = (),
-        limits: Limits | None = None,
-        fileops: bool = False,
-    ) -> InteractiveProcess:
-        call_id = call_id or new_call_id()
-        if call_id in self.calls.calls:
-            raise ValueError(f"call id {call_id} is already running")
+    async def start_interactive(self, argv: Sequence[str], cwd: str, sandbox_policy: SandboxPolicy,
+                                on_output: OutputCallback | None = None, *, tty: wire.Winsize | None = None,
+                                stdin: bool = True, on_exit: ExitCallback | None = None, fileops: bool = False,
+                                **options: Unpack[CommandOptions]) -> InteractiveProcess:
+        call_id = self._new_call_id(options.pop("call_id", None))
         request = self._request(
-            argv, cwd, sandbox_policy, env, env_passthrough, sandbox_cwd, timeout_ms=None, limits=limits,
+            argv, cwd, sandbox_policy, timeout_ms=None,
             # The caller keeps what it needs of the output as it streams.
             capture_limit=min(self.capture_limit, INTERACTIVE_CAPTURE_LIMIT),
-            stdin=stdin, tty=tty, interactive=True, fileops=b"" if fileops else None)
+            stdin=stdin, tty=tty, interactive=True, fileops=b"" if fileops else None, **options)
         running = _Running(self, call_id, request, on_output, on_exit=on_exit)
         process = _BrokerProcess(self, running, tty is not None)
         if self.link.broken is not None:

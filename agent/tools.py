@@ -313,25 +313,28 @@ def tools_for(approval_policy: AskForApproval, sandbox_policy: SandboxPolicy,
 # -- arguments ------------------------------------------------------------------------
 
 
-class ShellParams(msgspec.Struct, forbid_unknown_fields=False):
+class _EscalationParams(msgspec.Struct, forbid_unknown_fields=False, kw_only=True):
+    """The arguments of every command tool that ask to run outside the sandbox, in either
+    spelling (:func:`escalation_requested`)."""
+
+    with_escalated_permissions: bool | None = None
+    sandbox_permissions: str | None = None
+    justification: str | None = None
+
+
+class ShellParams(_EscalationParams):
     command: list[str]
     workdir: str | None = None
     timeout_ms: int | None = None
-    with_escalated_permissions: bool | None = None
-    sandbox_permissions: str | None = None
-    justification: str | None = None
 
 
-class UnifiedExecParams(msgspec.Struct, forbid_unknown_fields=False):
+class UnifiedExecParams(_EscalationParams):
     input: list[str]
     session_id: str | int | None = None
     timeout_ms: int | None = None
-    with_escalated_permissions: bool | None = None
-    sandbox_permissions: str | None = None
-    justification: str | None = None
 
 
-class ExecCommandParams(msgspec.Struct, forbid_unknown_fields=False):
+class ExecCommandParams(_EscalationParams):
     cmd: str
     workdir: str | None = None
     shell: str | None = None
@@ -339,9 +342,6 @@ class ExecCommandParams(msgspec.Struct, forbid_unknown_fields=False):
     tty: bool = False
     yield_time_ms: int = EXEC_COMMAND_DEFAULT_YIELD_MS
     max_output_tokens: int | None = None
-    with_escalated_permissions: bool | None = None
-    sandbox_permissions: str | None = None
-    justification: str | None = None
 
 
 class WriteStdinParams(msgspec.Struct, forbid_unknown_fields=False):
@@ -372,7 +372,7 @@ def _decode(arguments: str, kind: type) -> Any:
     return params
 
 
-def escalation_requested(params: ShellParams | UnifiedExecParams | ExecCommandParams) -> bool:
+def escalation_requested(params: _EscalationParams) -> bool:
     """Whether the call asks to run outside the sandbox, in either spelling (the seed's
     ``with_escalated_permissions`` or Codex's ``sandbox_permissions``)."""
     return bool(params.with_escalated_permissions) or params.sandbox_permissions == REQUIRE_ESCALATED

@@ -38,6 +38,8 @@ import time
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from landlock_helper.outcome import alive
+
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40, "p": 1 << 50}
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgtp]?)(?:i?b)?\s*$", re.IGNORECASE)
 _UNLIMITED = ("unlimited", "none", "max", "-1")
@@ -562,7 +564,7 @@ def sweep_stale(mech: Mechanism | None = None, min_age_s: float = 10.0) -> int:
             continue
         for name in names:
             found = _NAME.match(name)
-            if not found or int(found.group(1)) == os.getpid() or _alive(int(found.group(1))):
+            if not found or int(found.group(1)) == os.getpid() or alive(int(found.group(1))):
                 continue
             path = os.path.join(h.parent, name)
             try:
@@ -573,16 +575,6 @@ def sweep_stale(mech: Mechanism | None = None, min_age_s: float = 10.0) -> int:
             except OSError:
                 pass
     return removed
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _set_limit(version: int, path: str, controller: str, value: int) -> None:

@@ -6,6 +6,7 @@ Shared by the Linux sandbox (:mod:`landlock_helper.spawn`) and the macOS one
 
 from __future__ import annotations
 
+import os
 import select
 import signal
 from collections import namedtuple
@@ -33,6 +34,17 @@ class Outcome(namedtuple("Outcome", "exit_code signal error notes limit", defaul
     a millisecond at import, and every ``sluice sandbox`` imports these."""
 
     __slots__ = ()
+
+
+def alive(pid: int) -> bool:
+    """Whether a process ``pid`` exists (one of another user's counts; a zombie too)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
 
 
 def readable(fd: int, timeout: float | None = 0.0) -> bool:

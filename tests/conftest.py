@@ -8,6 +8,8 @@
 - ``daemon``: one fresh daemon for the test. ``module_daemon``: one shared by a module.
 - ``sluice``: the argv prefix that runs the real command line (the installed ``sluice``
   script if there is one next to this Python, else ``python -m broker``).
+- ``dmn``, ``work``, ``fe``: a module's daemon for frontend tests, an empty workspace, and
+  the command line against that daemon and ``server`` (tests/support/frontends.py).
 - ``as_user``, ``nobody_env``, ``open_tmp``, ``workdir``, ``outside``: the sandbox
   harness's (tests/support/sandbox_harness.py), for running commands as root and as nobody.
 
@@ -42,6 +44,7 @@ from tests.support.harness import (
     sluice_argv,
     stop_runtime_daemon,
 )
+from tests.support.frontends import dmn, fe, work  # noqa: F401 (fixtures)
 from tests.support.sandbox_harness import as_user, nobody_env, open_tmp, outside, workdir  # noqa: F401 (fixtures)
 
 

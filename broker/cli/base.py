@@ -71,6 +71,21 @@ def take_json_format(argv: list[str]) -> tuple[list[str], str]:
 NO_RAY = "this needs Ray: install sluice with the ray extra (pip install 'sluice[ray]')"
 
 
+def whole_number(minimum: int, what: str = "a whole number", floor: str | None = None):
+    """An argparse type: an int of at least ``minimum`` (said as ``floor``, if given)."""
+    def parse(text: str) -> int:
+        from argparse import ArgumentTypeError  # here: the fast paths parse without argparse
+
+        try:
+            value = int(text)
+        except ValueError:
+            raise ArgumentTypeError(f"not {what}: {text!r}") from None
+        if value < minimum:
+            raise ArgumentTypeError(f"must be {floor or minimum} or more, got {value}")
+        return value
+    return parse
+
+
 def add_connect_args(parser) -> None:
     """``--connect tcp://HOST:PORT --server-key FILE --key FILE``: a remote daemon (CurveZMQ)."""
     parser.add_argument("--connect", metavar="tcp://HOST:PORT", default=None,

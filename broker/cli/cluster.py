@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict
 
-from broker.cli.base import NO_RAY, CliExit, fail, print_error
+from broker.cli.base import NO_RAY, CliExit, fail, print_error, whole_number
 from broker.wire.results import EXIT_NOT_RUNNING, EXIT_SLUICE, EXIT_USAGE
 
 
@@ -29,30 +29,18 @@ def add_ray_args(parser) -> None:
                        help="the Ray cluster (host:port of its head; default: Ray's auto, this machine's cluster)")
     up.add_argument("--node", metavar="NODE", default=None,
                     help="the node for the daemon: a Ray node id or a node's IP address (default: this one)")
-    up.add_argument("--slots-per-cpu", metavar="N", type=_positive, default=2,
+    up.add_argument("--slots-per-cpu", metavar="N", type=whole_number(1), default=2,
                     help="commands each executor runs at once per CPU of its node (default: 2)")
-    up.add_argument("--min-executors", metavar="N", type=_positive, default=1,
+    up.add_argument("--min-executors", metavar="N", type=whole_number(1), default=1,
                     help="wait until this many executors joined (default: 1)")
-    up.add_argument("--max-executors", metavar="N", type=_positive, default=None,
+    up.add_argument("--max-executors", metavar="N", type=whole_number(1), default=None,
                     help="place executors on at most N nodes (default: every node)")
     up.add_argument("--scale-after", metavar="SECONDS", type=_seconds, default=10.0,
                     help="ask the autoscaler for CPUs once commands waited this long for a slot (default: 10)")
     up.add_argument("--release-after", metavar="SECONDS", type=_seconds, default=60.0,
                     help="withdraw that request once nothing ran or waited this long (default: 60)")
-    up.add_argument("--max-cpus", metavar="N", type=_positive, default=None,
+    up.add_argument("--max-cpus", metavar="N", type=whole_number(1), default=None,
                     help="never ask the autoscaler for more CPUs in all than this")
-
-
-def _positive(text: str) -> int:
-    import argparse
-
-    try:
-        n = int(text)
-    except ValueError:
-        n = 0
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive whole number, got {text!r}")
-    return n
 
 
 def _seconds(text: str) -> float:

@@ -78,7 +78,7 @@ from broker.wire.protocol import (
     UserInput,
     parse_approval_policy,
 )
-from broker.wire.results import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_SIGNAL_BASE, EXIT_USAGE
+from broker.wire.results import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
 from landlock_helper.env import describe_dropped
 from landlock_helper.limits import Limits
 from landlock_helper.policy import SandboxPolicy
@@ -121,26 +121,20 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: list[str] | None = None, prog: str = "sluice exec") -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
-    try:
-        argv, json_format = take_json_format(argv)
-        args = _parser(prog).parse_args(argv)
-        args.json_format = json_format
-        if args.detach and args.output_last_message:
-            raise _usage("--output-last-message needs the task's end; it does not go with --detach")
-        prompt = _read_prompt(args.prompt)
-        if args.session:
-            op, header, show_reasoning = None, {}, True
-        else:
-            op, header, show_reasoning = _configure_op(args)
-        return _Exec(args, op, header, show_reasoning=show_reasoning).run(prompt)
-    except CliExit as e:
-        return e.code
-    except KeyboardInterrupt:
-        return EXIT_INTERRUPTED
-    except BrokenPipeError:
-        return EXIT_SIGNAL_BASE + signal.SIGPIPE
+def main(argv: list[str], prog: str = "sluice exec") -> int:
+    """``sluice exec``, from :func:`broker.cli.main.main` (which makes its errors and
+    interrupts exit codes)."""
+    argv, json_format = take_json_format(argv)
+    args = _parser(prog).parse_args(argv)
+    args.json_format = json_format
+    if args.detach and args.output_last_message:
+        raise _usage("--output-last-message needs the task's end; it does not go with --detach")
+    prompt = _read_prompt(args.prompt)
+    if args.session:
+        op, header, show_reasoning = None, {}, True
+    else:
+        op, header, show_reasoning = _configure_op(args)
+    return _Exec(args, op, header, show_reasoning=show_reasoning).run(prompt)
 
 
 def _usage(message: str) -> CliExit:

@@ -34,6 +34,7 @@ from broker.cli.base import (
     leave,
     print_error,
     take_json_format,
+    whole_number,
 )
 from broker.wire.results import EXIT_INTERRUPTED, EXIT_SIGNAL_BASE, EXIT_SLUICE, EXIT_USAGE
 
@@ -49,18 +50,6 @@ def _parser(argv: list[str] = ()):
         def error(self, message):  # one line instead of usage + message
             print_error(f"error: {message} (see `{self.prog} --help`)")
             raise CliExit(EXIT_USAGE)
-
-    def whole_number(minimum: int, what: str = "a whole number", floor: str | None = None):
-        """An argparse type: an int of at least ``minimum``."""
-        def parse(text: str) -> int:
-            try:
-                value = int(text)
-            except ValueError:
-                raise argparse.ArgumentTypeError(f"not {what}: {text!r}") from None
-            if value < minimum:
-                raise argparse.ArgumentTypeError(f"must be {floor or minimum} or more, got {value}")
-            return value
-        return parse
 
     def policy_flags(p, sandbox_default: str | None = "workspace-write",
                      sandbox_help: str = "read-only, workspace-write (default) or danger-full-access",

@@ -310,10 +310,7 @@ class TerminalGuard:
         limit = min(len(data), i + MAX_SEQUENCE)
         stop = _CSI_BODY.match(data, i + width, limit).end()
         if stop == limit:
-            if limit < len(data):
-                self._mode = _LONG_CSI
-                return stop
-            return self._hold(data, i)
+            return self._unfinished(data, i, stop, _LONG_CSI)
         final = data[stop]
         if not 0x40 <= final <= 0x7E:
             return stop  # cut short (a control, ESC, a byte >= 0x80): it never began, for the terminal too
@@ -329,10 +326,7 @@ class TerminalGuard:
         limit = min(len(data), i + MAX_SEQUENCE)
         stop = _ESC_BODY.match(data, i + 1, limit).end()
         if stop == limit:
-            if limit < len(data):
-                self._mode = _LONG_ESC
-                return stop
-            return self._hold(data, i)
+            return self._unfinished(data, i, stop, _LONG_ESC)
         final = data[stop]
         if not 0x30 <= final <= 0x7E:
             return stop
@@ -340,6 +334,15 @@ class TerminalGuard:
         if not (stop == i + 1 and final == ord("Z")) and _DOCS not in data[i + 1:stop]:
             out.append(data[i:stop + 1])
         return stop + 1
+
+    def _unfinished(self, data: bytes, i: int, stop: int, long_mode: int) -> int:
+        """The sequence from ``data[i]`` has no final byte up to ``stop``: past
+        :data:`MAX_SEQUENCE` it is dropped up to its final byte (``long_mode``); at the
+        chunk's end it is held for the next chunk."""
+        if stop < len(data):
+            self._mode = long_mode
+            return stop
+        return self._hold(data, i)
 
     def _hold(self, data: bytes, i: int) -> int:
         self._held = data[i:]

@@ -25,6 +25,7 @@ from broker.net.runtime import (
     without_secrets,
 )
 from broker.wire import frames as wire
+from landlock_helper.outcome import alive
 
 
 @dataclass(frozen=True)
@@ -303,13 +304,7 @@ def _start_time(pid: int) -> float | None:
     except FileNotFoundError:
         return None
     except OSError:  # no /proc (macOS): existence is all we can tell
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return None
-        except PermissionError:
-            pass
-        return 0.0
+        return 0.0 if alive(pid) else None
     fields = raw[raw.rindex(b")") + 2 :].split()  # fields from the 3rd (state) on
     if fields[0] in (b"Z", b"X"):
         return None

@@ -164,14 +164,7 @@ class PeerLink(Link):
         if self._retry is not None:
             self._retry.cancel()
             self._retry = None
-        if self._monitor is not None:
-            with contextlib.suppress(zmq.ZMQError):
-                self.zs.sock.disable_monitor()
-            self._monitor.close()
-            self._monitor = None
-        if self.zs is not None:
-            self.zs.close()
-            self.zs = None
+        self._close_socket()
         self.joined = False
         self.backlog.clear()
         self._set_congested(False)
@@ -343,6 +336,10 @@ class PeerLink(Link):
         for timer in (self._retry, self._beat):
             if timer is not None:
                 timer.cancel()
+        self._close_socket(linger_ms)
+
+    def _close_socket(self, linger_ms: int = 0) -> None:
+        """Close the socket (giving what is queued in it ``linger_ms``) and its monitor."""
         if self._monitor is not None:
             with contextlib.suppress(zmq.ZMQError):
                 self.zs.sock.disable_monitor()

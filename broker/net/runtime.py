@@ -40,6 +40,8 @@ import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from landlock_helper.outcome import alive
+
 
 class RuntimeDirError(RuntimeError):
     """The runtime dir is unusable (wrong owner, too open, not a directory, a symlink)."""
@@ -146,7 +148,7 @@ def publish_hidden(paths) -> str:
     directory = os.path.join(sluice_home(), PUBLISHED_DIR)
     os.makedirs(directory, mode=0o700, exist_ok=True)
     for name, pid in _publishers(directory):
-        if not _running(pid):
+        if not alive(pid):
             unpublish_hidden(os.path.join(directory, name))
     path = os.path.join(directory, f"daemon-{os.getpid()}")
     tmp = f"{path}.tmp"
@@ -169,7 +171,7 @@ def published_hidden() -> tuple[str, ...]:
     directory = os.path.join(sluice_home(), PUBLISHED_DIR)
     paths: list[str] = []
     for name, pid in _publishers(directory):
-        if not _running(pid):
+        if not alive(pid):
             continue
         try:
             with open(os.path.join(directory, name), encoding="utf-8") as f:
@@ -186,16 +188,6 @@ def _publishers(directory: str) -> list[tuple[str, int]]:
     except OSError:
         return []
     return [(name, int(name[7:])) for name in names if name.startswith("daemon-") and name[7:].isdigit()]
-
-
-def _running(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def default_runtime_dir() -> str:

@@ -233,20 +233,18 @@ def _wait_readable(fd: int, timeout: float) -> None:
     select.select([fd], [], [], timeout)
 
 
-class Follower:
-    """One browser stream of one session, from event ``since`` on; see the module.
+class _Feed:
+    """A client of its own in a thread of its own, handing items to the event loop: after
+    :meth:`start`, :meth:`next` returns them in order, the last one saying it ended;
+    :meth:`stop` tells the thread its reader has gone (it ends without being waited for)."""
 
-    :meth:`next` returns the next item: ``("attached", SessionInfo)`` first, then
-    ``("events", seq of the first, seq of the last, JSON array bytes)``, and at the end ``("gone", reason)``
-    (the session is unknown or ended) or ``("unavailable", reason)`` (the daemon went away).
-    """
+    CLIENT: str  # the client's name, after CLIENT_NAME
+    UNAVAILABLE: str  # the kind of the item that says the daemon could not be reached
 
-    def __init__(self, runtime: RuntimeDir, session_id: str, since: int) -> None:
+    def __init__(self, runtime: RuntimeDir, queue_size: int, thread_name: str) -> None:
         self.runtime = runtime
-        self.session_id = session_id
-        self.since = since
-        self._handoff = _Handoff(asyncio.get_running_loop(), QUEUE_BATCHES)
-        self._thread = threading.Thread(target=self._run, name=f"sluice-web-follow-{session_id[:8]}", daemon=True)
+        self._handoff = _Handoff(asyncio.get_running_loop(), queue_size)
+        self._thread = threading.Thread(target=self._run, name=thread_name, daemon=True)
 
     def start(self) -> None:
         self._thread.start()
@@ -255,16 +253,39 @@ class Follower:
         return await self._handoff.get()
 
     def stop(self) -> None:
-        """The reader has gone: the thread detaches and ends (without waiting for it)."""
         self._handoff.stopped.set()
 
     def _run(self) -> None:
-        handoff = self._handoff
         try:
-            client = connect(self.runtime, "tab")
+            client = connect(self.runtime, self.CLIENT)
         except Unavailable as e:
-            handoff.put(("unavailable", str(e)))
+            self._handoff.put((self.UNAVAILABLE, str(e)))
             return
+        try:
+            self._feed(client, self._handoff)
+        finally:
+            client.close()
+
+    def _feed(self, client: Client, handoff: _Handoff) -> None:
+        raise NotImplementedError
+
+
+class Follower(_Feed):
+    """One browser stream of one session, from event ``since`` on; see the module.
+
+    :meth:`next` returns the next item: ``("attached", SessionInfo)`` first, then
+    ``("events", seq of the first, seq of the last, JSON array bytes)``, and at the end ``("gone", reason)``
+    (the session is unknown or ended) or ``("unavailable", reason)`` (the daemon went away).
+    """
+
+    CLIENT, UNAVAILABLE = "tab", "unavailable"
+
+    def __init__(self, runtime: RuntimeDir, session_id: str, since: int) -> None:
+        super().__init__(runtime, QUEUE_BATCHES, f"sluice-web-follow-{session_id[:8]}")
+        self.session_id = session_id
+        self.since = since
+
+    def _feed(self, client: Client, handoff: _Handoff) -> None:
         try:
             session = client.attach(self.session_id, since=self.since)
             if not handoff.put(("attached", session.info or wire.SessionInfo(id=session.id))):
@@ -282,8 +303,6 @@ class Follower:
             handoff.put(("gone", str(e)))
         except DaemonError as e:
             handoff.put(("unavailable", str(e)))
-        finally:
-            client.close()
 
 
 def _last_seq(batch: list[Event]) -> int:
@@ -324,30 +343,21 @@ def event_range(runtime: RuntimeDir, session_id: str, first: int, last: int, tim
         client.close()
 
 
-class CommandRun:
+class CommandRun(_Feed):
     """One command of the page's command box, run through the daemon as ``sluice run`` does.
 
     :meth:`next` returns ``("output", stream, text)`` as it comes, then ``("exit", Result)``
     or ``("error", reason)``. :meth:`stop` cancels the command (its tree is killed).
     """
 
+    CLIENT, UNAVAILABLE = "run", "error"
+
     def __init__(self, runtime: RuntimeDir, argv: list[str], **options) -> None:
-        self.runtime = runtime
+        super().__init__(runtime, QUEUE_BATCHES * 4, "sluice-web-run")
         self.argv = argv
         self.options = options
-        self._handoff = _Handoff(asyncio.get_running_loop(), QUEUE_BATCHES * 4)
         self._decoders = {1: codecs.getincrementaldecoder("utf-8")("replace"),
                           2: codecs.getincrementaldecoder("utf-8")("replace")}
-        self._thread = threading.Thread(target=self._run, name="sluice-web-run", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    async def next(self):
-        return await self._handoff.get()
-
-    def stop(self) -> None:
-        self._handoff.stopped.set()
 
     def _on_output(self, call, stream: int, data: memoryview) -> None:
         # Blocking while the page is behind: the client then stops acknowledging, and the
@@ -356,13 +366,7 @@ class CommandRun:
         if text:
             self._handoff.put(("output", stream, text))
 
-    def _run(self) -> None:
-        handoff = self._handoff
-        try:
-            client = connect(self.runtime, "run")
-        except Unavailable as e:
-            handoff.put(("error", str(e)))
-            return
+    def _feed(self, client: Client, handoff: _Handoff) -> None:
         try:
             call = client.submit(self.argv, on_output=self._on_output, **self.options)
             while True:
@@ -377,5 +381,3 @@ class CommandRun:
             handoff.put(("exit", result))
         except (SluiceError, TimeoutError, ValueError) as e:
             handoff.put(("error", str(e)))
-        finally:
-            client.close()

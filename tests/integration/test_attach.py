@@ -37,7 +37,6 @@ from broker.wire.protocol import (
     encode_msgpack,
 )
 from tests.support.fake_model import assistant, call, gated, response
-from tests.support.harness import daemons, short_tempdir
 from tests.support.sessions import collect, configure_op, tag
 
 pytestmark = pytest.mark.timeout(60)
@@ -46,13 +45,6 @@ PROBE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # 64 MB in one command: eight times a frontend's window of unacknowledged bytes.
 FLOOD_BYTES = 64 * 1024 * 1024
 STOPPED_S = 10.0
-
-
-@pytest.fixture(scope="module")
-def dmn():
-    home = short_tempdir("sl-home-")
-    with daemons() as factory:
-        yield factory.start(executors=2, env={"SLUICE_HOME": home})
 
 
 @pytest.fixture

@@ -25,27 +25,9 @@ import pytest
 from broker.wire.protocol import ExecApproval, ReviewDecision, TextInput, UserInput
 from tests.support.fake_model import assistant, call, gated, response, user_item
 from tests.support.frontends import Frontends, JsonLines, configure_op, json_events, submission_line, tag
-from tests.support.harness import daemons, short_tempdir, sluice_argv, subprocess_env, wait_for
+from tests.support.harness import sluice_argv, subprocess_env, wait_for
 
 pytestmark = pytest.mark.timeout(60)
-
-
-@pytest.fixture(scope="module")
-def dmn():
-    with daemons() as factory:
-        yield factory.start(executors=2, env={"SLUICE_HOME": short_tempdir("sl-attach-home-")})
-
-
-@pytest.fixture
-def work(tmp_path) -> Path:
-    path = tmp_path / "work"
-    path.mkdir()
-    return path
-
-
-@pytest.fixture
-def fe(dmn, server, tmp_path) -> Frontends:
-    return Frontends(dmn.runtime, server, tmp_path / "fe-home")
 
 
 def open_session(client, server, cwd: Path, **kwargs):

@@ -28,11 +28,6 @@ def dmn():
         yield factory.start(executors=1, env={"SLUICE_HOME": short_tempdir("sl-bridge-home-")})
 
 
-@pytest.fixture
-def fe(dmn, server, tmp_path) -> Frontends:
-    return Frontends(dmn.runtime, server, tmp_path / "fe-home")
-
-
 def test_bridge_configures_takes_input_answers_bad_lines_and_attaches(fe, server, tmp_path) -> None:
     server.script(response(assistant("Hello from the bridge.")), response(assistant("Second.")))
     stdin = b"".join([

@@ -38,32 +38,12 @@ from broker.wire.protocol import (
 )
 from landlock_helper.policy import SandboxPolicy
 from tests.support.fake_model import FakeModelServer, Harness, assistant, call, outputs_of, response, tag
-from tests.support.frontends import Frontends
-from tests.support.harness import daemons, short_tempdir
 
 pytestmark = pytest.mark.timeout(90)
 
 # Forty line breaks, then a line that reads as sluice's own.
 SPOOF = "needed for the build" + "\n" * 40 + "The agent asks to run `ls -la`"
 ROWS = 24
-
-
-@pytest.fixture(scope="module")
-def dmn():
-    with daemons() as factory:
-        yield factory.start(executors=2, env={"SLUICE_HOME": short_tempdir("sl-prompts-home-")})
-
-
-@pytest.fixture
-def work(tmp_path) -> Path:
-    path = tmp_path / "work"
-    path.mkdir()
-    return path
-
-
-@pytest.fixture
-def fe(dmn, server, tmp_path) -> Frontends:
-    return Frontends(dmn.runtime, server, tmp_path / "fe-home")
 
 
 def above_question(seen: bytes) -> list[str]:

@@ -7,7 +7,6 @@ import pytest
 
 from broker.client import daemon_status
 from tests.support.fake_model import assistant, call, response
-from tests.support.frontends import Frontends
 from tests.support.harness import short_tempdir
 
 pytestmark = pytest.mark.timeout(90)
@@ -16,11 +15,6 @@ pytestmark = pytest.mark.timeout(90)
 @pytest.fixture
 def dmn(daemon_factory):
     return daemon_factory.start(executors=1, env={"SLUICE_HOME": short_tempdir("sl-stop-home-")})
-
-
-@pytest.fixture
-def fe(dmn, server, tmp_path) -> Frontends:
-    return Frontends(dmn.runtime, server, tmp_path / "fe-home")
 
 
 def test_start_with_flags_the_running_daemon_lacks_says_they_are_not_applied(dmn, fe) -> None:

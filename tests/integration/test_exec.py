@@ -40,8 +40,8 @@ from tests.support.fake_model import (
     tag,
     user_item,
 )
-from tests.support.frontends import json_events
-from tests.support.harness import daemons, live_processes, reap, short_tempdir, sluice_argv, subprocess_env
+from tests.support.frontends import Frontends, json_events
+from tests.support.harness import daemons, live_processes, reap, short_tempdir, sluice_argv, subprocess_env, wait_for
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -70,29 +70,17 @@ def work(tmp_path) -> Path:
     return path
 
 
-class Frontend:
-    """How ``sluice exec`` is run in these tests: its own SLUICE_HOME with a config.toml."""
+class Frontend(Frontends):
+    """``sluice exec`` as these tests run it: this module's key, stdin empty."""
 
-    def __init__(self, runtime, server: FakeModelServer, home: Path, wire_api: str = "responses",
-                 extra_config: str = "") -> None:
-        home.mkdir(parents=True, exist_ok=True)
-        (home / "config.toml").write_text(
-            f'model = "test-model"\nmodel_provider = "fake"\n{extra_config}\n'
-            f'[model_providers.fake]\nname = "scripted"\nbase_url = "{server.base_url}"\n'
-            f'env_key = "FAKE_KEY"\nwire_api = "{wire_api}"\n')
-        self.env = subprocess_env(runtime, SLUICE_HOME=str(home), FAKE_KEY=KEY)
-        self.env.pop("OPENAI_API_KEY", None)
+    def __init__(self, runtime, server: FakeModelServer, home: Path, **config: str) -> None:
+        super().__init__(runtime, server, home, key=KEY, **config)
 
     def argv(self, *args: str) -> list[str]:
-        return [*sluice_argv(), "exec", *args]
-
-    def run(self, *args: str, input: str | None = None, timeout: float = 30) -> subprocess.CompletedProcess:
-        return subprocess.run(self.argv(*args), env=self.env, input=input if input is not None else "",
-                              capture_output=True, text=True, timeout=timeout)
+        return super().argv("exec", *args)
 
     def popen(self, *args: str) -> subprocess.Popen:
-        return subprocess.Popen(self.argv(*args), env=self.env, stdin=subprocess.DEVNULL,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        return super().popen(*args, stdin=subprocess.DEVNULL)
 
 
 @pytest.fixture
@@ -121,10 +109,6 @@ def read_until(fd: int, needle: bytes, timeout: float = 20.0, seen: bytearray | 
             raise AssertionError(f"EOF before {needle!r} in {bytes(buf)[-2000:]!r}")
         buf += data
     return bytes(buf)
-
-
-def agent_pids(handle) -> list[int]:
-    return [p.pid for p in handle.descendants() if p.cmdline()[1:3] == ["-m", "agent"]]
 
 
 # -- a task end to end ------------------------------------------------------------------
@@ -333,11 +317,8 @@ def test_second_ctrl_c_leaves_at_once(dmn, fe, server, work) -> None:
     proc = fe.popen("--approval-policy", "never", "-C", str(work), "take your time")
     pid = None
     try:
-        for _ in range(1000):
-            if server.requests:
-                break
-            time.sleep(0.01)
-        (pid,) = agent_pids(dmn)
+        wait_for(lambda: server.requests, what="the model's first request")
+        (pid,) = dmn.agent_pids()
         os.kill(pid, signal.SIGSTOP)  # an agent that does not answer the interrupt
         proc.send_signal(signal.SIGINT)
         read_until(proc.stderr.fileno(), b"Ctrl-C again to leave")
@@ -469,11 +450,8 @@ def test_agent_killed_mid_turn_is_an_error_and_the_next_exec_works(daemon_factor
         fe = Frontend(handle.runtime, server, tmp_path / "fe-home")
         proc = fe.popen("--approval-policy", "never", "-C", str(work), "hang on")
         try:
-            for _ in range(1000):
-                if server.requests:
-                    break
-                time.sleep(0.01)
-            (pid,) = agent_pids(handle)
+            wait_for(lambda: server.requests, what="the model's first request")
+            (pid,) = handle.agent_pids()
             os.kill(pid, signal.SIGKILL)
             assert proc.wait(20) == 1
             stderr = proc.stderr.read().decode()

@@ -13,18 +13,11 @@ import pytest
 from broker.client import Client
 from broker.wire.protocol import ExecCommandStdin, Shutdown, TextInput, UnifiedExecSettings, UserInput
 from tests.support.fake_model import assistant, call, outputs_of, response
-from tests.support.harness import daemons, short_tempdir
 from tests.support.sessions import collect, configure_op, tag
 
 pytestmark = pytest.mark.timeout(90)
 
 CODEX = UnifiedExecSettings(tools="codex")
-
-
-@pytest.fixture(scope="module")
-def dmn():
-    with daemons() as factory:
-        yield factory.start(executors=2, env={"SLUICE_HOME": short_tempdir("sl-stdin-home-")})
 
 
 @pytest.fixture

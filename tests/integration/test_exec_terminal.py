@@ -16,7 +16,7 @@ import pytest
 
 from tests.support.fake_model import assistant, call, gated, outputs_of, response
 from tests.support.frontends import Frontends
-from tests.support.harness import daemons, short_tempdir, sluice_argv, subprocess_env
+from tests.support.harness import sluice_argv, subprocess_env
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -27,23 +27,12 @@ PATCH = ("*** Begin Patch\n*** Update File: hello.py\n@@\n def greet(name):\n-  
          "*** End Patch")
 
 
-@pytest.fixture(scope="module")
-def dmn():
-    with daemons() as factory:
-        yield factory.start(executors=2, env={"SLUICE_HOME": short_tempdir("sl-exec-term-home-")})
-
-
 @pytest.fixture
 def work(tmp_path) -> Path:
     path = tmp_path / "work"
     path.mkdir()
     (path / "hello.py").write_text(HELLO)
     return path
-
-
-@pytest.fixture
-def fe(dmn, server, tmp_path) -> Frontends:
-    return Frontends(dmn.runtime, server, tmp_path / "fe-home")
 
 
 def coloured(fe: Frontends) -> Frontends:

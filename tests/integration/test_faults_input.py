@@ -36,11 +36,6 @@ def dmn():
         yield factory.start(executors=1, env={"SLUICE_HOME": short_tempdir("sl-input-home-")})
 
 
-@pytest.fixture
-def fe(dmn, server, tmp_path) -> Frontends:
-    return Frontends(dmn.runtime, server, tmp_path / "fe-home")
-
-
 def run(fe: Frontends, *args: str, stdin: bytes) -> subprocess.CompletedProcess:
     """The command with ``stdin`` as bytes (the lines need not be UTF-8); output as text."""
     p = subprocess.run(fe.argv(*args), env=fe.env, input=stdin, capture_output=True, timeout=60)

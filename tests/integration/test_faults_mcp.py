@@ -38,13 +38,6 @@ def dmn():
         yield factory.start(executors=1)
 
 
-@pytest.fixture
-def work(tmp_path) -> Path:
-    path = tmp_path / "work"
-    path.mkdir()
-    return path
-
-
 def mcp_server(name: str, source: str, **settings) -> McpServerConfig:
     return McpServerConfig(name=name, command=SANDBOX_PYTHON, args=["-c", source, MARKER], **settings)
 

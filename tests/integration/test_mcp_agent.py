@@ -45,13 +45,6 @@ def dmn():
         yield factory.start(executors=1)
 
 
-@pytest.fixture
-def work(tmp_path) -> Path:
-    path = tmp_path / "work"
-    path.mkdir()
-    return path
-
-
 def frontend(dmn, server, tmp_path, tables: str) -> Frontend:
     return Frontend(dmn.runtime, server, tmp_path / "fe-home", extra_config=tables)
 

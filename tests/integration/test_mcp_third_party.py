@@ -37,13 +37,6 @@ def everything():
     return entry
 
 
-@pytest.fixture
-def work(tmp_path):
-    path = tmp_path / "work"
-    path.mkdir()
-    return path
-
-
 def ends(stdout: str) -> dict:
     return {e.msg.call_id: e.msg for e in json_events(stdout) if type(e.msg).__name__ == "McpToolCallEndEvent"}
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import signal
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -25,7 +24,7 @@ from broker.wire.protocol import (
     UserInput,
 )
 from tests.support.fake_model import FakeModelServer, assistant, call, conversation, gated, response, user_item
-from tests.support.harness import daemons, short_tempdir
+from tests.support.harness import daemons, short_tempdir, wait_for
 from tests.support.sessions import collect, configure_op, tag
 
 pytestmark = pytest.mark.timeout(60)
@@ -41,11 +40,6 @@ def home():
 def dmn(home):
     with daemons() as factory:
         yield factory.start(executors=2, env={"SLUICE_HOME": str(home)})
-
-
-def agent_pids(handle) -> list[int]:
-    """The daemon's agent process (``python -m agent ...``), as a list to unpack."""
-    return [p.pid for p in handle.descendants() if p.cmdline()[1:3] == ["-m", "agent"]]
 
 
 def test_events_are_numbered_and_reach_every_attached_frontend(dmn, server, tmp_path) -> None:
@@ -135,11 +129,8 @@ def test_killed_agent_is_reported_and_replaced(daemon_factory, tmp_path) -> None
         collect(session, "session_configured")
         session.submit(UserInput([TextInput("wait")]))
         collect(session, "task_started")
-        for _ in range(200):
-            if server.requests:
-                break
-            time.sleep(0.01)
-        (pid,) = agent_pids(handle)
+        wait_for(lambda: server.requests, what="the model's first request")
+        (pid,) = handle.agent_pids()
         os.kill(pid, signal.SIGKILL)
         user_message, error = collect(session, "error")
         assert tag(user_message) == "user_message" and user_message.msg.message == "wait"
@@ -150,7 +141,7 @@ def test_killed_agent_is_reported_and_replaced(daemon_factory, tmp_path) -> None
         collect(again, "session_configured")
         again.submit(UserInput([TextInput("hello")]))
         assert collect(again, "task_complete")[-1].msg.last_agent_message == "Back."
-        (new_pid,) = agent_pids(handle)
+        (new_pid,) = handle.agent_pids()
         assert new_pid != pid
 
 

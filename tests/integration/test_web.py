@@ -36,24 +36,6 @@ CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 WAIT_MS = 30_000
 
 
-@pytest.fixture(scope="module")
-def dmn():
-    with daemons() as factory:
-        yield factory.start(executors=2, env={"SLUICE_HOME": short_tempdir("sl-web-home-")})
-
-
-@pytest.fixture
-def work(tmp_path) -> Path:
-    path = tmp_path / "work"
-    path.mkdir()
-    return path
-
-
-@pytest.fixture
-def fe(dmn, server, tmp_path) -> Frontends:
-    return Frontends(dmn.runtime, server, tmp_path / "fe-home")
-
-
 class WebServer:
     """``sluice web --port 0`` as a process: its URL (with the token) read from stdout."""
 

@@ -4,6 +4,10 @@
 SLUICE_HOME whose ``config.toml`` points the ``fake`` provider at a scripted model
 (:class:`tests.fake_model.FakeModelServer`), its key in ``$FAKE_KEY``.
 
+:func:`dmn`, :func:`work` and :func:`fe` are the fixtures of modules of such tests
+(offered to every test by tests/conftest.py; a module that needs another daemon or
+workspace defines its own of that name).
+
 :class:`OnPty` is one such process with a pseudo-terminal as its controlling terminal, so
 ``^C`` and ``^D`` typed at the master reach it as they would from a person (the line
 discipline turns ``^C`` into SIGINT for its process group, ``^D`` into end of input).
@@ -20,6 +24,8 @@ import termios
 import time
 from pathlib import Path
 
+import pytest
+
 from broker.wire.protocol import (
     AskForApproval,
     ConfigureSession,
@@ -31,7 +37,7 @@ from broker.wire.protocol import (
 )
 from landlock_helper.policy import SandboxPolicy
 from tests.support.fake_model import tag
-from tests.support.harness import sluice_argv, subprocess_env
+from tests.support.harness import daemons, short_tempdir, sluice_argv, subprocess_env
 
 KEY = "sk-frontends-test-7d1e40b2"
 
@@ -86,15 +92,18 @@ class JsonLines:
 
 
 class Frontends:
-    """How the frontends are run in these tests: one SLUICE_HOME with a config.toml."""
+    """How the frontends are run in these tests: one SLUICE_HOME with a config.toml (the
+    scripted model's provider, speaking ``wire_api``, plus ``extra_config``), its key
+    ``key`` in ``$FAKE_KEY``."""
 
-    def __init__(self, runtime, server, home: Path) -> None:
+    def __init__(self, runtime, server, home: Path, *, key: str = KEY, wire_api: str = "responses",
+                 extra_config: str = "") -> None:
         home.mkdir(parents=True, exist_ok=True)
         (home / "config.toml").write_text(
-            'model = "test-model"\nmodel_provider = "fake"\n'
+            f'model = "test-model"\nmodel_provider = "fake"\n{extra_config}\n'
             f'[model_providers.fake]\nname = "scripted"\nbase_url = "{server.base_url}"\n'
-            'env_key = "FAKE_KEY"\nwire_api = "responses"\n')
-        self.env = subprocess_env(runtime, SLUICE_HOME=str(home), FAKE_KEY=KEY, NO_COLOR="1")
+            f'env_key = "FAKE_KEY"\nwire_api = "{wire_api}"\n')
+        self.env = subprocess_env(runtime, SLUICE_HOME=str(home), FAKE_KEY=key, NO_COLOR="1")
         self.env.pop("OPENAI_API_KEY", None)
 
     def argv(self, *args: str) -> list[str]:
@@ -177,3 +186,28 @@ class OnPty:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+# -- fixtures ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def dmn():
+    """The daemon of a module of frontend tests: two executors, and a sluice home of the
+    module's own, so that its sessions and rollouts stay apart from other modules'."""
+    with daemons() as factory:
+        yield factory.start(executors=2, env={"SLUICE_HOME": short_tempdir("sl-fe-home-")})
+
+
+@pytest.fixture
+def work(tmp_path) -> Path:
+    """An empty workspace of the test's own."""
+    path = tmp_path / "work"
+    path.mkdir()
+    return path
+
+
+@pytest.fixture
+def fe(dmn, server, tmp_path) -> Frontends:
+    """The command line against ``dmn`` and the scripted model ``server``."""
+    return Frontends(dmn.runtime, server, tmp_path / "fe-home")

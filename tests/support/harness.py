@@ -194,6 +194,10 @@ class DaemonHandle:
         """Our environment pointed at this daemon, for child processes such as the CLI."""
         return subprocess_env(self.runtime)
 
+    def agent_pids(self) -> list[int]:
+        """The daemon's agent process (``python -m agent ...``), as a list to unpack."""
+        return [p.pid for p in self.descendants() if p.cmdline()[1:3] == ["-m", "agent"]]
+
     def executor_pids(self) -> list[int]:
         """The executors the daemon runs (its children that were given the token file)."""
         pids = []

@@ -12,7 +12,7 @@ import pytest
 
 from broker.cli.base import CliExit, take_json_format
 from broker.cli.codex_json import NUL_COMMAND, CodexJsonl, join_command
-from broker.cli.exec import main as exec_main
+from broker.cli.main import main as sluice_main
 from broker.wire.protocol import TURN_INTERRUPTED, decode_event_json
 from broker.wire.results import DAEMON_SHUTTING_DOWN, EXIT_USAGE
 
@@ -254,7 +254,7 @@ def test_an_unknown_json_format_is_one_line_and_exit_2(capsys) -> None:
         take_json_format(["--json=xml", "hi"])
     assert caught.value.code == EXIT_USAGE
     assert capsys.readouterr().err == "sluice: error: --json=xml: the format is seed (the default) or codex\n"
-    assert exec_main(["--json=codex-ish", "hi"]) == EXIT_USAGE
+    assert sluice_main(["exec", "--json=codex-ish", "hi"]) == EXIT_USAGE
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--json=codex-ish" in err
 
