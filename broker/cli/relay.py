@@ -56,7 +56,8 @@ class Running(Protocol):
         """End the command: we were told to stop by ``signum``. Called once."""
 
     def pass_signal(self, signum: int) -> None:
-        """``-i``: hand ``signum`` to the command itself."""
+        """``-i``: hand ``signum`` to the command itself (``sluice sandbox`` only: ``sluice
+        run -i`` goes through the broker socket)."""
 
 
 class RelayLoop:

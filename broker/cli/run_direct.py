@@ -23,7 +23,7 @@ import socket
 import time
 from types import SimpleNamespace
 
-from broker.cli.base import CliExit, announce_version, fail, write_all
+from broker.cli.base import CliExit, announce_version, fail, print_error
 from broker.cli.home_writes import HomeWrites
 from broker.cli.relay import RelayLoop
 from broker.net.runtime import RuntimeDir
@@ -173,9 +173,6 @@ class DirectRun:
         except OSError:
             pass  # gone: its end says so
 
-    def pass_signal(self, signum: int) -> None:
-        raise AssertionError("a direct run has no -i (serves() sends it to the broker socket)")
-
     def _message(self):
         try:
             message, fds = direct.receive(self.sock)
@@ -196,17 +193,11 @@ class DirectRun:
                 raise NotRun(message["error"])
             return str(message["error"])
         if "notice" in message:
-            self._say(f"sluice: {message['notice']}")
+            print_error(str(message["notice"]))
         elif "started" in message:
             self.started = True
             self.daemon_version = str(message.get("sluice_version", ""))
         return None
-
-    def _say(self, line: str) -> None:
-        try:
-            write_all(2, f"{line}\n".encode())
-        except OSError:
-            pass
 
 
 _EXIT_DEFAULTS = {"exit_code": None, "signal": None, "timed_out": False, "aborted": False, "duration_s": 0.0,
