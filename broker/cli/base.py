@@ -354,15 +354,17 @@ def widen_pipe(fd: int) -> None:
         pass  # above the system's limit, or not ours to change: the default size works too
 
 
-def read_stdin(fd: int, size: int) -> bytes:
+def read_stdin(fd: int, size: int, *, terminal: bool = False) -> bytes:
     """Up to ``size`` bytes of our stdin for the command; b"" at its end, and after a read
-    error, which is said (the command then gets end of file). BlockingIOError: nothing yet."""
+    error, which is said (the command then gets end of file), but for a ``terminal`` (ours
+    in raw mode), whose error is that it hung up. BlockingIOError: nothing yet."""
     try:
         return os.read(fd, size)
     except BlockingIOError:
         raise
     except OSError as e:
-        print_error(f"reading stdin failed: {e.strerror}; the command gets end of file")
+        if not terminal:
+            print_error(f"reading stdin failed: {e.strerror}; the command gets end of file")
         return b""
 
 

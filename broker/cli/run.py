@@ -322,7 +322,7 @@ def _feed(client, call, fd: int, out: _Output, term: RawTerminal | None = None,
         if fd not in ready:
             continue
         try:
-            data = read_stdin(fd, min(room, STDIN_READ)) if term is None else _read_keys(fd, min(room, STDIN_READ))
+            data = read_stdin(fd, min(room, STDIN_READ), terminal=term is not None)
         except BlockingIOError:
             continue
         if not data and term is None:
@@ -341,16 +341,6 @@ def _feed(client, call, fd: int, out: _Output, term: RawTerminal | None = None,
         elif asked == EscapeKeys.END:
             term.say(escapes.ending())
             raise C.Interrupted(signal.SIGHUP)
-
-
-def _read_keys(fd: int, size: int) -> bytes:
-    """Keys typed on our terminal; b"" once it hung up."""
-    try:
-        return os.read(fd, size)
-    except BlockingIOError:
-        raise
-    except OSError:
-        return b""
 
 
 def config_limits():
