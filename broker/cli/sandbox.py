@@ -46,7 +46,7 @@ from broker.net.runtime import RuntimeDir, ensure_sluice_home, hidden_paths
 from broker.wire.results import EXIT_SIGNAL_BASE, EXIT_USAGE
 from landlock_helper.__main__ import policy_from_args
 from landlock_helper.env import filter_env
-from landlock_helper.policy import MODES, PolicyError
+from landlock_helper.policy import MODES, PolicyError, run_paths
 from landlock_helper.relay import Relay
 from landlock_helper.spawn import SandboxError, spawn
 
@@ -133,25 +133,11 @@ def sandbox_main(args, *, one_shot: bool = False) -> int:
         escape = escape_char(args.escape)
     except ValueError as e:
         return fail(str(e), EXIT_USAGE)
-    cwd = os.path.abspath(args.cwd) if args.cwd is not None else None
-    if cwd is not None and not os.path.isdir(cwd):
-        what = "is not a directory" if os.path.exists(cwd) else "does not exist"
-        return fail(f"working directory {cwd} {what}", EXIT_USAGE)
     try:
         args.writable, args.readable = run_roots(args)
-    except ConfigError as e:
+        run_paths(args.cwd, args.writable, args.readable)
+    except (ConfigError, PolicyError) as e:
         return fail(str(e), EXIT_USAGE)
-    for path in args.writable:
-        if not os.path.isabs(path):
-            return fail(f"writable path must be absolute: {path!r}", EXIT_USAGE)
-        if not os.path.exists(path):
-            return fail(f"writable path does not exist: {path}", EXIT_USAGE)
-    for path in args.readable:
-        if not os.path.isabs(path):
-            return fail(f"readable path must be absolute: {path!r}", EXIT_USAGE)
-        if not os.path.isdir(path):
-            what = "is not a directory" if os.path.exists(path) else "does not exist"
-            return fail(f"readable path {path} {what}", EXIT_USAGE)
     if args.env_report:
         env_report(args.env)
     # A daemon may be running for this user: its socket and token stay out of reach, and
