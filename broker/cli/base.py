@@ -11,7 +11,6 @@ import fcntl
 import os
 import select
 import stat
-import signal
 import sys
 from typing import NoReturn
 
@@ -163,30 +162,6 @@ def leave(code: int) -> NoReturn:
     if client is not None:
         client.close_sockets()
     os._exit(code)
-
-
-# What ends a command of ours (a person's Ctrl-C, a kill, a closed terminal).
-ENDING_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-
-
-@contextlib.contextmanager
-def caught_signals(handler, signums=ENDING_SIGNALS):
-    """``handler(signum, frame)`` for ``signums`` inside the block, which gets a file
-    descriptor that turns readable at every signal (Python's wakeup fd), to select on;
-    the old handlers and wakeup fd come back after it."""
-    r, w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-    old_fd = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
-    old = {}
-    try:
-        for s in signums:
-            old[s] = signal.signal(s, handler)
-        yield r
-    finally:
-        for s, h in old.items():
-            signal.signal(s, h)
-        signal.set_wakeup_fd(old_fd)
-        os.close(r)
-        os.close(w)
 
 
 def running_version(version: str) -> str:

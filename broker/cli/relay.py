@@ -29,9 +29,10 @@ import struct
 import termios
 from typing import Protocol, Sequence
 
-from broker.cli.base import caught_signals, print_error
+from broker.cli.base import print_error
 from broker.cli.home_writes import HomeWrites
 from broker.cli.terminal import DEFAULT_ESCAPE, CtrlC, EscapeKeys, RawTerminal, window_size
+from broker.net.signals import caught_signals
 from landlock_helper.relay import Relay
 
 
