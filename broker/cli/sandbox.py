@@ -1,7 +1,8 @@
 """``sluice sandbox``: a command in the sandbox, here and now, without the daemon.
 
 It treats stdin and terminals as ``sluice run`` does, so that trying a command here
-tells what it will do through the daemon:
+tells what it will do through the daemon, and relays them in the same loop
+(:mod:`broker.cli.relay`):
 
 - ``-t``: a pty made here (outside the sandbox) is the command's terminal, of our
   window's size; our terminal is in raw mode meanwhile (restored on every way out), keys
@@ -15,8 +16,8 @@ tells what it will do through the daemon:
   :mod:`broker.cli.terminal_guard` unless ``--raw-escapes``.
 
 SIGINT, SIGTERM and SIGHUP to sluice end the command's whole tree (SIGTERM, SIGKILL
-after :data:`KILL_GRACE_S`; sluice then exits with 128 + that signal, as ``sluice run``
-does); otherwise sluice exits with the
+after :data:`KILL_GRACE_S`; sluice then exits with 128 + the first of them, as ``sluice
+run`` does); otherwise sluice exits with the
 command's status (128+N when signal N killed it, 127 when it was not found).
 """
 
