@@ -153,7 +153,6 @@ class Call:
         req = self.req
         if not req.argv:
             return self._fail("empty command")
-        policy = req.sandbox  # checked as it was decoded
         sandbox_cwd = req.sandbox_cwd or req.cwd
         if not os.path.isabs(sandbox_cwd):
             return self._fail(f"sandbox_cwd must be an absolute path: {sandbox_cwd}")
@@ -185,24 +184,15 @@ class Call:
                 fcntl.fcntl(fd, F_SETPIPE_SZ, PIPE_SIZE)
             except OSError:
                 pass  # over the per-user pipe budget: the default size still works
-        self.started_at = time.monotonic()
         try:
-            # disk-write-cwd means sandbox_cwd (the session's directory), not where it runs.
-            self.proc = self.worker.spawn(req.argv, cwd=req.cwd, env=env, policy=policy, stdout=w_out, stderr=w_err,
-                                          stdin=r_in, sandbox_cwd=os.path.normpath(sandbox_cwd),
-                                          readable=req.readable,
-                                          limits=req.limits or Limits(),
-                                          builtin=None if req.fileops is None else FILEOPS)
-        except SandboxError as e:
-            _close_all((r_out, r_err, *((w_in,) if w_in is not None else ())))
-            return self._fail(wire.one_line(e) or "unknown error")
-        except Exception as e:  # a spawn failure must never take the worker down
-            log.exception("spawn failed", corr=self.corr)
-            _close_all((r_out, r_err, *((w_in,) if w_in is not None else ())))
-            return self._fail(wire.one_line(f"cannot start command: {e}"))
+            started = self._spawn(env, sandbox_cwd, (r_out, r_err, *((w_in,) if w_in is not None else ())),
+                                  expected=(SandboxError,), stdout=w_out, stderr=w_err, stdin=r_in,
+                                  builtin=None if req.fileops is None else FILEOPS)
         finally:
             # The child holds its own copies; ours would keep the pipes from EOF.
             _close_all((w_out, w_err, *((r_in,) if r_in is not None else ())))
+        if not started:
+            return False
         if w_in is not None:
             self.stdin = _Stdin(self, w_in)
             if req.fileops is not None and not req.stdin:
@@ -214,23 +204,17 @@ class Call:
             master, slave = os.openpty()
         except OSError as e:
             return self._fail(f"cannot make a terminal: {e.strerror}")
-        w_in = None
         try:
             os.set_inheritable(master, False)
             _set_size(master, req.tty.rows, req.tty.cols)
             w_in = os.dup(master) if req.stdin else None
-            self.started_at = time.monotonic()
-            self.proc = self.worker.spawn(req.argv, cwd=req.cwd, env=env, policy=req.sandbox, stdout=slave,
-                                          stderr=slave, stdin=slave, sandbox_cwd=os.path.normpath(sandbox_cwd),
-                                          readable=req.readable,
-                                          limits=req.limits or Limits(), tty=True)
-        except (OSError, SandboxError) as e:
-            _close_all((master, *((w_in,) if w_in is not None else ())))
-            return self._fail(wire.one_line(e.strerror if isinstance(e, OSError) else e) or "unknown error")
-        except Exception as e:  # a spawn failure must never take the worker down
-            log.exception("spawn failed", corr=self.corr)
-            _close_all((master, *((w_in,) if w_in is not None else ())))
-            return self._fail(wire.one_line(f"cannot start command: {e}"))
+        except OSError as e:
+            _close_all((master, slave))
+            return self._fail(wire.one_line(e.strerror) or "unknown error")
+        try:
+            if not self._spawn(env, sandbox_cwd, (master, *((w_in,) if w_in is not None else ())),
+                               stdout=slave, stderr=slave, stdin=slave, tty=True):
+                return False
         finally:
             os.close(slave)  # ours would keep the master from its end of file
         os.set_blocking(master, False)
@@ -243,24 +227,37 @@ class Call:
         # An output without an fd is the sandbox's own /dev/null (None).
         given = dict(zip(direct.stdio_names(req.stdin, req.stdio_null), stdio))
         stdout, stderr, stdin = given.get("stdout"), given.get("stderr"), given.get("stdin")
-        self.started_at = time.monotonic()
         try:
             if stderr is not None:
                 self._notes_fd = os.dup(stderr)
-            self.proc = self.worker.spawn(req.argv, cwd=req.cwd, env=env, policy=req.sandbox, stdout=stdout,
-                                          stderr=stderr, stdin=stdin, sandbox_cwd=os.path.normpath(sandbox_cwd),
-                                          readable=req.readable,
-                                          limits=req.limits or Limits())
-        except (OSError, SandboxError) as e:
-            self._release()
-            return self._fail(wire.one_line(e.strerror if isinstance(e, OSError) else e) or "unknown error")
-        except Exception as e:  # a spawn failure must never take the worker down
-            log.exception("spawn failed", corr=self.corr)
-            self._release()
-            return self._fail(wire.one_line(f"cannot start command: {e}"))
+            started = self._spawn(env, sandbox_cwd, (), stdout=stdout, stderr=stderr, stdin=stdin)
+        except OSError as e:
+            started = self._fail(wire.one_line(e.strerror) or "unknown error")
         finally:
             _close_all(stdio)  # the sandbox holds its own copies
+        if not started:
+            self._release()
+            return False
         return self._started(None, None)
+
+    def _spawn(self, env: dict, sandbox_cwd: str, ours: tuple, *, expected=(OSError, SandboxError), **stdio) -> bool:
+        """Start the command with ``stdio`` (:attr:`proc`); False when it could not start:
+        its exit said why, and ``ours`` (our ends of its stdio) are closed."""
+        req = self.req
+        self.started_at = time.monotonic()
+        try:
+            # disk-write-cwd means sandbox_cwd (the session's directory), not where it runs.
+            self.proc = self.worker.spawn(req.argv, cwd=req.cwd, env=env, policy=req.sandbox,  # checked as decoded
+                                          sandbox_cwd=os.path.normpath(sandbox_cwd), readable=req.readable,
+                                          limits=req.limits or Limits(), **stdio)
+            return True
+        except expected as e:
+            why = wire.one_line(e.strerror if isinstance(e, OSError) else e) or "unknown error"
+        except Exception as e:  # a spawn failure must never take the worker down
+            log.exception("spawn failed", corr=self.corr)
+            why = wire.one_line(f"cannot start command: {e}")
+        _close_all(ours)
+        return self._fail(why)
 
     def _started(self, out_fd: int | None, err_fd: int | None) -> bool:
         """Report ``started`` and start reading ``out_fd`` (and ``err_fd``, None for a

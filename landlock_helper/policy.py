@@ -29,6 +29,7 @@ import enum
 import functools
 import os
 import pwd
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -119,6 +120,39 @@ def root_refusal(path: str) -> str | None:
 
 class PolicyError(ValueError):
     """A policy that cannot be understood; the message is meant for a person."""
+
+
+def run_paths(cwd: str | None, writable: Iterable[str], readable: Iterable[str], *,
+              here: bool = True) -> tuple[str, list[str], list[str]]:
+    """A command's working directory (absolute; None: the current one), writable roots
+    and readable directories (normalized), each absolute and, when they are to be found
+    ``here`` (on this host), there: checked once for ``sluice run`` and ``sluice sandbox``
+    alike. Raises :class:`PolicyError`."""
+    if cwd is None:
+        try:
+            cwd = os.getcwd()
+        except FileNotFoundError:
+            raise PolicyError("the current directory no longer exists; cd somewhere else or pass a cwd") from None
+    cwd = os.path.abspath(cwd)
+    if here and not os.path.isdir(cwd):
+        what = "is not a directory" if os.path.exists(cwd) else "does not exist"
+        raise PolicyError(f"working directory {cwd} {what}")
+    roots = []
+    for path in writable:
+        if not isinstance(path, str) or not os.path.isabs(path):
+            raise PolicyError(f"writable path must be absolute: {path!r}")
+        if here and not os.path.exists(path):
+            raise PolicyError(f"writable path does not exist: {path}")
+        roots.append(path)
+    shown = []
+    for path in readable:
+        if not isinstance(path, str) or not os.path.isabs(path):
+            raise PolicyError(f"readable path must be absolute: {path!r}")
+        if here and not os.path.isdir(path):
+            what = "is not a directory" if os.path.exists(path) else "does not exist"
+            raise PolicyError(f"readable path {path} {what}")
+        shown.append(os.path.normpath(path))
+    return cwd, roots, shown
 
 
 class DiskWriteFolder(dict):

@@ -20,9 +20,9 @@ How the bytes move, by what the caller's descriptor is:
 - anything else (a terminal, a socket, a device): read and write; what goes to a
   terminal goes through :meth:`Relay._write`.
 
-The caller's loop (``sluice run``'s direct path, ``sluice sandbox``, ``python -m
-landlock_helper``) waits for its own things in :meth:`Relay.step`, which moves what is
-ready meanwhile. When the caller's end of an output goes away (a closed pipe, a hung-up
+The caller's loop (``broker.cli.relay``'s, for ``sluice run``'s direct path and
+``sluice sandbox``; ``python -m landlock_helper``'s own) waits for its own things in
+:meth:`Relay.step`, which moves what is ready meanwhile. When the caller's end of an output goes away (a closed pipe, a hung-up
 terminal), our read end is closed: the command's next write gets SIGPIPE, as in a shell
 pipeline. Stdlib only, like the rest of the sandbox layer.
 """

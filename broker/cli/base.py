@@ -11,7 +11,6 @@ import fcntl
 import os
 import select
 import stat
-import signal
 import sys
 from typing import NoReturn
 
@@ -180,30 +179,6 @@ def leave(code: int) -> NoReturn:
     os._exit(code)
 
 
-# What ends a command of ours (a person's Ctrl-C, a kill, a closed terminal).
-ENDING_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-
-
-@contextlib.contextmanager
-def caught_signals(handler, signums=ENDING_SIGNALS):
-    """``handler(signum, frame)`` for ``signums`` inside the block, which gets a file
-    descriptor that turns readable at every signal (Python's wakeup fd), to select on;
-    the old handlers and wakeup fd come back after it."""
-    r, w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-    old_fd = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
-    old = {}
-    try:
-        for s in signums:
-            old[s] = signal.signal(s, handler)
-        yield r
-    finally:
-        for s, h in old.items():
-            signal.signal(s, h)
-        signal.set_wakeup_fd(old_fd)
-        os.close(r)
-        os.close(w)
-
-
 def running_version(version: str) -> str:
     """How a peer's sluice version reads in a sentence ("" from one too old to tell)."""
     return f"sluice {version}" if version else "an older sluice (one that does not tell its version)"
@@ -369,15 +344,17 @@ def widen_pipe(fd: int) -> None:
         pass  # above the system's limit, or not ours to change: the default size works too
 
 
-def read_stdin(fd: int, size: int) -> bytes:
+def read_stdin(fd: int, size: int, *, terminal: bool = False) -> bytes:
     """Up to ``size`` bytes of our stdin for the command; b"" at its end, and after a read
-    error, which is said (the command then gets end of file). BlockingIOError: nothing yet."""
+    error, which is said (the command then gets end of file), but for a ``terminal`` (ours
+    in raw mode), whose error is that it hung up. BlockingIOError: nothing yet."""
     try:
         return os.read(fd, size)
     except BlockingIOError:
         raise
     except OSError as e:
-        print_error(f"reading stdin failed: {e.strerror}; the command gets end of file")
+        if not terminal:
+            print_error(f"reading stdin failed: {e.strerror}; the command gets end of file")
         return b""
 
 

@@ -15,12 +15,13 @@ import os
 import signal
 import stat
 import sys
+from typing import Protocol
 
 from broker.cli.base import (
     USAGE_RUN,
+    CliExit,
     ConfigError,
     announce,
-    announce_version,
     command_of,
     env_report,
     fail,
@@ -34,7 +35,7 @@ from broker.cli.base import (
 )
 from broker.cli.home_writes import HomeWrites
 from broker.cli.outlet import Outlet
-from broker.cli.run_direct import FALLBACK, DirectRun
+from broker.cli.run_direct import DirectRun, NotRun
 from broker.cli.terminal import (
     NOT_A_TERMINAL,
     CtrlC,
@@ -108,88 +109,105 @@ def run_main(args) -> int:
     watch = HomeWrites(writable=policy.writable_roots(fields["cwd"], fields["env"])) \
         if is_terminal(2) and not (args.tty or args.json or policy.full_write) else None
 
-    if not (args.tty or args.interactive or args.json or args.via_broker or args.connect or args.ray or args.server_key or args.key):
-        screen = relay_filter(guards)
-        run = DirectRun(fields, screen=watch.screen(screen) if watch else screen)
-        if run.start():
-            code = _direct(run, command, args, watch)
-            if code is not None:
-                return code
-    return _through_broker(fields, command, args, guards, watch)
-
-
-def _direct(run: DirectRun, command: list[str], args, watch: HomeWrites | None) -> int | None:
-    """A direct run (:mod:`broker.cli.run_direct`): the command writes to our stdio itself.
-    None: the daemon cannot run it so, and nothing ran."""
+    remote = remote_from_args(args)
+    transport = DirectRun(fields, screen=relay_filter(guards), watch=watch) if DirectRun.serves(args, remote) \
+        else BrokerRun(fields, args, guards, watch, remote)
     try:
-        result = run.wait(CANCEL_WAIT_S)
+        try:
+            result = transport.run(CANCEL_WAIT_S)
+        except NotRun:
+            if transport.signum is not None:  # nothing ran, and we were told to stop meanwhile
+                return EXIT_SIGNAL_BASE + transport.signum
+            transport = BrokerRun(fields, args, guards, watch, remote)
+            result = transport.run(CANCEL_WAIT_S)
     except TimeoutError:
         print_error(f"the command did not end within {CANCEL_WAIT_S:g} s of being cancelled; exiting anyway")
-        return EXIT_SIGNAL_BASE + run.signum if run.signum else EXIT_SLUICE
-    if result is FALLBACK:  # nothing ran; unless we were interrupted meanwhile, the broker socket runs it
-        return EXIT_SIGNAL_BASE + run.signum if run.signum else None
-    if run.daemon_version:
-        announce_version(run.daemon_version, None)
-    if isinstance(result, str):
-        return fail(result, EXIT_SLUICE)
-    # A closed stdout reached the command itself (SIGPIPE on its next write, as in a shell).
-    return _ending(result, command, args, run.signum, False, watch)
+        return EXIT_SIGNAL_BASE + transport.signum if transport.signum else EXIT_SLUICE
+    return _ending(result, command, args, transport.signum, transport.stdout_closed, watch)
 
 
-def _through_broker(fields: dict, command: list[str], args, guards: dict, watch: HomeWrites | None) -> int:
-    """Through the broker socket and the client library: the command's output comes as
-    messages (or Codex-shaped events with ``--json``); a terminal of its own with ``-t``."""
-    import broker.client as C
-    from broker.client.requests import winsize
-    from broker.wire import frames as wire
+class Transport(Protocol):
+    """How ``sluice run`` has its command run: handed to the local daemon over run.sock
+    (:class:`~broker.cli.run_direct.DirectRun`, which relays our stdio itself) or sent
+    through the broker socket (:class:`BrokerRun`, the client library's messages)."""
 
-    try:
-        request = wire.RunRequest(**fields, tty=winsize(*window_size(0, 1, 2)) if args.tty else None)
-    except C.UsageError as e:
-        return fail(str(e), EXIT_USAGE)
-    out = _JsonOutput(request) if args.json else _RawOutput(guards, watch)
-    remote = remote_from_args(args)
-    try:
-        client = C.Client.connect(remote=remote, name="sluice run")
-    except C.DaemonError as e:
-        out.error(str(e))
-        return fail(str(e), EXIT_SLUICE)
-    announce(client)
+    # The signal that told us to stop the command, if one did.
+    signum: int | None
+    # Our stdout was closed under us: we stopped the command as a closed pipe would.
+    stdout_closed: bool
 
-    signum = None
-    with client, client.catch_signals():
-        call = client.submit_request(request, call_id=out.call_id, on_output=out.on_output)
-        call.on_notice = _notice
-        out.begin(client, call)
+    def run(self, cancel_wait_s: float):
+        """The command's end (:class:`~broker.wire.frames.ExitStatus`'s fields and
+        ``returncode``). Our stopping signals cancel it, and its end is waited for up to
+        ``cancel_wait_s`` (then TimeoutError). Raises
+        :class:`~broker.cli.run_direct.NotRun` when this transport cannot run it and
+        nothing ran, and :class:`~broker.cli.base.CliExit` when it failed (said)."""
+
+
+class BrokerRun:
+    """The broker socket and the client library (a :class:`Transport`): the command's
+    output comes as messages (or Codex-shaped events with ``--json``); a terminal of its
+    own with ``-t``."""
+
+    def __init__(self, fields: dict, args, guards: dict, watch: HomeWrites | None, remote) -> None:
+        self.fields = fields
+        self.args = args
+        self.guards = guards
+        self.watch = watch
+        self.remote = remote
+        self.signum: int | None = None
+        self.stdout_closed = False
+
+    def run(self, cancel_wait_s: float):
+        import broker.client as C
+        from broker.client.requests import winsize
+        from broker.wire import frames as wire
+
+        args = self.args
         try:
-            # Raw mode ends with this block, whatever ends it, before anything is said below.
-            with RawTerminal(0) if args.tty else contextlib.nullcontext() as term:
-                if term is not None:
-                    call.on_notice = lambda call, note: term.say(note)
-                try:
-                    if term is not None:
-                        _feed_terminal(client, call, term, out, EscapeKeys(args.escape))
-                    # (With -t, Ctrl-C is a key for the command's terminal, not our signal.)
-                    passing = args.interactive and term is None
-                    result = _follow(client, call, out, request.stdin and term is None, CtrlC() if passing else None)
-                except C.Interrupted as e:
-                    signum = e.signum
-                    client.cancel(call)
-                    # Further signals are noted but do not cut the wait short: the tree must die
-                    # first. What our reader has not taken of its output is dropped.
-                    out.drop(lossy=True)
-                    result = client.wait(call, CANCEL_WAIT_S, interruptible=False)
-        except TimeoutError:
-            print_error(f"the command did not end within {CANCEL_WAIT_S:g} s of being cancelled; exiting anyway")
-            return EXIT_SIGNAL_BASE + signum if signum else EXIT_SLUICE
+            request = wire.RunRequest(**self.fields, tty=winsize(*window_size(0, 1, 2)) if args.tty else None)
+        except C.UsageError as e:
+            raise CliExit(fail(str(e), EXIT_USAGE)) from None
+        out = _JsonOutput(request) if args.json else _RawOutput(self.guards, self.watch)
+        try:
+            client = C.Client.connect(remote=self.remote, name="sluice run")
         except C.DaemonError as e:
             out.error(str(e))
-            out.finish()
-            return fail(str(e), EXIT_SLUICE)
+            raise CliExit(fail(str(e), EXIT_SLUICE)) from None
+        announce(client)
 
-    out.end(result)
-    out.finish()
-    return _ending(result, command, args, signum, out.stdout_closed, watch)
+        with client, client.catch_signals():
+            call = client.submit_request(request, call_id=out.call_id, on_output=out.on_output)
+            call.on_notice = _notice
+            out.begin(client, call)
+            try:
+                # Raw mode ends with this block, whatever ends it, before anything is said below.
+                with RawTerminal(0) if args.tty else contextlib.nullcontext() as term:
+                    if term is not None:
+                        call.on_notice = lambda call, note: term.say(note)
+                    try:
+                        if term is not None:
+                            _feed(client, call, term.fd, out, term, EscapeKeys(args.escape))
+                        # (With -t, Ctrl-C is a key for the command's terminal, not our signal.)
+                        passing = args.interactive and term is None
+                        result = _follow(client, call, out, request.stdin and term is None,
+                                         CtrlC() if passing else None)
+                    except C.Interrupted as e:
+                        self.signum = e.signum
+                        client.cancel(call)
+                        # Further signals are noted but do not cut the wait short: the tree must die
+                        # first. What our reader has not taken of its output is dropped.
+                        out.drop(lossy=True)
+                        result = client.wait(call, cancel_wait_s, interruptible=False)
+            except C.DaemonError as e:
+                out.error(str(e))
+                out.finish()
+                raise CliExit(fail(str(e), EXIT_SLUICE)) from None
+
+        out.end(result)
+        out.finish()
+        self.stdout_closed = out.stdout_closed
+        return result
 
 
 def _follow(client, call, out: _Output, stdin: bool, ctrl_c: CtrlC | None):
@@ -201,7 +219,7 @@ def _follow(client, call, out: _Output, stdin: bool, ctrl_c: CtrlC | None):
     while True:
         try:
             if not fed:
-                _feed_stdin(client, call, 0, out)
+                _feed(client, call, 0, out)
                 fed = True
             return out.wait(client, call)
         except C.Interrupted as e:
@@ -277,60 +295,45 @@ def _forwarded_stdin(interactive: bool = False) -> int | None:
     return 0
 
 
-def _feed_stdin(client, call, fd: int, out: _Output) -> None:
-    """Forward ``fd`` to ``call``'s stdin until its end (then end of file) or the call's:
-    at most what the executor's acks leave room for, so a 1 GiB stdin is read as the
-    command reads it, not into anyone's memory. Its output goes on meanwhile (``out``)."""
-    # A writer ahead of us then leaves reads of up to STDIN_READ, not 64 KiB, so a big stdin
-    # goes in a quarter of the messages, each of which costs the daemon and the executor.
-    widen_pipe(fd)
-    while not call.done:
-        room = client.stdin_room(call)
-        ready = client.wait_io((fd,) if room else (), None, writable=out.waiting())  # room: the start, or acks
-        out.flush()
-        if fd not in ready:
-            continue
-        try:
-            data = read_stdin(fd, min(room, STDIN_READ))
-        except BlockingIOError:
-            continue
-        if not data:
-            client.close_stdin(call)
-            return
-        client.write_stdin(call, data)
+def _feed(client, call, fd: int, out: _Output, term: RawTerminal | None = None,
+          escapes: EscapeKeys | None = None) -> None:
+    """Our input to ``call`` until its end or the call's, at most what the executor's acks
+    leave room for (a 1 GiB stdin is read as the command reads it, not into anyone's
+    memory; keys wait in our terminal), its output going on meanwhile (``out``).
 
-
-def _feed_terminal(client, call, term: RawTerminal, out: _Output, escapes: EscapeKeys) -> None:
-    """``-t``: keys typed on our (raw) terminal to the command's pty, as bytes, and our
-    window's changes to it, until the call ends. Keys wait in our terminal while the
-    executor has a window's worth unread (flow control, as for a pipe). Its output goes
-    on meanwhile (``out``). ``~.`` (:class:`EscapeKeys`) ends the command as a hang-up
-    of its terminal would: raises :class:`broker.client.Interrupted` for SIGHUP."""
+    ``fd`` is our stdin, whose end is the command's end of file; or, with ``term``
+    (``-t``), our raw terminal, whose keys go to the command's pty as bytes along with
+    our window's changes, and whose ``~.`` (``escapes``) ends the command as a hang-up of
+    its terminal would: raises :class:`broker.client.Interrupted` for SIGHUP."""
     import broker.client as C
 
-    fd = term.fd
+    if term is None:
+        # A writer ahead of us then leaves reads of up to STDIN_READ, not 64 KiB, so a big stdin
+        # goes in a quarter of the messages, each of which costs the daemon and the executor.
+        widen_pipe(fd)
     reading = True
     while not call.done:
-        if term.resized():
+        if term is not None and term.resized():
             client.resize(call, *term.size())
-        room = client.stdin_room(call) if reading else 0
+        room = client.stdin_room(call) if reading else 0  # room: the start, or acks
         # SIGWINCH wakes this wait too (Python's wakeup fd is in the client's poller).
         ready = client.wait_io((fd,) if room else (), None, writable=out.waiting())
         out.flush()
         if fd not in ready:
             continue
         try:
-            data = os.read(fd, min(room, STDIN_READ))
+            data = read_stdin(fd, min(room, STDIN_READ), terminal=term is not None)
         except BlockingIOError:
             continue
-        except OSError:
-            data = b""
-        if not data:
-            # Our terminal hung up (SIGHUP follows): nothing more to type; the command's
-            # pty stays open until it exits or is cancelled.
-            reading = False
-            continue
-        data, asked = escapes.feed(data)
+        if not data and term is None:
+            client.close_stdin(call)
+            return
+        # Our terminal hung up (SIGHUP follows): nothing more to type; the command's pty
+        # stays open until it exits or is cancelled.
+        reading = bool(data)
+        asked = None
+        if escapes is not None:
+            data, asked = escapes.feed(data)
         if data:
             client.write_stdin(call, data)
         if asked == EscapeKeys.HELP:

@@ -55,6 +55,7 @@ from broker.client.sessions import ClientSession, SessionTable, attach, list_ses
 from broker.net.calls import CallTable, PeerCall, error_message
 from broker.net.link import Link
 from broker.net.runtime import RuntimeDir
+from broker.net.signals import ENDING_SIGNALS, caught_signals
 from broker.wire import frames as wire
 from broker.wire.results import new_call_id
 from landlock_helper.limits import format_size
@@ -549,31 +550,21 @@ class Client:
     # -- signals ------------------------------------------------------------------------
 
     @contextlib.contextmanager
-    def catch_signals(self, signums: Iterable[int] = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)):
+    def catch_signals(self, signums: Iterable[int] = ENDING_SIGNALS):
         """Catch ``signums`` (main thread only) so waits raise :class:`Interrupted` at once.
 
         Python's wakeup fd is put in the same poller as the socket: a signal wakes a
         blocked wait immediately, with no polling loop.
         """
-        signums = list(signums)
-        r, w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-        old_fd = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
-        old_handlers = {}
-        try:
-            for s in signums:
-                old_handlers[s] = signal.signal(s, self._on_signal)
+        with caught_signals(self._on_signal, list(signums)) as r:
             self._wake_r = r
             self._poller.register(r, zmq.POLLIN)
-            yield self
-        finally:
-            for s, h in old_handlers.items():
-                signal.signal(s, h)
-            signal.set_wakeup_fd(old_fd)
-            with contextlib.suppress(KeyError, ValueError):
-                self._poller.unregister(r)
-            self._wake_r = -1
-            os.close(r)
-            os.close(w)
+            try:
+                yield self
+            finally:
+                with contextlib.suppress(KeyError, ValueError):
+                    self._poller.unregister(r)
+                self._wake_r = -1
 
     def _on_signal(self, signum, frame) -> None:
         self._signals.append(signum)

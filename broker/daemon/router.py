@@ -76,6 +76,7 @@ from broker.net.logging import Throttle
 from broker.net.peer import DEAD_AFTER_HEARTBEATS, FRONTEND_SILENCE_S, HEARTBEAT_S, HELLO_FIRST
 from broker.wire import frames as wire
 from broker.wire import version
+from broker.wire.direct import close_all
 from broker.wire.results import DAEMON_SHUTTING_DOWN, DAEMON_STOPPED
 
 log = structlog.get_logger(component="router")
@@ -302,15 +303,6 @@ class Call:
         # of it what is still to be credited back to the executor (nobody will ack it).
         self.lost = self.lost_chunks = 0
         self.unsent = self.unsent_chunks = 0
-
-    def close_fds(self) -> None:
-        """Close a direct run's stdio here; the list empties (its connection shares it)."""
-        fds = self.fds
-        while fds:
-            try:
-                os.close(fds.pop())
-            except OSError:
-                pass
 
 
 class RunQueue:
@@ -1082,11 +1074,10 @@ class Router:
         if direct:
             # Before the run: queued in the kernel at once, so there when the run arrives.
             handed = self.supervisor.pass_fds(executor, call.id, call.fds)
+            close_all(call.fds)  # ours, either way; the list empties (its connection shares it)
             if handed is not None:
                 del self.calls[call.id]
-                call.close_fds()
                 return self._fail(call, f"cannot hand the command's stdio to executor {executor.name}: {handed}")
-            call.close_fds()
         frames, call.frames = call.frames, None
         call.executor = executor
         executor.calls[call.id] = call

@@ -11,7 +11,7 @@ from collections.abc import Iterable, Mapping
 
 from landlock_helper.env import split_env
 from landlock_helper.limits import LimitError, Limits, parse_count, parse_duration, parse_size
-from landlock_helper.policy import PolicyError, SandboxPolicy, root_refusal
+from landlock_helper.policy import PolicyError, SandboxPolicy, root_refusal, run_paths
 
 # What a run captures of each stream by default, for its result (the output itself streams).
 DEFAULT_CAPTURE_LIMIT = 1024 * 1024
@@ -65,35 +65,8 @@ def check_run(argv: Iterable[str], *, check_paths: bool = True, limits: Limits |
     if not argv[0]:
         raise RunArgsError("the command name is empty")
 
-    cwd = r.cwd
-    if cwd is None:
-        try:
-            cwd = os.getcwd()
-        except FileNotFoundError:
-            raise RunArgsError("the current directory no longer exists; cd somewhere else or pass a cwd") from None
-    cwd = os.path.abspath(cwd)
-    if check_paths and not os.path.isdir(cwd):
-        what = "is not a directory" if os.path.exists(cwd) else "does not exist"
-        raise RunArgsError(f"working directory {cwd} {what}")
-
-    roots = []
-    for path in r.writable:
-        if not isinstance(path, str) or not os.path.isabs(path):
-            raise RunArgsError(f"writable path must be absolute: {path!r}")
-        if check_paths and not os.path.exists(path):
-            raise RunArgsError(f"writable path does not exist: {path}")
-        roots.append(path)
-
-    shown = []
-    for path in r.readable:
-        if not isinstance(path, str) or not os.path.isabs(path):
-            raise RunArgsError(f"readable path must be absolute: {path!r}")
-        if check_paths and not os.path.isdir(path):
-            what = "is not a directory" if os.path.exists(path) else "does not exist"
-            raise RunArgsError(f"readable path {path} {what}")
-        shown.append(os.path.normpath(path))
-
     try:
+        cwd, roots, shown = run_paths(r.cwd, r.writable, r.readable, here=check_paths)
         policy = SandboxPolicy.from_mode(r.sandbox, writable_roots=roots, network=r.network)
     except PolicyError as e:
         raise RunArgsError(str(e)) from None
