@@ -3,9 +3,10 @@ describes the protocol; :mod:`broker.wire.direct` has its messages).
 
 A caller on this host connects, sends one run with its own stdio as file descriptors,
 and gets its exit; everything else is the router's, as for any frontend. Each connection
-is one frontend peer of the router (identity :data:`~broker.daemon.router.DIRECT` + a
-number) with at most one call; the connection's end is the peer's (its call is
-cancelled), and the peer's end (after the exit) closes the connection. The fds must pass
+is one :class:`~broker.daemon.router.DirectCaller` of the router (identity
+:data:`~broker.daemon.router.DIRECT` + a number) with at most one call; the connection's
+end is the caller's (its call is cancelled), and the caller's end (after the exit)
+closes the connection. The fds must pass
 :func:`broker.wire.direct.refused`, or the run is refused with nothing kept; they belong
 to the call until the router hands them to an executor, and are closed with the
 connection otherwise.
@@ -23,7 +24,7 @@ import struct
 
 import structlog
 
-from broker.daemon.router import DIRECT, NO_LOCAL_EXECUTOR, Call, Peer, Router
+from broker.daemon.router import DIRECT, NO_LOCAL_EXECUTOR, Call, DirectCaller, Router
 from broker.net.logging import Throttle
 from broker.wire import direct
 from broker.wire import frames as wire
@@ -48,7 +49,7 @@ class _Connection:
         self.sock = sock
         self.identity = identity
         self.pid = pid
-        self.peer: Peer | None = None
+        self.peer: DirectCaller | None = None
         self.call: Call | None = None
         self.fds: list[int] = []
         # Messages the caller's socket had no room for; while any wait, the loop watches
@@ -60,7 +61,7 @@ class _Connection:
 
 class DirectRuns:
     """Serves run.sock on ``loop`` for ``router``; :meth:`deliver` is the router's send to
-    its connections' peers."""
+    its connections' callers."""
 
     def __init__(self, router: Router, listener: socket.socket, loop: asyncio.AbstractEventLoop, token: str) -> None:
         self.router = router
@@ -189,7 +190,7 @@ class DirectRuns:
             direct.close_all(fds)
             return self._refuse(conn, NO_LOCAL_EXECUTOR, fallback=True)
         name = wire.one_line(name, 80) if isinstance(name, str) and name.strip() else "sluice run"
-        peer = self.router.join_direct(conn.identity, name, conn.pid)
+        peer = self.router.join_direct(conn.identity, name, conn.pid, self.deliver)
         if isinstance(peer, str):
             direct.close_all(fds)
             return self._refuse(conn, peer)
@@ -208,7 +209,8 @@ class DirectRuns:
     # -- from the router ------------------------------------------------------------------
 
     def deliver(self, parts: list) -> None:
-        """The router's send to a direct caller: ``[identity, header, body?]``."""
+        """The router's send to a direct caller: ``[identity, header, body?]``; the exit and
+        started messages are its executor's, as it sent them."""
         conn = self.connections.get(parts[0])
         if conn is None or conn.closed:
             return
@@ -226,9 +228,8 @@ class DirectRuns:
             self._send(conn, {"notice": wire.decode(wire.NOTICE, parts[2]).message})
         elif kind == wire.STARTED:
             self._send(conn, {"started": wire.decode(wire.STARTED, parts[2]).pid, "sluice_version": SLUICE_VERSION})
-        elif kind == wire.PING and conn.peer is not None:
-            conn.peer.seen = self.router.tick  # alive while connected: nothing flows to ack
-            self._send(conn, {"ping": True})
+        elif kind == wire.PING:
+            self._send(conn, {"ping": True})  # the daemon is alive (the caller answers none)
         # ``out`` does not come (the command writes to its fds); nothing else is for a caller.
 
     # -- to the caller --------------------------------------------------------------------

@@ -223,19 +223,23 @@ class _NoGate:
 
 
 class Peer:
-    """A DEALER that said a good hello. ``calls`` holds the calls it is party to."""
+    """A DEALER that said a good hello (:meth:`from_hello`), or a :class:`DirectCaller`.
+    ``calls`` holds the calls it is party to."""
 
     __slots__ = ("identity", "role", "name", "pid", "peer_id", "slots", "calls", "seen", "gone", "handlers", "sessions",
                  "key", "connection", "stopped_since", "receipts", "overflow", "overflow_bytes", "overflow_exits",
-                 "holding")
+                 "holding", "deliver")
 
-    def __init__(self, identity: bytes, hello: wire.Hello, peer_id: str, tick: int, handlers: dict) -> None:
+    def __init__(self, identity: bytes, role: str, name: str, pid: int, peer_id: str, tick: int, handlers: dict,
+                 slots: int = 0) -> None:
         self.identity = identity
-        self.role = hello.role
-        self.name = hello.name or peer_id
-        self.pid = hello.pid
+        self.role = role
+        self.name = name or peer_id
+        self.pid = pid
         self.peer_id = peer_id
-        self.slots = hello.slots if hello.role == wire.ROLE_EXECUTOR else 0
+        self.slots = slots if role == wire.ROLE_EXECUTOR else 0
+        # Where what the router sends it goes; None: the router's transport (a socket).
+        self.deliver: Callable[[list], None] | None = None
         self.calls: dict[str, Call] = {}
         # Ids of the sessions a frontend is attached to.
         self.sessions: set[str] = set()
@@ -250,7 +254,7 @@ class Peer:
         # The tick since which it has been a stopped process (None: it is not).
         self.stopped_since: int | None = None
         # What it provably received of what we sent it (callers only: they ack output).
-        self.receipts = Receipts() if hello.role != wire.ROLE_EXECUTOR else None
+        self.receipts = Receipts() if role != wire.ROLE_EXECUTOR else None
         # Call traffic for it that its full queue refused, in order (each message with
         # whether it is an exit status), what that costs and of it the exit statuses;
         # whether its calls are on hold at their executors (it is behind, or has overflow).
@@ -258,12 +262,26 @@ class Peer:
         self.overflow_bytes = self.overflow_exits = 0
         self.holding = False
 
-    @property
-    def free(self) -> int:
-        return self.slots - len(self.calls)
+    @classmethod
+    def from_hello(cls, identity: bytes, hello: wire.Hello, peer_id: str, tick: int, handlers: dict) -> Peer:
+        return cls(identity, hello.role, hello.name, hello.pid, peer_id, tick, handlers, hello.slots)
 
     def __repr__(self) -> str:
         return f"<Peer {self.role} {self.name} pid={self.pid}>"
+
+
+class DirectCaller(Peer):
+    """A direct run's caller (:mod:`broker.daemon.direct`): a connection to run.sock that
+    run.sock's server checked (same user, the token), not a socket peer. It said no hello
+    and answers no ping: its connection's end is its end. What the router sends it goes to
+    ``deliver`` (the connection's), never through the router's transport."""
+
+    __slots__ = ()
+
+    def __init__(self, identity: bytes, name: str, pid: int, peer_id: str, tick: int, handlers: dict,
+                 deliver: Callable[[list], None]) -> None:
+        super().__init__(identity, wire.ROLE_FRONTEND, name, pid, peer_id, tick, handlers)
+        self.deliver = deliver
 
 
 class Call:
@@ -584,11 +602,11 @@ class Router:
         self._next_peer += 1
         peer_id = f"{hello.role}-{self._next_peer}"
         if hello.role == wire.ROLE_EXECUTOR:
-            peer = Peer(identity, hello, peer_id, self.tick, self._executor_handlers)
+            peer = Peer.from_hello(identity, hello, peer_id, self.tick, self._executor_handlers)
             self.executors[identity] = peer
         else:
             handlers = self._agent_handlers if hello.role == wire.ROLE_AGENT else self._frontend_handlers
-            peer = Peer(identity, hello, peer_id, self.tick, handlers)
+            peer = Peer.from_hello(identity, hello, peer_id, self.tick, handlers)
             self.callers[identity] = peer
         self.peers[identity] = peer
         peer.key = key
@@ -612,15 +630,15 @@ class Router:
         elif spawned:
             self.sessions.candidate = peer
 
-    def join_direct(self, identity: bytes, name: str, pid: int) -> Peer | str:
-        """A direct run's caller (:mod:`broker.daemon.direct`, which checked who it is) as a
-        frontend peer, or why it cannot be one. ``identity`` starts with :data:`DIRECT`."""
+    def join_direct(self, identity: bytes, name: str, pid: int, deliver: Callable[[list], None]) -> DirectCaller | str:
+        """A direct run's caller (:mod:`broker.daemon.direct`, which checked who it is), or
+        why it cannot join. ``identity`` starts with :data:`DIRECT` (no socket peer's)."""
         if len(self.peers) >= self.gate.max_peers:
             self._throttle("warning", "peer refused: too many peers", peers=len(self.peers), role="direct")
             return f"the sluice daemon has too many clients connected ({len(self.peers)}); try again when some have left"
         self._next_peer += 1
-        hello = wire.Hello(role=wire.ROLE_FRONTEND, token="", pid=pid, name=name)
-        peer = Peer(identity, hello, f"direct-{self._next_peer}", self.tick, self._frontend_handlers)
+        peer = DirectCaller(identity, name, pid, f"direct-{self._next_peer}", self.tick, self._frontend_handlers,
+                            deliver)
         self.peers[identity] = peer
         self.callers[identity] = peer
         log.info("peer joined", role=peer.role, name=peer.name, pid=pid, peer_id=peer.peer_id, direct=True)
@@ -861,6 +879,8 @@ class Router:
 
     def _ping(self, peer: Peer) -> None:
         """A ping; to a caller, a checkpoint of :class:`~broker.daemon.receipts.Receipts`."""
+        if isinstance(peer, DirectCaller):
+            peer.seen = self.tick  # it answers none: it is there while its connection is
         corr = peer.receipts.checkpoint() if peer.receipts is not None else ""
         self._send(peer, [peer.identity, wire.header(wire.PING, corr)])
 
@@ -1194,7 +1214,7 @@ class Router:
         if peer.gone:
             return False
         try:
-            self.transport(parts)
+            (peer.deliver or self.transport)(parts)
         except zmq.Again:
             # Its queue is full. The caller decides: call traffic waits in order (``keep``),
             # session events are replayed later, anything else is lost to that peer.

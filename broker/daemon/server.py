@@ -381,7 +381,7 @@ class _Daemon:
         direct = None
         if self.direct_listener is not None:
             direct = DirectRuns(router, self.direct_listener, loop, self.token)
-        router.transport = _transport(zsock.send, tsock.send if tsock else None, direct.deliver if direct else None)
+        router.transport = _transport(zsock.send, tsock.send if tsock else None)
         heartbeat = loop.create_task(self._heartbeat(router, gate, stop, [s for s in (zsock, tsock) if s is not None]))
         pool.start()
         log.info("daemon ready", endpoint=self.runtime.endpoint, listen=self.tcp_endpoint or None, pid=os.getpid(),
@@ -559,19 +559,16 @@ def _from_network(on_message):
     return on_remote
 
 
-def _transport(local_send, remote_send=None, direct_send=None):
-    """The router's one send: to the tcp socket for :data:`REMOTE` identities, to run.sock's
-    connections for :data:`DIRECT` ones, else ipc."""
-    if remote_send is None and direct_send is None:
+def _transport(local_send, remote_send=None):
+    """The router's send to socket peers: to the tcp socket for :data:`REMOTE` identities,
+    else ipc (a direct run's caller has its own, :class:`broker.daemon.router.DirectCaller`)."""
+    if remote_send is None:
         return local_send
-    remote, direct = REMOTE[0], DIRECT[0]
+    remote = REMOTE[0]
 
     def send(parts) -> None:
-        first = parts[0][0]
-        if first == remote and remote_send is not None:
+        if parts[0][0] == remote:
             remote_send([parts[0][1:], *parts[1:]])
-        elif first == direct and direct_send is not None:
-            direct_send(parts)
         else:
             local_send(parts)
 
