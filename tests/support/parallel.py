@@ -2,7 +2,7 @@
 no other test does.
 
 Such a test needs the machine to itself: it holds a latency to a bound of a second or so,
-measures what a process costs, or loads the machine on purpose. Every worker holds the
+or makes a load on purpose and holds it to a deadline. Every worker holds the
 run's lock shared while it runs a test (its set-up and tear-down included) and an
 ``alone`` test holds it exclusively: it waits for the tests in flight to end and the
 others wait for it. A gate in front of the lock lets a waiting ``alone`` test in first,
@@ -10,11 +10,11 @@ since tests that take the lock shared one after another could otherwise keep it 
 for good. ``alone`` tests are also run last (:func:`alone_last`), where they cost the
 other workers no waiting.
 
-Everything else the workers could share is made per process already: runtime dirs and
-sluice's home (tests/conftest.py), the processes a test looks for (markers made with the
-pid, or the descendants of its own daemon), the leftovers checked at the end (those of
-this worker's directories), the MCP servers' install (under a file lock,
-tests/support/mcp_servers.py).
+What else the workers could share is each one's own: runtime dirs and sluice's home
+(tests/conftest.py; short_tempdir's names are unique), the processes a test looks for
+(markers made unique, or the descendants of its own daemon), the leftovers checked at the
+session's end (those of this worker's directories), ports (the kernel's, port 0). The MCP
+servers' cache is shared and installed under a file lock (tests/support/mcp_servers.py).
 """
 
 from __future__ import annotations
