@@ -47,6 +47,9 @@ from tests.support.harness import (
 from tests.support.frontends import dmn, fe, work  # noqa: F401 (fixtures)
 from tests.support.sandbox_harness import as_user, nobody_env, open_tmp, outside, workdir  # noqa: F401 (fixtures)
 
+# Several workers (-n): the lock that gives ``alone`` tests the machine (tests/support/parallel.py).
+pytest_plugins = ("tests.support.parallel",)
+
 
 @pytest.fixture(scope="session", autouse=True)
 def _nothing_left_behind():

@@ -175,6 +175,7 @@ def _vanishing_frontend(dmn, session_id: str) -> None:
         sock.close(linger=0)
 
 
+@pytest.mark.alone
 def test_attach_detach_churn_and_vanished_frontends_leave_nothing_behind(dmn, server, frontends, tmp_path) -> None:
     owner_client = frontends("owner")
     owner = open_configured(owner_client, server, tmp_path)

@@ -244,6 +244,7 @@ def test_wait_timeout_leaves_the_call_running(client):
     assert client.wait(call, 10).aborted
 
 
+@pytest.mark.alone
 @pytest.mark.timeout(30)
 def test_signal_interrupts_a_wait_at_once(client):
     call = client.submit(["sleep", "30"])

@@ -569,6 +569,7 @@ def test_executor_cannot_touch_another_executors_calls(daemons, peer):
 # ---------------------------------------------------------- losing peers
 
 
+@pytest.mark.alone
 @pytest.mark.timeout(30)
 def test_executor_bye_fails_its_calls_and_others_take_over(daemons, peer):
     daemons()
@@ -703,6 +704,7 @@ def test_spawned_executors_serve_runs(daemons, peer, fake_executor):
     assert "--die-with-parent" in cmdline
 
 
+@pytest.mark.alone
 @pytest.mark.timeout(60)
 def test_killed_executor_fails_its_call_at_once_and_is_replaced(daemons, peer, fake_executor):
     d = daemons(1, fake=fake_executor)
@@ -775,6 +777,7 @@ def test_shutdown_stops_executors_and_forwards_their_last_exits(daemons, peer, f
     assert not any(psutil.pid_exists(p) for p in pids)
 
 
+@pytest.mark.alone
 @pytest.mark.timeout(60)
 def test_shutdown_kills_executors_that_ignore_sigterm(daemons, peer, fake_executor):
     d = daemons(1, fake=fake_executor, env={"FAKE_EXECUTOR_MODE": "stubborn"})
@@ -823,6 +826,7 @@ def test_real_executor_runs_a_command(daemons, peer):
     assert status.exit_code == 0 and b"sluice-ok" in out
 
 
+@pytest.mark.alone
 @pytest.mark.timeout(60)
 def test_real_executor_killed_mid_command_fails_the_call_within_a_second(daemons, peer):
     d = daemons(1)

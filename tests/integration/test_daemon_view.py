@@ -245,6 +245,7 @@ def test_logs_without_a_daemon_log_is_one_line(sluice, runtime_dir) -> None:
 # -- no executor, too many, nothing listening -----------------------------------------------------
 
 
+@pytest.mark.alone
 @pytest.mark.timeout(60)
 def test_a_run_without_executors_says_it_waits_and_then_fails(daemon_factory, sluice) -> None:
     daemon = daemon_factory.start(executors=0, args=["--executor-wait", "3"])
@@ -308,6 +309,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.alone
 @pytest.mark.timeout(60)
 def test_connect_where_nothing_listens_fails_in_a_second_or_two(sluice, tmp_path) -> None:
     env = subprocess_env()

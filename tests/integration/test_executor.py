@@ -302,6 +302,7 @@ def test_stdout_and_stderr_are_separate(joined):
     assert {s for _, s, _ in r.chunks} == {wire.STDOUT, wire.STDERR}
 
 
+@pytest.mark.alone
 @pytest.mark.timeout(30)
 def test_first_chunk_arrives_before_a_slow_command_exits(joined):
     t0 = time.monotonic()
@@ -377,6 +378,7 @@ def test_timeout_reports_124_and_kills_the_tree(joined):
     assert survivors(mark) == []
 
 
+@pytest.mark.alone
 @pytest.mark.timeout(30)
 def test_cancel_aborts_and_nothing_survives(joined):
     mark = marker()

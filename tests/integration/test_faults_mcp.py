@@ -11,6 +11,7 @@ within a bound relative to its own latency measured in the same run.
 
 from __future__ import annotations
 
+import os
 import statistics
 import subprocess
 import time
@@ -29,7 +30,9 @@ from tests.support.mcp_servers import CHATTY, ENDLESS, JUNK, MUTE, NOTIFICATION_
 
 pytestmark = pytest.mark.timeout(120)
 
-MARKER = "sluice-faults-mcp-marker"
+# On the servers' command lines, so that they can be found: this process's alone (the
+# workers of a parallel run each have their own).
+MARKER = f"sluice-faults-mcp-marker-{os.getpid()}"
 
 
 @pytest.fixture(scope="module")

@@ -24,7 +24,9 @@ def _run(dmn, script: str, **kw):
 
 
 def _daemon_pids(dmn) -> list[int]:
-    return [dmn.pid] + [p.pid for p in dmn.descendants() if "executor" in " ".join(p.cmdline())]
+    # The daemon and its executors: not the processes an executor forks for a while (its
+    # spawn helpers), which may be gone by the time they are looked for.
+    return [dmn.pid, *dmn.executor_pids()]
 
 
 def test_runtime_dir_is_unreachable(dmn):

@@ -12,6 +12,7 @@ source given in ``-c`` (a test checkout may live where the sandbox does not show
 from __future__ import annotations
 
 import json
+import os
 import random
 import signal
 import subprocess
@@ -29,7 +30,9 @@ from tests.support.harness import SANDBOX_PYTHON, daemons, reap, wait_for
 pytestmark = pytest.mark.timeout(90)
 
 SOURCE = (Path(__file__).resolve().parents[1] / "support" / "fake_mcp_server.py").read_text()
-MARKER = "sluice-fake-mcp-marker"
+# On the servers' command lines, so that they can be found: this process's alone (the
+# workers of a parallel run each have their own).
+MARKER = f"sluice-fake-mcp-marker-{os.getpid()}"
 
 
 def server_table(name: str = "fake", command: str = SANDBOX_PYTHON, **extra: str) -> str:

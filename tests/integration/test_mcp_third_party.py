@@ -6,6 +6,7 @@ the sandbox cannot see it (a cache under a ``HOME`` in /tmp); CI installs both."
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import time
@@ -101,7 +102,7 @@ def test_server_everything_a_timeout_a_kill_and_the_restart(dmn, server, work, t
         for line in proc.stdout:  # the call is on its way once its begin event is out
             if b"mcp_tool_call_begin" in line:
                 break
-        for victim in _servers(everything):  # the fault: the server dies under the call
+        for victim in _servers(dmn, everything):  # the fault: the server dies under the call
             victim.kill()
         out, err = proc.communicate(timeout=120)
     finally:
@@ -110,7 +111,7 @@ def test_server_everything_a_timeout_a_kill_and_the_restart(dmn, server, work, t
     killed = outputs_of(server.requests[1]["json"])["k1"]
     assert 'err: "tool call error: MCP server everything' in killed and "signal 9" in killed, killed
     assert "restarted" in outputs_of(server.requests[2]["json"])["k2"]
-    wait_for(lambda: not _servers(everything), timeout=20, what="the servers to be stopped")
+    wait_for(lambda: not _servers(dmn, everything), timeout=20, what="the servers to be stopped")
 
 
 def test_mcp_server_time(dmn, server, work, tmp_path):
@@ -134,9 +135,12 @@ def test_mcp_server_time(dmn, server, work, tmp_path):
     assert "+09:00" in text and "Asia/Tokyo" in text
 
 
-def _servers(entry: str) -> list[psutil.Process]:
+def _servers(dmn, entry: str) -> list[psutil.Process]:
+    """The servers running ``entry`` for ``dmn``: its descendants alone (a parallel run's other
+    workers run the same cached server for their own daemons)."""
     found = []
-    for p in psutil.process_iter(["cmdline"]):
-        if entry in (p.info["cmdline"] or []):
-            found.append(p)
+    for p in dmn.descendants():
+        with contextlib.suppress(psutil.Error):
+            if entry in p.cmdline() and p.status() != psutil.STATUS_ZOMBIE:
+                found.append(p)
     return found

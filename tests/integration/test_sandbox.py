@@ -356,6 +356,7 @@ def test_command_not_found_is_reported(workdir):
     assert "Traceback" not in r.stderr
 
 
+@pytest.mark.alone
 def test_background_processes_die_with_the_command(workdir):
     marker = "313.%d" % (time.monotonic_ns() % 100000)
     r = sandbox(f"sleep {marker} & setsid sleep {marker} & (sleep {marker} &) ; echo started", cwd=workdir)

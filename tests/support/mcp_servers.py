@@ -9,6 +9,8 @@ baseline of the benchmark; and small servers that misbehave (:data:`JUNK`, :data
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import fcntl
 import json
 import os
 import shutil
@@ -33,16 +35,27 @@ def everything_entry() -> tuple[str | None, str]:
         return None, "node and npm are not installed (.ci/run installs them)"
     prefix = CACHE / "npm"
     entry = prefix / "node_modules" / "@modelcontextprotocol" / "server-everything" / "dist" / "index.js"
-    if not entry.exists():
-        prefix.mkdir(parents=True, exist_ok=True)
-        try:
-            r = subprocess.run([npm, "install", "--silent", "--no-audit", "--no-fund", "--prefix", str(prefix), EVERYTHING],
-                               capture_output=True, text=True, timeout=300)
-        except subprocess.TimeoutExpired:
-            return None, f"npm install {EVERYTHING} took over 300 s (registry unreachable?)"
-        if r.returncode != 0 or not entry.exists():
-            return None, f"npm install {EVERYTHING} failed (registry unreachable?): {r.stderr.strip()[-300:]}"
+    with _installing():
+        if not entry.exists():
+            prefix.mkdir(parents=True, exist_ok=True)
+            try:
+                r = subprocess.run([npm, "install", "--silent", "--no-audit", "--no-fund", "--prefix", str(prefix),
+                                    EVERYTHING], capture_output=True, text=True, timeout=300)
+            except subprocess.TimeoutExpired:
+                return None, f"npm install {EVERYTHING} took over 300 s (registry unreachable?)"
+            if r.returncode != 0 or not entry.exists():
+                return None, f"npm install {EVERYTHING} failed (registry unreachable?): {r.stderr.strip()[-300:]}"
     return str(entry), ""
+
+
+@contextlib.contextmanager
+def _installing():
+    """Held while a server is looked for and installed into the cache, which the workers of
+    a parallel run (``-n``) share: one installs, the others wait and then find it there."""
+    CACHE.mkdir(parents=True, exist_ok=True)
+    with open(CACHE / ".install.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file is closed
+        yield
 
 
 def unseen_in_sandbox(paths: list[str]) -> str:
@@ -74,16 +87,17 @@ def time_server() -> tuple[tuple[str, list[str], dict[str, str]] | None, str]:
     virtual environment is made from: a command in the sandbox may not see the test's own
     environment (a checkout under /tmp is not visible under workspace-write)."""
     target = CACHE / "python" / f"py{sys.version_info[0]}{sys.version_info[1]}"
-    if not (target / "mcp_server_time").is_dir():
-        target.mkdir(parents=True, exist_ok=True)
-        try:
-            r = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check",
-                                "--target", str(target), "mcp-server-time"],
-                               capture_output=True, text=True, timeout=300)
-        except subprocess.TimeoutExpired:
-            return None, "pip install mcp-server-time took over 300 s (registry unreachable?)"
-        if r.returncode != 0 or not (target / "mcp_server_time").is_dir():
-            return None, f"pip install mcp-server-time failed (registry unreachable?): {r.stderr.strip()[-300:]}"
+    with _installing():
+        if not (target / "mcp_server_time").is_dir():
+            target.mkdir(parents=True, exist_ok=True)
+            try:
+                r = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check",
+                                    "--target", str(target), "mcp-server-time"],
+                                   capture_output=True, text=True, timeout=300)
+            except subprocess.TimeoutExpired:
+                return None, "pip install mcp-server-time took over 300 s (registry unreachable?)"
+            if r.returncode != 0 or not (target / "mcp_server_time").is_dir():
+                return None, f"pip install mcp-server-time failed (registry unreachable?): {r.stderr.strip()[-300:]}"
     python = os.path.realpath(sys.executable)
     return (python, ["-m", "mcp_server_time", "--local-timezone", "Etc/UTC"], {"PYTHONPATH": str(target)}), ""
 
