@@ -30,6 +30,16 @@ from tests.support.harness import live_processes
 pytestmark = pytest.mark.timeout(90)
 
 
+async def _eventually(check, timeout: float = 10.0) -> bool:
+    """Whether ``check()`` holds within ``timeout`` seconds (polled every 10 ms)."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not check():
+        if asyncio.get_running_loop().time() > deadline:
+            return False
+        await asyncio.sleep(0.01)
+    return True
+
+
 def test_session_over_the_daemon(daemon_factory, tmp_path) -> None:
     handle = daemon_factory.start(executors=1)
     sleeper = ["sleep", f"{random.randint(1000, 9999)}.{random.randint(100, 999)}"]
@@ -78,17 +88,14 @@ def test_session_over_the_daemon(daemon_factory, tmp_path) -> None:
 
                 sub_id = await h.say("wait a while")
                 await h.until(lambda e: e.id == sub_id and tag(e) == "exec_command_output_delta", timeout=30)
-                assert live_processes(sleeper)
+                # "go" is out before bash has exec'd the sleep: wait for it to be there.
+                assert await _eventually(lambda: live_processes(sleeper)), "the command's sleep never started"
                 await h.submit(Interrupt())
                 assert h.tags(sub_id, deltas=False)[-3:] == ["exec_command_end", "error", "turn_aborted"]
                 # What it printed before the interrupt, not empty strings.
                 end = h.of("exec_command_end", sub_id)[-1]
                 assert (end.exit_code, end.stdout, end.aggregated_output) == (130, "go\n", "go\n")
-                for _ in range(1000):
-                    if not live_processes(sleeper):
-                        break
-                    await asyncio.sleep(0.01)
-                assert not live_processes(sleeper), "the interrupted command's tree survived"
+                assert await _eventually(lambda: not live_processes(sleeper)), "the interrupted command's tree survived"
 
                 sub_id = await h.say("print a lot")
                 assert (await h.done(sub_id, timeout=30)).msg.last_agent_message == "Big."
