@@ -32,6 +32,7 @@ import ray  # noqa: E402
 import broker.ray as sluice_ray  # noqa: E402
 from broker.client import Client, DaemonError  # noqa: E402
 from broker.ray.names import NAMESPACE, executor_name  # noqa: E402
+from tests.support import harness  # noqa: E402
 from tests.support.harness import ROOT  # noqa: E402
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(240)]
@@ -59,14 +60,8 @@ def sluice(*args: str, timeout: float = 180.0) -> subprocess.CompletedProcess:
 
 
 def wait_for(check, timeout: float, what: str, interval: float = 0.2):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout:g} s: {what}")
-        time.sleep(interval)
+    """The harness's wait, polling less often: a status goes through the Ray actor."""
+    return harness.wait_for(check, timeout, what, interval)
 
 
 def joined(status: dict) -> dict[str, dict]:
