@@ -34,7 +34,6 @@ from __future__ import annotations
 import datetime
 import os
 import select
-import signal
 import time
 from typing import TYPE_CHECKING
 
@@ -239,7 +238,7 @@ def attach_main(args) -> int:
             render = HumanRenderer({"cwd": info.cwd}, label="configured", me=client.peer_id)
         elif isinstance(render, CodexJsonRenderer):
             render.thread(info.id)  # the replay starts with the current turn
-        with client.catch_signals((signal.SIGINT, signal.SIGTERM, signal.SIGHUP)):
+        with client.catch_signals():
             try:
                 session = client.attach(info.id, since=args.since)
             except SessionError as e:

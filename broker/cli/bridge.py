@@ -5,7 +5,6 @@ session is idle. It follows the session with the session loop (:mod:`broker.cli.
 
 from __future__ import annotations
 
-import signal
 
 from broker.cli.attach import NoSuchSession, connect, daemon_gone, detach, no_session, resolve_session
 from broker.cli.base import CliExit, print_error
@@ -49,7 +48,7 @@ def bridge_main(args) -> int:
                 if opened is None:
                     return EXIT_OK  # stdin ended before any session was asked for
                 session, configured = opened
-            with client.catch_signals((signal.SIGINT, signal.SIGTERM, signal.SIGHUP)):
+            with client.catch_signals():
                 loop = SessionLoop(client, session, render, input_mode=INPUT_JSON, until_idle=True,
                                         turn_status=False, ctrl_c_interrupts=False, bad_input_events=True,
                                         reader=reader)

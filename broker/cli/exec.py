@@ -51,7 +51,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import sys
 
 import broker.client as C
@@ -273,7 +272,7 @@ class _Exec:
         else:
             client = connect_client(self.args, name="sluice exec")
         self.render.me = client.peer_id
-        with client, client.catch_signals((signal.SIGINT, signal.SIGTERM, signal.SIGHUP)):
+        with client, client.catch_signals():
             try:
                 return self._run(client, prompt)
             except (C.DaemonError, C.SessionError) as e:

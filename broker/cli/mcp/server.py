@@ -8,7 +8,6 @@ import json
 import os
 import secrets
 import select
-import signal
 import threading
 import time
 
@@ -32,6 +31,7 @@ from broker.cli.mcp.tools import (
     tool_result,
     tools_for,
 )
+from broker.net.signals import caught_signals
 from broker.wire.mcp import (
     INTERNAL_ERROR,
     INVALID_PARAMS,
@@ -148,16 +148,10 @@ class Server:
         def on_signal(signum, frame):
             self.stop_signal = signum
 
-        old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
-        old_wakeup = signal.set_wakeup_fd(self.wake_w, warn_on_full_buffer=False)
-        try:
+        with caught_signals(on_signal, wake_w=self.wake_w):
             while not self.eof and self.stop_signal is None:
                 self.step(self.timeout())
             self.shutdown()
-        finally:
-            signal.set_wakeup_fd(old_wakeup)
-            for s, h in old.items():
-                signal.signal(s, h)
         return EXIT_OK
 
     def step(self, timeout: float | None) -> None:
