@@ -17,7 +17,7 @@ import psutil
 import pytest
 
 from broker.client import UsageError
-from tests.support.harness import reap, wait_for
+from tests.support.harness import SANDBOX_PYTHON, reap, wait_for
 from tests.support.terminal import OnTerminal
 
 pytestmark = pytest.mark.timeout(90)
@@ -58,7 +58,7 @@ class _Cli:
 
 
 def test_keys_window_changes_and_ctrl_c_reach_the_program(cli):
-    with cli.terminal("-t", "--", "python3", "-c", PROBE, rows=30, cols=100) as term:
+    with cli.terminal("-t", "--", SANDBOX_PYTHON, "-c", PROBE, rows=30, cols=100) as term:
         term.expect(b"size os.terminal_size(columns=100, lines=30) True True True")
         assert term.is_raw()
         term.type(b"hello\r")  # Enter is a carriage return on a terminal
@@ -89,7 +89,7 @@ os.kill(os.getpid(), signal.SIGKILL)
 
 
 def test_the_terminal_is_restored_when_the_program_is_killed(cli):
-    with cli.terminal("-t", "--", "python3", "-c", KILLABLE) as term:
+    with cli.terminal("-t", "--", SANDBOX_PYTHON, "-c", KILLABLE) as term:
         term.expect(b"ready")
         assert term.is_raw() and term.attrs() != term.initial_attrs
         term.type(b"\r")
@@ -99,7 +99,7 @@ def test_the_terminal_is_restored_when_the_program_is_killed(cli):
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
 def test_the_terminal_is_restored_when_sluice_is_told_to_stop(cli, signum):
-    with cli.terminal("-t", "--", "python3", "-c", PROBE) as term:
+    with cli.terminal("-t", "--", SANDBOX_PYTHON, "-c", PROBE) as term:
         term.expect(b"size")
         assert term.is_raw()
         term.signal(signum)
@@ -110,7 +110,7 @@ def test_the_terminal_is_restored_when_sluice_is_told_to_stop(cli, signum):
 def test_the_terminal_is_restored_when_the_daemon_goes_away(daemon_factory, sluice, tmp_path):
     d = daemon_factory.start(executors=1)
     env = dict(d.env_for_children(), TERM="xterm")
-    with OnTerminal([*sluice, "run", "--cwd", str(tmp_path), "-t", "--", "python3", "-c", PROBE],
+    with OnTerminal([*sluice, "run", "--cwd", str(tmp_path), "-t", "--", SANDBOX_PYTHON, "-c", PROBE],
                     env=env, cwd=str(tmp_path)) as term:
         term.expect(b"size")
         assert term.is_raw()
@@ -156,7 +156,7 @@ except KeyboardInterrupt:
 
 def test_i_passes_ctrl_c_to_the_command_as_docker_does(cli):
     """Ctrl-C on our terminal is SIGINT for sluice; with -i the command gets it and decides."""
-    with cli.terminal("-i", "--", "python3", "-c", CATCHES_CTRL_C) as term:
+    with cli.terminal("-i", "--", SANDBOX_PYTHON, "-c", CATCHES_CTRL_C) as term:
         term.expect(b"ready")
         term.type(b"\x03")
         term.expect(b"caught KeyboardInterrupt")
@@ -186,7 +186,7 @@ for line in sys.stdin:
 
 
 def test_t_tilde_dot_after_enter_ends_a_command_that_ignores_every_key(cli):
-    with cli.terminal("-t", "--", "python3", "-c", IGNORES_EVERYTHING) as term:
+    with cli.terminal("-t", "--", SANDBOX_PYTHON, "-c", IGNORES_EVERYTHING) as term:
         at = term.expect(b"ready")
         term.type(b"\x03\x1c")  # Ctrl-C, Ctrl-\: ignored by the program
         term.type(b"a~b\r")  # a ~ inside a line is the program's
@@ -203,7 +203,7 @@ def test_t_tilde_dot_after_enter_ends_a_command_that_ignores_every_key(cli):
 
 
 def test_t_escape_char_none_gives_every_key_to_the_command(cli):
-    with cli.terminal("-t", "--escape-char", "none", "--", "python3", "-c", IGNORES_EVERYTHING) as term:
+    with cli.terminal("-t", "--escape-char", "none", "--", SANDBOX_PYTHON, "-c", IGNORES_EVERYTHING) as term:
         at = term.expect(b"ready")
         term.type(b"~.\r")
         at = term.expect(b"read ~.", since=at)
@@ -252,7 +252,7 @@ def test_the_client_library_runs_a_command_on_a_terminal(module_daemon, tmp_path
     assert client.wait(call, timeout=20).exit_code == 0
 
     output.clear()
-    call = client.submit(["python3", "-c", PROBE], cwd=str(tmp_path), tty=(30, 100), stdin=True, interactive=True,
+    call = client.submit([SANDBOX_PYTHON, "-c", PROBE], cwd=str(tmp_path), tty=(30, 100), stdin=True, interactive=True,
                          on_output=lambda call, stream, chunk: output.extend(chunk))
     until(b"size os.terminal_size(columns=100, lines=30) True True True")
     type_(b"typed\r")
@@ -271,7 +271,7 @@ def test_the_client_library_runs_a_command_on_a_terminal(module_daemon, tmp_path
 def test_raw_mode_comes_back_after_sluice_is_stopped_and_continued(cli):
     """A shell gives the terminal its own modes while a job is stopped; on SIGCONT sluice
     makes it raw again (and the window size is sent again)."""
-    with cli.terminal("-t", "--", "python3", "-c", PROBE) as term:
+    with cli.terminal("-t", "--", SANDBOX_PYTHON, "-c", PROBE) as term:
         term.expect(b"size")
         assert term.is_raw()
         term.signal(signal.SIGSTOP)
