@@ -9,8 +9,9 @@ keeps the count down instead:
 - It follows every connection from the sockets' monitors (``ACCEPTED`` and
   ``DISCONNECTED`` carry the descriptor), and learns from each peer's hello which of
   them are peers (the descriptor a message came on, ``ZMQ_SRCFD``).
-- A *stranger* (a connection that has not said a good hello) is cut after
-  :data:`STRANGER_S` seconds; every client says hello as soon as it connects. While
+- A *stranger* (a connection that has not said a good hello, or whose peer the router
+  has since dropped) is cut after :data:`STRANGER_S` seconds; every client says hello as
+  soon as it connects. While
   the daemon holds more than :attr:`max_connections` connections, strangers are cut at
   once, oldest first. Cutting is ``shutdown(2)`` on the descriptor, after checking it is
   still the socket that was accepted (same inode): libzmq then closes it itself.
@@ -148,8 +149,16 @@ class ConnectionGate:
         return inode
 
     def peer_left(self, inode: int | None) -> None:
-        if inode is not None:
-            self.peer_inodes.pop(inode, None)
+        """The peer on ``inode`` is gone from the router (it said bye, or was given up):
+        its connection, if still open, is a stranger from now on, with a stranger's whole
+        time to say hello again (a resumed executor is told "send hello first" on it; cut
+        at once, it could lose that answer and wait out its patience instead)."""
+        if inode is None:
+            return
+        fd = self.peer_inodes.pop(inode, None)
+        known = self.connections.get(fd) if fd is not None else None
+        if known is not None and known[0] == inode:
+            known[1] = self._clock()
 
     def stopped(self, inode: int | None) -> bool:
         """True when the peer with ``inode`` is a local process that is stopped (Ctrl-Z,

@@ -73,6 +73,22 @@ def test_strangers_are_cut_after_their_time_and_peers_never(socketpairs):
     assert gate.cut == 4 and len(gate.connections) == 2
 
 
+def test_a_peer_that_left_gets_a_strangers_whole_time_to_say_hello_again(socketpairs):
+    clock = Clock()
+    gate = ConnectionGate(4096, stranger_s=10, clock=clock)
+    (ours, theirs), = socketpairs(1)
+    gate.accepted(ours.fileno())
+    inode = gate.peer_joined(Frame(ours.fileno()))
+    clock.now += 60  # a peer for a minute, then given up (silent) by the router
+    gate.peer_left(inode)
+    clock.now += 9
+    gate.sweep()
+    assert not _was_cut(theirs)  # the router's "send hello first" on it can still be read
+    clock.now += 2
+    gate.sweep()
+    assert _was_cut(theirs) and gate.cut == 1
+
+
 def test_over_the_limit_the_oldest_strangers_go_first(socketpairs):
     clock = Clock()
     gate = ConnectionGate(64, clock=clock)  # the floor: 16 connections
