@@ -26,12 +26,17 @@ pytestmark = pytest.mark.timeout(60)
 PYTHON = SANDBOX_PYTHON
 ENV = {"PATH": "/usr/bin:/bin", "TERM": "xterm"}
 
+# It waits in short sleeps: a signal that lands after Python's last check for one and before
+# a long sleep has begun runs its handler only when that sleep ends (seen as a lost SIGWINCH).
 PROBE = """
 import os, signal, sys, time
+def pause():
+    for _ in range(600):
+        time.sleep(0.05)
 signal.signal(signal.SIGWINCH, lambda *_: os.write(1, f"winch {os.get_terminal_size()}\\n".encode()))
 try:
     print("tty", os.isatty(0), os.isatty(1), os.isatty(2), os.get_terminal_size(), os.tcgetpgrp(0) == os.getpgrp(), flush=True)
-    time.sleep(30)
+    pause()
 except KeyboardInterrupt:
     print("interrupted", flush=True)
 """
@@ -98,7 +103,7 @@ def _type(client, call, data: bytes) -> None:
 def test_a_command_run_with_a_terminal_through_the_daemon(daemon, tmp_path):
     client = daemon.client()
     output = bytearray()
-    probe = PROBE.replace("    time.sleep(30)", "    print('read', input(), flush=True)\n    time.sleep(30)")
+    probe = PROBE.replace("    pause()", "    print('read', input(), flush=True)\n    pause()")
     call = client.submit_request(_tty_request([PYTHON, "-c", probe], tmp_path, 30, 100),
                                  on_output=lambda call, stream, chunk: output.extend(chunk))
     _until(client, call, output, b"tty True True True os.terminal_size(columns=100, lines=30) True")
