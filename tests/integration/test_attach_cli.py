@@ -143,7 +143,8 @@ def test_attach_by_prefix_and_unknown_or_ambiguous_prefixes(dmn, fe, server, wor
     client = dmn.client()
     by_first: dict[str, str] = {}
     while True:  # at most 17 sessions until two share a first digit
-        session_id = client.open_session(configure_op(server, work)).id
+        # Configured (its model known) before it is attached to and its header read.
+        session_id = open_session(client, server, work).id
         if session_id[0] in by_first:
             break
         by_first[session_id[0]] = session_id
