@@ -7,8 +7,16 @@ run's lock shared while it runs a test (its set-up and tear-down included) and a
 ``alone`` test holds it exclusively: it waits for the tests in flight to end and the
 others wait for it. A gate in front of the lock lets a waiting ``alone`` test in first,
 since tests that take the lock shared one after another could otherwise keep it out
-for good. ``alone`` tests are also run last (:func:`alone_last`), where they cost the
+for good. ``alone`` tests are also run last (:func:`in_running_order`), where they cost the
 other workers no waiting.
+
+Which worker runs what: the suite runs with ``--dist loadgroup`` (pyproject.toml's addopts),
+where a worker is handed one test at a time as it runs low, so that none is left with a long
+run of slow tests while the others idle (xdist's default, ``load``, hands out runs of
+consecutive tests: one worker was still busy 190 s after the other three had finished). A
+module whose tests share something that must exist once (the Ray tests' simulated cluster)
+marks them ``xdist_group``: they go to one worker, in file order, and go first, since they
+are the longest chain of tests that cannot be spread.
 
 What else the workers could share is each one's own: runtime dirs and sluice's home
 (tests/conftest.py; short_tempdir's names are unique), the processes a test looks for
@@ -66,9 +74,15 @@ def is_alone(item: pytest.Item) -> bool:
     return item.get_closest_marker(MARKER) is not None
 
 
-def alone_last(items: list[pytest.Item]) -> None:
-    """Moves the ``alone`` tests to the end, in their order (every worker collects the same)."""
-    items[:] = [i for i in items if not is_alone(i)] + [i for i in items if is_alone(i)]
+def in_group(item: pytest.Item) -> bool:
+    return item.get_closest_marker("xdist_group") is not None
+
+
+def in_running_order(items: list[pytest.Item]) -> None:
+    """Grouped tests first, ``alone`` tests last, each in their order (every worker
+    collects the same, so every worker sorts the same)."""
+    rank = {id(i): 0 if in_group(i) else 2 if is_alone(i) else 1 for i in items}
+    items.sort(key=lambda i: rank[id(i)])  # stable: the order within each rank is kept
 
 
 # -- the hooks (a plugin of tests/conftest.py) ---------------------------------------------
@@ -101,7 +115,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if _LOCK in config.stash:
-        alone_last(items)
+        in_running_order(items)
 
 
 # First, so that the wait for the lock is outside the test's timeout (pytest-timeout's
