@@ -35,8 +35,7 @@ from broker.ray.names import NAMESPACE, executor_name  # noqa: E402
 from tests.support import harness  # noqa: E402
 from tests.support.harness import ROOT  # noqa: E402
 
-# One worker runs them all (-n): they share the module's cluster (tests/support/parallel.py).
-pytestmark = [pytest.mark.ray, pytest.mark.xdist_group("ray"), pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.ray, pytest.mark.timeout(240)]
 
 SLOTS_PER_NODE = 2  # --slots-per-cpu 2, one CPU a node
 

@@ -10,13 +10,15 @@ since tests that take the lock shared one after another could otherwise keep it 
 for good. ``alone`` tests are also run last (:func:`in_running_order`), where they cost the
 other workers no waiting.
 
-Which worker runs what: the suite runs with ``--dist loadgroup`` (pyproject.toml's addopts),
-where a worker is handed one test at a time as it runs low, so that none is left with a long
-run of slow tests while the others idle (xdist's default, ``load``, hands out runs of
-consecutive tests: one worker was still busy 190 s after the other three had finished). A
-module whose tests share something that must exist once (the Ray tests' simulated cluster)
-marks them ``xdist_group``: they go to one worker, in file order, and go first, since they
-are the longest chain of tests that cannot be spread.
+Which worker runs what (:class:`ModuleScheduling`, asked for by ``--dist loadscope
+--no-loadscope-reorder`` in pyproject.toml's addopts): a worker that runs low is handed the
+next module whole, in the order collected, and an ``alone`` test as a unit of its own. A
+module's tests on one worker set up its module fixtures (a shared daemon) once, where
+handing out single tests set them up on every worker (a balanced run that way used 45%
+more worker time and ended no sooner); xdist's default, ``load``, hands out long runs of
+consecutive tests that no other worker can take back (one worker was still busy 190 s
+after the other three had finished). The Ray tests go first: one simulated cluster serves
+their module, which is the longest chain of tests in the suite.
 
 What else the workers could share is each one's own: runtime dirs and sluice's home
 (tests/conftest.py; short_tempdir's names are unique), the processes a test looks for
@@ -29,14 +31,17 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import os
 import shutil
 import tempfile
 
 import pytest
+from xdist.scheduler import LoadScopeScheduling
 
 MARKER = "alone"
 WORKER_INPUT_KEY = "sluice_lock_dir"
+ALONE_FILE = "alone.json"
 
 
 class MachineLock:
@@ -74,15 +79,35 @@ def is_alone(item: pytest.Item) -> bool:
     return item.get_closest_marker(MARKER) is not None
 
 
-def in_group(item: pytest.Item) -> bool:
-    return item.get_closest_marker("xdist_group") is not None
+def goes_first(item: pytest.Item) -> bool:
+    return item.get_closest_marker("ray") is not None
 
 
 def in_running_order(items: list[pytest.Item]) -> None:
-    """Grouped tests first, ``alone`` tests last, each in their order (every worker
+    """The Ray tests first, ``alone`` tests last, each in their order (every worker
     collects the same, so every worker sorts the same)."""
-    rank = {id(i): 0 if in_group(i) else 2 if is_alone(i) else 1 for i in items}
+    rank = {id(i): 0 if goes_first(i) else 2 if is_alone(i) else 1 for i in items}
     items.sort(key=lambda i: rank[id(i)])  # stable: the order within each rank is kept
+
+
+class ModuleScheduling(LoadScopeScheduling):
+    """xdist's scheduling by scope, where a scope is a module, or an ``alone`` test by
+    itself. The controller collects nothing; the workers name the ``alone`` tests in the
+    run's lock directory before they report their collection (:func:`pytest_collection_modifyitems`)."""
+
+    def __init__(self, config: pytest.Config, log=None, *, alone_file: str) -> None:
+        super().__init__(config, log)
+        self._alone_file = alone_file
+        self._alone: frozenset[str] | None = None
+
+    def _split_scope(self, nodeid: str) -> str:
+        if self._alone is None:
+            try:
+                with open(self._alone_file) as f:
+                    self._alone = frozenset(json.load(f))
+            except FileNotFoundError:
+                self._alone = frozenset()
+        return nodeid if nodeid in self._alone else nodeid.split("::", 1)[0]
 
 
 # -- the hooks (a plugin of tests/conftest.py) ---------------------------------------------
@@ -113,9 +138,22 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         shutil.rmtree(config.stash[_LOCK_DIR], ignore_errors=True)
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    if config.getoption("dist") == "loadscope" and _LOCK_DIR in config.stash:
+        return ModuleScheduling(config, log, alone_file=os.path.join(config.stash[_LOCK_DIR], ALONE_FILE))
+    return None
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if _LOCK in config.stash:
+    lock_dir = getattr(config, "workerinput", {}).get(WORKER_INPUT_KEY)
+    if lock_dir:
         in_running_order(items)
+        # Every worker writes the same list; each replaces the file whole.
+        path = os.path.join(lock_dir, ALONE_FILE)
+        with open(f"{path}.{os.getpid()}", "w") as f:
+            json.dump([i.nodeid for i in items if is_alone(i)], f)
+        os.replace(f"{path}.{os.getpid()}", path)
 
 
 # First, so that the wait for the lock is outside the test's timeout (pytest-timeout's

@@ -10,9 +10,12 @@ from broker.cli.main import main
 
 @pytest.fixture
 def no_ray(monkeypatch):
-    """This process as if the ray extra were not installed."""
+    """This process as if the ray extra were not installed (even where an earlier test of
+    this worker has used it: the package goes too, or ``from broker.ray import cluster``
+    would find the module it imported then as the package's attribute)."""
     monkeypatch.setitem(sys.modules, "ray", None)
-    for name in [m for m in sys.modules if m.startswith("broker.ray.") and m != "broker.ray.scaling"]:
+    gone = [m for m in sys.modules if (m == "broker.ray" or m.startswith("broker.ray.")) and m != "broker.ray.scaling"]
+    for name in gone:
         monkeypatch.delitem(sys.modules, name)
 
 

@@ -1,11 +1,13 @@
-"""The order the workers of a parallel run take the tests in (tests/support/parallel.py):
-grouped tests first, ``alone`` tests last, each kept in its order."""
+"""How a parallel run hands out the tests (tests/support/parallel.py): the order the
+workers take them in, and which tests go to a worker together."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
-from tests.support.parallel import in_running_order
+from tests.support.parallel import ModuleScheduling, in_running_order
 
 
 class _Item:
@@ -17,9 +19,9 @@ class _Item:
         return self._marks.get(name)
 
 
-def test_groups_first_alone_last_each_in_its_order() -> None:
-    items = [_Item("a"), _Item("b", "alone"), _Item("c", "xdist_group"), _Item("d"),
-             _Item("e", "alone"), _Item("f", "xdist_group"), _Item("g")]
+def test_ray_first_alone_last_each_in_its_order() -> None:
+    items = [_Item("a"), _Item("b", "alone"), _Item("c", "ray"), _Item("d"),
+             _Item("e", "alone"), _Item("f", "ray"), _Item("g")]
     in_running_order(items)
     assert [i.name for i in items] == ["c", "f", "a", "d", "g", "b", "e"]
 
@@ -28,3 +30,22 @@ def test_nothing_marked_keeps_the_order() -> None:
     items = [_Item(n) for n in "zyx"]
     in_running_order(items)
     assert [i.name for i in items] == ["z", "y", "x"]
+
+
+def _scheduling(alone_file) -> ModuleScheduling:
+    sched = object.__new__(ModuleScheduling)  # only the scope rule is under test
+    sched._alone_file, sched._alone = str(alone_file), None
+    return sched
+
+
+def test_a_module_goes_whole_and_an_alone_test_by_itself(tmp_path) -> None:
+    (tmp_path / "alone.json").write_text(json.dumps(["tests/integration/test_b.py::test_quick[x]"]))
+    sched = _scheduling(tmp_path / "alone.json")
+    assert sched._split_scope("tests/integration/test_b.py::test_one") == "tests/integration/test_b.py"
+    assert sched._split_scope("tests/integration/test_b.py::Class::test_two[1]") == "tests/integration/test_b.py"
+    assert sched._split_scope("tests/integration/test_b.py::test_quick[x]") == "tests/integration/test_b.py::test_quick[x]"
+
+
+def test_without_the_workers_list_every_test_goes_with_its_module(tmp_path) -> None:
+    sched = _scheduling(tmp_path / "missing.json")
+    assert sched._split_scope("tests/unit/test_a.py::test_x") == "tests/unit/test_a.py"
