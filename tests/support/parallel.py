@@ -14,7 +14,7 @@ Which worker runs what (:class:`ModuleScheduling`, asked for by ``--dist loadsco
 --no-loadscope-reorder`` in pyproject.toml's addopts): a worker that runs low is handed the
 next module whole, in the order collected, and an ``alone`` test as a unit of its own. A
 module's tests on one worker set up its module fixtures (a shared daemon) once, where
-handing out single tests set them up on every worker (a balanced run that way used 45%
+handing out single tests set them up on every worker (a balanced run that way used 44%
 more worker time and ended no sooner); xdist's default, ``load``, hands out long runs of
 consecutive tests that no other worker can take back (one worker was still busy 190 s
 after the other three had finished). The Ray tests go first: one simulated cluster serves
