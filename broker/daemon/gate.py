@@ -12,8 +12,9 @@ keeps the count down instead:
 - A *stranger* (a connection that has not said a good hello, or whose peer the router
   has since dropped) is cut after :data:`STRANGER_S` seconds; every client says hello as
   soon as it connects. While the daemon holds more than :attr:`max_connections`
-  connections, strangers are cut at once, oldest first. Cutting is ``shutdown(2)`` on the descriptor, after checking it is
-  still the socket that was accepted (same inode): libzmq then closes it itself.
+  connections, strangers are cut at once, oldest first. Cutting is ``shutdown(2)`` on
+  the descriptor, after checking it is still the socket that was accepted (same inode):
+  libzmq then closes it itself.
 - Beyond :attr:`max_peers` peers, the router refuses a hello with a message that says
   so, so peers never take the room strangers are cut for.
 - :meth:`stopped` says whether a peer is a local process that is stopped (Ctrl-Z): the
