@@ -25,19 +25,9 @@ from tests.support.fake_model import (
     response,
     tag,
 )
-from tests.support.harness import live_processes
+from tests.support.harness import await_for, live_processes
 
 pytestmark = pytest.mark.timeout(90)
-
-
-async def _eventually(check, timeout: float = 10.0) -> bool:
-    """Whether ``check()`` holds within ``timeout`` seconds (polled every 10 ms)."""
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not check():
-        if asyncio.get_running_loop().time() > deadline:
-            return False
-        await asyncio.sleep(0.01)
-    return True
 
 
 def test_session_over_the_daemon(daemon_factory, tmp_path) -> None:
@@ -89,13 +79,13 @@ def test_session_over_the_daemon(daemon_factory, tmp_path) -> None:
                 sub_id = await h.say("wait a while")
                 await h.until(lambda e: e.id == sub_id and tag(e) == "exec_command_output_delta", timeout=30)
                 # "go" is out before bash has exec'd the sleep: wait for it to be there.
-                assert await _eventually(lambda: live_processes(sleeper)), "the command's sleep never started"
+                await await_for(lambda: live_processes(sleeper), what="the command's sleep to start")
                 await h.submit(Interrupt())
                 assert h.tags(sub_id, deltas=False)[-3:] == ["exec_command_end", "error", "turn_aborted"]
                 # What it printed before the interrupt, not empty strings.
                 end = h.of("exec_command_end", sub_id)[-1]
                 assert (end.exit_code, end.stdout, end.aggregated_output) == (130, "go\n", "go\n")
-                assert await _eventually(lambda: not live_processes(sleeper)), "the interrupted command's tree survived"
+                await await_for(lambda: not live_processes(sleeper), what="the interrupted command's tree to die")
 
                 sub_id = await h.say("print a lot")
                 assert (await h.done(sub_id, timeout=30)).msg.last_agent_message == "Big."

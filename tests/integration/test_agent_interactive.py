@@ -10,19 +10,11 @@ import pytest
 from agent.exec_runner import BrokerRunner
 from broker.wire import frames as wire
 from landlock_helper.policy import SandboxPolicy
-from tests.support.harness import live_processes
+from tests.support.harness import await_for, live_processes
 
 pytestmark = pytest.mark.timeout(60)
 
 WORKSPACE = SandboxPolicy.from_mode("workspace-write")
-
-
-async def _until(predicate, timeout: float = 10.0, what: str = "the condition") -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not predicate():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.005)
 
 
 @pytest.mark.parametrize("tty", [None, wire.Winsize(24, 80)], ids=["pipes", "tty"])
@@ -38,9 +30,9 @@ def test_an_interactive_run_takes_stdin_after_it_started(module_daemon, tmp_path
                 str(tmp_path), WORKSPACE, lambda stream, chunk: out.extend(chunk), tty=tty, on_exit=ended.append)
             assert not proc.done and proc.pid
             assert await proc.write(b"one\n")
-            await _until(lambda: b"got one" in out, what="the first answer")
+            await await_for(lambda: b"got one" in out, what="the first answer")
             assert await proc.write(b"two\n")
-            await _until(lambda: b"got two" in out, what="the second answer")
+            await await_for(lambda: b"got two" in out, what="the second answer")
             if tty is None:
                 proc.close_stdin()
             else:
@@ -64,10 +56,10 @@ def test_a_terminal_run_is_a_tty_and_resizes(module_daemon, tmp_path) -> None:
             proc = await runner.start_interactive(["bash", "--norc", "-i"], str(tmp_path), WORKSPACE,
                                                   lambda s, c: out.extend(c), tty=wire.Winsize(30, 100))
             await proc.write(b"test -t 0 && echo IS-A-TTY; stty size\n")
-            await _until(lambda: b"IS-A-TTY" in out and b"30 100" in out, what="the terminal's size")
+            await await_for(lambda: b"IS-A-TTY" in out and b"30 100" in out, what="the terminal's size")
             proc.resize(40, 120)
             await proc.write(b"stty size\n")
-            await _until(lambda: b"40 120" in out, what="the new size")
+            await await_for(lambda: b"40 120" in out, what="the new size")
             await proc.cancel()
             result = await asyncio.wait_for(proc.wait(), 10)
             assert result.aborted
@@ -104,7 +96,7 @@ def test_held_output_stops_after_a_window_and_flows_again_when_released(module_d
                                                   lambda s, c: got.__setitem__(0, got[0] + len(c)), stdin=False)
             loop = asyncio.get_running_loop()
             started = loop.time()
-            await _until(lambda: got[0] > 3 * wire.WINDOW_BYTES, what="yes to flood")  # it does, unheld
+            await await_for(lambda: got[0] > 3 * wire.WINDOW_BYTES, what="yes to flood")  # it does, unheld
             rate = got[0] / (loop.time() - started)
             proc.hold_output(True)
             held_at = got[0]
@@ -116,7 +108,7 @@ def test_held_output_stops_after_a_window_and_flows_again_when_released(module_d
                 assert got[0] <= bound
                 await asyncio.sleep(0.01)
             proc.hold_output(False)
-            await _until(lambda: got[0] > bound + 3 * wire.WINDOW_BYTES, what="the flow to start again")
+            await await_for(lambda: got[0] > bound + 3 * wire.WINDOW_BYTES, what="the flow to start again")
             await proc.cancel()
             await asyncio.wait_for(proc.wait(), 10)
         finally:
@@ -135,11 +127,11 @@ def test_cancel_and_closing_the_runner_kill_interactive_trees(module_daemon, tmp
             for _ in range(2):
                 procs.append(await runner.start_interactive(["bash", "-c", f"{' '.join(marker)}; cat"],
                                                             str(tmp_path), WORKSPACE))
-            await _until(lambda: len(live_processes(marker)) == 2, what="both to run")
+            await await_for(lambda: len(live_processes(marker)) == 2, what="both to run")
             await procs[0].cancel()
             assert (await asyncio.wait_for(procs[0].wait(), 10)).aborted
         finally:
             await runner.aclose()
-        await _until(lambda: not live_processes(marker), what="every tree to die")
+        await await_for(lambda: not live_processes(marker), what="every tree to die")
 
     asyncio.run(main())

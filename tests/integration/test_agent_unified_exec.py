@@ -32,7 +32,7 @@ from broker.wire.protocol import (
 )
 from landlock_helper.policy import SandboxPolicy
 from tests.support.fake_model import FakeModelServer, Harness, assistant, call, gated, outputs_of, response, tag
-from tests.support.harness import live_processes
+from tests.support.harness import await_for, live_processes
 from tests.support.sessions import collect, configure_op
 
 pytestmark = pytest.mark.timeout(90)
@@ -75,14 +75,6 @@ def run(server: FakeModelServer, handle, tmp_path, body, **configure) -> None:
             await runner.aclose()
 
     asyncio.run(main())
-
-
-async def _wait(predicate, timeout: float = 15.0, what: str = "the condition") -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not predicate():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.01)
 
 
 # -- the seed's own cases -------------------------------------------------------------
@@ -143,7 +135,7 @@ def test_output_beyond_128_kib_keeps_the_newest_bytes(module_daemon, tmp_path) -
             def everything() -> bytes:
                 return b"".join(d.chunk for d in h.of("exec_command_output_delta", sub))
 
-            await _wait(lambda: b"END" in everything(), what="all the output")
+            await await_for(lambda: b"END" in everything(), timeout=15.0, what="all the output")
             printed.set()
             assert tag(await h.done(sub, timeout=30)) == "task_complete"
             streamed.extend(everything())
@@ -334,7 +326,7 @@ def test_interrupt_keeps_sessions_and_shutdown_kills_them(module_daemon, tmp_pat
             await h.until(lambda e: e.id == sub and tag(e) == "exec_command_begin" and e.msg.call_id == "c2",
                           timeout=30)
             sessions = h.session.unified_exec.sessions
-            await _wait(lambda: 1000 in sessions and sessions[1000].busy, what="the long poll")
+            await await_for(lambda: 1000 in sessions and sessions[1000].busy, timeout=15.0, what="the long poll")
             await h.submit(Interrupt())
             assert h.tags(sub, deltas=False)[-2:] == ["error", "turn_aborted"]
             assert live_processes(sleeper) and sorted(h.session.unified_exec.sessions) == [1000, 1001]
@@ -349,8 +341,8 @@ def test_interrupt_keeps_sessions_and_shutdown_kills_them(module_daemon, tmp_pat
             await h.until(lambda e: e.id == done and tag(e) == "shutdown_complete", timeout=30)
             # Each session's end was reported, and nothing of their trees is left.
             assert sorted(e.call_id for e in h.of("exec_command_end")) == ["c1", "c2"]
-            await _wait(lambda: not live_processes(sleeper) and not any(p.is_running() for p in bash),
-                        what="the sessions' processes to be gone")
+            await await_for(lambda: not live_processes(sleeper) and not any(p.is_running() for p in bash),
+                            timeout=15.0, what="the sessions' processes to be gone")
 
         run(server, module_daemon, tmp_path, body)
     assert seed_answer(server, "c4")["session_id"] == "1000"

@@ -14,6 +14,7 @@ import pytest
 from agent.mcp import manager as manager_module
 from agent.mcp.manager import McpManager
 from broker.wire.protocol import McpServerConfig
+from tests.support.harness import await_for
 from tests.support.mcp_servers import LocalProcess
 from tests.support.mcp_servers import local_launcher as launcher
 
@@ -65,15 +66,15 @@ def test_a_timeout_cancels_the_request_and_so_does_cancelling_the_call():
         outcome = await manager.call("fake__sleep", {"seconds": 30})
         assert not outcome.success and outcome.output == (
             'err: "tool call error: MCP server fake did not answer tools/call within 0.3 s"')
-        await _until(lambda: b"cancelled 6" in started[0].stderr)  # initialize 1, four pages 2-5, the call 6
+        await await_for(lambda: b"cancelled 6" in started[0].stderr)  # initialize 1, four pages 2-5, the call 6
         # The server goes on serving.
         assert (await manager.call("fake__echo", {"text": "again"})).success and len(started) == 1
         task = asyncio.ensure_future(manager.call("fake__sleep", {"seconds": 30}))
-        await _until(lambda: b"call 8" in started[0].stderr)  # in flight at the server
+        await await_for(lambda: b"call 8" in started[0].stderr)  # in flight at the server
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
-        await _until(lambda: b"cancelled 8" in started[0].stderr)
+        await await_for(lambda: b"cancelled 8" in started[0].stderr)
         await manager.aclose()
     run(main())
 
@@ -101,7 +102,7 @@ def test_a_server_that_turns_to_junk_mid_call_is_stopped_at_once_and_started_aga
         assert not outcome.success
         assert outcome.output == ('err: "tool call error: MCP server fake sent 100 lines in a row that are not MCP '
                                   'messages (the last: a line that is not JSON); it was stopped"')
-        await _until(lambda: started[0].proc.returncode is not None)  # stopped now, not at the next call
+        await await_for(lambda: started[0].proc.returncode is not None)  # stopped now, not at the next call
         outcome = await manager.call("fake__echo", {"text": "back"})
         assert outcome.success and len(started) == 2
         await manager.aclose()
@@ -162,13 +163,6 @@ def test_a_launch_that_never_ends_is_given_up(monkeypatch):
         assert manager.tools == {}
         await manager.aclose()
     run(main())
-
-
-async def _until(condition, timeout: float = 10) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not condition():
-        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
-        await asyncio.sleep(0.01)
 
 
 def test_a_server_that_cannot_be_started_again_fails_the_call_not_the_turn():

@@ -18,6 +18,7 @@ waiting for a condition with a deadline.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import ctypes
 import os
@@ -56,6 +57,18 @@ def wait_for(predicate, timeout: float = 10.0, what: str = "the condition", inte
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
         time.sleep(interval)
+
+
+async def await_for(predicate, timeout: float = 10.0, what: str = "the condition", interval: float = 0.01):
+    """:func:`wait_for` inside an event loop: polls without blocking it."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+        await asyncio.sleep(interval)
 
 
 def reap(proc: subprocess.Popen) -> None:
