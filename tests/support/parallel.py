@@ -90,24 +90,32 @@ def in_running_order(items: list[pytest.Item]) -> None:
     items.sort(key=lambda i: rank[id(i)])  # stable: the order within each rank is kept
 
 
+def read_alone(path: str) -> frozenset[str]:
+    """The ``alone`` tests' ids the workers wrote (none if they wrote nothing)."""
+    try:
+        with open(path) as f:
+            return frozenset(json.load(f))
+    except FileNotFoundError:
+        return frozenset()
+
+
 class ModuleScheduling(LoadScopeScheduling):
     """xdist's scheduling by scope, where a scope is a module, or an ``alone`` test by
     itself. The controller collects nothing; the workers name the ``alone`` tests in the
-    run's lock directory before they report their collection (:func:`pytest_collection_modifyitems`)."""
+    run's lock directory before they report their collection (:func:`pytest_collection_modifyitems`),
+    so the list is there when the scheduling starts (every worker has collected)."""
 
     def __init__(self, config: pytest.Config, log=None, *, alone_file: str) -> None:
         super().__init__(config, log)
         self._alone_file = alone_file
-        self._alone: frozenset[str] | None = None
+        self.alone: frozenset[str] = frozenset()
+
+    def schedule(self) -> None:
+        self.alone = read_alone(self._alone_file)
+        super().schedule()
 
     def _split_scope(self, nodeid: str) -> str:
-        if self._alone is None:
-            try:
-                with open(self._alone_file) as f:
-                    self._alone = frozenset(json.load(f))
-            except FileNotFoundError:
-                self._alone = frozenset()
-        return nodeid if nodeid in self._alone else nodeid.split("::", 1)[0]
+        return nodeid if nodeid in self.alone else nodeid.split("::", 1)[0]
 
 
 # -- the hooks (a plugin of tests/conftest.py) ---------------------------------------------
@@ -125,8 +133,13 @@ def pytest_configure_node(node) -> None:
     node.workerinput[WORKER_INPUT_KEY] = stash[_LOCK_DIR]
 
 
+def _lock_dir_of_worker(config: pytest.Config) -> str | None:
+    """The run's lock directory, in a worker of a parallel run (None elsewhere)."""
+    return getattr(config, "workerinput", {}).get(WORKER_INPUT_KEY)
+
+
 def pytest_configure(config: pytest.Config) -> None:
-    directory = getattr(config, "workerinput", {}).get(WORKER_INPUT_KEY)
+    directory = _lock_dir_of_worker(config)
     if directory:
         config.stash[_LOCK] = MachineLock(directory)
 
@@ -146,7 +159,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    lock_dir = getattr(config, "workerinput", {}).get(WORKER_INPUT_KEY)
+    lock_dir = _lock_dir_of_worker(config)
     if lock_dir:
         in_running_order(items)
         # Every worker writes the same list; each replaces the file whole.

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from tests.support.parallel import ModuleScheduling, in_running_order
+from tests.support.parallel import ModuleScheduling, in_running_order, read_alone
 
 
 class _Item:
@@ -34,7 +34,7 @@ def test_nothing_marked_keeps_the_order() -> None:
 
 def _scheduling(alone_file) -> ModuleScheduling:
     sched = object.__new__(ModuleScheduling)  # only the scope rule is under test
-    sched._alone_file, sched._alone = str(alone_file), None
+    sched.alone = read_alone(str(alone_file))
     return sched
 
 
