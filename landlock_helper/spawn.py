@@ -342,7 +342,7 @@ class Spawner:
             return
         while self._asked:
             try:
-                msg, fds, _, _ = socket.recv_fds(self._sock, 64, 2, 0 if block else socket.MSG_DONTWAIT)
+                msg, fds, flags, _ = socket.recv_fds(self._sock, 64, 2, 0 if block else socket.MSG_DONTWAIT)
             except BlockingIOError:
                 break
             except ConnectionResetError:
@@ -351,10 +351,13 @@ class Spawner:
                 self._restart_zygote()
                 return
             kind = self._asked.pop(0)
-            if msg.startswith(b"F "):
+            if msg.startswith(b"F ") or flags & socket.MSG_CTRUNC or not fds:
+                # Without its descriptors (the kernel drops them when we are at our limit
+                # of open files) the sandbox is lost: it ends as its control socket closes.
                 for fd in fds:
                     os.close(fd)
-                self._failed(msg[2:].decode(errors="replace"))
+                self._failed(msg[2:].decode(errors="replace") if msg.startswith(b"F ")
+                             else "cannot take a sandbox from the zygote: too many open files")
                 if block and network not in self._asked and not self._ready_of(network):
                     raise SandboxError(self.failure)
                 continue

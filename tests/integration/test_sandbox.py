@@ -24,7 +24,7 @@ import pytest
 
 from landlock_helper import SandboxPolicy, landlock
 from landlock_helper.spawn import SandboxError, spawn
-from tests.support.harness import live_processes, wait_for
+from tests.support.harness import live_processes, subprocess_env, wait_for
 from tests.support.sandbox_harness import INNER_PYTHON, sandbox
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux sandbox")
@@ -472,6 +472,49 @@ def test_pool_runs_commands_and_survives_its_zygote_dying(workdir):
         sp.close()
     gone, alive = psutil.wait_procs(family, timeout=5)
     assert alive == []
+
+
+# In a process of its own: it fills its descriptor table.
+AT_THE_FD_LIMIT = textwrap.dedent("""
+    import os, resource, sys
+    from landlock_helper import SandboxPolicy
+    from landlock_helper.spawn import SandboxError, Spawner
+
+    pol, env = SandboxPolicy.from_mode("workspace-write"), {"PATH": os.environ["PATH"]}
+    sp = Spawner(pool=1)
+    # The pool's one sandbox is taken: the next comes with its descriptors, once we take it.
+    sp.spawn(["true"], cwd=sys.argv[1], env=env, policy=pol, stdout=1, stderr=2).wait(30)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) + 8, hard))
+    held = []
+    try:
+        while True:
+            held.append(os.open("/dev/null", os.O_RDONLY))
+    except OSError:
+        pass
+    try:
+        sp.refill(block=True)  # what the executor does when the zygote's socket is readable
+        print("taken at the limit")
+    except SandboxError as e:
+        print("refused:", e)
+    for fd in held:
+        os.close(fd)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    print("then:", sp.spawn(["sh", "-c", "exit 7"], cwd=sys.argv[1], env=env, policy=pol, stdout=1,
+                            stderr=2).wait(30).exit_code)
+    sp.close()
+""")
+
+
+def test_pool_at_its_descriptor_limit_refuses_in_one_line_and_recovers(workdir):
+    """The kernel drops the descriptors of a sandbox handed to a process at its limit of
+    open files: that sandbox is lost, a command waiting for it is refused with the reason,
+    and the next, once descriptors are free, runs."""
+    r = subprocess.run([sys.executable, "-c", AT_THE_FD_LIMIT, str(workdir)], capture_output=True, text=True,
+                       timeout=60, env=subprocess_env())
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == ["refused: cannot take a sandbox from the zygote: too many open files",
+                                     "then: 7"], r.stdout + r.stderr
 
 
 def test_pool_gives_each_command_without_network_a_network_namespace_of_its_own(workdir):
