@@ -25,6 +25,17 @@ from executor.errors import StartupError
 
 PR_SET_PDEATHSIG = 1
 DEFAULT_SLOTS = 256
+# Descriptors one command holds here at most (its output pipes, stdin, control socket, two
+# pidfds, its cgroups' report, the stdio a direct run hands over), and what the executor
+# needs besides its commands (zmq, the zygote and its warm sandboxes, logs).
+FDS_PER_COMMAND = 8
+FDS_OWN = 64
+
+
+def slots_within(slots: int, fd_limit: int) -> int:
+    """``slots``, or as many commands as ``fd_limit`` descriptors hold (at least one): past
+    it a command would fail with "too many open files" where it can wait its turn."""
+    return max(1, min(slots, (fd_limit - FDS_OWN) // FDS_PER_COMMAND))
 
 
 class _UsageError(Exception):
@@ -54,7 +65,8 @@ def parse_args(argv: list[str] | None = None, prog: str = "python -m executor") 
     p.add_argument("--server-key", metavar="FILE", help="the daemon's public key file")
     p.add_argument("--key", metavar="FILE", help="this executor's key pair (NAME.key_secret from `sluice keys new`)")
     p.add_argument("--name", default="", help="this executor's name (default: host:pid)")
-    p.add_argument("--slots", type=_slots, default=DEFAULT_SLOTS, help="commands run at once (default %(default)s)")
+    p.add_argument("--slots", type=_slots, default=DEFAULT_SLOTS,
+                   help="commands run at once (default %(default)s; fewer if the descriptor limit cannot hold them)")
     # How the daemon starts its own executors (ipc://, a token file); not for people.
     p.add_argument("--token-file", metavar="PATH", help=argparse.SUPPRESS)
     p.add_argument("--hide", action="append", default=[], metavar="PATH", help=argparse.SUPPRESS)
@@ -138,7 +150,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m executor", error_
 
     from broker.net.fdlimit import raise_fd_limit
     from broker.net.logging import configure
-    from executor.worker import Worker
+    from executor.worker import Worker, log
 
     try:
         if remote:
@@ -161,7 +173,11 @@ def main(argv: list[str] | None = None, prog: str = "python -m executor", error_
         return fail(str(e))
     configure()
     # After the zygote's fork: commands keep the limits they were given, only this process's rises.
-    raise_fd_limit()
+    fd_limit = raise_fd_limit()
+    slots = slots_within(args.slots, fd_limit)
+    if slots < args.slots:
+        log.warning("fewer slots than asked: the descriptor limit cannot hold more", slots=slots, asked=args.slots,
+                    fd_limit=fd_limit)
     name = args.name or f"{socket.gethostname()}:{os.getpid()}"
     fd_channel = None
     if args.fd_channel is not None and not remote:
@@ -169,7 +185,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m executor", error_
             fd_channel = socket.socket(fileno=args.fd_channel)
         except OSError as e:
             return fail(f"--fd-channel {args.fd_channel}: {e.strerror}")
-    worker = Worker(args.connect, token, name=name, slots=args.slots, hidden_paths=hide, spawner=spawner,
+    worker = Worker(args.connect, token, name=name, slots=slots, hidden_paths=hide, spawner=spawner,
                     remote=link, fd_channel=fd_channel)
     try:
         return asyncio.run(worker.run())

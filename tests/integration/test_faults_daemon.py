@@ -25,6 +25,7 @@ from broker.client import Client, SessionError, make_request, start_daemon, stop
 from broker.net import peer
 from broker.net.runtime import RuntimeDir
 from broker.wire import frames as wire
+from executor.__main__ import DEFAULT_SLOTS, slots_within
 from tests.support.harness import short_tempdir, subprocess_env, wait_for
 from tests.support.sessions import collect, configure_op
 
@@ -156,9 +157,13 @@ def test_sessions_beyond_what_the_daemon_can_hold_are_refused_politely(daemon_fa
     collect(opened[-1], "session_configured", timeout=60)
     listed = client.list_sessions(timeout=30).sessions
     assert len(listed) == len(opened)
+    # Its executor, at the same limit, took no more commands at once than it has
+    # descriptors for: the burst of sessions reading their AGENTS.md waited its turn.
+    (executor,) = client.daemon_info().executors
+    assert executor.slots == slots_within(DEFAULT_SLOTS, SESSIONS_NOFILE) < DEFAULT_SLOTS
     r = subprocess.run([*sluice, "run", "--cwd", str(tmp_path), "--", "echo", "served"], env=d.env_for_children(),
                        capture_output=True, timeout=60)
-    assert (r.returncode, r.stdout) == (0, b"served\n"), r.stderr.decode()
+    assert (r.returncode, r.stdout) == (0, b"served\n"), r.stderr.decode() + d.log()[-4000:]
     with contextlib.suppress(Exception):
         client.close()
 
