@@ -22,13 +22,16 @@ from tests.support.terminal import OnTerminal
 
 pytestmark = pytest.mark.timeout(90)
 
+# It waits in short sleeps: a signal that lands after Python's last check for one and before
+# a long sleep has begun runs its handler only when that sleep ends (seen as a lost SIGWINCH).
 PROBE = r"""
 import os, signal, sys, time
-signal.signal(signal.SIGWINCH, lambda *_: print("winch", os.get_terminal_size(), flush=True))
+signal.signal(signal.SIGWINCH, lambda *_: os.write(1, f"winch {os.get_terminal_size()}\n".encode()))
 print("size", os.get_terminal_size(), os.isatty(0), os.isatty(1), os.isatty(2), flush=True)
 try:
     print("read", input(), flush=True)
-    time.sleep(60)
+    for _ in range(1200):
+        time.sleep(0.05)
 except KeyboardInterrupt:
     print("interrupted", flush=True)
 """

@@ -209,7 +209,12 @@ class DaemonHandle:
 
     def agent_pids(self) -> list[int]:
         """The daemon's agent process (``python -m agent ...``), as a list to unpack."""
-        return [p.pid for p in self.descendants() if p.cmdline()[1:3] == ["-m", "agent"]]
+        pids = []
+        for p in self.descendants():
+            with contextlib.suppress(psutil.Error):  # a command that ends while we look
+                if p.cmdline()[1:3] == ["-m", "agent"]:
+                    pids.append(p.pid)
+        return pids
 
     def executor_pids(self) -> list[int]:
         """The executors the daemon runs (its children that were given the token file)."""
