@@ -132,14 +132,14 @@ def test_npm_cache_fails_with_a_hint_then_works_once_allowed_in_config(cli, env,
 BASE_PYTHON = os.path.realpath(sys.executable)
 
 
-@pytest.mark.skipif(subprocess.run([BASE_PYTHON, "-m", "pip", "--version"], capture_output=True).returncode,
-                    reason="needs pip")
 def test_pip_user_install_from_a_local_wheel_fails_with_a_hint_then_works_once_allowed(sluice, env, home, tmp_path):
+    usage = subprocess.run([BASE_PYTHON, "-m", "pip", "install", "--help"], capture_output=True, text=True)
+    if usage.returncode:
+        pytest.skip("needs pip")
     wheels = _wheel(tmp_path)
     install = [*sluice, "sandbox", "--cwd", str(tmp_path), "--", BASE_PYTHON, "-m", "pip", "install", "--user",
                "--no-index", "--find-links", str(wheels), "--no-warn-script-location", "sluice-tiny"]
-    usage = subprocess.run([BASE_PYTHON, "-m", "pip", "install", "--help"], capture_output=True, text=True).stdout
-    if "--break-system-packages" in usage:
+    if "--break-system-packages" in usage.stdout:
         install.append("--break-system-packages")  # a system Python that forbids it otherwise (PEP 668)
     code, out = _on_terminal(install, env)
     assert code != 0 and b"Read-only file system" in out, out

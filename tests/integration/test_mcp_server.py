@@ -22,10 +22,7 @@ import pytest
 
 from tests.support.harness import short_tempdir, wait_for
 
-mcp = pytest.importorskip("mcp", reason="the MCP SDK is not installed (pip install '.[test]')")
 anyio = pytest.importorskip("anyio")
-from mcp import ClientSession, StdioServerParameters  # noqa: E402
-from mcp.client.stdio import stdio_client  # noqa: E402
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -39,15 +36,26 @@ def workspace() -> str:
     return path
 
 
-def _params(sluice, daemon, workspace, flags=()) -> StdioServerParameters:
-    return StdioServerParameters(command=sluice[0], args=[*sluice[1:], "mcp", "--cwd", workspace, *flags],
-                                 env=daemon.env_for_children(), cwd=workspace)
+def sdk():
+    """The MCP SDK, imported by the tests that drive its client, not as the module is
+    collected (it takes a second and a half, on every worker of a parallel run); skips
+    without it."""
+    pytest.importorskip("mcp", reason="the MCP SDK is not installed (pip install '.[test]')")
+    import mcp.client.stdio
+
+    return mcp
+
+
+def _params(sluice, daemon, workspace, flags=()):
+    return sdk().StdioServerParameters(command=sluice[0], args=[*sluice[1:], "mcp", "--cwd", workspace, *flags],
+                                       env=daemon.env_for_children(), cwd=workspace)
 
 
 @contextlib.asynccontextmanager
 async def connected(sluice, daemon, workspace, flags=()):
-    async with stdio_client(_params(sluice, daemon, workspace, flags)) as (read, write):
-        async with ClientSession(read, write) as session:
+    mcp = sdk()
+    async with mcp.client.stdio.stdio_client(_params(sluice, daemon, workspace, flags)) as (read, write):
+        async with mcp.ClientSession(read, write) as session:
             await session.initialize()
             yield session
 
@@ -193,7 +201,8 @@ def test_config_toml_sets_the_policy_and_the_flags_override_it(sluice, module_da
     async def write_both(flags=()):
         params = _params(sluice, module_daemon, workspace, flags)
         params.env["SLUICE_HOME"] = home
-        async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
+        mcp = sdk()
+        async with mcp.client.stdio.stdio_client(params) as (read, write), mcp.ClientSession(read, write) as session:
             await session.initialize()
             r = await session.call_tool("run", {"command": f"echo a > {workspace}/w.txt; echo b > {extra}/x.txt"})
             return session.initialize_result.instructions, r.structured_content

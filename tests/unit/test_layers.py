@@ -13,6 +13,7 @@ entry point that imports the cli: nothing imports it.
 from __future__ import annotations
 
 import ast
+import functools
 import pathlib
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -111,14 +112,15 @@ def imports(name: str, path: pathlib.Path, known: dict) -> tuple[set[str], list[
     return {t for t in targets if t != name}, private
 
 
-def graph():
+@functools.cache  # the sources do not change during a run; four tests read the graph
+def graph() -> tuple[dict[str, frozenset[str]], tuple[str, ...]]:
     known = modules()
     edges, private = {}, []
     for name, path in known.items():
         targets, taken = imports(name, path, known)
-        edges[name] = {t for t in targets if t in known}
+        edges[name] = frozenset(t for t in targets if t in known)
         private.extend(taken)
-    return edges, private
+    return edges, tuple(private)
 
 
 def test_every_import_points_down_the_layer_table():
