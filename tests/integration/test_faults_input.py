@@ -27,7 +27,12 @@ DEEP_OBJECTS = b'{"a":' * DEPTH + b"1" + b"}" * DEPTH + b"\n"
 DEEP_IN_A_SUBMISSION = (b'{"id":"deep","op":{"type":"user_input","items":[{"type":"text","text":"x","extra":'
                         + b"[" * DEPTH + b"]" * DEPTH + b"}]}}\n")
 NOT_UTF8 = b'{"id":"\xff\xfe","op":{"type":"interrupt"}}\n'
-TOO_LONG = b'{"id":"big","op":{"type":"user_input","items":[{"type":"text","text":"' + b"x" * MAX_LINE + b'"}]}}\n'
+
+
+def too_long() -> bytes:
+    """A submission one line longer than a line may be (made when a test needs it: it is
+    as big as the limit, and every worker of a parallel run would make it as it collects)."""
+    return b'{"id":"big","op":{"type":"user_input","items":[{"type":"text","text":"' + b"x" * MAX_LINE + b'"}]}}\n'
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +54,7 @@ def test_bridge_answers_deep_undecodable_and_too_long_lines_with_errors_and_goes
         submission_line("cfg", configure_op(server, tmp_path)),  # 2
         DEEP_IN_A_SUBMISSION,  # 3
         NOT_UTF8,  # 4
-        TOO_LONG,  # 5
+        too_long(),  # 5
         submission_line("t1", UserInput([TextInput("after the bad lines")])),  # 6
     ])
     p = run(fe, "bridge", stdin=stdin)

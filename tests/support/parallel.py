@@ -12,13 +12,17 @@ other workers no waiting.
 
 Which worker runs what (:class:`ModuleScheduling`, asked for by ``--dist loadscope
 --no-loadscope-reorder`` in pyproject.toml's addopts): a worker that runs low is handed the
-next module whole, in the order collected, and an ``alone`` test as a unit of its own. A
+next module whole, in the running order, and an ``alone`` test as a unit of its own. A
 module's tests on one worker set up its module fixtures (a shared daemon) once, where
 handing out single tests set them up on every worker (a balanced run that way used 44%
 more worker time and ended no sooner); xdist's default, ``load``, hands out long runs of
 consecutive tests that no other worker can take back (one worker was still busy 190 s
 after the other three had finished). The Ray tests go first: one simulated cluster serves
-their module, which is the longest chain of tests in the suite.
+their module, which is the longest chain of tests in the suite. The other modules follow
+longest first, by what each took in an earlier run (:data:`SECONDS_FILE`, which
+``--record-module-seconds`` writes): a long module handed out last ends the run alone
+(the browser tests' 70 s did, and the simulated end of the run came 24 s sooner in this
+order).
 
 What else the workers could share is each one's own: runtime dirs and sluice's home
 (tests/conftest.py; short_tempdir's names are unique), the processes a test looks for
@@ -42,6 +46,9 @@ from xdist.scheduler import LoadScopeScheduling
 MARKER = "alone"
 WORKER_INPUT_KEY = "sluice_lock_dir"
 ALONE_FILE = "alone.json"
+# Seconds each module's tests took in a parallel run (``--record-module-seconds``); a
+# module missing from it runs after those in it. Refresh it when modules come and go.
+SECONDS_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "module_seconds.json")
 
 
 class MachineLock:
@@ -83,11 +90,56 @@ def goes_first(item: pytest.Item) -> bool:
     return item.get_closest_marker("ray") is not None
 
 
-def in_running_order(items: list[pytest.Item]) -> None:
-    """The Ray tests first, ``alone`` tests last, each in their order (every worker
+def module_of(nodeid: str) -> str:
+    return nodeid.split("::", 1)[0]
+
+
+def in_running_order(items: list[pytest.Item], seconds: dict[str, float]) -> None:
+    """The Ray tests first; the other modules longest first by ``seconds`` (those it lacks
+    after those it has); ``alone`` tests last. Ties keep the order collected (every worker
     collects the same, so every worker sorts the same)."""
-    rank = {id(i): 0 if goes_first(i) else 2 if is_alone(i) else 1 for i in items}
-    items.sort(key=lambda i: rank[id(i)])  # stable: the order within each rank is kept
+
+    def key(item: pytest.Item) -> tuple[int, float]:
+        if goes_first(item):
+            return (0, 0.0)
+        if is_alone(item):
+            return (2, 0.0)
+        return (1, -seconds.get(module_of(item.nodeid), 0.0))
+
+    items.sort(key=key)  # stable: a module's tests stay together, in their order
+
+
+def read_seconds(path: str) -> dict[str, float]:
+    """Module -> seconds, from ``path`` (none if it is missing or is no such map)."""
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(data, dict):
+        return {}
+    return {k: float(v) for k, v in data.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+
+class SecondsRecorder:
+    """What each module's tests took, set-up and tear-down included (``alone`` tests apart:
+    they do not run with their module), written to ``path`` as the run ends. In a parallel
+    run the controller sees every worker's reports."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.seconds: dict[str, float] = {}
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if MARKER not in report.keywords:
+            module = module_of(report.nodeid)
+            self.seconds[module] = self.seconds.get(module, 0.0) + report.duration
+
+    def pytest_sessionfinish(self) -> None:
+        with open(f"{self.path}.tmp", "w") as f:
+            json.dump({m: round(s, 1) for m, s in sorted(self.seconds.items())}, f, indent=1)
+            f.write("\n")
+        os.replace(f"{self.path}.tmp", self.path)
 
 
 def read_alone(path: str) -> frozenset[str]:
@@ -138,10 +190,19 @@ def _lock_dir_of_worker(config: pytest.Config) -> str | None:
     return getattr(config, "workerinput", {}).get(WORKER_INPUT_KEY)
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--record-module-seconds", metavar="FILE", default=None,
+                     help="write how long each module's tests took to FILE (JSON); a parallel run hands out "
+                          "the modules longest first by tests/support/module_seconds.json")
+
+
 def pytest_configure(config: pytest.Config) -> None:
     directory = _lock_dir_of_worker(config)
     if directory:
         config.stash[_LOCK] = MachineLock(directory)
+    record = config.getoption("record_module_seconds")
+    if record and not hasattr(config, "workerinput"):
+        config.pluginmanager.register(SecondsRecorder(os.path.abspath(record)), "sluice-module-seconds")
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -161,7 +222,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     lock_dir = _lock_dir_of_worker(config)
     if lock_dir:
-        in_running_order(items)
+        in_running_order(items, read_seconds(SECONDS_FILE))
         # Every worker writes the same list; each replaces the file whole.
         path = os.path.join(lock_dir, ALONE_FILE)
         with open(f"{path}.{os.getpid()}", "w") as f:
