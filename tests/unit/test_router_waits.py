@@ -86,10 +86,10 @@ def test_while_its_executors_start_the_command_waits_in_silence_then_is_told_the
 
 
 def test_a_faster_heartbeat_keeps_a_silent_frontends_allowance_in_seconds():
-    """``--heartbeat 0.45`` (for executors on hosts that can power off) must not cut a
+    """``--heartbeat 0.35`` (for executors on hosts that can power off) must not cut a
     library caller's 10 s: it answers pings only while it waits on its client."""
-    router, transport, frontend = _queued_run(starting=False, heartbeat_s=0.45)
-    beats = 23  # ceil(10 s / 0.45 s)
+    router, transport, frontend = _queued_run(starting=False, heartbeat_s=0.35)
+    beats = 29  # ceil(10 s / 0.35 s)
     assert router.frontend_beats == beats
     for _ in range(beats):
         router.heartbeat()
