@@ -25,7 +25,6 @@ none touches the real ``~/.sluice``.
 from __future__ import annotations
 
 import compileall
-import contextlib
 import os
 import shutil
 import signal
