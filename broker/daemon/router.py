@@ -173,6 +173,10 @@ class Supervisor(Protocol):
     def pass_fds(self, peer: Peer, call_id: str, fds: list[int]) -> str | None:
         """Hand ``peer`` a direct run's stdio ahead of the run; None, or why it could not."""
 
+    def exited(self, peer: Peer) -> str | None:
+        """How the process behind ``peer`` ended, if we spawned it and it has (waiting a
+        moment for it): None otherwise."""
+
 
 class _NoSupervisor:
     def claim(self, peer: Peer) -> bool:
@@ -192,6 +196,9 @@ class _NoSupervisor:
 
     def pass_fds(self, peer: Peer, call_id: str, fds: list[int]) -> str | None:
         return "no executor of this daemon's own"
+
+    def exited(self, peer: Peer) -> str | None:
+        return None
 
 
 class Gate(Protocol):
@@ -1046,13 +1053,21 @@ class Router:
     def _drop_lost(self) -> None:
         lost, self._lost = self._lost, []
         for peer in lost:
+            # A process of ours that died is said to have died, and how (its connection
+            # closes a moment before its pidfd tells the supervisor).
             if peer.role == wire.ROLE_EXECUTOR:
+                status = self.supervisor.exited(peer)
+                if status is not None:
+                    self.drop_executor(peer, f"executor {peer.name} died ({status}) while running this command")
+                    continue
                 self.drop_executor(
                     peer, f"executor {peer.name} became unreachable while running this command; the command was not re-run"
                 )
                 self.supervisor.kill(peer)
             else:
-                self.drop_caller(peer, "unreachable")
+                ours = peer is self.sessions.agent and self.agent_supervisor is not None
+                status = self.agent_supervisor.exited(peer) if ours else None
+                self.drop_caller(peer, "unreachable" if status is None else f"died ({status})")
 
     # ----------------------------------------------------------- scheduling
 

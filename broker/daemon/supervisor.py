@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import select
 import signal
 import socket
 import subprocess
@@ -42,6 +43,8 @@ BACKOFF_FIRST_S = 0.1
 BACKOFF_MAX_S = 5.0
 # A spawned child that has not said hello by then is killed and replaced.
 HELLO_TIMEOUT_S = 20.0
+# How long a child whose connection dropped is given to be seen exiting (see exited).
+EXIT_SEEN_S = 0.05
 
 
 def describe_status(returncode: int) -> str:
@@ -226,6 +229,21 @@ class ProcessPool:
                 worker.signal(signal.SIGKILL)
                 return True
         return False
+
+    def exited(self, peer, wait_s: float = EXIT_SEEN_S) -> str | None:
+        """How the process behind ``peer`` ended ("killed by signal 9"), waiting up to
+        ``wait_s`` for it; None if it still runs or is not ours. Its connection closes as
+        it dies, just before its pidfd says so: a send that finds it unreachable asks
+        here first, so the reason is the exit, not the symptom. (The pidfd's callback still
+        reaps it, reports the death and restarts it.)"""
+        for worker in self.workers.values():
+            if worker.peer is peer:
+                poller = select.poll()
+                poller.register(worker.pidfd, select.POLLIN)
+                if not poller.poll(int(wait_s * 1000)):
+                    return None
+                return describe_status(worker.proc.wait())
+        return None
 
     # ------------------------------------------------------------ shutdown
 

@@ -37,6 +37,9 @@ class _Executors:
     def kill(self, peer) -> bool:
         return False
 
+    def exited(self, peer) -> str | None:
+        return None
+
     def restarting(self) -> str | None:
         return None
 

@@ -32,6 +32,7 @@ from broker.wire.protocol import (
     Event,
     ExecApproval,
     ExecApprovalRequestEvent,
+    Interrupt,
     ModelProviderInfo,
     ReviewDecision,
     SessionConfiguredEvent,
@@ -76,13 +77,19 @@ class Transport:
 
 
 class _Agents:
-    """The agent supervisor: the process with AGENT_PID is the one it spawned."""
+    """The agent supervisor: the process with AGENT_PID is the one it spawned; ``status``:
+    how it ended, once it has."""
+
+    status: str | None = None
 
     def claim(self, peer) -> bool:
         return peer.pid == AGENT_PID
 
     def kill(self, peer) -> bool:
         return False
+
+    def exited(self, peer) -> str | None:
+        return self.status if peer.pid == AGENT_PID else None
 
     def ensure_started(self) -> None:
         pass
@@ -514,6 +521,22 @@ def test_a_frontend_catching_up_when_the_session_closes_is_told() -> None:
     assert [e.msg.message for seq, e in d.events(b)] == [
         "the session was shut down before events 1..1 reached this frontend"]
     assert session not in d.sessions.sessions and not d.sessions.stuck and not d.router.peers[b].sessions
+
+
+@pytest.mark.parametrize(("status", "why"), [("killed by signal 9", "died (killed by signal 9)"),
+                                              (None, "became unreachable")])
+def test_an_agent_found_unreachable_is_said_to_have_died_and_how_when_it_has(status, why) -> None:
+    """Its connection closes as it dies, a moment before its pidfd says so: a send that
+    finds it gone asks the supervisor how it ended, so every frontend reads the exit."""
+    d = Daemon()
+    a = d.connect("a")
+    session = d.open(a)
+    d.router.agent_supervisor.status = status
+    d.transport.gone.add(d.agent)
+    d.submit(a, session, Submission("1", Interrupt()))
+    [event] = [e for _, e in d.events(a) if isinstance(e.msg, ErrorEvent)]
+    assert event.msg.message.startswith(f"the agent process {why}; this session is gone"), event.msg.message
+    assert session not in d.sessions.sessions and d.sessions.agent is None
 
 
 # -- state and approvals ------------------------------------------------------------------------
