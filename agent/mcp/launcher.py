@@ -9,6 +9,8 @@ process tree when stopped, when the session shuts down, or when the agent goes a
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
 from collections.abc import Mapping
 
@@ -55,8 +57,13 @@ class _Server:
         if not await self.process.write(data):
             raise McpError(describe_end(self.process.result))
 
-    async def stop(self) -> None:
-        await self.process.cancel()
+    async def stop(self, grace_s: float = 0.0) -> None:
+        if grace_s > 0 and not self.process.done:
+            self.process.close_stdin()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(self.process.wait()), grace_s)
+        if not self.process.done:
+            await self.process.cancel()
         await self.process.wait()
 
     def hold_output(self, held: bool) -> None:

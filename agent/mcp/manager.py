@@ -37,6 +37,9 @@ STDERR_LOG_BYTES = 64 * 1024
 # Launching a server (an executor taking it, its sandbox set up, its process started) may
 # take this long, apart from its start-up budget: only a launch that is stuck ends here.
 LAUNCH_TIMEOUT_S = 60.0
+# Closing a session: how long a server has, its stdin closed, to exit by itself (what it
+# was sent last, a cancellation, read) before it is killed.
+CLOSE_GRACE_S = 1.0
 
 
 class Process(Protocol):
@@ -45,8 +48,11 @@ class Process(Protocol):
     async def write(self, data: bytes) -> None:
         """To its stdin; raises McpError once it is gone."""
 
-    async def stop(self) -> None:
-        """Kill it (its whole process tree); returns once it is gone."""
+    async def stop(self, grace_s: float = 0.0) -> None:
+        """End it (its whole process tree); returns once it is gone. With ``grace_s``, as
+        the MCP spec has a client shut a stdio server down: its stdin closed first, so it
+        reads what it was sent (a cancellation) and may exit by itself, and killed only if
+        it is still there ``grace_s`` later."""
 
     def hold_output(self, held: bool) -> None:
         """Stop (``True``) or restart (``False``) the flow of its output."""
@@ -149,7 +155,8 @@ class McpManager:
 
     async def aclose(self) -> None:
         self._closed = True
-        await asyncio.gather(*(self._stop(s) for s in self._servers.values()), return_exceptions=True)
+        await asyncio.gather(*(self._stop(s, grace_s=CLOSE_GRACE_S) for s in self._servers.values()),
+                             return_exceptions=True)
 
     # -- one server ----------------------------------------------------------------------
 
@@ -216,13 +223,15 @@ class McpManager:
             log.info("MCP server stderr: the rest of it is not logged", server=server.config.name,
                      limit=STDERR_LOG_BYTES)
 
-    async def _stop(self, server: _Server) -> None:
+    async def _stop(self, server: _Server, grace_s: float = 0.0) -> None:
+        """Stop ``server``: at once (it misbehaved), or, closing the session, with
+        ``grace_s`` to read its stdin to the end and exit."""
         process, server.process = server.process, None
         if server.client is not None:
             server.client.closed("was stopped")
         if process is not None:
             try:
-                await process.stop()
+                await process.stop(grace_s)
             except Exception as err:  # noqa: BLE001 - stopping must never fail the caller
                 log.warning("stopping an MCP server failed", server=server.config.name, error=str(err))
 

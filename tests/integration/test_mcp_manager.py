@@ -6,6 +6,7 @@ start-up budget counted from the server's start (a slow launch is not the server
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sys
 from pathlib import Path
 
@@ -55,6 +56,24 @@ def test_tools_are_listed_across_pages_and_called():
             {"type": "input_image", "image_url": "data:image/png;base64," + outcome.result["content"][1]["data"]}]
         await manager.aclose()
         assert all(p.proc.returncode is not None for p in started)
+    run(main())
+
+
+def test_closing_cancels_a_call_in_flight_and_the_server_reads_it_and_exits_by_itself():
+    """As the MCP spec has a client end a stdio server: its stdin closed first (after the
+    cancellation), killed only if it is still there a second later."""
+    async def main():
+        started: list[LocalProcess] = []
+        manager = McpManager([server()], launcher(started))
+        assert await manager.start() == []
+        call = asyncio.ensure_future(manager.call("fake__sleep", {"seconds": 30}))
+        await await_for(lambda: b"call 6" in started[0].stderr)
+        call.cancel()  # an interrupt: the server is sent the cancellation
+        with contextlib.suppress(asyncio.CancelledError):
+            await call
+        await manager.aclose()  # at once: the session ends
+        assert b"cancelled 6" in started[0].stderr
+        assert started[0].proc.returncode == 0  # it exited at end of file; nothing killed it
     run(main())
 
 

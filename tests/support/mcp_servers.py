@@ -159,7 +159,11 @@ class LocalProcess:
         except (BrokenPipeError, ConnectionResetError):
             raise McpError("gone") from None
 
-    async def stop(self) -> None:
+    async def stop(self, grace_s: float = 0.0) -> None:
+        if grace_s > 0 and self.proc.returncode is None:
+            self.proc.stdin.close()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(self._exit), grace_s)
         if self.proc.returncode is None:
             self.proc.kill()
         await self._exit
