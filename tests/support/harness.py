@@ -47,28 +47,31 @@ STOP_TIMEOUT_S = 15.0
 SANDBOX_PYTHON = "/usr/bin/python3" if os.access("/usr/bin/python3", os.X_OK) else os.path.realpath(sys.executable)
 
 
+def _look(predicate, deadline: float, timeout: float, what: str):
+    """One poll of :func:`wait_for` and :func:`await_for`: ``predicate``'s value if true,
+    else None; fails once ``deadline`` has passed."""
+    value = predicate()
+    if value:
+        return value
+    if time.monotonic() > deadline:
+        raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+    return None
+
+
 def wait_for(predicate, timeout: float = 10.0, what: str = "the condition", interval: float = 0.01):
     """Poll ``predicate`` until it returns something true (returned), or fail after ``timeout`` s."""
     deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+    while not (value := _look(predicate, deadline, timeout, what)):
         time.sleep(interval)
+    return value
 
 
 async def await_for(predicate, timeout: float = 10.0, what: str = "the condition", interval: float = 0.01):
     """:func:`wait_for` inside an event loop: polls without blocking it."""
     deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+    while not (value := _look(predicate, deadline, timeout, what)):
         await asyncio.sleep(interval)
+    return value
 
 
 def reap(proc: subprocess.Popen) -> None:
