@@ -52,6 +52,32 @@ def _slots(text: str) -> int:
     return n
 
 
+def _niceness(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = None
+    if n is None or not -20 <= n <= 19:
+        raise argparse.ArgumentTypeError(f"--nice must be a whole number from -20 to 19, got {text!r}")
+    return n
+
+
+def niceness_refused(nice: int) -> str | None:
+    """Why commands cannot run at niceness ``nice`` here, or None. Below this process's own
+    it takes the privilege to raise a priority (CAP_SYS_NICE, or RLIMIT_NICE): tried on
+    this process, and undone (going back up is always allowed)."""
+    own = os.getpriority(os.PRIO_PROCESS, 0)
+    if nice >= own:
+        return None
+    try:
+        os.setpriority(os.PRIO_PROCESS, 0, nice)
+    except OSError as e:
+        return (f"--nice {nice}: this executor runs at niceness {own}, and going below it needs "
+                f"CAP_SYS_NICE or RLIMIT_NICE ({e.strerror})")
+    os.setpriority(os.PRIO_PROCESS, 0, own)
+    return None
+
+
 def parse_args(argv: list[str] | None = None, prog: str = "python -m executor") -> argparse.Namespace:
     class Parser(argparse.ArgumentParser):
         def error(self, message):  # one line instead of usage + message
@@ -67,6 +93,9 @@ def parse_args(argv: list[str] | None = None, prog: str = "python -m executor") 
     p.add_argument("--name", default="", help="this executor's name (default: host:pid)")
     p.add_argument("--slots", type=_slots, default=DEFAULT_SLOTS,
                    help="commands run at once (default %(default)s; fewer if the descriptor limit cannot hold them)")
+    p.add_argument("--nice", type=_niceness, default=None, metavar="N",
+                   help="commands run at niceness N, -20 to 19 (default: this executor's own); below the "
+                        "executor's needs CAP_SYS_NICE")
     # How the daemon starts its own executors (ipc://, a token file); not for people.
     p.add_argument("--token-file", metavar="PATH", help=argparse.SUPPRESS)
     p.add_argument("--hide", action="append", default=[], metavar="PATH", help=argparse.SUPPRESS)
@@ -100,14 +129,15 @@ def die_with_parent() -> None:
         os._exit(1)
 
 
-def start_spawner(hidden: tuple[str, ...]):
+def start_spawner(hidden: tuple[str, ...], nice: int | None = None):
     """The warm-sandbox pool, made first: its zygote is a fork of this process as it is
-    now, before zmq, msgspec and structlog are loaded, and before the token or key is read."""
+    now, before zmq, msgspec and structlog are loaded, and before the token or key is read.
+    ``nice``: its commands' niceness (None: ours)."""
     if not sys.platform.startswith("linux"):
         return None
     from landlock_helper.spawn import Spawner
 
-    return Spawner(hidden)
+    return Spawner(hidden, nice=nice)
 
 
 def hidden(args, remote: bool) -> tuple[str, ...]:
@@ -136,6 +166,9 @@ def main(argv: list[str] | None = None, prog: str = "python -m executor", error_
             die_with_parent()
     except StartupError as e:
         return fail(str(e))
+    refused = None if args.nice is None else niceness_refused(args.nice)
+    if refused:
+        return fail(refused)
     from broker.net.runtime import ensure_sluice_home
 
     # Before the spawner: it hides only what exists when it starts.
@@ -143,7 +176,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m executor", error_
     if problem:
         print(f"{prog}: warning: {problem}", file=sys.stderr)
     hide = hidden(args, remote)
-    spawner = start_spawner(hide)
+    spawner = start_spawner(hide, args.nice)
 
     # After the zygote's fork: asyncio alone would double what every sandbox's fork copies.
     import asyncio
@@ -186,7 +219,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m executor", error_
         except OSError as e:
             return fail(f"--fd-channel {args.fd_channel}: {e.strerror}")
     worker = Worker(args.connect, token, name=name, slots=slots, hidden_paths=hide, spawner=spawner,
-                    remote=link, fd_channel=fd_channel)
+                    remote=link, fd_channel=fd_channel, nice=args.nice)
     try:
         return asyncio.run(worker.run())
     except StartupError as e:

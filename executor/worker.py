@@ -22,6 +22,7 @@ in order, and every call stops reading its pipes meanwhile.
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import socket
 import time
@@ -54,13 +55,15 @@ FINAL_LINGER_MS = 1000
 
 class Worker:
     def __init__(self, endpoint: str, token: str, *, name: str, slots: int, hidden_paths: tuple[str, ...] = (),
-                 spawner=None, remote=None, fd_channel: socket.socket | None = None) -> None:
+                 spawner=None, remote=None, fd_channel: socket.socket | None = None, nice: int | None = None) -> None:
         self.endpoint = endpoint
         # A broker.net.keys.Remote: join over tcp with CurveZMQ, and rejoin instead of exiting.
         self.remote = remote
         self.name = name
         self.slots = slots
         self.hidden_paths = tuple(hidden_paths)
+        # The niceness of every command (None: ours); the spawner has it too.
+        self.nice = nice
         # A landlock_helper.spawn.Spawner keeping warm sandboxes; without one, every
         # call makes its sandbox from scratch (slower, same containment).
         self.spawner = spawner
@@ -136,7 +139,8 @@ class Worker:
         # Found once, here: what enforces each command's resource limits on this host.
         log.info("executor ready", name=self.name, peer_id=welcome.peer_id, slots=self.slots,
                  broker=self.endpoint if self.remote else None, limits=limits.mechanism().describe(),
-                 default_limits=limits.defaults().describe())
+                 default_limits=limits.defaults().describe(),
+                 command_nice=os.getpriority(os.PRIO_PROCESS, 0) if self.nice is None else self.nice)
         return await self._stopped
 
     def _rejoining(self, why: str) -> None:
@@ -166,7 +170,7 @@ class Worker:
         # Only without a warm pool (no spawner was made, or it was given up): a cold sandbox.
         from landlock_helper.spawn import spawn
 
-        return spawn(argv, hidden_paths=(*self.hidden_paths, *published), **kw)
+        return spawn(argv, hidden_paths=(*self.hidden_paths, *published), nice=self.nice, **kw)
 
     def _refill_spawner(self) -> None:
         try:

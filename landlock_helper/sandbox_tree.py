@@ -23,7 +23,8 @@ Each is forked (never exec'd), so nothing is re-imported:
     them are gone.
 ``command``
     Joins the sandbox's cgroups, prepares its Landlock ruleset, then waits for the
-    command's spec, whose rlimits it sets before exec. On receipt it
+    command's spec, whose rlimits (and the caller's niceness for commands, if it set one) it
+    sets before exec. On receipt it
     binds the writable roots read-write and their ``.git``/``.sluice`` read-only, each
     checked against what the caller pinned (:func:`landlock_helper.mounts.apply`), drops
     capabilities, sets NO_NEW_PRIVS, restricts itself with Landlock and seccomp (handing
@@ -504,6 +505,8 @@ def _command(template: _Template, ctl: int, view: mounts.View | None, guard_end:
         stage = "limits"
         if rlimits:
             load_limits().apply_rlimits(rlimits)
+        if template.nice is not None:
+            os.setpriority(os.PRIO_PROCESS, 0, template.nice)
         if restricted:
             stage = "sandbox"
             # As root this is what keeps uid 0 from meaning "everything"; in a user

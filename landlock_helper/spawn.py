@@ -60,9 +60,12 @@ class _Template(NamedTuple):
     # Where each sandbox gets cgroups of its own for its command's limits (see
     # landlock_helper.limits); empty: no cgroups, rlimits only.
     cgroups: tuple = ()
+    # The niceness every command is set to before exec; None: the caller's.
+    nice: int | None = None
 
     @classmethod
-    def make(cls, hidden_paths, *, restricted: bool = True, network: bool = False, cgroups: bool = False) -> _Template:
+    def make(cls, hidden_paths, *, restricted: bool = True, network: bool = False, cgroups: bool = False,
+             nice: int | None = None) -> _Template:
         progs = {}
         if _libc.ARCH is not None:
             progs = {net: seccomp.compile_program(seccomp.build(net)) for net in (False, True)}
@@ -75,7 +78,7 @@ class _Template(NamedTuple):
             hidden_paths=tuple(os.path.abspath(p) for p in hidden_paths), scratch=scratch,
             netns=restricted and not network, as_root=os.geteuid() == 0, uid=os.geteuid(), gid=os.getegid(),
             cap_last=namespaces.last_cap(), seccomp_progs=progs,
-            cgroups=load_limits().mechanism().hierarchies if cgroups else (),
+            cgroups=load_limits().mechanism().hierarchies if cgroups else (), nice=nice,
         )
 
 
@@ -177,7 +180,8 @@ def _make_warm(template: _Template, *, reap: bool) -> Warm:
 
 def spawn(argv, *, cwd, env, policy: SandboxPolicy, stdout: int | None, stderr: int | None, stdin: int | None = None,
           hidden_paths=(), sandbox_cwd: str | None = None, limits: limits.Limits | None = None,
-          tty: bool = False, one_shot: bool = False, builtin: str | None = None, readable=()) -> SandboxedProcess:
+          tty: bool = False, one_shot: bool = False, builtin: str | None = None, readable=(),
+          nice: int | None = None) -> SandboxedProcess:
     """Start ``argv`` under ``policy`` in a sandbox made now; raises SandboxError.
 
     ``stdout``/``stderr``/``stdin`` are fds the command gets as its own (the caller may
@@ -191,7 +195,8 @@ def spawn(argv, *, cwd, env, policy: SandboxPolicy, stdout: int | None, stderr: 
     ``readable``: directories shown read-only, at their own path, where the sandbox would
     not show them (the host's /tmp is not the sandbox's). ``limits``
     (:class:`landlock_helper.limits.Limits`; its unset fields take the defaults) are the
-    command's resource limits; None: none of ours.
+    command's resource limits; None: none of ours. ``nice``: the command's niceness
+    (None: ours).
 
     ``one_shot=True`` (without ``limits``) is for a process that makes this one sandbox and
     forks nothing else afterwards: it becomes the sandbox's supervisor itself, so its
@@ -214,7 +219,7 @@ def spawn(argv, *, cwd, env, policy: SandboxPolicy, stdout: int | None, stderr: 
     plan = _check(argv, cwd, policy, sandbox_cwd, env, readable=readable, sandbox_hidden=hidden_paths)
     _load_builtin(builtin)
     template = _Template.make(hidden_paths, restricted=plan is not None, network=policy.network,
-                              cgroups=limits is not None)
+                              cgroups=limits is not None, nice=nice)
     limited = _limited(limits, template)
     spec = _encode_spec(argv, cwd, env, policy, plan, mode, limited, builtin)
     if one_shot and limited is None:
@@ -231,9 +236,10 @@ class Spawner:
     :meth:`refill` when :attr:`fileno` is readable (or just before it needs sandboxes).
     """
 
-    def __init__(self, hidden_paths=(), *, pool: int = 4, cgroups: bool = True) -> None:
+    def __init__(self, hidden_paths=(), *, pool: int = 4, cgroups: bool = True, nice: int | None = None) -> None:
         """``cgroups``: every sandbox gets cgroups of its own (where this process may make
-        them, see :func:`landlock_helper.limits.mechanism`), for its command's limits."""
+        them, see :func:`landlock_helper.limits.mechanism`), for its command's limits.
+        ``nice``: every command's niceness (None: ours); below ours needs the privilege."""
         if not sys.platform.startswith("linux"):
             raise SandboxError("the warm-sandbox pool needs Linux")
         self.pool = pool
@@ -242,7 +248,7 @@ class Spawner:
         # Warm sandboxes in the host's network namespace, for commands with network: none
         # until the first such command comes, then this many.
         self.network_pool = 0
-        self.template = _Template.make(hidden_paths, cgroups=cgroups)
+        self.template = _Template.make(hidden_paths, cgroups=cgroups, nice=nice)
         self._ready: list[Warm] = []
         # What the zygote was asked for and has not answered yet (it answers in order):
         # for each, whether with network.

@@ -8,6 +8,7 @@ Real processes and sockets throughout; two hosts joined by a link that fails are
 from __future__ import annotations
 
 import os
+import resource
 import shutil
 import signal
 import socket
@@ -16,6 +17,7 @@ import subprocess
 import sys
 import time
 
+import psutil
 import pytest
 import zmq
 
@@ -308,6 +310,50 @@ def test_sluice_executor_with_a_refused_key_exits_2_at_once(keys, net, base):
     missing = subprocess.run([sys.executable, "-m", "broker", "executor", "--connect", endpoint, "--key", "/nonexistent"],
                              capture_output=True, text=True, env=subprocess_env(), timeout=20)
     assert missing.returncode == 2 and "--server-key" in one_line(missing.stderr)
+
+
+@pytest.mark.timeout(40)
+def test_sluice_executor_nice_puts_its_commands_there_and_not_itself(keys, pool, base):
+    """The executor stays at its niceness (it answers the daemon's heartbeats); its
+    commands, plain and on a terminal, run at ``--nice``."""
+    _, daemon, endpoint = pool
+    ours = os.getpriority(os.PRIO_PROCESS, 0)
+    if ours > 12:
+        pytest.skip(f"this process already runs at niceness {ours}")
+    log_path = os.path.join(base, "executor-nice.log")
+    ex = start_executor([], [*_executor_args(keys, endpoint, "remote-nice"), "--nice", str(ours + 7)],
+                        subprocess_env(), log_path)
+    try:
+        client = daemon.client()
+        argv = ["cut", "-d", " ", "-f", "19", "/proc/self/stat"]
+        assert client.run(argv, cwd="/tmp").stdout == f"{ours + 7}\n".encode()
+        assert client.run(argv, cwd="/tmp", tty=(24, 80)).stdout == f"{ours + 7}\r\n".encode()
+        assert psutil.Process(ex.pid).nice() == ours
+        with open(log_path, encoding="utf-8") as f:
+            assert [e["command_nice"] for e in log_events(f.read(), "executor ready")] == [ours + 7]
+    finally:
+        kill_tree(ex)
+
+
+@pytest.mark.timeout(30)
+def test_sluice_executor_nice_mistakes_are_one_line(keys, base):
+    """Out of range, and below the executor's own without the privilege to go there
+    (CAP_SYS_NICE dropped, RLIMIT_NICE 0): exit 2 and one line, before anything starts."""
+    args = [*connect_args(keys, "tcp://127.0.0.1:9", "worker")]
+    r = subprocess.run([sys.executable, "-m", "broker", "executor", *args, "--nice", "20"], capture_output=True,
+                       text=True, env=subprocess_env(), timeout=20, stdin=subprocess.DEVNULL, check=False)
+    assert r.returncode == 2 and "--nice must be a whole number from -20 to 19, got '20'" in one_line(r.stderr)
+    ours = os.getpriority(os.PRIO_PROCESS, 0)
+    if os.geteuid() != 0 or shutil.which("setpriv") is None or ours > 18:
+        pytest.skip("needs root and setpriv to take the privilege away")
+    r = subprocess.run(["setpriv", "--bounding-set=-sys_nice", "--", sys.executable, "-m", "broker", "executor",
+                        *args, "--nice", str(ours)], capture_output=True, text=True, env=subprocess_env(), timeout=20,
+                       stdin=subprocess.DEVNULL, check=False,
+                       preexec_fn=lambda: (os.setpriority(os.PRIO_PROCESS, 0, ours + 1),
+                                           resource.setrlimit(resource.RLIMIT_NICE, (0, 0))))
+    assert r.returncode == 2
+    assert one_line(r.stderr) == (f"sluice: error: --nice {ours}: this executor runs at niceness {ours + 1}, and going "
+                                  f"below it needs CAP_SYS_NICE or RLIMIT_NICE (Permission denied)")
 
 
 @pytest.mark.timeout(60)
