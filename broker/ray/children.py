@@ -5,6 +5,13 @@ Ray kills an actor's process outright (``ray.kill``, a node removed, ``sluice ra
 nothing in it runs then. So the child is bound to it by the kernel: ``PR_SET_PDEATHSIG``
 set in a small launcher that then execs the real program (the death signal survives
 exec), instead of a ``preexec_fn`` in an actor process that runs threads.
+
+Ray runs its workers, and so its actors, at niceness 15 (``RAY_worker_niceness``), below
+its own services (the raylet, at the niceness Ray was started with), so that a node full
+of tasks still answers. The daemon and the executor are services too: their heartbeats
+decide whether a host is gone. The launcher puts them at the raylet's niceness where the
+kernel allows it (root, CAP_SYS_NICE or RLIMIT_NICE; else they stay, and say so on
+stderr), and the executor runs its commands where Ray runs tasks.
 """
 
 from __future__ import annotations
@@ -18,13 +25,18 @@ import sys
 
 from broker.net.runtime import sluice_home, with_source_root, without_secrets
 
-# Exec ``argv[2:]`` with ``signal`` as the death signal, unless the parent (pid ``argv[1]``)
-# is already gone (it died before the prctl took effect).
+# Exec ``argv[4:]`` with ``argv[2]`` as the death signal, unless the parent (pid
+# ``argv[1]``) is already gone (it died before the prctl took effect); at niceness
+# ``argv[3]`` first, unless it is "-" or the kernel refuses (then it says so and goes on).
 _LAUNCHER = (
-    "import ctypes, os, signal, sys\n"
+    "import ctypes, os, sys\n"
     "ctypes.CDLL(None, use_errno=True).prctl(1, int(sys.argv[2]), 0, 0, 0)\n"
     "if os.getppid() != int(sys.argv[1]): sys.exit(1)\n"
-    "os.execv(sys.argv[3], sys.argv[3:])\n"
+    "if sys.argv[3] != '-':\n"
+    "    try: os.setpriority(os.PRIO_PROCESS, 0, int(sys.argv[3]))\n"
+    "    except OSError as e: print(f'sluice: stays at niceness {os.getpriority(os.PRIO_PROCESS, 0)}, not '\n"
+    "                               f'{sys.argv[3]} as the raylet: {e.strerror}', file=sys.stderr, flush=True)\n"
+    "os.execv(sys.argv[4], sys.argv[4:])\n"
 )
 
 
@@ -46,15 +58,26 @@ def remove_dir(path: str) -> None:
     shutil.rmtree(path, ignore_errors=True)
 
 
-def spawn_bound(args: list[str], *, death_signal: int = signal.SIGTERM, env: dict[str, str] | None = None
-                ) -> subprocess.Popen:
+def niceness() -> tuple[int, int]:
+    """(services, tasks): the niceness of Ray's services on this node (the raylet, whose
+    child a worker is) and of its tasks (this worker's). The same if the parent is not
+    to be read, or is not above us."""
+    tasks = os.getpriority(os.PRIO_PROCESS, 0)
+    try:
+        return min(tasks, os.getpriority(os.PRIO_PROCESS, os.getppid())), tasks
+    except OSError:
+        return tasks, tasks
+
+
+def spawn_bound(args: list[str], *, death_signal: int = signal.SIGTERM, env: dict[str, str] | None = None,
+                nice: int | None = None) -> subprocess.Popen:
     """Start ``python -m broker ARGS`` (the ``sluice`` command of this installation) so
     that it gets ``death_signal`` when this process dies; ``env``: variables set on top
-    of ours, less any secret. Its output goes where ours goes (the actor's log in Ray's
-    log dir)."""
+    of ours, less any secret; ``nice``: its niceness, if the kernel lets it have it. Its
+    output goes where ours goes (the actor's log in Ray's log dir)."""
     env = with_source_root({**without_secrets(), **(env or {})})
     argv = [sys.executable, "-c", _LAUNCHER, str(os.getpid()), str(int(death_signal)),
-            sys.executable, "-m", "broker", *args]
+            "-" if nice is None else str(nice), sys.executable, "-m", "broker", *args]
     return subprocess.Popen(argv, stdin=subprocess.DEVNULL, env=env, cwd="/", close_fds=True)
 
 

@@ -36,7 +36,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from broker.client import Client, DaemonError
 from broker.net.keys import write_key_file
 from broker.net.runtime import RuntimeDir
-from broker.ray.children import private_dir, ray_home, remove_dir, spawn_bound, stop
+from broker.ray.children import niceness, private_dir, ray_home, remove_dir, spawn_bound, stop
 from broker.ray.names import NAMESPACE, executor_actor, executor_name, node_of
 from broker.ray.node import NodeExecutor
 from broker.ray.scaling import Scaler
@@ -114,7 +114,7 @@ class Controller:
         env = {"SLUICE_RUNTIME_DIR": self.runtime.path}
         self._daemon = spawn_bound(
             ["daemon", "--executors", "0", "--heartbeat", str(HEARTBEAT_S), "--listen", self.endpoint, "--key", self._key,
-             "--allow", self._allow, "--allow-executors", self._allow_executors], env=env)
+             "--allow", self._allow, "--allow-executors", self._allow_executors], env=env, nice=niceness()[0])
         self._daemon_exit = ""
         deadline = time.monotonic() + timeout
         while True:

@@ -18,7 +18,7 @@ import threading
 import ray
 
 from broker.net.keys import write_key_file
-from broker.ray.children import private_dir, ray_home, remove_dir, spawn_bound, stop
+from broker.ray.children import niceness, private_dir, ray_home, remove_dir, spawn_bound, stop
 from broker.ray.names import CONTROLLER, NAMESPACE, executor_name
 
 
@@ -36,15 +36,17 @@ class NodeExecutor:
         key = os.path.join(self.dir, "executor.key_secret")
         write_key_file(server_key, server_public)
         write_key_file(key, public, secret)
+        services, tasks = niceness()
+        # The executor answers heartbeats as a service of the node; its commands run where Ray runs tasks.
         argv = ["executor", "--connect", endpoint, "--server-key", server_key, "--key", key,
-                "--slots", str(slots), "--name", self.name]
+                "--slots", str(slots), "--name", self.name, "--nice", str(tasks)]
         # Ray's own sockets and files on this node (raylet, object store, logs): not for commands.
         temp_dir = _ray_temp_dir(context)
         if temp_dir:
             argv += ["--hide", temp_dir]
         # SIGTERM when this actor dies: the executor kills its commands and its connection
         # closes, so the daemon fails them at once, naming this executor (and so this node).
-        self.proc = spawn_bound(argv, death_signal=signal.SIGTERM)
+        self.proc = spawn_bound(argv, death_signal=signal.SIGTERM, nice=services)
         threading.Thread(target=self._watch, name="sluice-executor-watch", daemon=True).start()
 
     def _watch(self) -> None:

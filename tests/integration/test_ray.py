@@ -117,6 +117,27 @@ def test_every_listener_is_on_loopback(sim):
     assert bound and all(ip in (LOOPBACK, f"::ffff:{LOOPBACK}") for ip in bound), bound
 
 
+def test_sluice_runs_as_a_service_of_the_node_and_its_commands_as_tasks(sim):
+    """The daemon and each executor at the raylet's niceness (their heartbeats decide
+    whether a host is gone), commands at the niceness Ray gives its workers."""
+    raylets = {node.node_id: psutil.Process(node.all_processes["raylet"][0].process.pid).nice()
+               for node in sim.cluster.list_all_nodes()}
+    assert psutil.Process(sluice_ray.status()["daemon"]["pid"]).nice() == raylets[sim.cluster.head_node.node_id]
+    tasks = set()
+    for node_id in sim.node_ids():
+        described = ray.get(ray.get_actor(f"executor-{node_id}", namespace=NAMESPACE).describe.remote(), timeout=60)
+        executor = psutil.Process(described["pid"])
+        assert executor.nice() == raylets[node_id]
+        tasks.add(executor.parent().nice())  # the actor, as Ray started it
+    assert len(tasks) == 1, tasks
+    task_nice = tasks.pop()
+    assert task_nice > max(raylets.values()), (task_nice, raylets)
+    with sluice_ray.connect() as client:
+        ran = run_spread(client, ["sh", "-c", "sleep 0.5; cut -d ' ' -f 19 /proc/self/stat"], 3 * SLOTS_PER_NODE)
+    assert {executor for executor, _ in ran} == set(executors(sim).values())
+    assert {result.stdout for _, result in ran} == {f"{task_nice}\n".encode()}
+
+
 def test_commands_spread_over_the_nodes_and_each_result_names_its_node(sim):
     with sluice_ray.connect() as client:
         ran = run_spread(client, ["sh", "-c", "sleep 1; echo ran"], 3 * SLOTS_PER_NODE)

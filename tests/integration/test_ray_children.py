@@ -1,15 +1,19 @@
-"""The processes sluice's Ray actors start die with the actor (broker.ray.children, no
-Ray needed): Ray kills an actor's process outright, and what it started must not outlive it."""
+"""The processes sluice's Ray actors start (broker.ray.children, no Ray needed) die with
+the actor: Ray kills an actor's process outright, and what it started must not outlive
+it. And they run at the raylet's niceness, not the actor's, where the kernel allows it."""
 
 from __future__ import annotations
 
 import os
+import resource
+import shutil
 import signal
 import subprocess
 import sys
 import time
 
 import psutil
+import pytest
 
 from tests.support.harness import ROOT, subprocess_env
 
@@ -85,3 +89,48 @@ def test_without_the_binding_the_child_would_outlive_its_parent(tmp_path):
         except ProcessLookupError:
             pass
         parent.stdout.close()
+
+
+# A stand-in for an actor that Ray started below its raylet (the test, its parent): starts
+# a sandboxed command at the raylet's niceness, which prints its own.
+NICE_ACTOR = """
+from broker.ray.children import niceness, spawn_bound
+services, tasks = niceness()
+print(services, tasks, flush=True)
+child = spawn_bound(["sandbox", "--sandbox", "read-only", "--", "cut", "-d", " ", "-f", "19", "/proc/self/stat"],
+                    nice=services)
+child.wait()
+"""
+
+
+def _below_us(privileged: bool):
+    """Run NICE_ACTOR five steps below this process; without the privilege to go back up
+    (CAP_SYS_NICE dropped from the bounding set, RLIMIT_NICE 0) unless ``privileged``."""
+    ours = os.getpriority(os.PRIO_PROCESS, 0)
+    if ours > 14:
+        pytest.skip(f"this process already runs at niceness {ours}")
+    if not privileged and (os.geteuid() != 0 or shutil.which("setpriv") is None):
+        pytest.skip("needs root and setpriv to take the privilege away")
+
+    def below():
+        os.setpriority(os.PRIO_PROCESS, 0, ours + 5)
+        resource.setrlimit(resource.RLIMIT_NICE, (0, 0))
+
+    prefix = [] if privileged else ["setpriv", "--bounding-set=-sys_nice", "--"]
+    run = subprocess.run([*prefix, sys.executable, "-c", NICE_ACTOR], capture_output=True, text=True, cwd=ROOT,
+                         env=subprocess_env(), preexec_fn=below, timeout=60, check=False)
+    return ours, run
+
+
+def test_the_child_runs_at_the_raylets_niceness():
+    ours, run = _below_us(privileged=True)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split() == [str(ours), str(ours + 5), str(ours)]
+    assert run.stderr == ""
+
+
+def test_without_the_privilege_the_child_stays_and_says_so():
+    ours, run = _below_us(privileged=False)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split() == [str(ours), str(ours + 5), str(ours + 5)]
+    assert run.stderr == f"sluice: stays at niceness {ours + 5}, not {ours} as the raylet: Permission denied\n"

@@ -25,6 +25,7 @@ from tests.support.harness import ROOT, short_tempdir  # noqa: E402
 
 LOOPBACK = "127.0.0.1"
 NODE = {"num_cpus": 1, "node_ip_address": LOOPBACK, "include_dashboard": False}
+WORKER_NICENESS = 1
 
 
 class ClusterStartError(RuntimeError):
@@ -62,6 +63,12 @@ def simulated_cluster(nodes: int = 3) -> Iterator[Sim]:
         # /tmp/ray, which every Ray user of the machine shares.
         "RAY_TMPDIR": base,
         "RAY_USAGE_STATS_ENABLED": "0",
+        # Ray runs its workers at niceness 15, to keep a node's services ahead of its tasks.
+        # These nodes share two cores with the rest of the suite, whose processes run at 0:
+        # at 15 a worker starting (an actor: Python and Ray imported) gets a thirtieth of
+        # their share and takes a minute, and the tests would time the suite, not sluice.
+        # At 1 they still run below Ray's services (and sluice's: see broker.ray.children).
+        "RAY_worker_niceness": str(WORKER_NICENESS),
         "SLUICE_HOME": os.path.join(base, "home"),
         "SLUICE_RUNTIME_DIR": os.path.join(base, "rt"),
         # The actors' processes import sluice (and the test helpers) from this checkout.
