@@ -76,7 +76,7 @@ class SeatbeltProcess:
 
 
 def spawn_seatbelt(argv, *, cwd, env, policy, stdout, stderr, stdin=None, hidden_paths=(),
-                   sandbox_cwd=None, tty=False) -> SeatbeltProcess:
+                   sandbox_cwd=None, tty=False, nice=None) -> SeatbeltProcess:
     if not argv:
         raise SandboxError("no command given")
     if not os.path.isdir(cwd):
@@ -88,6 +88,8 @@ def spawn_seatbelt(argv, *, cwd, env, policy, stdout, stderr, stdin=None, hidden
     if pid == 0:
         try:
             os.setsid()
+            if nice is not None:
+                os.setpriority(os.PRIO_PROCESS, 0, nice)
             os.set_inheritable(tree_w, True)  # every process of the tree holds it
             if stdin is None:
                 stdin = os.open("/dev/null", os.O_RDONLY)

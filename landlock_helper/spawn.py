@@ -214,7 +214,7 @@ def spawn(argv, *, cwd, env, policy: SandboxPolicy, stdout: int | None, stderr: 
             argv = [sys.executable, "-I", "-c", f"import sys; sys.path.insert(0, {package!r}); "
                     f"import {BUILTINS[builtin]} as m; sys.exit(m.serve())"]
         return spawn_seatbelt(argv, cwd=cwd, env=env, policy=policy, stdout=stdout, stderr=stderr,
-                              stdin=stdin, hidden_paths=hidden_paths, sandbox_cwd=sandbox_cwd, tty=tty)
+                              stdin=stdin, hidden_paths=hidden_paths, sandbox_cwd=sandbox_cwd, tty=tty, nice=nice)
     mode = _stdio_mode(stdin, stdout, stderr, tty)
     plan = _check(argv, cwd, policy, sandbox_cwd, env, readable=readable, sandbox_hidden=hidden_paths)
     _load_builtin(builtin)

@@ -22,7 +22,7 @@ _PROBE = """
 import json, sys
 import executor.__main__ as m
 
-def start_spawner(hidden):
+def start_spawner(hidden, nice=None):
     print(json.dumps(sorted({name.split(".")[0] for name in sys.modules})))
     raise SystemExit(0)
 
