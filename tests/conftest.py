@@ -122,6 +122,23 @@ def _private_default_runtime_dir():
 
 
 @pytest.fixture(scope="session", autouse=True)
+def _one_executor_by_default():
+    """Daemons started without ``--executors`` (those ``sluice run`` starts by itself, most
+    of the suite's) run one executor, not one per CPU: the tests that need more say so,
+    and each executor more is a process and its warm sandboxes started for nothing.
+    ``test_daemon_view`` checks the default without it."""
+    old = os.environ.get("SLUICE_EXECUTORS")
+    os.environ["SLUICE_EXECUTORS"] = "1"
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("SLUICE_EXECUTORS", None)
+        else:
+            os.environ["SLUICE_EXECUTORS"] = old
+
+
+@pytest.fixture(scope="session", autouse=True)
 def _private_sluice_home():
     """Point sluice's home somewhere private (and initially missing) for the whole session."""
     base = short_tempdir("sl-home-")

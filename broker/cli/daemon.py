@@ -19,6 +19,8 @@ from broker.wire.version import SLUICE_VERSION, version_key
 # Most executors `--executors` starts: more than this many per CPU only adds processes
 # that wait for the same cores (each runs many commands at once anyway).
 EXECUTORS_PER_CPU = 4
+# Where the executors of a daemon started without --executors are set (default: one per CPU).
+EXECUTORS_VARIABLE = "SLUICE_EXECUTORS"
 # How long `daemon start` and `daemon stop` wait for a running daemon to say what it runs
 # (a daemon that does not answer is stopped all the same).
 ASK_S = 3.0
@@ -28,14 +30,29 @@ def executors_cap() -> int:
     return EXECUTORS_PER_CPU * (os.cpu_count() or 1)
 
 
-def capped_executors(n: int | None) -> int | None:
-    """``--executors N``, capped (with one warning line) at :func:`executors_cap`."""
+def capped_executors(n: int | None, given: str | None = None) -> int | None:
+    """``--executors N`` (or what ``given`` says asked for N), capped (with one warning
+    line) at :func:`executors_cap`."""
     cap = executors_cap()
     if n is not None and n > cap:
-        print(f"sluice: warning: --executors {n} is more than this machine can use; starting {cap} "
+        print(f"sluice: warning: {given or f'--executors {n}'} is more than this machine can use; starting {cap} "
               f"({EXECUTORS_PER_CPU} per CPU)", file=sys.stderr, flush=True)
         return cap
     return n
+
+
+def wanted_executors(flag: int | None) -> int | None:
+    """The executors to start: ``--executors``, else ``$SLUICE_EXECUTORS`` (which reaches
+    the daemon ``sluice run`` starts by itself too), else None (one per CPU); capped.
+    ValueError, in words, for a value of the variable that is not a whole number >= 0."""
+    if flag is not None:
+        return capped_executors(flag)
+    text = os.environ.get(EXECUTORS_VARIABLE, "").strip()
+    if not text:
+        return None
+    if not (text.isascii() and text.isdigit()):
+        raise ValueError(f"{EXECUTORS_VARIABLE} must be a whole number of executors (0 or more), got {text!r}")
+    return capped_executors(int(text), f"{EXECUTORS_VARIABLE}={text}")
 
 
 def daemon_main(args) -> int:
@@ -43,7 +60,11 @@ def daemon_main(args) -> int:
     listen = listen_from_args(args) if args.action in (None, "start") else None
     if args.action is None:
         try:
-            return serve(runtime, executors=capped_executors(args.executors), log_json=True if args.log_json else None,
+            executors = wanted_executors(args.executors)
+        except ValueError as e:
+            return fail(str(e), 2)
+        try:
+            return serve(runtime, executors=executors, log_json=True if args.log_json else None,
                          listen=listen, suspend_limit_s=args.suspend_limit, executor_wait_s=args.executor_wait,
                          heartbeat_s=args.heartbeat, journal_limit=args.journal_limit)
         except DaemonAlreadyRunning as e:
@@ -84,8 +105,11 @@ def daemon_main(args) -> int:
                         "then start it with them", 1)
         print(f"sluice: {status.describe()}", flush=True)
         return 0
+    try:
+        executors = wanted_executors(args.executors)
+    except ValueError as e:
+        return fail(str(e), 2)
     extra = []
-    executors = capped_executors(args.executors)
     if executors is not None:
         extra += ["--executors", str(executors)]
     if args.log_json:

@@ -160,8 +160,8 @@ def _parser(argv: list[str] = ()):
         daemon.add_argument("--force", action="store_true",
                             help="stop: even while sessions wait for approval (they end unanswered)")
         daemon.add_argument("--executors", metavar="N", type=count, default=None,
-                            help="executor processes (default: CPU count, at most 4 per CPU; 0: only executors that "
-                                 "connect themselves)")
+                            help="executor processes (default: $SLUICE_EXECUTORS, else the CPU count; at most 4 per "
+                                 "CPU; 0: only executors that connect themselves)")
         daemon.add_argument("--log-json", action="store_true", help="log JSON lines (default: JSON when not a terminal)")
         daemon.add_argument("--suspend-limit", metavar="SECONDS", type=seconds, default=None,
                             help="how long a stopped (Ctrl-Z) frontend keeps its commands running (default: 3600)")

@@ -139,6 +139,39 @@ def test_the_command_that_starts_the_daemon_says_so_once(sluice, runtime_dir) ->
     assert (p.returncode, p.stdout, p.stderr) == (0, b"second\n", b"")
 
 
+def _executors_wanted(sluice, env) -> int:
+    return json.loads(_run(sluice, "daemon", "status", "--json", env=env).stdout)["executors_wanted"]
+
+
+@pytest.mark.timeout(60)
+def test_an_auto_started_daemon_runs_one_executor_per_cpu_or_sluice_executors(sluice, runtime_dir) -> None:
+    """The default (the suite sets SLUICE_EXECUTORS=1 for everything else), the variable
+    reaching the daemon `sluice run` starts, and `daemon start`'s flag over it."""
+    env = subprocess_env(runtime_dir)
+    del env["SLUICE_EXECUTORS"]
+    assert _run(sluice, "run", "--", "true", env=env).returncode == 0
+    assert _executors_wanted(sluice, env) == os.cpu_count()
+    assert _run(sluice, "daemon", "stop", env=env).returncode == 0
+    env["SLUICE_EXECUTORS"] = "3"
+    assert _run(sluice, "run", "--", "true", env=env).returncode == 0
+    assert _executors_wanted(sluice, env) == 3
+    assert _run(sluice, "daemon", "stop", env=env).returncode == 0
+    assert _run(sluice, "daemon", "start", "--executors", "2", env=env).returncode == 0
+    assert _executors_wanted(sluice, env) == 2
+
+
+@pytest.mark.timeout(60)
+def test_a_bad_sluice_executors_is_one_line_and_starts_nothing(sluice, runtime_dir) -> None:
+    env = subprocess_env(runtime_dir, SLUICE_EXECUTORS="two")
+    why = "SLUICE_EXECUTORS must be a whole number of executors (0 or more), got 'two'"
+    p = _run(sluice, "daemon", "start", env=env)
+    assert p.returncode == 2 and _stderr_lines(p) == [f"sluice: error: {why}"]
+    p = _run(sluice, "run", "--", "true", env=env)
+    assert p.returncode == 125
+    assert _stderr_lines(p) == [f"sluice: error: the daemon exited at start (status 2): sluice: error: {why}"]
+    assert _run(sluice, "daemon", "status", env=env).returncode == 3
+
+
 @pytest.mark.timeout(60)
 def test_a_daemon_started_without_cgroups_says_its_commands_have_no_default_limits(sluice, runtime_dir) -> None:
     """As for a user the host gives no cgroups: said once, by the command that starts the
