@@ -10,9 +10,11 @@ PER_TASK. Measured over the run:
 - the daemon's CPU per command (user + system of its process): the router's cost,
   which does not spread: one asyncio process, one core. 1000 / that = the ceiling of
   commands/s one daemon routes, whatever the number of nodes;
-- the executors' CPU per command, their sandboxes included (they run on the nodes).
+- the executors' CPU per command, their sandboxes included (they run on the nodes);
+- then how soon a node that joins the cluster gets its executor (JOINS nodes added one
+  by one), against the 10 s the design asks for.
 
-Run: ``python tests/bench/bench_ray.py [--tasks N] [--per-task N] [--in-flight N]``
+Run: ``python tests/bench/bench_ray.py [--tasks N] [--per-task N] [--in-flight N] [--joins N]``
 (needs the ray extra; a few minutes here).
 """
 
@@ -82,13 +84,28 @@ def executors(endpoint: str) -> list[psutil.Process]:
     return found
 
 
+JOIN_TARGET_S = 10.0
+
+
+def join_seconds(sim) -> float:
+    """Add a node; seconds until `sluice ray status` lists its executor as joined."""
+    node = sim.add_node()
+    added = time.monotonic()
+    while time.monotonic() - added < 120:
+        if any(n["node_id"] == node.node_id and n["state"] == "joined" for n in broker.ray.status()["nodes"]):
+            return time.monotonic() - added
+        time.sleep(0.1)
+    raise SystemExit("a node that joined got no executor within 120 s")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tasks", type=int, default=8)
     parser.add_argument("--per-task", type=int, default=250)
     parser.add_argument("--in-flight", type=int, default=8)
+    parser.add_argument("--joins", type=int, default=2)
     args = parser.parse_args()
-    with simulated_cluster(3):
+    with simulated_cluster(3) as sim:
         status = broker.ray.up(settings=broker.ray.Settings(slots_per_cpu=8), min_executors=3)
         daemon = psutil.Process(status["daemon"]["pid"])
         workers = executors(status["endpoint"])
@@ -100,6 +117,7 @@ def main() -> int:
         elapsed = time.monotonic() - started
         daemon_cpu, executors_cpu = cpu([daemon]) - daemon_before, cpu(workers) - executors_before
         load = os.getloadavg()
+        joins = [join_seconds(sim) for _ in range(args.joins)]
     ok = sum(r[0] for r in results)
     failed = sum(r[1] for r in results)
     total = ok + failed
@@ -109,6 +127,8 @@ def main() -> int:
     print(f"  daemon CPU: {daemon_cpu * 1000 / total:.2f} ms a command -> ceiling {total / daemon_cpu:.0f} "
           f"commands/s on one core")
     print(f"  executors' CPU (sandboxes included): {executors_cpu * 1000 / total:.2f} ms a command")
+    print(f"  a node that joins has its executor after: {', '.join(f'{j:.1f}' for j in joins)} s "
+          f"(at most {max(joins) / JOIN_TARGET_S:.2f} of the {JOIN_TARGET_S:g} s asked for)")
     for _, _, failure in results:
         if failure:
             print(f"  first failure: {failure}")
