@@ -109,8 +109,10 @@ def _below_us(privileged: bool):
     ours = os.getpriority(os.PRIO_PROCESS, 0)
     if ours > 14:
         pytest.skip(f"this process already runs at niceness {ours}")
-    if not privileged and (os.geteuid() != 0 or shutil.which("setpriv") is None):
-        pytest.skip("needs root and setpriv to take the privilege away")
+    if os.geteuid() != 0:
+        pytest.skip("needs root: to go back up, and to take the privilege away")
+    if not privileged and shutil.which("setpriv") is None:
+        pytest.skip("needs setpriv to take the privilege away")
 
     def below():
         os.setpriority(os.PRIO_PROCESS, 0, ours + 5)
