@@ -5,17 +5,14 @@ it. And they run at the raylet's niceness, not the actor's, where the kernel all
 from __future__ import annotations
 
 import os
-import resource
-import shutil
 import signal
 import subprocess
 import sys
 import time
 
 import psutil
-import pytest
 
-from tests.support.harness import ROOT, subprocess_env
+from tests.support.harness import ROOT, at_niceness, subprocess_env
 
 # A stand-in for an actor: starts `sluice sandbox -- sleep 300` bound to itself, prints
 # the child's pid, then waits to be killed.
@@ -107,20 +104,9 @@ def _below_us(privileged: bool):
     """Run NICE_ACTOR five steps below this process; without the privilege to go back up
     (CAP_SYS_NICE dropped from the bounding set, RLIMIT_NICE 0) unless ``privileged``."""
     ours = os.getpriority(os.PRIO_PROCESS, 0)
-    if ours > 14:
-        pytest.skip(f"this process already runs at niceness {ours}")
-    if os.geteuid() != 0:
-        pytest.skip("needs root: to go back up, and to take the privilege away")
-    if not privileged and shutil.which("setpriv") is None:
-        pytest.skip("needs setpriv to take the privilege away")
-
-    def below():
-        os.setpriority(os.PRIO_PROCESS, 0, ours + 5)
-        resource.setrlimit(resource.RLIMIT_NICE, (0, 0))
-
-    prefix = [] if privileged else ["setpriv", "--bounding-set=-sys_nice", "--"]
+    prefix, preexec = at_niceness(ours + 5, privileged=privileged)
     run = subprocess.run([*prefix, sys.executable, "-c", NICE_ACTOR], capture_output=True, text=True, cwd=ROOT,
-                         env=subprocess_env(), preexec_fn=below, timeout=60, check=False)
+                         env=subprocess_env(), preexec_fn=preexec, timeout=60, check=False)
     return ours, run
 
 

@@ -8,7 +8,6 @@ Real processes and sockets throughout; two hosts joined by a link that fails are
 from __future__ import annotations
 
 import os
-import resource
 import shutil
 import signal
 import socket
@@ -24,7 +23,7 @@ import zmq
 from broker.client import Client
 from broker.net.keys import Remote, load_public_key
 from broker.wire import frames as wire
-from tests.support.harness import daemons, short_tempdir, subprocess_env, wait_for
+from tests.support.harness import at_niceness, daemons, short_tempdir, subprocess_env, wait_for
 from tests.support.remote_helpers import (
     connect_args,
     free_port,
@@ -339,18 +338,15 @@ def test_sluice_executor_nice_puts_its_commands_there_and_not_itself(keys, pool,
 def test_sluice_executor_nice_mistakes_are_one_line(keys, base):
     """Out of range, and below the executor's own without the privilege to go there
     (CAP_SYS_NICE dropped, RLIMIT_NICE 0): exit 2 and one line, before anything starts."""
-    args = [*connect_args(keys, "tcp://127.0.0.1:9", "worker")]
+    args = connect_args(keys, "tcp://127.0.0.1:9", "worker")
     r = subprocess.run([sys.executable, "-m", "broker", "executor", *args, "--nice", "20"], capture_output=True,
                        text=True, env=subprocess_env(), timeout=20, stdin=subprocess.DEVNULL, check=False)
     assert r.returncode == 2 and "--nice must be a whole number from -20 to 19, got '20'" in one_line(r.stderr)
     ours = os.getpriority(os.PRIO_PROCESS, 0)
-    if os.geteuid() != 0 or shutil.which("setpriv") is None or ours > 18:
-        pytest.skip("needs root and setpriv to take the privilege away")
-    r = subprocess.run(["setpriv", "--bounding-set=-sys_nice", "--", sys.executable, "-m", "broker", "executor",
-                        *args, "--nice", str(ours)], capture_output=True, text=True, env=subprocess_env(), timeout=20,
-                       stdin=subprocess.DEVNULL, check=False,
-                       preexec_fn=lambda: (os.setpriority(os.PRIO_PROCESS, 0, ours + 1),
-                                           resource.setrlimit(resource.RLIMIT_NICE, (0, 0))))
+    prefix, preexec = at_niceness(ours + 1, privileged=False)
+    r = subprocess.run([*prefix, sys.executable, "-m", "broker", "executor", *args, "--nice", str(ours)],
+                       capture_output=True, text=True, env=subprocess_env(), timeout=20, stdin=subprocess.DEVNULL,
+                       check=False, preexec_fn=preexec)
     assert r.returncode == 2
     assert one_line(r.stderr) == (f"sluice: error: --nice {ours}: this executor runs at niceness {ours + 1}, and going "
                                   f"below it needs CAP_SYS_NICE or RLIMIT_NICE (Permission denied)")

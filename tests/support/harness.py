@@ -74,6 +74,25 @@ async def await_for(predicate, timeout: float = 10.0, what: str = "the condition
     return value
 
 
+def at_niceness(nice: int, *, privileged: bool) -> tuple[list[str], object]:
+    """How to start a process at niceness ``nice`` with RLIMIT_NICE 0: an argv prefix and a
+    ``preexec_fn``. Unless ``privileged``, the prefix drops CAP_SYS_NICE from the bounding
+    set, so (root as it is) it cannot go below ``nice`` again. Skips the test unless this
+    process is root (and has ``setpriv``) and ``nice`` is a niceness."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root: to go back up, and to take the privilege away")
+    if not privileged and shutil.which("setpriv") is None:
+        pytest.skip("needs setpriv to take the privilege away")
+    if nice > 19:
+        pytest.skip(f"this process already runs at niceness {os.getpriority(os.PRIO_PROCESS, 0)}")
+
+    def preexec() -> None:
+        os.setpriority(os.PRIO_PROCESS, 0, nice)
+        resource.setrlimit(resource.RLIMIT_NICE, (0, 0))
+
+    return ([] if privileged else ["setpriv", "--bounding-set=-sys_nice", "--"]), preexec
+
+
 def reap(proc: subprocess.Popen) -> None:
     """The end of a test's child process, whatever the test came to: SIGKILLed if it still
     runs, waited for, and its pipes closed."""
