@@ -62,16 +62,31 @@ class UnixServer:
         self._thread.start()
 
     def _loop(self) -> None:
-        conns = []
+        conns: list[socket.socket] = []
         while not self._stop:
             with contextlib.suppress(OSError):
                 c, _ = self.sock.accept()
                 c.settimeout(0.05)
                 conns.append(c)
                 self.connections += 1
+            # A connection its peer closed (as every refused connect's is) is dropped once
+            # read to its end: the race tests make thousands, and reading each of them again
+            # after every accept made those tests quadratic (3,000 connects: 7 s, not 1).
+            still_open = []
             for c in conns:
-                with contextlib.suppress(OSError):
-                    self.received += c.recv(4096)
+                try:
+                    data = c.recv(4096)
+                except TimeoutError:  # nothing yet
+                    still_open.append(c)
+                    continue
+                except OSError:
+                    data = b""
+                self.received += data
+                if data:
+                    still_open.append(c)
+                else:
+                    c.close()
+            conns = still_open
         for c in conns:
             c.close()
 
