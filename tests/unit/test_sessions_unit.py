@@ -152,9 +152,9 @@ class Daemon:
         self.send(frontend, wire.header(wire.SUBMIT, corr, session=session), encode_msgpack(submission))
 
     def attach(self, frontend: bytes, session: str, since: int = 0, corr: str = "c-attach") -> wire.Header:
-        before = len(self.messages(frontend))
+        before = len(self.transport.sent[frontend])
         self.send(frontend, wire.header(wire.ATTACH, corr, session=session, seq=since))
-        return next(h for h, _ in self.messages(frontend)[before:] if h.kind in (wire.ATTACHED, wire.EVENT))
+        return next(h for h, _ in self.messages(frontend, start=before) if h.kind in (wire.ATTACHED, wire.EVENT))
 
     def ack(self, frontend: bytes, session: str, seq: int, n: int) -> None:
         self.send(frontend, wire.header(wire.ACK, session=session, seq=seq, n=n))
@@ -173,10 +173,11 @@ class Daemon:
 
     # -- what a frontend got
 
-    def messages(self, identity: bytes) -> list[tuple[wire.Header, bytes | None]]:
-        """What ``identity`` was sent, an ``events`` batch as the ``event`` messages it stands for."""
+    def messages(self, identity: bytes, start: int = 0) -> list[tuple[wire.Header, bytes | None]]:
+        """What ``identity`` was sent (from its ``start``-th message on), an ``events`` batch
+        as the ``event`` messages it stands for."""
         out = []
-        for f in self.transport.sent[identity]:
+        for f in self.transport.sent[identity][start:]:
             head = wire.decode_header(f[0])
             if head.kind == wire.EVENTS:
                 bodies = unpack_events(head, f[1])
