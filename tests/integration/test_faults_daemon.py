@@ -412,7 +412,9 @@ def test_an_executor_out_of_processes_says_so_and_recovers(daemon_factory, tmp_p
             else:
                 assert r.stdout == f"{i}\n".encode()
         assert errors, "no fork was refused"
-        assert all("cannot fork: resource temporarily unavailable" in e for e in errors), errors
+        # (Seen once in some 130 runs: one command's sandbox was found dead instead. The
+        # daemon's log, the executor's included, says what else happened.)
+        assert all("cannot fork: resource temporarily unavailable" in e for e in errors), (errors, d.log()[-6000:])
         assert d.executor_pids() == [executor]  # the executor lives on
         _write(os.path.join(group, "pids.max"), "max")
         # It recovers by itself: the next command gets a sandbox.
