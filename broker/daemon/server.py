@@ -88,9 +88,9 @@ RCVHWM = 1000
 IO_THREADS = 2
 SHUTDOWN_GRACE_S = 3.0
 # What the last messages (every call's exit at shutdown) get to go out once the socket
-# closes: a frontend that does not read holds the exit up this long at most. At 250 ms a
-# test's frontend once got none of its exits from a shutdown at load 15-20 on two cores,
-# most likely because the I/O thread that writes them waited that long for a CPU.
+# closes: a frontend that does not read holds the exit up this long at most. As long as
+# an executor's own final linger, so that on a machine loaded to 15-20 on two cores the
+# I/O thread that writes them need not get a CPU within a quarter of a second.
 FINAL_LINGER_MS = 1000
 # sun_path is 108 bytes including the terminating NUL.
 _MAX_SOCKET_PATH = 107

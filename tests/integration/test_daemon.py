@@ -331,6 +331,10 @@ def test_shutdown_removes_socket_and_pid_file_and_ends_calls(daemons, rt, peer):
     fe.send(wire.RUN, "running", run_request("sleep"))
     fe.send(wire.RUN, "queued-too", run_request("sleep"))
     fe.send(wire.RUN, "queued-3", run_request("sleep"))
+    # The daemon reads a peer's messages in order: once it answers this ping it has read
+    # the four runs (a SIGTERM that came first would leave the last ones unread, unanswered).
+    fe.send(wire.PING, "read")
+    fe.expect(wire.PONG, "read")
     take_run(ex, "queued")
     take_run(ex, "running")
     assert d.terminate() == 0
@@ -338,7 +342,10 @@ def test_shutdown_removes_socket_and_pid_file_and_ends_calls(daemons, rt, peer):
     assert {(h.kind, h.corr) for h, _ in (ex.recv(), ex.recv())} == {(wire.CANCEL, "queued"), (wire.CANCEL, "running")}
     ends = {}
     for _ in range(4):
-        head, body, _ = fe.expect(wire.EXIT)
+        try:
+            head, body, _ = fe.expect(wire.EXIT)
+        except TimeoutError:
+            pytest.fail(f"exits for {sorted(ends)} only; the daemon's log:\n{d.log()[-8000:]}")
         ends[head.corr] = body
     assert set(ends) == {"queued", "running", "queued-too", "queued-3"}
     assert all("shut down" in body.error for body in ends.values())
@@ -756,6 +763,8 @@ def test_executor_crashing_at_start_is_restarted_with_backoff(daemons, peer, fak
     assert (died[5] - died[0]).total_seconds() >= 0.1 + 0.2 + 0.4 + 0.8 + 1.6  # the waits were kept
     fe = frontend(peer)
     fe.send(wire.RUN, "waits", run_request("echo"))
+    fe.send(wire.PING, "read")  # answered: the run before it was read (it waits, unanswered)
+    fe.expect(wire.PONG, "read")
     fe.nothing(0.5)
     assert d.terminate() == 0
     _, status, _ = fe.expect(wire.EXIT, "waits")
