@@ -108,16 +108,14 @@ def _signal_mask_kept():
 def _private_default_runtime_dir():
     """Point the default runtime dir somewhere private for the whole session."""
     path = short_tempdir("sl-default-")
-    old = os.environ.get("SLUICE_RUNTIME_DIR")
-    os.environ["SLUICE_RUNTIME_DIR"] = path
     try:
-        yield path
+        with pytest.MonkeyPatch.context() as env:
+            env.setenv("SLUICE_RUNTIME_DIR", path)
+            try:
+                yield path
+            finally:
+                stop_runtime_daemon(RuntimeDir(path))
     finally:
-        stop_runtime_daemon(RuntimeDir(path))
-        if old is None:
-            os.environ.pop("SLUICE_RUNTIME_DIR", None)
-        else:
-            os.environ["SLUICE_RUNTIME_DIR"] = old
         shutil.rmtree(path, ignore_errors=True)
 
 
@@ -127,30 +125,20 @@ def _one_executor_by_default():
     of the suite's) run one executor, not one per CPU: the tests that need more say so,
     and each executor more is a process and its warm sandboxes started for nothing.
     ``test_daemon_view`` checks the default without it."""
-    old = os.environ.get("SLUICE_EXECUTORS")
-    os.environ["SLUICE_EXECUTORS"] = "1"
-    try:
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("SLUICE_EXECUTORS", "1")
         yield
-    finally:
-        if old is None:
-            os.environ.pop("SLUICE_EXECUTORS", None)
-        else:
-            os.environ["SLUICE_EXECUTORS"] = old
 
 
 @pytest.fixture(scope="session", autouse=True)
 def _private_sluice_home():
     """Point sluice's home somewhere private (and initially missing) for the whole session."""
     base = short_tempdir("sl-home-")
-    old = os.environ.get("SLUICE_HOME")
-    os.environ["SLUICE_HOME"] = os.path.join(base, "home")
     try:
-        yield os.environ["SLUICE_HOME"]
+        with pytest.MonkeyPatch.context() as env:
+            env.setenv("SLUICE_HOME", os.path.join(base, "home"))
+            yield os.environ["SLUICE_HOME"]
     finally:
-        if old is None:
-            os.environ.pop("SLUICE_HOME", None)
-        else:
-            os.environ["SLUICE_HOME"] = old
         shutil.rmtree(base, ignore_errors=True)
 
 
